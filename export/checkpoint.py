@@ -1,0 +1,74 @@
+"""Inspect a fine-tuned checkpoint directory before any heavy work, with errors a user can act on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .exceptions import ExportError
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+# task -> (architecture suffix it needs, transformers Auto class that loads it)
+TASKS = {
+    "text-classification": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    task: str
+    config: dict
+    architecture: str
+    weights: Path
+
+    @property
+    def labels(self) -> list[str]:
+        """Label names in class-index order (`id2label`), or LABEL_i when the checkpoint has none."""
+        id2label = self.config.get("id2label") or {}
+        count = len(id2label) or int(self.config.get("num_labels", 2))
+        return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ExportError(f"unsupported task {task!r}; supported tasks: {', '.join(sorted(TASKS))}")
+    return task
+
+
+def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
+    """Check that `path` is a Hugging Face checkpoint for `task` (no weights are loaded here)."""
+    check_task(task)
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ExportError(f"checkpoint not found: {path}")
+    if not path.is_dir():
+        raise ExportError(f"{path} is not a directory; pass the folder written by save_pretrained()")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ExportError(
+            f"{path} is not a Hugging Face checkpoint: no config.json (pass the folder written by save_pretrained())"
+        )
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{config_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
+    if not isinstance(config, dict):
+        raise ExportError(f"{config_path} does not hold a JSON object; the checkpoint is damaged")
+    weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
+    if weights is None:
+        raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
+    suffix = TASKS[task][0]
+    architectures = config.get("architectures") or []
+    matching = [a for a in architectures if isinstance(a, str) and a.endswith(suffix)]
+    if not matching:
+        found = ", ".join(map(str, architectures)) or "none recorded"
+        raise ExportError(
+            f"task {task} needs a *{suffix} model, but {config_path} names architectures: {found}"
+        )
+    return Checkpoint(path=path, task=task, config=config, architecture=matching[0], weights=weights)

@@ -1,0 +1,226 @@
+"""Export a fine-tuned text classifier: checkpoint -> validated ONNX -> Triton ensemble entry."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import onnx_export, repository
+from .checkpoint import TASKS, Checkpoint, inspect_checkpoint
+from .exceptions import ExportError
+from .parity import ParityReport
+from .triton_entry import EntryOptions, classification_entry
+
+log = logging.getLogger(__name__)
+
+# Varied lengths, punctuation, non-ASCII, and one text longer than any small model's maximum
+# length so that truncation is part of what parity covers.
+SAMPLE_TEXTS = [
+    "I love this product, it works perfectly.",
+    "Terrible. It broke after one day!",
+    "The package arrived on Tuesday.",
+    "Das Essen war großartig — très bien, 👍",
+    "ok",
+    " ".join(["a very long review that goes on and on"] * 80),
+]
+
+
+@dataclass
+class ExportResult:
+    entry: list[Path]
+    parity: dict
+    seconds: float
+
+
+class _Steps:
+    """Numbered progress lines: export is long enough that silence looks like a hang."""
+
+    def __init__(self, total: int):
+        self.total, self.n, self.t0 = total, 0, time.perf_counter()
+
+    def __call__(self, message: str, *args) -> None:
+        self.n += 1
+        log.info("[%d/%d %5.1fs] " + message, self.n, self.total, time.perf_counter() - self.t0, *args)
+
+
+def _load(ckpt: Checkpoint):
+    import transformers
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt.path, use_fast=True)
+    except Exception as exc:
+        raise ExportError(f"cannot load the tokenizer in {ckpt.path}: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(f"the tokenizer in {ckpt.path} has no fast (Rust) version; Triton serving needs tokenizer.json")
+    auto_class = getattr(transformers, TASKS[ckpt.task][1])
+    try:
+        model = auto_class.from_pretrained(ckpt.path, dtype="float32").eval()
+    except Exception as exc:
+        raise ExportError(f"cannot load the weights in {ckpt.weights} ({type(exc).__name__}: {exc}); the file may be truncated or corrupt") from exc
+    return tokenizer, model
+
+
+def _input_names(tokenizer, model) -> list[str]:
+    accepted = inspect.signature(model.forward).parameters
+    names = [n for n in tokenizer.model_input_names if n in accepted]
+    if "input_ids" not in names:
+        raise ExportError(f"tokenizer inputs {tokenizer.model_input_names} do not include input_ids")
+    return ["input_ids"] + [n for n in names if n != "input_ids"]
+
+
+def _max_length(tokenizer, config: dict, requested: int | None) -> int:
+    limit = int(config.get("max_position_embeddings") or 512)
+    # RoBERTa-style position ids start after the padding index: two positions are not usable.
+    if config.get("model_type") in {"roberta", "xlm-roberta", "camembert"}:
+        limit -= 2
+    model_max = getattr(tokenizer, "model_max_length", limit) or limit
+    default = min(limit, int(model_max) if model_max < 1e9 else limit)
+    if requested is None:
+        return default
+    if not 1 <= requested <= limit:
+        raise ExportError(f"--max-length {requested} is outside 1..{limit} (the model's position limit)")
+    return requested
+
+
+def _tokenizer_for_serving(tokenizer, max_length: int, pad_id: int):
+    """The Rust tokenizer exactly as the Triton tokenizer model will configure it."""
+    from tokenizers import Tokenizer
+
+    serving = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    serving.enable_truncation(max_length=max_length)
+    serving.enable_padding(pad_id=pad_id)
+    return serving
+
+
+def _validate(model, session, tokenizer, serving_tok, input_names, texts, max_length, atol) -> ParityReport:
+    import torch
+
+    report = ParityReport(atol=atol)
+    cases = [[t] for t in texts] + [texts]
+    for case in cases:
+        enc = tokenizer(case, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        served = serving_tok.encode_batch(case)
+        if any(list(e.ids) != list(row) for e, row in zip(served, enc["input_ids"])):
+            raise ExportError("the serving tokenizer (tokenizer.json) encodes differently from the checkpoint's tokenizer")
+        feeds = {n: enc[n].astype(np.int64) for n in input_names}
+        with torch.no_grad():
+            ref = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).logits.numpy()
+        (got,) = session.run(["logits"], feeds)
+        report.add({"logits": ref}, {"logits": got})
+    report.notes.append("serving tokenizer matched the checkpoint tokenizer on every sample")
+    return report
+
+
+def export_text_classification(
+    checkpoint: str | Path,
+    opts: EntryOptions,
+    repo: Path,
+    *,
+    max_length: int | None = None,
+    atol: float = 1e-4,
+    allow_drift: bool = False,
+    force: bool = False,
+    sample_texts: list[str] | None = None,
+    command: str = "",
+) -> ExportResult:
+    """Export a sequence classifier to ONNX, validate it against PyTorch, write its Triton entry.
+
+    Args:
+        checkpoint: folder written by `save_pretrained` (model + tokenizer).
+        opts: entry name, target, instances and batching.
+        repo: the Triton model repository to write into.
+        max_length: tokenizer truncation length (default: the model's limit).
+        atol: tolerated max abs difference of logits between ONNX Runtime and PyTorch.
+        allow_drift: keep an export that breaches `atol` (the report records the breach).
+        force: replace an existing entry of the same name.
+        sample_texts: texts for the parity check (default: a built-in varied set).
+        command: the command line that reproduces this export, recorded in the metadata.
+
+    Returns:
+        the written model folders, the parity report and the wall time.
+
+    Raises:
+        ExportError: bad input, a failed load, or a parity breach (nothing is written then).
+    """
+    import onnxruntime as ort
+
+    steps = _Steps(5)
+    ckpt = inspect_checkpoint(checkpoint, "text-classification")
+    repository.check_free(repo, opts.model_names(), force)
+    if command:
+        log.info("reproduce with: %s", command)
+    steps("loading %s (%s)", ckpt.path, ckpt.architecture)
+    tokenizer, model = _load(ckpt)
+    input_names = _input_names(tokenizer, model)
+    length = _max_length(tokenizer, ckpt.config, max_length)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    serving_tok = _tokenizer_for_serving(tokenizer, length, pad_id)
+
+    with repository.work_dir(repo) as work:
+        onnx_path = work / "model.onnx"
+        steps("exporting ONNX (inputs %s, max length %d)", ", ".join(input_names), length)
+        sample = tokenizer(SAMPLE_TEXTS[:2], padding=True, return_tensors="pt")
+        onnx_export.export(model, {n: sample[n] for n in input_names}, onnx_path, ["logits"])
+
+        steps("validating ONNX Runtime against PyTorch on %d texts", len(sample_texts or SAMPLE_TEXTS))
+        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        report = _validate(model, session, tokenizer, serving_tok, input_names, sample_texts or SAMPLE_TEXTS, length, atol)
+        for out in report.outputs.values():
+            log.info("  %s: max abs diff %.3g, max rel diff %.3g, top-1 agreement %.0f%%",
+                     out.name, out.max_abs_diff, out.max_rel_diff, 100 * out.top1_agreement)
+        report.check(allow_drift)
+
+        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
+        parity = report.to_dict()
+        metadata = _metadata(ckpt, opts, input_names, length, command, parity)
+        models = classification_entry(
+            opts,
+            onnx_path=onnx_path,
+            tokenizer_json=serving_tok.to_str(),
+            input_names=input_names,
+            labels=ckpt.labels,
+            max_length=length,
+            pad_token_id=pad_id,
+            problem_type=ckpt.config.get("problem_type"),
+            metadata=metadata,
+            parity=parity,
+        )
+        written = repository.commit(repo, models, work, force)
+    steps("done: %s", ", ".join(p.name for p in written))
+    return ExportResult(entry=written, parity=parity, seconds=time.perf_counter() - steps.t0)
+
+
+def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, command, parity) -> dict:
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {
+        "task": ckpt.task,
+        "source": str(ckpt.path.resolve()),
+        "architecture": ckpt.architecture,
+        "labels": ckpt.labels,
+        "inputs": input_names,
+        "max_length": max_length,
+        "target": opts.target,
+        "instances": opts.instances,
+        "max_batch_size": opts.max_batch_size,
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "parity_passed": parity["passed"],
+    }

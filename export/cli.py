@@ -1,0 +1,96 @@
+"""`rtxserve export ...` and `rtxserve fixtures`: argument parsing only; the work is in the modules."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from .exceptions import ExportError
+
+log = logging.getLogger("rtxserve.export")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve export", description="Export fine-tuned checkpoints for serving.")
+    sub = parser.add_subparsers(dest="format", required=True)
+    onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
+    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer)")
+    onnx.add_argument("--task", required=True, help="what the model does (supported: text-classification)")
+    onnx.add_argument("--name", required=True, help="model name clients will use")
+    onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
+                      help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")
+    onnx.add_argument("--target", default="cpu", help="cpu: python-backend ONNX Runtime; gpu: native onnxruntime, KIND_GPU")
+    onnx.add_argument("--instances", type=int, default=1, help="model instances (instance_group count; per GPU on gpu)")
+    onnx.add_argument("--gpus", default="", help="comma-separated GPU ids for --target gpu (default: all)")
+    onnx.add_argument("--max-batch-size", type=int, default=32)
+    onnx.add_argument("--max-queue-delay-us", type=int, default=500, help="dynamic batching delay (microseconds)")
+    onnx.add_argument("--max-length", type=int, default=None,
+                      help="tokens per text; longer texts are truncated (default: the model's limit)")
+    onnx.add_argument("--atol", type=float, default=1e-4, help="tolerated max abs difference from PyTorch")
+    onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol")
+    onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
+    onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    from .checkpoint import check_task
+    from .triton_entry import EntryOptions
+
+    try:
+        check_task(args.task)
+        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+        opts = EntryOptions(
+            name=args.name, target=args.target, instances=args.instances, max_batch_size=args.max_batch_size,
+            max_queue_delay_us=args.max_queue_delay_us, gpus=gpus,
+        )
+        texts = None
+        if args.sample_texts:
+            texts = [t for t in args.sample_texts.read_text().splitlines() if t.strip()]
+            if not texts:
+                raise ExportError(f"{args.sample_texts} holds no text")
+        from .classifier import export_text_classification
+
+        result = export_text_classification(
+            args.checkpoint, opts, args.repository, max_length=args.max_length, atol=args.atol,
+            allow_drift=args.allow_drift, force=args.force, sample_texts=texts,
+            command=shlex.join(["rtxserve", "export", *argv]),
+        )
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export", str(exc))
+    print(f"exported {args.name} to {args.repository} in {result.seconds:.1f}s "
+          f"(parity {'passed' if result.parity['passed'] else 'DRIFTED'}: "
+          + ", ".join(f"{k} max abs diff {v['max_abs_diff']:.2g}" for k, v in result.parity["outputs"].items()) + ")")
+    return 0
+
+
+def fixtures_main(argv: list[str]) -> int:
+    from .fixtures import FIXTURES, write_fixtures
+
+    parser = argparse.ArgumentParser(prog="rtxserve fixtures", description="Write small fine-tuned-style checkpoints.")
+    parser.add_argument("names", nargs="*", help=f"which (default: all): {', '.join(FIXTURES)}")
+    parser.add_argument("--out", type=Path, default=Path(".rtxserve/fixtures"), help="folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    try:
+        written = write_fixtures(args.out, args.names or None)
+    except (ValueError, OSError) as exc:
+        return _fail("rtxserve fixtures", str(exc))
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0

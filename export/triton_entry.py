@@ -1,0 +1,156 @@
+"""Build the Triton models of one exported encoder entry: tokenizer -> model -> postprocess ensemble.
+
+`--target cpu` runs the ONNX graph in a python-backend model with ONNX Runtime (what the CPU build of
+tritonserver offers); `--target gpu` uses Triton's native `onnxruntime_onnx` backend with KIND_GPU
+instance groups, and fixed-length padding so that requests batch on the GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .triton_config import (
+    DynamicBatching,
+    EnsembleStep,
+    InstanceGroup,
+    ModelConfig,
+    TensorSpec,
+    check_model_name,
+)
+
+PYTHON_MODELS = Path(__file__).parent / "triton_models"
+TARGETS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class EntryOptions:
+    """How the entry is served: where, how many model instances, how requests are batched."""
+
+    name: str
+    target: str = "cpu"
+    instances: int = 1
+    max_batch_size: int = 32
+    max_queue_delay_us: int = 500
+    gpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_model_name(self.name)
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target {self.target!r}; valid: {', '.join(TARGETS)}")
+        if self.instances < 1:
+            raise ValueError(f"--instances must be >= 1, got {self.instances}")
+        if not 1 <= self.max_batch_size <= 4096:
+            raise ValueError(f"--max-batch-size must be in 1..4096, got {self.max_batch_size}")
+        if self.max_queue_delay_us < 0:
+            raise ValueError("--max-queue-delay-us must be >= 0")
+        if self.gpus and self.target != "gpu":
+            raise ValueError("--gpus only applies to --target gpu")
+
+    def model_names(self) -> list[str]:
+        return [self.name, f"{self.name}_tokenizer", f"{self.name}_model", f"{self.name}_postprocess"]
+
+
+@dataclass
+class ModelDir:
+    """One Triton model folder: its config and the files to place in it (relative path -> source)."""
+
+    config: ModelConfig
+    files: dict[str, Path | str] = field(default_factory=dict)
+
+
+def classification_entry(
+    opts: EntryOptions,
+    *,
+    onnx_path: Path,
+    tokenizer_json: str,
+    input_names: list[str],
+    labels: list[str],
+    max_length: int,
+    pad_token_id: int,
+    problem_type: str | None,
+    metadata: dict,
+    parity: dict,
+) -> list[ModelDir]:
+    """The four models of a text-classification entry; the ensemble carries the gateway's metadata."""
+    tok_name, model_name, post_name = opts.model_names()[1:]
+    gpu = opts.target == "gpu"
+    batching = DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us)
+    cpu_group = (InstanceGroup(count=opts.instances),)
+    token_tensors = tuple(TensorSpec(n, "TYPE_INT64", (-1,)) for n in input_names)
+    num_labels = len(labels)
+
+    tokenizer = ModelConfig(
+        name=tok_name,
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=token_tensors,
+        instance_groups=cpu_group,
+        dynamic_batching=batching,
+        parameters={
+            "max_length": str(max_length),
+            "pad_token_id": str(pad_token_id),
+            "output_names": json.dumps(input_names),
+            "padding": "max_length" if gpu else "longest",
+        },
+    )
+    model_common = dict(
+        name=model_name,
+        max_batch_size=opts.max_batch_size,
+        inputs=token_tensors,
+        outputs=(TensorSpec("logits", "TYPE_FP32", (num_labels,)),),
+        dynamic_batching=batching,
+    )
+    if gpu:
+        model = ModelConfig(
+            platform="onnxruntime_onnx",
+            default_model_filename="model.onnx",
+            instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
+            **model_common,
+        )
+        model_files: dict[str, Path | str] = {"1/model.onnx": onnx_path}
+    else:
+        model = ModelConfig(backend="python", instance_groups=cpu_group, **model_common)
+        model_files = {"1/model.onnx": onnx_path, "1/model.py": PYTHON_MODELS / "onnx_cpu" / "model.py"}
+    model_files["parity.json"] = json.dumps(parity, indent=2)
+
+    postprocess = ModelConfig(
+        name=post_name,
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("LOGITS", "TYPE_FP32", (num_labels,)),),
+        outputs=(
+            TensorSpec("PROBS", "TYPE_FP32", (num_labels,)),
+            TensorSpec("LABEL", "TYPE_STRING", (1,)),
+            TensorSpec("SCORE", "TYPE_FP32", (1,)),
+        ),
+        instance_groups=(InstanceGroup(count=1),),
+        dynamic_batching=batching,
+        parameters={"labels": json.dumps(labels), "problem_type": problem_type or "single_label_classification"},
+    )
+    ensemble = ModelConfig(
+        name=opts.name,
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=postprocess.outputs,
+        ensemble_steps=(
+            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
+            EnsembleStep(model_name, {n: n for n in input_names}, {"logits": "LOGITS"}),
+            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.outputs}),
+        ),
+        # What the gateway needs to serve the entry, read through Triton's model-config API.
+        parameters={
+            "rtxserve_task": "text-classification",
+            "rtxserve_labels": json.dumps(labels),
+            "rtxserve_max_length": str(max_length),
+        },
+    )
+    return [
+        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        ModelDir(tokenizer, {"1/model.py": PYTHON_MODELS / "tokenizer" / "model.py", "1/tokenizer.json": tokenizer_json}),
+        ModelDir(model, model_files),
+        ModelDir(postprocess, {"1/model.py": PYTHON_MODELS / "classification_postprocess" / "model.py"}),
+    ]

@@ -1,0 +1,43 @@
+"""The interface every backend client implements (Triton now, vLLM next)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the gateway can route to, as the backend describes it."""
+
+    name: str
+    task: str
+    backend: str
+    ready: bool
+    labels: tuple[str, ...] = ()
+    max_batch_size: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+class Backend(ABC):
+    kind: str = ""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections (called once, inside the event loop)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Close connections."""
+
+    @abstractmethod
+    async def discover(self) -> list[ModelInfo]:
+        """The models this backend serves, with readiness. Raises BackendUnavailable if unreachable."""
+
+    async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        raise NotImplementedError(f"{self.kind} backends do not serve text classification")

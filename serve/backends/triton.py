@@ -1,0 +1,116 @@
+"""Triton client for the gateway: gRPC (aio) on the hot path, model discovery via model configs.
+
+An entry is servable when its config carries `rtxserve_task` (written by `rtxserve export`); other
+models in the repository (the ensemble's tokenizer / model / postprocess steps) are not exposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from .base import Backend, Classification, ModelInfo
+
+log = logging.getLogger("rtxserve.gateway.triton")
+
+# Triton gRPC status -> how the gateway answers. Queue full is RESOURCE_EXHAUSTED/UNAVAILABLE: 503.
+_UNAVAILABLE = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.NOT_FOUND", "StatusCode.CANCELLED"}
+
+
+def _raise_mapped(exc: InferenceServerException, model: str) -> None:
+    status = str(exc.status() or "")
+    log.warning("triton %s: %s %s", model, status, exc.message())
+    if status == "StatusCode.DEADLINE_EXCEEDED" or "Deadline Exceeded" in str(exc.message()):
+        raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+    if status in _UNAVAILABLE or not status:
+        raise BackendUnavailable(f"model {model} is not available right now; retry shortly") from exc
+    if status == "StatusCode.INVALID_ARGUMENT":
+        raise InvalidRequest(f"model {model} rejected the input") from exc
+    raise BackendError(f"model {model} failed to process the request") from exc
+
+
+class TritonBackend(Backend):
+    kind = "triton"
+
+    def __init__(self, grpc_url: str):
+        self.url = grpc_url
+        self.client: grpcclient.InferenceServerClient | None = None
+        self._configs: dict[tuple[str, str], dict] = {}
+
+    async def start(self) -> None:
+        self.client = grpcclient.InferenceServerClient(self.url)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def discover(self) -> list[ModelInfo]:
+        try:
+            if not await self.client.is_server_ready(client_timeout=2.0):
+                raise BackendUnavailable("Triton is not ready")
+            index = await self.client.get_model_repository_index(as_json=True, client_timeout=2.0)
+            models = []
+            for entry in index.get("models", []):
+                config = await self._config(entry)
+                info = self._model_info(entry, config)
+                if info is not None:
+                    models.append(info)
+            return models
+        except InferenceServerException as exc:
+            raise BackendUnavailable(f"Triton at {self.url} is unreachable: {exc.message()}") from exc
+
+    async def _config(self, entry: dict) -> dict | None:
+        if entry.get("state") != "READY":
+            return self._configs.get((entry["name"], entry.get("version", "")))
+        key = (entry["name"], entry.get("version", ""))
+        if key not in self._configs:
+            response = await self.client.get_model_config(entry["name"], as_json=True, client_timeout=2.0)
+            self._configs[key] = response.get("config", {})
+        return self._configs[key]
+
+    def _model_info(self, entry: dict, config: dict | None) -> ModelInfo | None:
+        params = {k: v.get("string_value", "") for k, v in (config or {}).get("parameters", {}).items()}
+        task = params.get("rtxserve_task")
+        if not task:
+            return None
+        return ModelInfo(
+            name=entry["name"],
+            task=task,
+            backend=self.kind,
+            ready=entry.get("state") == "READY",
+            labels=tuple(json.loads(params.get("rtxserve_labels", "[]"))),
+            max_batch_size=int(config.get("max_batch_size", 0) or 0),
+        )
+
+    async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        size = model.max_batch_size or len(texts)
+        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        parts = await asyncio.gather(*(self._classify_chunk(model, chunk, timeout_s) for chunk in chunks))
+        return [c for part in parts for c in part]
+
+    async def _classify_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+        text = grpcclient.InferInput("TEXT", list(data.shape), "BYTES")
+        text.set_data_from_numpy(data)
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("LABEL", "SCORE", "PROBS")]
+        try:
+            result = await self.client.infer(model.name, [text], outputs=outputs, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            _raise_mapped(exc, model.name)
+        labels, scores, probs = result.as_numpy("LABEL"), result.as_numpy("SCORE"), result.as_numpy("PROBS")
+        if labels is None or len(labels) != len(texts):
+            raise BackendError(f"model {model.name} returned {0 if labels is None else len(labels)} results for {len(texts)} inputs")
+        return [
+            Classification(
+                label=labels[i, 0].decode("utf-8"),
+                score=float(scores[i, 0]),
+                scores={name: float(p) for name, p in zip(model.labels, probs[i])},
+            )
+            for i in range(len(texts))
+        ]

@@ -1,0 +1,97 @@
+"""`rtxserve serve triton|gateway`: run one server in the foreground until Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _triton(args) -> int:
+    from .launcher import ServerProcess, ServerStartError
+    from .triton import DEFAULT_ENV, TritonInstall, TritonNotFound, TritonOptions, triton_command
+
+    try:
+        install = (
+            TritonInstall.from_binary(args.tritonserver, args.backend_directory)
+            if args.tritonserver else TritonInstall.from_env(args.triton_env)
+        )
+        argv, env = triton_command(install, TritonOptions(
+            repository=args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port, address=args.address,
+        ))
+    except (TritonNotFound, FileNotFoundError) as exc:
+        print(f"rtxserve serve triton: error: {exc}", file=sys.stderr)
+        return 2
+    server = ServerProcess("tritonserver", argv, env=env, log_path=args.log,
+                           ready_url=f"http://{args.address}:{args.http_port}/v2/health/ready")
+    print(f"starting tritonserver on {args.repository} (log: {args.log})", file=sys.stderr)
+    try:
+        server.start(timeout_s=args.start_timeout)
+    except ServerStartError as exc:
+        print(f"rtxserve serve triton: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"tritonserver ready: grpc {args.address}:{args.grpc_port}, http {args.address}:{args.http_port}, "
+          f"metrics {args.address}:{args.metrics_port}", file=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        return server.stop() or 0
+
+
+def _gateway(args) -> int:
+    import uvicorn
+
+    # Settings travel to the workers through the environment (each worker builds its own app).
+    for flag, key in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS"), ("triton_grpc_url", "TRITON_GRPC_URL")):
+        value = getattr(args, flag)
+        if value is not None:
+            os.environ[f"RTXSERVE_{key}"] = str(value)
+    from .settings import GatewaySettings
+
+    try:
+        settings = GatewaySettings()
+    except Exception as exc:  # pydantic ValidationError or a bad config file
+        print(f"rtxserve serve gateway: error: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
+    uvicorn.run(
+        "serve.gateway.app:create_app", factory=True, host=settings.host, port=settings.port,
+        workers=settings.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground.")
+    sub = parser.add_subparsers(dest="server", required=True)
+    t = sub.add_parser("triton", help="the real tritonserver on a model repository")
+    t.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")))
+    t.add_argument("--triton-env", type=Path, default=Path(".envs/triton"), help="environment holding nvidia-pytriton")
+    t.add_argument("--tritonserver", type=Path, help="use this tritonserver binary instead (e.g. in the NGC image)")
+    t.add_argument("--backend-directory", type=Path, default=Path("/opt/tritonserver/backends"))
+    t.add_argument("--address", default="127.0.0.1", help="bind address (default loopback: clients use the gateway)")
+    t.add_argument("--http-port", type=int, default=8000)
+    t.add_argument("--grpc-port", type=int, default=8001)
+    t.add_argument("--metrics-port", type=int, default=8002)
+    t.add_argument("--log", type=Path, default=Path(".rtxserve/logs/tritonserver.log"))
+    t.add_argument("--start-timeout", type=float, default=300.0)
+    t.set_defaults(run=_triton)
+    g = sub.add_parser("gateway", help="the HTTP gateway (settings also from RTXSERVE_* env / RTXSERVE_CONFIG YAML)")
+    g.add_argument("--host")
+    g.add_argument("--port", type=int)
+    g.add_argument("--workers", type=int)
+    g.add_argument("--triton-grpc-url", dest="triton_grpc_url")
+    g.add_argument("--log-level", default="info")
+    g.set_defaults(run=_gateway)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)

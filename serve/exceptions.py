@@ -1,0 +1,93 @@
+"""Gateway errors and the one place that maps every error to an HTTP response.
+
+Bodies are OpenAI-shaped ({"error": {"message", "type", "param", "code"}}) so the `openai` SDK
+raises its usual exceptions. Messages are written for the client: no stack traces, paths or
+backend internals; the cause is logged with the request id instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("rtxserve.gateway")
+
+
+class GatewayError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
+        super().__init__(message)
+        self.message, self.param, self.retry_after = message, param, retry_after
+
+
+class InvalidRequest(GatewayError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class ModelNotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class BackendUnavailable(GatewayError):
+    status, type, code = 503, "service_unavailable", "backend_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float = 1.0, **kw):
+        super().__init__(message, retry_after=retry_after, **kw)
+
+
+class BackendTimeout(GatewayError):
+    status, type, code = 504, "timeout", "backend_timeout"
+
+
+class BackendError(GatewayError):
+    """The backend answered with an error the client cannot fix by changing the request."""
+
+    status, type, code = 502, "server_error", "backend_error"
+
+
+def error_response(status: int, message: str, type_: str, *, param=None, code=None, retry_after=None) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, first = [], None
+    for err in exc.errors()[:5]:
+        if err.get("type") == "json_invalid":
+            return "the request body is not valid JSON", None
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        first = first or loc
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")  # never echo the input back
+    return "; ".join(parts) or "invalid request", first
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway(request: Request, exc: GatewayError):
+        if exc.status >= 500:
+            log.warning("request %s: %s %s", getattr(request.state, "request_id", "-"), exc.status, exc.message)
+        return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code, retry_after=exc.retry_after)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, message, "invalid_request_error", code=str(exc.status_code))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("request %s: unhandled error", getattr(request.state, "request_id", "-"))
+        return error_response(500, "internal error; the gateway logged the cause", "server_error")

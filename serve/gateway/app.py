@@ -1,0 +1,50 @@
+"""The FastAPI gateway: create_app() wires settings, backends, routes, metrics and error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI
+
+from ..backends.base import Backend
+from ..backends.factory import make_backend
+from ..exceptions import install_handlers
+from ..settings import GatewaySettings
+from .classify.router import router as classify_router
+from .metrics import MetricsMiddleware
+from .state import GatewayState
+from .system.router import router as system_router
+
+log = logging.getLogger("rtxserve.gateway")
+
+
+def create_app(settings: GatewaySettings | None = None, backends: list[Backend] | None = None) -> FastAPI:
+    """Build the gateway app. Backends default to the ones the settings name (Triton)."""
+    settings = settings or GatewaySettings()
+    backends = backends if backends is not None else [make_backend("triton", settings)]
+    state = GatewayState(settings, backends)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for backend in backends:
+            await backend.start()
+        await state.refresh()  # first look before serving; a backend that is down is not fatal
+        health = asyncio.create_task(state.run_health_loop())
+        try:
+            yield
+        finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            for backend in backends:
+                await backend.close()
+
+    app = FastAPI(title="rtxserve gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = state
+    install_handlers(app)
+    app.include_router(system_router)
+    app.include_router(classify_router)
+    app.add_middleware(MetricsMiddleware)
+    return app

@@ -1,0 +1,39 @@
+"""Health, readiness, metrics and the model list."""
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from .. import metrics
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["system"])
+async def healthz() -> dict:
+    """Liveness: the gateway process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["system"])
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: every backend is up and every required model is ready (503 otherwise)."""
+    ok, detail = request.app.state.gateway.ready()
+    return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics", tags=["system"])
+async def prometheus() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)
+
+
+@router.get("/v1/models", tags=["models"])
+async def list_models(request: Request) -> dict:
+    """OpenAI-shaped model list, with each model's task and readiness."""
+    state = request.app.state.gateway
+    data = [
+        {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
+         "task": info.task, "backend": info.backend, "ready": info.ready}
+        for info, _ in sorted(state.models.values(), key=lambda m: m[0].name)
+    ]
+    return {"object": "list", "data": data}

@@ -1,0 +1,40 @@
+"""Gateway deployment settings: one object, from env (RTXSERVE_*) and an optional YAML file."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process reads at start. Env: RTXSERVE_<FIELD>; file: RTXSERVE_CONFIG (YAML)."""
+
+    model_config = SettingsConfigDict(env_prefix="RTXSERVE_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    triton_grpc_url: str = "127.0.0.1:8001"
+    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one backend call")
+    health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
+    required_models: list[str] = Field(
+        default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
+    )
+    max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
+    max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
+    # Keys arrive with the auth issue; declared now so that deployment files keep one shape.
+    api_keys: list[SecretStr] = Field(default_factory=list)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        path = os.environ.get("RTXSERVE_CONFIG")
+        if path:
+            if not os.path.isfile(path):
+                raise ValueError(f"RTXSERVE_CONFIG={path} does not exist")
+            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=path),)
+        return sources

@@ -1,0 +1,93 @@
+"""Locate a tritonserver and build the command line that runs it on a model repository.
+
+On CPU machines it is the real tritonserver shipped in the `nvidia-pytriton` wheel, installed in its
+own environment (`.envs/triton`, see the Makefile); on a GPU box it is the NGC container's binary.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ENV = Path(".envs/triton")
+
+
+class TritonNotFound(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path
+    lib_dirs: tuple[Path, ...] = ()
+    python_bin: Path | None = None  # the python-backend stub takes the first python3 on PATH
+
+    @classmethod
+    def from_env(cls, env_dir: Path = DEFAULT_ENV) -> "TritonInstall":
+        """The tritonserver inside a Python environment that has `nvidia-pytriton` installed."""
+        hits = glob.glob(str(Path(env_dir) / "lib" / "python3*" / "site-packages" / "pytriton" / "tritonserver"))
+        if not hits:
+            raise TritonNotFound(
+                f"no tritonserver in {env_dir}: run `make setup` (it installs nvidia-pytriton there), "
+                "or pass --tritonserver with the path of a tritonserver binary"
+            )
+        root = Path(hits[0])
+        stub = root / "backends" / "python" / "triton_python_backend_stub"
+        if not stub.exists():
+            raise TritonNotFound(f"{stub} is missing: rerun `make setup` to install the python-backend stub")
+        return cls(
+            binary=root / "bin" / "tritonserver",
+            backend_dir=root / "backends",
+            lib_dirs=(root.parent.parent / "nvidia_pytriton.libs",),
+            python_bin=Path(env_dir).resolve() / "bin",
+        )
+
+    @classmethod
+    def from_binary(cls, binary: Path, backend_dir: Path = Path("/opt/tritonserver/backends")) -> "TritonInstall":
+        if not Path(binary).is_file():
+            raise TritonNotFound(f"tritonserver binary not found: {binary}")
+        return cls(binary=Path(binary), backend_dir=Path(backend_dir))
+
+
+@dataclass
+class TritonOptions:
+    repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"  # loopback by default: clients go through the gateway
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start tritonserver with `opts`."""
+    repo = Path(opts.repository).resolve()
+    if not repo.is_dir():
+        raise FileNotFoundError(f"model repository not found: {repo}; export a model first (rtxserve export onnx ...)")
+    argv = [
+        str(install.binary),
+        f"--model-repository={repo}",
+        f"--backend-directory={install.backend_dir}",
+        f"--http-address={opts.address}",
+        f"--http-port={opts.http_port}",
+        f"--grpc-address={opts.address}",
+        f"--grpc-port={opts.grpc_port}",
+        f"--metrics-address={opts.address}",
+        f"--metrics-port={opts.metrics_port}",
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        "--exit-on-error=true",  # a model that fails to load stops the start, with its error in the log
+        f"--log-verbose={opts.log_verbose}",
+        *opts.extra_args,
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    if install.lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    if install.python_bin:
+        env["PATH"] = f"{install.python_bin}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(install.python_bin.parent)
+    return argv, env
