@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +42,14 @@ def load_samples(prefix: str | Path) -> Samples:
     )
 
 
+def nearest_rank(sorted_values: np.ndarray, percentile: float) -> float:
+    """The value at rank ceil(p% * n), as HDR histograms report: a latency that was observed,
+    never an interpolation. (The 1e-9 absorbs float error such as 99.9 / 100 * 1000 = 999.0000000000001.)"""
+    n = len(sorted_values)
+    rank = min(n, max(1, math.ceil(percentile / 100 * n - 1e-9)))
+    return float(sorted_values[rank - 1])
+
+
 @dataclass
 class Summary:
     requests: int
@@ -69,7 +78,7 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
     duration = float(samples.end[keep].max() - t0)
     figures = {}
     if len(lat):
-        figures = {f"p{p:g}": float(np.percentile(lat, p, method="higher")) for p in PERCENTILES}
+        figures = {f"p{p:g}": nearest_rank(lat, p) for p in PERCENTILES}
         figures |= {"mean": float(lat.mean()), "max": float(lat.max()), "min": float(lat.min())}
     kept_errors = [e for e, k in zip(samples.errors, keep[~samples.ok]) if k]
     return Summary(

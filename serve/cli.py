@@ -36,10 +36,11 @@ def _triton(args) -> int:
         return 1
     print(f"tritonserver ready: grpc {args.address}:{args.grpc_port}, http {args.address}:{args.http_port}, "
           f"metrics {args.address}:{args.metrics_port}", file=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    # Forward only: the main thread's wait() returns once tritonserver has drained and exited.
+    signal.signal(signal.SIGTERM, lambda *_: server.signal(signal.SIGTERM))
     try:
         return server.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # tritonserver runs in its own session, so Ctrl-C reaches only us
         return server.stop() or 0
 
 
