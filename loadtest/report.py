@@ -131,9 +131,16 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     ax_t.set_title("latency over time")
     lat = np.sort(samples.latency_ms[ok])
     if len(lat):
-        ax_d.hist(lat, bins=60, color="tab:blue", alpha=0.6)
+        # A few outliers would squash the body of the distribution: cut the axis, say what was cut.
+        limit = 1.5 * summary.latency_ms.get("p99.9", lat[-1])
+        beyond = int((lat > limit).sum())
+        ax_d.hist(lat[lat <= limit], bins=60, color="tab:blue", alpha=0.6)
+        if beyond:
+            ax_d.text(0.98, 0.5, f"{beyond} request(s) > {limit:.0f} ms\n(max {lat[-1]:.0f} ms) not shown",
+                      transform=ax_d.transAxes, ha="right", fontsize=8)
         ax_c = ax_d.twinx()
-        ax_c.plot(lat, np.arange(1, len(lat) + 1) / len(lat), color="black", linewidth=1)
+        shown = lat <= limit
+        ax_c.plot(lat[shown], (np.arange(1, len(lat) + 1) / len(lat))[shown], color="black", linewidth=1)
         ax_c.set_ylabel("cumulative fraction")
         for name, color in (("p50", "tab:green"), ("p90", "tab:purple"), ("p99", "tab:orange")):
             if name in summary.latency_ms:
