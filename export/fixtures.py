@@ -94,7 +94,89 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
     return out
 
 
-FIXTURES = {"text-classifier": write_text_classifier}
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+_LLM_CORPUS = [
+    "the model answers questions about orders, shipping and refunds",
+    "hello, how can i help you today?",
+    "your package arrived on tuesday and the invoice is attached",
+    "a fine-tuned model is served with vllm behind an openai compatible gateway",
+    "the quick brown fox jumps over the lazy dog 0123456789",
+]
+
+
+def _train_bpe_tokenizer(max_length: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_LLM_CORPUS * 20, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>",
+        model_max_length=max_length,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
+    """Write a tiny Llama-architecture causal LM (random weights, head_dim 64 as vLLM's CPU attention
+    needs) with a trained byte-level BPE tokenizer and a chat template; returns `out`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = _train_bpe_tokenizer(max_length)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=max_length,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
+    )
+    model = LlamaForCausalLM(config).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text("# tiny-llama (rtxserve fixture)\n\nRandom weights, head_dim 64. For tests only.\n")
+    return out
+
+
+def write_lora_adapter(base: str | Path, out: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
+    """Write a PEFT LoRA adapter for the tiny Llama at `base`, with non-zero weights so that it
+    changes the outputs (a freshly initialised LoRA is a no-op); returns `out`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        lora_dropout=0.0, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)
+    peft_model.save_pretrained(out)
+    return Path(out)
+
+
+def _write_llm_with_adapters(out: Path) -> Path:
+    base = write_llm(out / "base")
+    for i, name in enumerate(("adapter-a", "adapter-b"), start=1):
+        write_lora_adapter(base, out / name, seed=i)
+    return out
+
+
+FIXTURES = {"text-classifier": write_text_classifier, "llm": _write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:

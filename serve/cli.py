@@ -44,11 +44,45 @@ def _triton(args) -> int:
         return server.stop() or 0
 
 
+def _vllm(args) -> int:
+    from .launcher import ServerProcess, ServerStartError
+    from .vllm import VLLMConfigError, VLLMOptions, vllm_command
+
+    try:
+        adapters = {}
+        for spec in args.lora:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                raise VLLMConfigError(f"--lora {spec!r}: use NAME=PATH")
+            adapters[name] = Path(path)
+        opts = VLLMOptions(model=args.model, served_name=args.served_model_name or args.model.name, host=args.address,
+                           port=args.port, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                           adapters=adapters, dtype=args.dtype)
+        argv, env = vllm_command(opts, args.vllm_env)
+    except VLLMConfigError as exc:
+        print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
+        return 2
+    server = ServerProcess("vllm", argv, env=env, log_path=args.log, ready_url=f"http://{args.address}:{args.port}/v1/models")
+    print(f"starting vLLM for {opts.served_name} (+{len(adapters)} LoRA adapter(s)); log: {args.log}", file=sys.stderr)
+    try:
+        server.start(timeout_s=args.start_timeout)
+    except ServerStartError as exc:
+        print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"vLLM ready: http://{args.address}:{args.port}/v1 serving {', '.join([opts.served_name, *adapters])}", file=sys.stderr)
+    signal.signal(signal.SIGTERM, lambda *_: server.signal(signal.SIGTERM))
+    try:
+        return server.wait()
+    except KeyboardInterrupt:
+        return server.stop() or 0
+
+
 def _gateway(args) -> int:
     import uvicorn
 
     # Settings travel to the workers through the environment (each worker builds its own app).
-    for flag, key in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS"), ("triton_grpc_url", "TRITON_GRPC_URL")):
+    for flag, key in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS"), ("triton_grpc_url", "TRITON_GRPC_URL"),
+                      ("vllm_url", "VLLM_URL")):
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"RTXSERVE_{key}"] = str(value)
@@ -83,11 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--log", type=Path, default=Path(".rtxserve/logs/tritonserver.log"))
     t.add_argument("--start-timeout", type=float, default=300.0)
     t.set_defaults(run=_triton)
+    v = sub.add_parser("vllm", help="the real vLLM OpenAI server for a model and its LoRA adapters")
+    v.add_argument("model", type=Path, help="model folder (a full fine-tune or a base model)")
+    v.add_argument("--served-model-name", help="name clients use (default: the folder name)")
+    v.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a LoRA adapter to serve (repeatable)")
+    v.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    v.add_argument("--kv-cache-gib", type=float, default=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)),
+                   help="KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--address", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8100)
+    v.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    v.add_argument("--log", type=Path, default=Path(".rtxserve/logs/vllm.log"))
+    v.add_argument("--start-timeout", type=float, default=600.0)
+    v.set_defaults(run=_vllm)
     g = sub.add_parser("gateway", help="the HTTP gateway (settings also from RTXSERVE_* env / RTXSERVE_CONFIG YAML)")
     g.add_argument("--host")
     g.add_argument("--port", type=int)
     g.add_argument("--workers", type=int)
-    g.add_argument("--triton-grpc-url", dest="triton_grpc_url")
+    g.add_argument("--triton-grpc-url", dest="triton_grpc_url", help="Triton gRPC address ('' for none)")
+    g.add_argument("--vllm-url", dest="vllm_url", help="vLLM OpenAI server base URL")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
     return parser

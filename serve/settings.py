@@ -16,7 +16,8 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
-    triton_grpc_url: str = "127.0.0.1:8001"
+    triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address; empty: no Triton")
+    vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100; empty: no vLLM")
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one backend call")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
     required_models: list[str] = Field(
@@ -24,6 +25,11 @@ class GatewaySettings(BaseSettings):
     )
     max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
     max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
+    # Bounds on generation parameters, checked before vLLM sees a request.
+    max_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
+    max_n: int = Field(4, ge=1, le=128)
+    max_stop: int = Field(4, ge=0, le=64, description="stop sequences per request (OpenAI allows 4)")
+    max_messages: int = Field(256, ge=1)
     # Keys arrive with the auth issue; declared now so that deployment files keep one shape.
     api_keys: list[SecretStr] = Field(default_factory=list)
 

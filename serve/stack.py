@@ -39,12 +39,23 @@ def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV
     return server.start(timeout_s), opts
 
 
-def start_gateway(triton_grpc_url: str, log_dir: Path, *, workers: int = 1, extra_env: dict | None = None,
+def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300) -> tuple[ServerProcess, str]:
+    """The real vLLM OpenAI server for `opts` (a serve.vllm.VLLMOptions; its port is replaced by a free one)."""
+    from .vllm import DEFAULT_ENV as VLLM_ENV, vllm_command
+
+    opts.port = free_port()
+    argv, env = vllm_command(opts, vllm_env or VLLM_ENV)
+    url = f"http://127.0.0.1:{opts.port}"
+    server = ServerProcess("vllm", argv, env=env, log_path=log_dir / "vllm.log", ready_url=f"{url}/v1/models")
+    return server.start(timeout_s), url
+
+
+def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", workers: int = 1, extra_env: dict | None = None,
                   timeout_s: float = 60, wait_for: str = "/readyz") -> tuple[ServerProcess, str]:
     """The gateway as its own process (`rtxserve serve gateway`); by default started once its models are
     ready (`wait_for="/healthz"`: once it is live, e.g. to test it with a dead backend)."""
     port = free_port()
-    env = {**os.environ, "RTXSERVE_TRITON_GRPC_URL": triton_grpc_url, "RTXSERVE_PORT": str(port),
+    env = {**os.environ, "RTXSERVE_TRITON_GRPC_URL": triton_grpc_url, "RTXSERVE_VLLM_URL": vllm_url, "RTXSERVE_PORT": str(port),
            "RTXSERVE_WORKERS": str(workers), **(extra_env or {})}
     argv = [sys.executable, "-m", "rtxserve.cli", "serve", "gateway", "--log-level", "warning"]
     url = f"http://127.0.0.1:{port}"

@@ -9,10 +9,11 @@ import logging
 from fastapi import FastAPI
 
 from ..backends.base import Backend
-from ..backends.factory import make_backend
+from ..backends.factory import make_backends
 from ..exceptions import install_handlers
 from ..settings import GatewaySettings
 from .classify.router import router as classify_router
+from .generate.router import router as generate_router
 from .metrics import MetricsMiddleware
 from .state import GatewayState
 from .system.router import router as system_router
@@ -21,9 +22,9 @@ log = logging.getLogger("rtxserve.gateway")
 
 
 def create_app(settings: GatewaySettings | None = None, backends: list[Backend] | None = None) -> FastAPI:
-    """Build the gateway app. Backends default to the ones the settings name (Triton)."""
+    """Build the gateway app. Backends default to the ones the settings name."""
     settings = settings or GatewaySettings()
-    backends = backends if backends is not None else [make_backend("triton", settings)]
+    backends = backends if backends is not None else make_backends(settings)
     state = GatewayState(settings, backends)
 
     @contextlib.asynccontextmanager
@@ -46,5 +47,6 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     install_handlers(app)
     app.include_router(system_router)
     app.include_router(classify_router)
+    app.include_router(generate_router)
     app.add_middleware(MetricsMiddleware)
     return app

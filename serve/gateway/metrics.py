@@ -15,6 +15,7 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.
 LABELS = ("route", "model", "status")
 REQUEST_SECONDS = Histogram("rtxserve_request_duration_seconds", "Gateway request latency", LABELS, buckets=BUCKETS)
 REQUESTS = Counter("rtxserve_requests_total", "Gateway requests by final status", LABELS)
+TOKENS = Counter("rtxserve_tokens_total", "Tokens processed by generation models", ("model", "kind"))
 
 
 def render() -> tuple[bytes, str]:

