@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 def _triton(args) -> int:
-    from .launcher import ServerProcess, ServerStartError
-    from .triton import DEFAULT_ENV, TritonInstall, TritonNotFound, TritonOptions, triton_command
+    from .launcher import ServerProcess
+    from .triton import TritonInstall, TritonNotFound, TritonOptions, triton_command
 
     try:
         install = (
@@ -29,23 +29,31 @@ def _triton(args) -> int:
     server = ServerProcess("tritonserver", argv, env=env, log_path=args.log,
                            ready_url=f"http://{args.address}:{args.http_port}/v2/health/ready")
     print(f"starting tritonserver on {args.repository} (log: {args.log})", file=sys.stderr)
+    return _run_foreground(server, "triton", args.start_timeout,
+                           f"tritonserver ready: grpc {args.address}:{args.grpc_port}, http {args.address}:{args.http_port}, "
+                           f"metrics {args.address}:{args.metrics_port}")
+
+
+def _run_foreground(server, what: str, timeout_s: float, ready_message: str) -> int:
+    """Start `server`, report readiness, then wait for it; SIGTERM and Ctrl-C stop it cleanly."""
+    from .launcher import ServerStartError
+
     try:
-        server.start(timeout_s=args.start_timeout)
+        server.start(timeout_s=timeout_s)
     except ServerStartError as exc:
-        print(f"rtxserve serve triton: error: {exc}", file=sys.stderr)
+        print(f"rtxserve serve {what}: error: {exc}", file=sys.stderr)
         return 1
-    print(f"tritonserver ready: grpc {args.address}:{args.grpc_port}, http {args.address}:{args.http_port}, "
-          f"metrics {args.address}:{args.metrics_port}", file=sys.stderr)
-    # Forward only: the main thread's wait() returns once tritonserver has drained and exited.
+    print(ready_message, file=sys.stderr)
+    # Forward only: the main thread's wait() returns once the server has drained and exited.
     signal.signal(signal.SIGTERM, lambda *_: server.signal(signal.SIGTERM))
     try:
         return server.wait()
-    except KeyboardInterrupt:  # tritonserver runs in its own session, so Ctrl-C reaches only us
+    except KeyboardInterrupt:  # the server runs in its own session, so Ctrl-C reaches only us
         return server.stop() or 0
 
 
 def _vllm(args) -> int:
-    from .launcher import ServerProcess, ServerStartError
+    from .launcher import ServerProcess
     from .vllm import VLLMConfigError, VLLMOptions, vllm_command
 
     try:
@@ -64,17 +72,8 @@ def _vllm(args) -> int:
         return 2
     server = ServerProcess("vllm", argv, env=env, log_path=args.log, ready_url=f"http://{args.address}:{args.port}/v1/models")
     print(f"starting vLLM for {opts.served_name} (+{len(adapters)} LoRA adapter(s)); log: {args.log}", file=sys.stderr)
-    try:
-        server.start(timeout_s=args.start_timeout)
-    except ServerStartError as exc:
-        print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
-        return 1
-    print(f"vLLM ready: http://{args.address}:{args.port}/v1 serving {', '.join([opts.served_name, *adapters])}", file=sys.stderr)
-    signal.signal(signal.SIGTERM, lambda *_: server.signal(signal.SIGTERM))
-    try:
-        return server.wait()
-    except KeyboardInterrupt:
-        return server.stop() or 0
+    return _run_foreground(server, "vllm", args.start_timeout,
+                           f"vLLM ready: http://{args.address}:{args.port}/v1 serving {', '.join([opts.served_name, *adapters])}")
 
 
 def _gateway(args) -> int:

@@ -66,25 +66,23 @@ class VLLMBackend(Backend):
             for m in data
         ]
 
-    async def generate(self, path: str, body: dict, model: str) -> dict:
+    async def _send(self, path: str, body: dict, model: str, stream: bool) -> httpx.Response:
+        request = self.client.build_request("POST", path, json=body)
         try:
-            response = await self.client.post(path, json=body)
+            return await self.client.send(request, stream=stream)
         except httpx.TimeoutException as exc:
             raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
         except httpx.HTTPError as exc:
             raise BackendUnavailable(f"model {model} is not reachable; retry shortly") from exc
+
+    async def generate(self, path: str, body: dict, model: str) -> dict:
+        response = await self._send(path, body, model, stream=False)
         raise_for_status(response, model)
         return response.json()
 
     async def open_stream(self, path: str, body: dict, model: str) -> httpx.Response:
         """Start a streamed generation; errors before the first byte raise like `generate`."""
-        request = self.client.build_request("POST", path, json=body)
-        try:
-            response = await self.client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
-            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"model {model} is not reachable; retry shortly") from exc
+        response = await self._send(path, body, model, stream=True)
         if response.status_code >= 400:
             await response.aread()
             await response.aclose()
