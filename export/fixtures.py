@@ -169,14 +169,16 @@ def write_lora_adapter(base: str | Path, out: str | Path, *, seed: int = 1, rank
     return Path(out)
 
 
-def _write_llm_with_adapters(out: Path) -> Path:
+def write_llm_with_adapters(out: str | Path) -> Path:
+    """The tiny Llama in `out`/base and two LoRA adapters for it in `out`/adapter-a and adapter-b."""
+    out = Path(out)
     base = write_llm(out / "base")
     for i, name in enumerate(("adapter-a", "adapter-b"), start=1):
         write_lora_adapter(base, out / name, seed=i)
     return out
 
 
-FIXTURES = {"text-classifier": write_text_classifier, "llm": _write_llm_with_adapters}
+FIXTURES = {"text-classifier": write_text_classifier, "llm": write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
