@@ -30,12 +30,21 @@ class RunResult:
     out_dir: Path
 
 
-def _count_lines(prefix: Path) -> int:
-    total = 0
-    for path in prefix.parent.glob(prefix.name + ".*"):
-        with open(path, "rb") as f:
-            total += sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 16), b""))
-    return total
+class _LineCounter:
+    """Counts the sample rows written so far, reading only what was appended since the last call."""
+
+    def __init__(self, prefix: Path):
+        self.prefix = prefix
+        self.seen: dict[Path, tuple[int, int]] = {}  # file -> (bytes read, lines)
+
+    def __call__(self) -> int:
+        for path in self.prefix.parent.glob(self.prefix.name + ".*"):
+            offset, lines = self.seen.get(path, (0, 0))
+            with open(path, "rb") as f:
+                f.seek(offset)
+                new = f.read()
+            self.seen[path] = (offset + len(new), lines + new.count(b"\n"))
+        return sum(lines for _, lines in self.seen.values())
 
 
 def run(
@@ -71,6 +80,7 @@ def run(
     log(f"locust: {users} users on {host} for {duration_s:g}s ({scenario}); command: {' '.join(command)}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
+    count_requests = _LineCounter(prefix)
     with open(out_dir / "locust.log", "wb") as locust_log:
         process = subprocess.Popen(command, env=child_env, stdout=locust_log, stderr=subprocess.STDOUT)
         while process.poll() is None:
@@ -78,7 +88,7 @@ def run(
                 process.wait(progress_every_s)
             except subprocess.TimeoutExpired:
                 elapsed = time.monotonic() - started
-                log(f"  {min(elapsed, duration_s):4.0f}/{duration_s:g}s  {_count_lines(prefix)} requests")
+                log(f"  {min(elapsed, duration_s):4.0f}/{duration_s:g}s  {count_requests()} requests")
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

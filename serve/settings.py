@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -30,8 +30,6 @@ class GatewaySettings(BaseSettings):
     max_n: int = Field(4, ge=1, le=128)
     max_stop: int = Field(4, ge=0, le=64, description="stop sequences per request (OpenAI allows 4)")
     max_messages: int = Field(256, ge=1)
-    # Keys arrive with the auth issue; declared now so that deployment files keep one shape.
-    api_keys: list[SecretStr] = Field(default_factory=list)
 
     @classmethod
     def settings_customise_sources(

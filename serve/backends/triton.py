@@ -66,13 +66,12 @@ class TritonBackend(Backend):
             raise BackendUnavailable(f"Triton at {self.url} is unreachable: {exc.message()}") from exc
 
     async def _config(self, entry: dict) -> dict | None:
-        if entry.get("state") != "READY":
-            return self._configs.get((entry["name"], entry.get("version", "")))
+        """A model's config, fetched once per (name, version) when it is ready, cached after."""
         key = (entry["name"], entry.get("version", ""))
-        if key not in self._configs:
+        if key not in self._configs and entry.get("state") == "READY":
             response = await self.client.get_model_config(entry["name"], as_json=True, client_timeout=2.0)
             self._configs[key] = response.get("config", {})
-        return self._configs[key]
+        return self._configs.get(key)
 
     def _model_info(self, entry: dict, config: dict | None) -> ModelInfo | None:
         params = {k: v.get("string_value", "") for k, v in (config or {}).get("parameters", {}).items()}
