@@ -1,12 +1,16 @@
-"""One real stack per session: the fixture classifier exported, tritonserver + gateway processes."""
+"""Real servers, one of each per session: the fixture classifier behind tritonserver + gateway, and the
+tiny Llama with two LoRA adapters behind vLLM + gateway."""
 
 import pytest
 
 from export.classifier import export_text_classification
 from export.triton_entry import EntryOptions
-from serve.stack import start_stack
+from export.fixtures import write_llm_with_adapters
+from serve.stack import start_gateway, start_stack, start_vllm
+from serve.vllm import VLLMOptions
 
 MODEL = "tiny_sentiment"
+LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +19,29 @@ def stack(classifier_checkpoint, tmp_path_factory):
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def llm_fixtures(tmp_path_factory):
+    """The tiny Llama in base/ and two LoRA adapters for it in adapter-a/ and adapter-b/."""
+    return write_llm_with_adapters(tmp_path_factory.mktemp("llm") / "fixtures")
+
+
+@pytest.fixture(scope="session")
+def llm_servers(llm_fixtures, tmp_path_factory):
+    """(gateway URL, vLLM URL, vLLM log path): the real vLLM server with the base and both adapters."""
+    logs = tmp_path_factory.mktemp("llm-logs")
+    opts = VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=256,
+                       adapters={"adapter-a": llm_fixtures / "adapter-a", "adapter-b": llm_fixtures / "adapter-b"})
+    vllm, vllm_url = start_vllm(opts, logs)
+    try:
+        gateway, url = start_gateway("", logs, vllm_url=vllm_url)
+        yield url, vllm_url, logs / "vllm.log"
+        gateway.stop()
+    finally:
+        vllm.stop()
+
+
+@pytest.fixture(scope="session")
+def llm_gateway(llm_servers):
+    return llm_servers[0]

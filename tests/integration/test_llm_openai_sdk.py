@@ -4,26 +4,7 @@ LoRA adapters, chat and completions, streamed and not."""
 import openai
 import pytest
 
-from export.fixtures import write_llm_with_adapters
-from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
-
-MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
-
-
-@pytest.fixture(scope="module")
-def llm_gateway(tmp_path_factory):
-    work = tmp_path_factory.mktemp("llm")
-    fixtures = write_llm_with_adapters(work / "fixtures")
-    opts = VLLMOptions(model=fixtures / "base", served_name="tiny-llama", max_model_len=256,
-                       adapters={"adapter-a": fixtures / "adapter-a", "adapter-b": fixtures / "adapter-b"})
-    vllm, vllm_url = start_vllm(opts, work / "logs")
-    try:
-        gateway, url = start_gateway("", work / "logs", vllm_url=vllm_url)
-        yield url
-        gateway.stop()
-    finally:
-        vllm.stop()
+from .conftest import LLM_MODELS as MODELS
 
 
 @pytest.fixture
