@@ -72,3 +72,29 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
             f"task {task} needs a *{suffix} model, but {config_path} names architectures: {found}"
         )
     return Checkpoint(path=path, task=task, config=config, architecture=matching[0], weights=weights)
+
+
+def check_safetensors(path: str | Path) -> dict[str, list[int]]:
+    """Read a .safetensors header without loading tensors: tensor name -> shape.
+
+    Raises ExportError naming the file when the header is unreadable or the file is shorter than
+    the header says (a truncated download or copy)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ExportError(f"{path} is truncated or not a safetensors file ({len(head)} bytes)")
+            size = int.from_bytes(head, "little")
+            if size > 100_000_000:
+                raise ExportError(f"{path} is not a safetensors file (header length {size} is implausible)")
+            header = json.loads(f.read(size))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path} has an unreadable safetensors header ({exc}); the file is damaged") from exc
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
+    actual = path.stat().st_size - 8 - size
+    if actual < end:
+        raise ExportError(f"{path} is truncated: its header describes {end} bytes of tensors, the file holds {actual}; "
+                          "copy or download it again")
+    return {k: v["shape"] for k, v in tensors.items()}

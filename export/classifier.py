@@ -15,6 +15,7 @@ from . import onnx_export, repository
 from .checkpoint import TASKS, Checkpoint, inspect_checkpoint
 from .exceptions import ExportError
 from .parity import ParityReport
+from .progress import Steps
 from .triton_entry import EntryOptions, classification_entry
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,6 @@ class ExportResult:
     entry: list[Path]
     parity: dict
     seconds: float
-
-
-class _Steps:
-    """Numbered progress lines: export is long enough that silence looks like a hang."""
-
-    def __init__(self, total: int):
-        self.total, self.n, self.t0 = total, 0, time.perf_counter()
-
-    def __call__(self, message: str, *args) -> None:
-        self.n += 1
-        log.info("[%d/%d %5.1fs] " + message, self.n, self.total, time.perf_counter() - self.t0, *args)
 
 
 def _load(ckpt: Checkpoint):
@@ -150,7 +140,7 @@ def export_text_classification(
     """
     import onnxruntime as ort
 
-    steps = _Steps(5)
+    steps = Steps(5, log)
     ckpt = inspect_checkpoint(checkpoint, "text-classification")
     repository.check_free(repo, opts.model_names(), force)
     if command:
@@ -193,7 +183,7 @@ def export_text_classification(
         )
         written = repository.commit(repo, models, work, force)
     steps("done: %s", ", ".join(p.name for p in written))
-    return ExportResult(entry=written, parity=parity, seconds=time.perf_counter() - steps.t0)
+    return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
 
 
 def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, command, parity) -> dict:

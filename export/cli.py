@@ -43,12 +43,62 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol")
     onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
     onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
+
+    llm = sub.add_parser("llm", help="LLM fine-tune or LoRA/QLoRA adapter -> folder vLLM serves (merged on request)")
+    llm.add_argument("source", help="full fine-tune folder (config.json + weights) or adapter folder (adapter_config.json)")
+    llm.add_argument("--out", type=Path, required=True, help="folder to write the package into")
+    llm.add_argument("--base", help="base model folder of an adapter (default: the base the adapter records)")
+    llm.add_argument("--merge", action="store_true", help="merge the adapter into its base as a standalone model")
+    q = llm.add_mutually_exclusive_group()
+    q.add_argument("--qlora", dest="qlora", action="store_true", default=None,
+                   help="the adapter was trained against a 4-bit base (default: read LLaMA-Factory's training_args.yaml)")
+    q.add_argument("--no-qlora", dest="qlora", action="store_false")
+    llm.add_argument("--dtype", default="auto", help="dtype of the merged model: auto (the base's), float32, bfloat16, float16")
+    llm.add_argument("--atol", type=float, default=None,
+                     help="tolerated max abs logit difference, merged vs base+adapter (default 1e-3 for float32, 0.25 for 16-bit)")
+    llm.add_argument("--allow-drift", action="store_true", help="keep a merge that breaches --atol")
+    llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the merge parity check")
+    llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
+    llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
+    llm.add_argument("--force", action="store_true", help="replace --out if it exists")
     return parser
+
+
+def _lines(path: Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    lines = [t for t in path.read_text().splitlines() if t.strip()]
+    if not lines:
+        raise ExportError(f"{path} holds no text")
+    return lines
+
+
+def _main_llm(args, argv: list[str]) -> int:
+    from .llm import export_llm
+
+    try:
+        result = export_llm(
+            args.source, args.out, base=args.base, merge=args.merge, qlora=args.qlora, dtype=args.dtype, atol=args.atol,
+            allow_drift=args.allow_drift, sample_prompts=_lines(args.sample_prompts), chat_template=args.chat_template,
+            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
+        )
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export llm", str(exc))
+    summary = f"exported {result.kind} model to {result.out} in {result.seconds:.1f}s"
+    parity = result.metadata.get("parity")
+    if parity:
+        logits = parity["outputs"]["logits"]
+        summary += (f" (merge parity {'passed' if parity['passed'] else 'DRIFTED'}: logits max abs diff "
+                    f"{logits['max_abs_diff']:.2g}, top-1 agreement {logits['top1_agreement']:.1%} on {parity['cases']} prompts)")
+    print(f"{summary}\nserve it: {result.serve_command}")
+    return 0
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
+    if args.format == "llm":
+        return _main_llm(args, argv)
     from .checkpoint import check_task
     from .triton_entry import EntryOptions
 
@@ -59,11 +109,7 @@ def main(argv: list[str]) -> int:
             name=args.name, target=args.target, instances=args.instances, max_batch_size=args.max_batch_size,
             max_queue_delay_us=args.max_queue_delay_us, gpus=gpus,
         )
-        texts = None
-        if args.sample_texts:
-            texts = [t for t in args.sample_texts.read_text().splitlines() if t.strip()]
-            if not texts:
-                raise ExportError(f"{args.sample_texts} holds no text")
+        texts = _lines(args.sample_texts)
         from .classifier import export_text_classification
 
         result = export_text_classification(
