@@ -13,11 +13,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtxserve loadtest", description="Load-test the gateway with locust.")
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a scenario headless and write a report (Markdown + PNG + JSON)")
-    r.add_argument("--scenario", default="classify")
+    r.add_argument("--scenario", default="classify",
+                   help="classify (POST /v1/classify) or chat (streamed /v1/chat/completions); default %(default)s")
     r.add_argument("--host", default=os.environ.get("RTXSERVE_GATEWAY_URL", "http://127.0.0.1:8080"),
                    help="gateway URL (env RTXSERVE_GATEWAY_URL; default %(default)s)")
     r.add_argument("--model", required=True, help="model name the requests ask for")
-    r.add_argument("--batch", type=int, default=1, help="texts per request")
+    r.add_argument("--batch", type=int, default=1, help="classify: texts per request")
+    r.add_argument("--max-tokens", type=int, default=64, help="chat: max_tokens of each request (default %(default)s)")
+    r.add_argument("--prompt-words", default="4,120", metavar="MIN,MAX",
+                   help="chat: words in each prompt, drawn uniformly (default %(default)s)")
     r.add_argument("--users", type=int, default=8, help="concurrent closed-loop users")
     r.add_argument("--spawn-rate", type=float, default=None, help="users started per second (default: all at once)")
     r.add_argument("--duration", type=float, default=30.0, help="seconds of load, warm-up included")
@@ -44,11 +48,14 @@ def main(argv: list[str]) -> int:
         return 0
     from .runner import run
 
+    # Each scenario is given only its own knobs, so that the report's settings list what applied.
+    knobs = {"classify": {"RTXSERVE_BATCH": str(args.batch)},
+             "chat": {"RTXSERVE_MAX_TOKENS": str(args.max_tokens), "RTXSERVE_PROMPT_WORDS": args.prompt_words}}
     out = args.out or Path("reports") / f"{args.scenario}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         result = run(args.scenario, args.host, out, users=args.users, spawn_rate=args.spawn_rate,
                      duration_s=args.duration, warmup_s=args.warmup,
-                     env={"RTXSERVE_MODEL": args.model, "RTXSERVE_BATCH": str(args.batch)},
+                     env={"RTXSERVE_MODEL": args.model, **knobs.get(args.scenario, {})},
                      log=lambda m: print(m, file=sys.stderr))
     except (ValueError, RuntimeError) as exc:
         print(f"rtxserve loadtest: error: {exc}", file=sys.stderr)
