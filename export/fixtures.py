@@ -126,9 +126,18 @@ def _train_bpe_tokenizer(max_length: int):
     return wrapped
 
 
-def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
-    """Write a tiny Llama-architecture causal LM (random weights, head_dim 64 as vLLM's CPU attention
-    needs) with a trained byte-level BPE tokenizer and a chat template; returns `out`."""
+# Llama shapes (all head_dim 64, as vLLM's CPU attention needs). "tiny" is for tests; "small" (about
+# 58M parameters) is big enough that decoding is bound by the model's weights rather than by serving
+# overhead, as with real LLMs, which is what the batching benchmark B4 needs.
+LLM_SHAPES = {
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2},
+    "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
+}
+
+
+def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512, shape: str = "tiny") -> Path:
+    """Write a Llama-architecture causal LM of `shape` (random weights) with a trained byte-level BPE
+    tokenizer and a chat template; returns `out`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -136,8 +145,8 @@ def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
     torch.manual_seed(seed)
     tokenizer = _train_bpe_tokenizer(max_length)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=max_length,
+        vocab_size=len(tokenizer), **LLM_SHAPES[shape], num_key_value_heads=LLM_SHAPES[shape]["num_attention_heads"],
+        head_dim=64, max_position_embeddings=max_length,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
     )
@@ -145,7 +154,7 @@ def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "README.md").write_text("# tiny-llama (rtxserve fixture)\n\nRandom weights, head_dim 64. For tests only.\n")
+    (out / "README.md").write_text(f"# {shape}-llama (rtxserve fixture)\n\nRandom weights, head_dim 64. For tests only.\n")
     return out
 
 

@@ -1,6 +1,7 @@
 """`rtxserve demo` (what `make demo` runs): the whole path on CPU, end to end, with real servers.
 
-fixtures -> export (ONNX, parity) -> tritonserver + gateway -> locust -> report headline -> stop.
+fixtures -> export (ONNX with parity; a LoRA adapter packaged for vLLM) -> tritonserver + vLLM + gateway
+-> locust on /v1/classify, then streamed chat on /v1/chat/completions -> report headlines -> stop.
 Everything lands in one work folder (default .rtxserve/demo); rerunning replaces it.
 """
 
@@ -24,41 +25,61 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--instances", type=int, default=1, help="model instances in Triton")
+    parser.add_argument("--chat-duration", type=float, default=20.0, help="seconds of streamed chat load")
+    parser.add_argument("--chat-users", type=int, default=4)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
 
     from export.classifier import export_text_classification
-    from export.fixtures import write_text_classifier
+    from export.fixtures import write_llm_with_adapters, write_text_classifier
+    from export.llm import export_llm
     from export.triton_entry import EntryOptions
     from loadtest.report import headline
     from loadtest.runner import run
     from serve.launcher import ServerStartError
     from serve.stack import start_stack
+    from serve.vllm import VLLMOptions
 
     work = args.workdir.resolve()
     name = "demo_classifier"
-    _say(f"1/4 writing a fine-tuned-style BERT classifier checkpoint to {work / 'checkpoint'}")
+    _say(f"1/6 writing a fine-tuned-style BERT classifier checkpoint to {work / 'checkpoint'}")
     checkpoint = write_text_classifier(work / "checkpoint")
-    _say("2/4 exporting it to ONNX (validated against PyTorch) and a Triton ensemble")
+    _say("2/6 exporting it to ONNX (validated against PyTorch) and a Triton ensemble")
     repository = work / "model_repository"
     export_text_classification(
         checkpoint, EntryOptions(name=name, instances=args.instances), repository, force=True,
         command=f"rtxserve export onnx {checkpoint} --task text-classification --name {name} --repository {repository} --force",
     )
-    _say("3/4 starting tritonserver and the gateway")
+    _say(f"3/6 writing a tiny Llama with a LoRA adapter to {work / 'llm'}; packaging the adapter for vLLM")
+    llm = write_llm_with_adapters(work / "llm")
+    adapter = export_llm(llm / "adapter-a", work / "llm-package" / "demo-adapter", force=True).out
+    _say("4/6 starting tritonserver, vLLM (the base model and its adapter) and the gateway")
+    vllm_opts = VLLMOptions(model=llm / "base", served_name="demo-llm", max_model_len=512, adapters={"demo-adapter": adapter})
     try:
-        stack = start_stack(repository, work / "logs")
-    except ServerStartError as exc:
+        stack = start_stack(repository, work / "logs", vllm_opts=vllm_opts)
+    except (ServerStartError, ValueError) as exc:
         _say(f"error: {exc}")
         return 1
     with stack:
-        _say(f"gateway ready at {stack.gateway_url} (tritonserver gRPC {stack.triton_grpc_url})")
-        _say(f"4/4 load test: {args.users} users for {args.duration:g}s")
+        _say(f"gateway ready at {stack.gateway_url} (tritonserver gRPC {stack.triton_grpc_url}, vLLM {stack.vllm_url})")
+        _say(f"5/6 load test /v1/classify: {args.users} users for {args.duration:g}s")
         result = run("classify", stack.gateway_url, work / "report", users=args.users, duration_s=args.duration,
                      warmup_s=args.warmup, env={"RTXSERVE_MODEL": name}, log=_say)
+        _say(f"6/6 load test streamed /v1/chat/completions on the adapter: {args.chat_users} users for {args.chat_duration:g}s")
+        chat = run("chat", stack.gateway_url, work / "report-chat", users=args.chat_users, duration_s=args.chat_duration,
+                   warmup_s=min(args.warmup, args.chat_duration / 4),
+                   env={"RTXSERVE_MODEL": "demo-adapter", "RTXSERVE_MAX_TOKENS": "32"}, log=_say)
         _say("stopping servers")
+    stream = chat.summary.streaming
     print()
-    print(f"rtxserve demo: {headline(result.summary)}")
+    print(f"rtxserve demo, classify: {headline(result.summary)}")
     print(f"report: {result.report} (plot: {result.out_dir / 'latency.png'})")
-    return 0 if result.summary.errors == 0 and result.summary.qps > 0 else 1
+    if stream:
+        print(f"rtxserve demo, streamed chat: TTFT P50 {stream['ttft_ms']['p50']:.1f} ms, P99 {stream['ttft_ms']['p99']:.1f} ms, "
+              f"{stream['output_tokens_per_s']:.1f} output tokens/s, errors {chat.summary.errors}/{chat.summary.requests}")
+    else:
+        print(f"rtxserve demo, streamed chat: no successful stream ({chat.summary.errors} errors)")
+    print(f"report: {chat.report}")
+    ok = result.summary.errors == 0 and result.summary.qps > 0 and chat.summary.errors == 0 and bool(stream)
+    return 0 if ok else 1

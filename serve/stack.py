@@ -18,10 +18,14 @@ class Stack:
     gateway_url: str
     triton_http_url: str
     triton_grpc_url: str
+    vllm: ServerProcess | None = None
+    vllm_url: str = ""
 
     def stop(self) -> None:
-        # Gateway first: it stops taking requests before its backend goes away.
+        # Gateway first: it stops taking requests before its backends go away.
         self.gateway.stop()
+        if self.vllm is not None:
+            self.vllm.stop()
         self.triton.stop()
 
     def __enter__(self) -> "Stack":
@@ -63,12 +67,19 @@ def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", wo
     return server.start(timeout_s), url
 
 
-def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_ENV, gateway_workers: int = 1) -> Stack:
+def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_ENV, gateway_workers: int = 1,
+                vllm_opts=None) -> Stack:
+    """Triton on `repository`, vLLM too when `vllm_opts` (serve.vllm.VLLMOptions) is given, and the gateway."""
     triton, opts = start_triton(repository, log_dir, triton_env)
     grpc_url = f"127.0.0.1:{opts.grpc_port}"
+    vllm, vllm_url = None, ""
     try:
-        gateway, url = start_gateway(grpc_url, log_dir, workers=gateway_workers)
+        if vllm_opts is not None:
+            vllm, vllm_url = start_vllm(vllm_opts, log_dir)
+        gateway, url = start_gateway(grpc_url, log_dir, workers=gateway_workers, vllm_url=vllm_url)
     except BaseException:
+        if vllm is not None:
+            vllm.stop()
         triton.stop()
         raise
-    return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url)
+    return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url, vllm, vllm_url)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from export.checkpoint import check_safetensors
+from export.exceptions import ExportError
 
 DEFAULT_ENV = Path(".envs/vllm")
 # vLLM accepts only these --max-lora-rank values.
@@ -45,14 +47,6 @@ def read_adapter(name: str, path: Path) -> Adapter:
                    tuple([targets] if isinstance(targets, str) else targets))
 
 
-def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor shapes from a safetensors header (no torch needed)."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
-
-
 def check_adapter_base(adapter: Adapter, model: Path) -> None:
     """Refuse an adapter trained on another base: by the recorded base name and by tensor shapes."""
     base = adapter.base.rstrip("/")
@@ -63,7 +57,10 @@ def check_adapter_base(adapter: Adapter, model: Path) -> None:
     weights = adapter.path / "adapter_model.safetensors"
     shape_ok = True
     if hidden and weights.is_file():
-        shapes = _safetensors_shapes(weights)
+        try:
+            shapes = check_safetensors(weights)
+        except ExportError as exc:
+            raise VLLMConfigError(f"adapter {adapter.name}: {exc}") from exc
         shape_ok = all(s[1] == hidden for k, s in shapes.items() if "lora_A" in k and k.endswith(("q_proj.lora_A.weight", "gate_proj.lora_A.weight")))
     if not (same_name and shape_ok):
         raise VLLMConfigError(

@@ -1,0 +1,50 @@
+"""`rtxserve bench llm`: argument parsing only; the work is in bench/llm.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve bench", description="Benchmarks that print and save their figures.")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    llm = sub.add_parser("llm", help="B4 (vLLM tokens/s at 16 streams vs 1); with --gpu also G2 and G3")
+    llm.add_argument("--model", type=Path, help="model folder (default: the tiny Llama fixture, written fresh)")
+    llm.add_argument("--url", default="", help="benchmark a vLLM server already running here instead of starting one")
+    llm.add_argument("--served-name", default="bench-llm", help="model name at --url")
+    llm.add_argument("--rounds", type=int, default=3)
+    llm.add_argument("--duration", type=float, default=6.0, help="seconds per concurrency level and round")
+    llm.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    llm.add_argument("--gpu", action="store_true", help="8B-shaped FP16 model with random weights; adds G2 and G3")
+    llm.add_argument("--bandwidth-gbs", type=float, help="GPU memory bandwidth for G2 (default: from the GPU's name)")
+    llm.add_argument("--g3-duration", type=float, default=30.0, help="seconds of Poisson arrivals per G3 rate")
+    llm.add_argument("--skip-b4", action="store_true", help="with --gpu: only G2 and G3")
+    llm.add_argument("--out", type=Path, help="folder for bench-llm.json/.md and b4.png (default reports/bench-llm-<time>)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from .llm import BenchOptions, markdown, run
+
+    out = args.out or Path("reports") / f"bench-llm-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = BenchOptions(out=out, model=args.model, url=args.url.rstrip("/"), served_name=args.served_name,
+                        rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, gpu=args.gpu,
+                        bandwidth_gbs=args.bandwidth_gbs, g3_duration_s=args.g3_duration, skip={"B4"} if args.skip_b4 else set())
+    if opts.rounds < 1 or opts.duration_s <= 0 or opts.max_tokens < 2:
+        print("rtxserve bench: error: need --rounds >= 1, --duration > 0 and --max-tokens >= 2", file=sys.stderr)
+        return 2
+    try:
+        results = run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"rtxserve bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(results))
+    print(f"saved: {out / 'bench-llm.json'}, {out / 'bench-llm.md'}")
+    return 0

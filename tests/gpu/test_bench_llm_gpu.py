@@ -1,0 +1,16 @@
+"""G2 and G3 on a real GPU: vLLM (CUDA build, `make setup-vllm VLLM_REQUIREMENTS=deploy/vllm/requirements-cuda.txt`)
+on an 8B-shaped FP16 model with random weights. The figures go in the issue note; the test checks they exist."""
+
+import json
+import math
+
+from bench import cli
+
+
+def test_g2_g3_on_an_8b_shaped_model(tmp_path):
+    out = tmp_path / "bench"
+    assert cli.main(["llm", "--gpu", "--skip-b4", "--g3-duration", "10", "--out", str(out)]) == 0
+    saved = json.loads((out / "bench-llm.json").read_text())
+    assert saved["G2"]["weight_bytes"] == 8_030_261_248 * 2
+    assert 0 < saved["G2"]["fraction"] < 1.5 and math.isfinite(saved["G2"]["tokens_per_s"])
+    assert saved["G3"]["steps"] and saved["G3"]["max_qps"] >= 0
