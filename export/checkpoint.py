@@ -14,6 +14,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json
 # task -> (architecture suffix it needs, transformers Auto class that loads it)
 TASKS = {
     "text-classification": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
+    # A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
+    "feature-extraction": ("Model", "AutoModel"),
 }
 
 

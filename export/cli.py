@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="format", required=True)
     onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
     onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer)")
-    onnx.add_argument("--task", required=True, help="what the model does (supported: text-classification)")
+    onnx.add_argument("--task", required=True,
+                      help="what the model does: text-classification, feature-extraction (embeddings; pooling and "
+                           "normalisation from the sentence-transformers files)")
     onnx.add_argument("--name", required=True, help="model name clients will use")
     onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
                       help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")
@@ -110,10 +112,10 @@ def main(argv: list[str]) -> int:
             max_queue_delay_us=args.max_queue_delay_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
-        from .classifier import export_text_classification
+        from .encoder import export_encoder
 
-        result = export_text_classification(
-            args.checkpoint, opts, args.repository, max_length=args.max_length, atol=args.atol,
+        result = export_encoder(
+            args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
             allow_drift=args.allow_drift, force=args.force, sample_texts=texts,
             command=shlex.join(["rtxserve", "export", *argv]),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from pathlib import Path
@@ -26,6 +27,9 @@ def export(model, sample: dict, path: Path, output_names: list[str], opset: int 
     """
     import torch
 
+    # The exporter names graph inputs in the order of forward()'s parameters: keep `sample` in that order.
+    order = list(inspect.signature(model.forward).parameters)
+    sample = {name: sample[name] for name in sorted(sample, key=order.index)}
     input_names = list(sample)
     dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
     dynamic_axes.update({name: {0: "batch"} for name in output_names})

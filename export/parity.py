@@ -16,6 +16,16 @@ class OutputParity:
     max_abs_diff: float
     max_rel_diff: float
     top1_agreement: float  # fraction of rows whose argmax over the last axis agrees
+    min_cosine: float = 1.0  # lowest cosine similarity between a row of PyTorch's output and the export's
+
+
+def _min_cosine(ref: np.ndarray, got: np.ndarray) -> float:
+    """Lowest cosine similarity over the rows (first axis) of two same-shaped arrays; 1.0 for two zero rows."""
+    a, b = ref.reshape(len(ref), -1) if ref.ndim else ref.reshape(1, 1), got.reshape(len(got), -1) if got.ndim else got.reshape(1, 1)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    dots = np.einsum("ij,ij->i", a, b)
+    cos = np.where(norms > 0, dots / np.where(norms > 0, norms, 1), 1.0)
+    return float(cos.min())
 
 
 @dataclass
@@ -45,13 +55,15 @@ class ParityReport:
             abs_diff = np.abs(ref64 - got64)
             rel_diff = abs_diff / np.maximum(np.abs(ref64), 1e-6)
             agree = float(np.mean(ref64.argmax(-1) == got64.argmax(-1))) if ref.ndim >= 2 else 1.0
+            cosine = _min_cosine(ref64, got64)
             prev = self.outputs.get(name)
             if prev is None:
-                self.outputs[name] = OutputParity(name, list(ref.shape), float(abs_diff.max()), float(rel_diff.max()), agree)
+                self.outputs[name] = OutputParity(name, list(ref.shape), float(abs_diff.max()), float(rel_diff.max()), agree, cosine)
             else:
                 prev.max_abs_diff = max(prev.max_abs_diff, float(abs_diff.max()))
                 prev.max_rel_diff = max(prev.max_rel_diff, float(rel_diff.max()))
                 prev.top1_agreement = min(prev.top1_agreement, agree)
+                prev.min_cosine = min(prev.min_cosine, cosine)
 
     def check(self, allow_drift: bool) -> None:
         """Raise ParityError on a tolerance breach unless drift is allowed (then it is only noted)."""

@@ -60,6 +60,54 @@ class ModelDir:
     files: dict[str, Path | str] = field(default_factory=dict)
 
 
+def _tokenizer_model(opts: EntryOptions, tokenizer_json: str, input_names: list[str], max_length: int,
+                     pad_token_id: int) -> ModelDir:
+    """TEXT -> token tensors, in a python-backend model running the checkpoint's Rust tokenizer."""
+    config = ModelConfig(
+        name=f"{opts.name}_tokenizer",
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=_token_tensors(input_names),
+        instance_groups=(InstanceGroup(count=opts.instances),),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        parameters={
+            "max_length": str(max_length),
+            "pad_token_id": str(pad_token_id),
+            "output_names": json.dumps(input_names),
+            # Fixed-length padding on GPU so that requests batch into one shape.
+            "padding": "max_length" if opts.target == "gpu" else "longest",
+        },
+    )
+    return ModelDir(config, {"1/model.py": PYTHON_MODELS / "tokenizer" / "model.py", "1/tokenizer.json": tokenizer_json})
+
+
+def _token_tensors(input_names: list[str]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(n, "TYPE_INT64", (-1,)) for n in input_names)
+
+
+def _onnx_model(opts: EntryOptions, onnx_path: Path, input_names: list[str], outputs: tuple[TensorSpec, ...],
+                parity: dict) -> ModelDir:
+    """The ONNX graph: python-backend ONNX Runtime on CPU, native onnxruntime_onnx with KIND_GPU on GPU."""
+    common = dict(
+        name=f"{opts.name}_model",
+        max_batch_size=opts.max_batch_size,
+        inputs=_token_tensors(input_names),
+        outputs=outputs,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+    )
+    if opts.target == "gpu":
+        config = ModelConfig(platform="onnxruntime_onnx", default_model_filename="model.onnx",
+                             instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
+                             **common)
+        files: dict[str, Path | str] = {"1/model.onnx": onnx_path}
+    else:
+        config = ModelConfig(backend="python", instance_groups=(InstanceGroup(count=opts.instances),), **common)
+        files = {"1/model.onnx": onnx_path, "1/model.py": PYTHON_MODELS / "onnx_cpu" / "model.py"}
+    files["parity.json"] = json.dumps(parity, indent=2)
+    return ModelDir(config, files)
+
+
 def classification_entry(
     opts: EntryOptions,
     *,
@@ -75,47 +123,9 @@ def classification_entry(
 ) -> list[ModelDir]:
     """The four models of a text-classification entry; the ensemble carries the gateway's metadata."""
     tok_name, model_name, post_name = opts.model_names()[1:]
-    gpu = opts.target == "gpu"
-    batching = DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us)
-    cpu_group = (InstanceGroup(count=opts.instances),)
-    token_tensors = tuple(TensorSpec(n, "TYPE_INT64", (-1,)) for n in input_names)
     num_labels = len(labels)
-
-    tokenizer = ModelConfig(
-        name=tok_name,
-        backend="python",
-        max_batch_size=opts.max_batch_size,
-        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
-        outputs=token_tensors,
-        instance_groups=cpu_group,
-        dynamic_batching=batching,
-        parameters={
-            "max_length": str(max_length),
-            "pad_token_id": str(pad_token_id),
-            "output_names": json.dumps(input_names),
-            "padding": "max_length" if gpu else "longest",
-        },
-    )
-    model_common = dict(
-        name=model_name,
-        max_batch_size=opts.max_batch_size,
-        inputs=token_tensors,
-        outputs=(TensorSpec("logits", "TYPE_FP32", (num_labels,)),),
-        dynamic_batching=batching,
-    )
-    if gpu:
-        model = ModelConfig(
-            platform="onnxruntime_onnx",
-            default_model_filename="model.onnx",
-            instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
-            **model_common,
-        )
-        model_files: dict[str, Path | str] = {"1/model.onnx": onnx_path}
-    else:
-        model = ModelConfig(backend="python", instance_groups=cpu_group, **model_common)
-        model_files = {"1/model.onnx": onnx_path, "1/model.py": PYTHON_MODELS / "onnx_cpu" / "model.py"}
-    model_files["parity.json"] = json.dumps(parity, indent=2)
-
+    tokenizer = _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id)
+    model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (num_labels,)),), parity)
     postprocess = ModelConfig(
         name=post_name,
         backend="python",
@@ -127,7 +137,7 @@ def classification_entry(
             TensorSpec("SCORE", "TYPE_FP32", (1,)),
         ),
         instance_groups=(InstanceGroup(count=1),),
-        dynamic_batching=batching,
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
         parameters={"labels": json.dumps(labels), "problem_type": problem_type or "single_label_classification"},
     )
     ensemble = ModelConfig(
@@ -150,7 +160,45 @@ def classification_entry(
     )
     return [
         ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
-        ModelDir(tokenizer, {"1/model.py": PYTHON_MODELS / "tokenizer" / "model.py", "1/tokenizer.json": tokenizer_json}),
-        ModelDir(model, model_files),
+        tokenizer,
+        model,
         ModelDir(postprocess, {"1/model.py": PYTHON_MODELS / "classification_postprocess" / "model.py"}),
+    ]
+
+
+def embedding_entry(
+    opts: EntryOptions,
+    *,
+    onnx_path: Path,
+    tokenizer_json: str,
+    input_names: list[str],
+    dimensions: int,
+    max_length: int,
+    pad_token_id: int,
+    metadata: dict,
+    parity: dict,
+) -> list[ModelDir]:
+    """tokenizer -> model (pooling and normalisation are inside the graph): EMBEDDINGS and TOKENS per text."""
+    tok_name, model_name = opts.model_names()[1:3]
+    outputs = (TensorSpec("embeddings", "TYPE_FP32", (dimensions,)), TensorSpec("token_count", "TYPE_INT64", (1,)))
+    ensemble = ModelConfig(
+        name=opts.name,
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=(TensorSpec("EMBEDDINGS", "TYPE_FP32", (dimensions,)), TensorSpec("TOKENS", "TYPE_INT64", (1,))),
+        ensemble_steps=(
+            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
+            EnsembleStep(model_name, {n: n for n in input_names}, {"embeddings": "EMBEDDINGS", "token_count": "TOKENS"}),
+        ),
+        parameters={
+            "rtxserve_task": "feature-extraction",
+            "rtxserve_dimensions": str(dimensions),
+            "rtxserve_max_length": str(max_length),
+        },
+    )
+    return [
+        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
+        _onnx_model(opts, onnx_path, input_names, outputs, parity),
     ]

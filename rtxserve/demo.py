@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
 
-    from export.classifier import export_text_classification
+    from export.encoder import export_text_classification
     from export.fixtures import write_llm_with_adapters, write_text_classifier
     from export.llm import export_llm
     from export.triton_entry import EntryOptions

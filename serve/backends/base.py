@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -16,6 +18,7 @@ class ModelInfo:
     ready: bool
     labels: tuple[str, ...] = ()
     max_batch_size: int = 0
+    dimensions: int = 0  # embedding size of a feature-extraction model; 0: not known
     extra: dict = field(default_factory=dict, compare=False)
 
 
@@ -24,6 +27,14 @@ class Classification:
     label: str
     score: float
     scores: dict[str, float]
+
+
+@dataclass(frozen=True, eq=False)  # == on ndarrays is elementwise, so identity it is
+class Embedding:
+    """One text's vector (float32, 1-D, pooled and normalised by the model) and its token count after truncation."""
+
+    vector: np.ndarray
+    tokens: int
 
 
 class Backend(ABC):
@@ -41,3 +52,6 @@ class Backend(ABC):
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
         raise NotImplementedError(f"{self.kind} backends do not serve text classification")
+
+    async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        raise NotImplementedError(f"{self.kind} backends do not serve embeddings")

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
-from .base import Backend, Classification, ModelInfo
+from .base import Backend, Classification, Embedding, ModelInfo
 
 log = logging.getLogger("rtxserve.gateway.triton")
 
@@ -85,26 +85,41 @@ class TritonBackend(Backend):
             ready=entry.get("state") == "READY",
             labels=tuple(json.loads(params.get("rtxserve_labels", "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
+            dimensions=int(params.get("rtxserve_dimensions") or 0),
         )
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        return await self._in_chunks(self._classify_chunk, model, texts, timeout_s)
+
+    async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        return await self._in_chunks(self._embed_chunk, model, texts, timeout_s)
+
+    async def _in_chunks(self, infer_chunk, model: ModelInfo, texts: list[str], timeout_s: float) -> list:
+        """Triton rejects batches over max_batch_size: split, run the chunks concurrently, keep the order."""
         size = model.max_batch_size or len(texts)
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
-        parts = await asyncio.gather(*(self._classify_chunk(model, chunk, timeout_s) for chunk in chunks))
-        return [c for part in parts for c in part]
+        parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s) for chunk in chunks))
+        return [r for part in parts for r in part]
 
-    async def _classify_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+    async def _infer_texts(self, model: ModelInfo, texts: list[str], outputs: tuple[str, ...], timeout_s: float):
+        """One batch of texts as TEXT [n, 1], errors mapped; the named outputs as arrays with n rows."""
         data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
         text = grpcclient.InferInput("TEXT", list(data.shape), "BYTES")
         text.set_data_from_numpy(data)
-        outputs = [grpcclient.InferRequestedOutput(n) for n in ("LABEL", "SCORE", "PROBS")]
+        requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
         try:
-            result = await self.client.infer(model.name, [text], outputs=outputs, client_timeout=timeout_s)
+            result = await self.client.infer(model.name, [text], outputs=requested, client_timeout=timeout_s)
         except InferenceServerException as exc:
             _raise_mapped(exc, model.name)
-        labels, scores, probs = result.as_numpy("LABEL"), result.as_numpy("SCORE"), result.as_numpy("PROBS")
-        if labels is None or len(labels) != len(texts):
-            raise BackendError(f"model {model.name} returned {0 if labels is None else len(labels)} results for {len(texts)} inputs")
+        arrays = [result.as_numpy(n) for n in outputs]
+        for name, array in zip(outputs, arrays):
+            if array is None or len(array) != len(texts):
+                rows = 0 if array is None else len(array)
+                raise BackendError(f"model {model.name} returned {rows} {name} rows for {len(texts)} inputs")
+        return arrays
+
+    async def _classify_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        labels, scores, probs = await self._infer_texts(model, texts, ("LABEL", "SCORE", "PROBS"), timeout_s)
         return [
             Classification(
                 label=labels[i, 0].decode("utf-8"),
@@ -113,3 +128,13 @@ class TritonBackend(Backend):
             )
             for i in range(len(texts))
         ]
+
+    async def _embed_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        vectors, tokens = await self._infer_texts(model, texts, ("EMBEDDINGS", "TOKENS"), timeout_s)
+        vectors = vectors.astype(np.float32, copy=False).reshape(len(texts), -1)
+        if model.dimensions and vectors.shape[1] != model.dimensions:
+            size = vectors.shape[1]
+            raise BackendError(f"model {model.name} returned vectors of size {size}, not {model.dimensions}")
+        if not np.isfinite(vectors).all():  # NaN/inf cannot be sent as JSON and is no embedding anyway
+            raise BackendError(f"model {model.name} returned non-finite values")
+        return [Embedding(vectors[i], int(n)) for i, n in enumerate(tokens.reshape(len(texts)))]

@@ -13,6 +13,7 @@ from ..backends.factory import make_backends
 from ..exceptions import install_handlers
 from ..settings import GatewaySettings
 from .classify.router import router as classify_router
+from .embeddings.router import router as embeddings_router
 from .generate.router import router as generate_router
 from .metrics import MetricsMiddleware
 from .state import GatewayState
@@ -48,5 +49,6 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(system_router)
     app.include_router(classify_router)
     app.include_router(generate_router)
+    app.include_router(embeddings_router)
     app.add_middleware(MetricsMiddleware)
     return app

