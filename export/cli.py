@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol")
     onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
     onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
+    onnx.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusions (validated against --atol)")
+    onnx.add_argument("--precision", default="fp32", choices=("fp32", "int8", "fp16"),
+                      help="int8: dynamic quantisation for CPUs; fp16: for GPUs (both validated against --min-cosine)")
+    onnx.add_argument("--min-cosine", type=float, default=None,
+                      help="lowest cosine similarity to PyTorch, per row of every output, that int8 / fp16 may reach "
+                           "(default 0.95 for int8, 0.999 for fp16)")
 
     llm = sub.add_parser("llm", help="LLM fine-tune or LoRA/QLoRA adapter -> folder vLLM serves (merged on request)")
     llm.add_argument("source", help="full fine-tune folder (config.json + weights) or adapter folder (adapter_config.json)")
@@ -116,14 +122,16 @@ def main(argv: list[str]) -> int:
 
         result = export_encoder(
             args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
-            allow_drift=args.allow_drift, force=args.force, sample_texts=texts,
+            allow_drift=args.allow_drift, force=args.force, sample_texts=texts, optimize=args.optimize,
+            precision=args.precision, min_cosine=args.min_cosine,
             command=shlex.join(["rtxserve", "export", *argv]),
         )
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export", str(exc))
     print(f"exported {args.name} to {args.repository} in {result.seconds:.1f}s "
-          f"(parity {'passed' if result.parity['passed'] else 'DRIFTED'}: "
-          + ", ".join(f"{k} max abs diff {v['max_abs_diff']:.2g}" for k, v in result.parity["outputs"].items()) + ")")
+          f"({result.parity['variant']} parity {'passed' if result.parity['passed'] else 'DRIFTED'}: "
+          + ", ".join(f"{k} max abs diff {v['max_abs_diff']:.2g}, min cosine {v['min_cosine']:.6f}"
+                      for k, v in result.parity["outputs"].items()) + ")")
     return 0
 
 

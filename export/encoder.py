@@ -54,7 +54,8 @@ def _load(ckpt: Checkpoint, spec):
         raise ExportError(f"the tokenizer in {ckpt.path} has no fast (Rust) version; Triton serving needs tokenizer.json")
     auto_class = getattr(transformers, TASKS[ckpt.task][1])
     try:
-        model = spec.wrap(auto_class.from_pretrained(ckpt.path, dtype="float32").eval(), ckpt).eval()
+        # Eager attention: it exports as the MatMul-Softmax pattern ONNX Runtime fuses into its Attention op.
+        model = spec.wrap(auto_class.from_pretrained(ckpt.path, dtype="float32", attn_implementation="eager").eval(), ckpt).eval()
     except Exception as exc:
         raise ExportError(f"cannot load the weights in {ckpt.weights} ({type(exc).__name__}: {exc}); the file may be truncated or corrupt") from exc
     return tokenizer, model
@@ -126,6 +127,9 @@ def export_encoder(
     force: bool = False,
     sample_texts: list[str] | None = None,
     command: str = "",
+    optimize: bool = False,
+    precision: str = "fp32",
+    min_cosine: float | None = None,
 ) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
@@ -140,6 +144,9 @@ def export_encoder(
         force: replace an existing entry of the same name.
         sample_texts: texts for the parity check (default: a built-in varied set).
         command: the command line that reproduces this export, recorded in the metadata.
+        optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
+        precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated
+            against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
 
     Returns:
         the written model folders, the parity report and the wall time.
@@ -151,7 +158,11 @@ def export_encoder(
 
     from .tasks import spec_for
 
-    steps = Steps(5, log)
+    from . import variants
+
+    if precision not in variants.PRECISIONS:
+        raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    steps = Steps(5 + optimize + (precision != "fp32"), log)
     ckpt = inspect_checkpoint(checkpoint, task)
     spec = spec_for(ckpt)
     repository.check_free(repo, opts.model_names(), force)
@@ -170,18 +181,33 @@ def export_encoder(
         sample = tokenizer(SAMPLE_TEXTS[:2], padding=True, return_tensors="pt")
         onnx_export.export(model, {n: sample[n] for n in input_names}, onnx_path, list(spec.outputs))
 
-        steps("validating ONNX Runtime against PyTorch on %d texts", len(sample_texts or SAMPLE_TEXTS))
-        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        report = _validate(model, session, tokenizer, serving_tok, input_names, sample_texts or SAMPLE_TEXTS, length, atol,
-                           list(spec.outputs))
-        for out in report.outputs.values():
-            log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
-                     out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
-        report.check(allow_drift)
+        texts = sample_texts or SAMPLE_TEXTS
+
+        def validate(path: Path, what: str, lossy: bool) -> dict:
+            steps("validating %s against PyTorch on %d texts", what, len(texts))
+            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            report = _validate(model, session, tokenizer, serving_tok, input_names, texts, length, atol, list(spec.outputs))
+            report.min_cosine = (min_cosine or variants.DEFAULT_MIN_COSINE[precision]) if lossy else None
+            for out in report.outputs.values():
+                log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
+                         out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
+            report.check(allow_drift)
+            return report.to_dict()
+
+        reports = {"fp32": validate(onnx_path, "ONNX Runtime (fp32)", False)}
+        if optimize:
+            onnx_path = variants.optimize(onnx_path, work / "model.optimized.onnx", ckpt.config)
+            reports["optimized"] = validate(onnx_path, "the fused graph", False)
+        if precision != "fp32":
+            convert = variants.quantize_int8 if precision == "int8" else variants.to_fp16
+            onnx_path = convert(onnx_path, work / f"model.{precision}.onnx")
+            reports[precision] = validate(onnx_path, f"the {precision} graph", True)
 
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
-        parity = report.to_dict()
+        # The served graph's figures on top, every variant's below: drift is visible step by step.
+        parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
         metadata = _metadata(ckpt, opts, input_names, length, command, parity) | spec.metadata
+        metadata |= {"optimized": optimize, "precision": precision}
         models = spec.entry(
             opts,
             onnx_path=onnx_path,

@@ -30,14 +30,21 @@ def _min_cosine(ref: np.ndarray, got: np.ndarray) -> float:
 
 @dataclass
 class ParityReport:
+    """Figures per output over every case. The gate is max abs diff <= atol, or, for lossy variants
+    (INT8, FP16) where only direction matters, min cosine >= min_cosine when that is set."""
+
     atol: float
     cases: int = 0
     outputs: dict[str, OutputParity] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    min_cosine: float | None = None
+
+    def _breached(self, o: OutputParity) -> bool:
+        return o.min_cosine < self.min_cosine if self.min_cosine is not None else o.max_abs_diff > self.atol
 
     @property
     def passed(self) -> bool:
-        return all(o.max_abs_diff <= self.atol for o in self.outputs.values())
+        return not any(self._breached(o) for o in self.outputs.values())
 
     def add(self, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> None:
         """Fold one case (same inputs run through both models) into the report.
@@ -67,21 +74,24 @@ class ParityReport:
 
     def check(self, allow_drift: bool) -> None:
         """Raise ParityError on a tolerance breach unless drift is allowed (then it is only noted)."""
-        breaches = [o for o in self.outputs.values() if o.max_abs_diff > self.atol]
+        breaches = [o for o in self.outputs.values() if self._breached(o)]
         if not breaches:
             return
         detail = "; ".join(
-            f"output {o.name!r} max abs diff {o.max_abs_diff:.3g} (max rel {o.max_rel_diff:.3g})" for o in breaches
+            f"output {o.name!r} max abs diff {o.max_abs_diff:.3g} (max rel {o.max_rel_diff:.3g}, min cosine {o.min_cosine:.6f})"
+            for o in breaches
         )
+        gate = f"min cosine {self.min_cosine:g}" if self.min_cosine is not None else f"atol={self.atol:g}"
         if allow_drift:
             self.notes.append(f"drift allowed by --allow-drift: {detail}")
             return
-        raise ParityError(f"export drifted beyond atol={self.atol:g}: {detail}; rerun with --allow-drift to keep it")
+        raise ParityError(f"export drifted beyond {gate}: {detail}; rerun with --allow-drift to keep it")
 
     def to_dict(self) -> dict:
         return {
             "passed": self.passed,
             "atol": self.atol,
+            "min_cosine": self.min_cosine,
             "cases": self.cases,
             "outputs": {k: asdict(v) for k, v in self.outputs.items()},
             "notes": self.notes,

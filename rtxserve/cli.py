@@ -12,7 +12,7 @@ COMMANDS = {
     "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
     "serve": ("serve.cli", "main", "run tritonserver or the HTTP gateway"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
-    "bench": ("bench.cli", "main", "benchmarks (B4, and G2/G3 on a GPU) that print and save their figures"),
+    "bench": ("bench.cli", "main", "benchmarks (llm: B4, G2/G3 on a GPU; export: B2) that print and save their figures"),
     "demo": ("rtxserve.demo", "main", "the whole path on CPU: fixtures, export, serve, load test, report"),
 }
 

@@ -103,3 +103,28 @@ def test_minilm_export_matches_sentence_transformers(tmp_path):
 def test_a_classifier_checkpoint_is_not_an_encoder_for_embeddings(classifier_checkpoint, tmp_path):
     with pytest.raises(ExportError, match="needs a \\*Model model"):
         export_encoder(classifier_checkpoint, "feature-extraction", EntryOptions(name="x"), tmp_path / "repo")
+
+
+def test_optimized_int8_variant_keeps_the_direction_and_records_every_step(tmp_path):
+    repo = tmp_path / "repo"
+    result = export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), repo, optimize=True, precision="int8")
+    variants = result.parity["variants"]
+    assert list(variants) == ["fp32", "optimized", "int8"] and result.parity["variant"] == "int8"
+    assert variants["optimized"]["outputs"]["embeddings"]["max_abs_diff"] < 1e-4  # fusions are exact-ish
+    int8 = variants["int8"]["outputs"]["embeddings"]
+    assert 0.95 <= int8["min_cosine"] < 0.99999 and int8["max_abs_diff"] > 1e-4  # lossy, but close
+    assert variants["int8"]["min_cosine"] == 0.95
+    # 22.7M float32 weights, 11.7M of them word embeddings (a Gather, left in float32): the encoder's
+    # 10.6M matmul weights shrink 4x, so the file shrinks by about a third.
+    assert (repo / "q_model" / "1" / "model.onnx").stat().st_size < 0.7 * 4 * 22_700_000
+    meta = json.loads((repo / "q" / "rtxserve.json").read_text())
+    assert meta["precision"] == "int8" and meta["optimized"] is True
+
+
+def test_int8_beyond_the_cosine_floor_fails_naming_the_output(tmp_path):
+    from export.exceptions import ParityError
+
+    with pytest.raises(ParityError, match="beyond min cosine 1: output 'embeddings' .*min cosine 0.9"):
+        export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), tmp_path / "repo", precision="int8",
+                       min_cosine=0.9999999)
+    assert not (tmp_path / "repo").exists() or not list((tmp_path / "repo").iterdir())
