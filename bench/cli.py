@@ -36,44 +36,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _export_main(args) -> int:
-    from .export import markdown, run
+def _fail(message: str) -> int:
+    print(f"rtxserve bench: error: {message}", file=sys.stderr)
+    return 2
 
-    out = args.out or Path("reports") / f"bench-export-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.rounds < 1 or args.iterations < 1 or args.seq < 2:
-        print("rtxserve bench: error: need --rounds >= 1, --iterations >= 1 and --seq >= 2", file=sys.stderr)
-        return 2
-    try:
-        result = run(args.model, out, rounds=args.rounds, iterations=args.iterations, seq=args.seq, threads=args.threads,
-                     progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except (RuntimeError, ValueError, OSError) as exc:
-        print(f"rtxserve bench: error: {exc}", file=sys.stderr)
-        return 2
-    print(markdown(result))
-    print(f"saved: {out / 'bench-export.json'}, {out / 'bench-export.md'}, {out / 'b2.png'}")
-    return 0
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    out = args.out or Path("reports") / f"bench-{args.bench}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.bench == "export":
-        return _export_main(args)
-    from .llm import BenchOptions, markdown, run
+        from .export import markdown, run
 
-    out = args.out or Path("reports") / f"bench-llm-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = BenchOptions(out=out, model=args.model, url=args.url.rstrip("/"), served_name=args.served_name,
-                        rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, gpu=args.gpu,
-                        bandwidth_gbs=args.bandwidth_gbs, g3_duration_s=args.g3_duration, skip={"B4"} if args.skip_b4 else set())
-    if opts.rounds < 1 or opts.duration_s <= 0 or opts.max_tokens < 2:
-        print("rtxserve bench: error: need --rounds >= 1, --duration > 0 and --max-tokens >= 2", file=sys.stderr)
-        return 2
+        if args.rounds < 1 or args.iterations < 1 or args.seq < 2:
+            return _fail("need --rounds >= 1, --iterations >= 1 and --seq >= 2")
+        bench = lambda: run(args.model, out, rounds=args.rounds, iterations=args.iterations, seq=args.seq,  # noqa: E731
+                            threads=args.threads, progress=_progress)
+        saved = ("bench-export.json", "bench-export.md", "b2.png")
+    else:
+        from .llm import BenchOptions, markdown, run
+
+        if args.rounds < 1 or args.duration <= 0 or args.max_tokens < 2:
+            return _fail("need --rounds >= 1, --duration > 0 and --max-tokens >= 2")
+        opts = BenchOptions(out=out, model=args.model, url=args.url.rstrip("/"), served_name=args.served_name,
+                            rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, gpu=args.gpu,
+                            bandwidth_gbs=args.bandwidth_gbs, g3_duration_s=args.g3_duration,
+                            skip={"B4"} if args.skip_b4 else set())
+        bench = lambda: run(opts, progress=_progress)  # noqa: E731
+        saved = ("bench-llm.json", "bench-llm.md")
     try:
-        results = run(opts, progress=lambda m: print(m, file=sys.stderr, flush=True))
+        result = bench()
     except (RuntimeError, ValueError, OSError) as exc:
-        print(f"rtxserve bench: error: {exc}", file=sys.stderr)
-        return 2
-    print(markdown(results))
-    print(f"saved: {out / 'bench-llm.json'}, {out / 'bench-llm.md'}")
+        return _fail(str(exc))
+    print(markdown(result))
+    print("saved: " + ", ".join(str(out / name) for name in saved))
     return 0

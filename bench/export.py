@@ -60,7 +60,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     import transformers
 
     from export.encoder import export_encoder
-    from export.tasks import _pooled_encoder, read_pooling
+    from export.tasks import pooled_encoder, read_pooling
     from export.triton_entry import EntryOptions
 
     model_dir = Path(model_dir) if model_dir else _default_model()
@@ -68,8 +68,8 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     torch.set_num_threads(threads)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    eager = _pooled_encoder(transformers.AutoModel.from_pretrained(model_dir, dtype="float32").eval(), None,
-                            read_pooling(model_dir)).eval()
+    eager = pooled_encoder(transformers.AutoModel.from_pretrained(model_dir, dtype="float32").eval(),
+                           read_pooling(model_dir)).eval()
     long_text = " ".join(SENTENCES * 20)
     batch = tokenizer([long_text], truncation=True, max_length=seq, padding="max_length", return_tensors="np")
     if batch["input_ids"].shape[1] != seq:
@@ -89,18 +89,18 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
             eager(**torch_feeds)
 
     calls["pytorch eager"] = eager_call
-    work = Path(tempfile.mkdtemp(prefix="bench-export-", dir=out))
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    for name, (optimize, precision) in FORMS.items():
-        progress(f"exporting {name} with the export pipeline")
-        repo = work / name.replace(" ", "-")
-        export_encoder(model_dir, "feature-extraction", EntryOptions(name="m"), repo, optimize=optimize, precision=precision)
-        session = ort.InferenceSession(str(repo / "m_model" / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
-        calls[name] = lambda s=session: s.run(["embeddings"], feeds)
-        got = session.run(["embeddings"], sentence_feeds)[0]
-        cos = np.sum(got * reference, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
-        cosines[name] = {"mean": float(cos.mean()), "min": float(cos.min())}
+    with tempfile.TemporaryDirectory(prefix="bench-export-", dir=out) as work:  # sessions hold the graphs in memory
+        for name, (optimize, precision) in FORMS.items():
+            progress(f"exporting {name} with the export pipeline")
+            repo = Path(work) / name.replace(" ", "-")
+            export_encoder(model_dir, "feature-extraction", EntryOptions(name="m"), repo, optimize=optimize, precision=precision)
+            session = ort.InferenceSession(str(repo / "m_model" / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+            calls[name] = lambda s=session: s.run(["embeddings"], feeds)
+            got = session.run(["embeddings"], sentence_feeds)[0]
+            cos = np.sum(got * reference, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(reference, axis=1))
+            cosines[name] = {"mean": float(cos.mean()), "min": float(cos.min())}
     cosines["pytorch eager"] = {"mean": 1.0, "min": 1.0}
 
     for call in calls.values():  # warm-up
@@ -127,9 +127,6 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     (out / "bench-export.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "bench-export.md").write_text(markdown(result))
     plot(result, out / "b2.png")
-    import shutil
-
-    shutil.rmtree(work, ignore_errors=True)
     return result
 
 
@@ -149,11 +146,9 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    import matplotlib
+    from loadtest.report import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(result["median_ms"])
     fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.barh(names, [result["median_ms"][n] for n in names], color="tab:blue", alpha=0.6)
@@ -162,8 +157,4 @@ def plot(result: dict, path: Path) -> Path:
         ax.text(result["median_ms"][n], i, f"  {result['speedup_vs_eager'][n]:.2f}x", va="center")
     ax.invert_yaxis()
     ax.set_xlabel("latency per call, ms (bar: median over rounds; dots: each round)")
-    ax.set_title(f"B2: batch 1, seq {result['sequence']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, f"B2: batch 1, seq {result['sequence']}")

@@ -173,10 +173,10 @@ def roofline(tokens_per_s: float, bandwidth_gbs: float, weight_bytes: int) -> di
 def write_8b_model(out: Path) -> Path:
     """An 8B-shaped Llama folder without weights (vLLM fills them with `--load-format dummy`), with a
     byte-level tokenizer padded to the 128,256-token vocabulary so that every sampled id decodes."""
-    from export.fixtures import _train_bpe_tokenizer
+    from export.fixtures import train_chat_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_bpe_tokenizer(LLAMA_8B["max_position_embeddings"])
+    tokenizer = train_chat_tokenizer(LLAMA_8B["max_position_embeddings"])
     tokenizer.add_tokens([f"<|reserved_{i}|>" for i in range(LLAMA_8B["vocab_size"] - len(tokenizer))])
     tokenizer.save_pretrained(out)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "dtype": "float16", "hidden_act": "silu",
@@ -253,11 +253,9 @@ def g3(url: str, model: str, *, slo_ttft_s: float = 0.5, start_rate: float = 2.0
 # --- report -----------------------------------------------------------------------------------
 
 def plot_b4(result: dict, path: Path) -> Path:
-    import matplotlib
+    from loadtest.report import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     levels = sorted(result["rounds"], key=int)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for c in levels:
@@ -270,12 +268,8 @@ def plot_b4(result: dict, path: Path) -> Path:
     ax.set_xticks([int(c) for c in levels], [str(c) for c in levels])
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("output tokens / s")
-    ax.set_title(f"vLLM continuous batching: 16 streams / 1 = {result['ratio']:.1f}x (target ≥ 5x)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, f"vLLM continuous batching: 16 streams / 1 = {result['ratio']:.1f}x (target ≥ 5x)")
 
 
 def markdown(results: dict) -> str:

@@ -35,6 +35,17 @@ class Checkpoint:
         return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
 
 
+def read_json(path: Path, what: str) -> dict:
+    """A JSON object from `path`; ExportError naming the file when it is unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ExportError(f"{path} is not valid JSON ({exc}); the {what} is damaged") from exc
+    if not isinstance(data, dict):
+        raise ExportError(f"{path} does not hold a JSON object; the {what} is damaged")
+    return data
+
+
 def check_task(task: str) -> str:
     if task not in TASKS:
         raise ExportError(f"unsupported task {task!r}; supported tasks: {', '.join(sorted(TASKS))}")
@@ -54,12 +65,7 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
         raise ExportError(
             f"{path} is not a Hugging Face checkpoint: no config.json (pass the folder written by save_pretrained())"
         )
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{config_path} is not valid JSON ({exc}); the checkpoint is damaged") from exc
-    if not isinstance(config, dict):
-        raise ExportError(f"{config_path} does not hold a JSON object; the checkpoint is damaged")
+    config = read_json(config_path, "checkpoint")
     weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
     if weights is None:
         raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")

@@ -107,7 +107,7 @@ _LLM_CORPUS = [
 ]
 
 
-def _train_bpe_tokenizer(max_length: int):
+def train_chat_tokenizer(max_length: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -143,7 +143,7 @@ def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512, shape: s
 
     out = Path(out)
     torch.manual_seed(seed)
-    tokenizer = _train_bpe_tokenizer(max_length)
+    tokenizer = train_chat_tokenizer(max_length)
     config = LlamaConfig(
         vocab_size=len(tokenizer), **LLM_SHAPES[shape], num_key_value_heads=LLM_SHAPES[shape]["num_attention_heads"],
         head_dim=64, max_position_embeddings=max_length,

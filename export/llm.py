@@ -15,20 +15,22 @@ failure leaves nothing half-written; each carries rtxserve.json (what it is, fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import platform
 import re
 import shutil
-import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import TOKENIZER_FILES, check_safetensors
+from . import repository
+from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
@@ -74,21 +76,11 @@ class LLMExport:
     seconds: float
 
 
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path} is not valid JSON ({exc}); the {what} is damaged") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"{path} does not hold a JSON object; the {what} is damaged")
-    return data
-
-
 def _weight_files(path: Path) -> tuple[Path, ...]:
     """Every weight file of a checkpoint (shards included), each checked for truncation."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(_read_json(index, "checkpoint").get("weight_map", {}).values()))
+        shards = sorted(set(read_json(index, "checkpoint").get("weight_map", {}).values()))
         missing = [s for s in shards if not (path / s).is_file()]
         if missing:
             raise ExportError(f"{index} lists shards that are missing: {', '.join(missing)}")
@@ -109,7 +101,7 @@ def has_chat_template(path: Path) -> bool:
     if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
         return True
     config = path / "tokenizer_config.json"
-    return config.is_file() and bool(_read_json(config, "tokenizer").get("chat_template"))
+    return config.is_file() and bool(read_json(config, "tokenizer").get("chat_template"))
 
 
 def inspect_llm(path: str | Path) -> LLMCheckpoint:
@@ -120,7 +112,7 @@ def inspect_llm(path: str | Path) -> LLMCheckpoint:
     if not (path / "config.json").is_file():
         raise ExportError(f"{path} is not a Hugging Face model folder: no config.json "
                           "(pass the folder written by save_pretrained(), or an adapter folder with adapter_config.json)")
-    config = _read_json(path / "config.json", "checkpoint")
+    config = read_json(path / "config.json", "checkpoint")
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     causal = [a for a in architectures if a.endswith("ForCausalLM")]
     if not causal:
@@ -149,7 +141,7 @@ class AdapterInfo:
 
 
 def read_lora(path: Path) -> AdapterInfo:
-    config = _read_json(path / "adapter_config.json", "adapter")
+    config = read_json(path / "adapter_config.json", "adapter")
     if config.get("peft_type", "LORA") != "LORA":
         raise ExportError(f"{path} is a {config.get('peft_type')} adapter; only LoRA / QLoRA adapters are supported")
     weights = next((path / w for w in ADAPTER_WEIGHTS if (path / w).is_file()), None)
@@ -250,28 +242,16 @@ def resolve_base(adapter: AdapterInfo, base: str | Path | None) -> LLMCheckpoint
 
 # --- packaging ---------------------------------------------------------------------------------
 
-class _Package:
-    """Build `out` in a work folder on the same file system, then rename it into place."""
-
-    def __init__(self, out: Path, force: bool):
-        self.out = out.expanduser()
-        if self.out.exists() and not force:
-            raise ExportError(f"{self.out} already exists; pass --force to replace it, or choose another --out")
-        self.out.resolve().parent.mkdir(parents=True, exist_ok=True)
-
-    def __enter__(self) -> Path:
-        self.work = Path(tempfile.mkdtemp(prefix=".rtxserve-export-", dir=self.out.resolve().parent))
-        (self.work / "pkg").mkdir()
-        return self.work / "pkg"
-
-    def __exit__(self, exc_type, *_):
-        try:
-            if exc_type is None:
-                if self.out.exists():
-                    os.replace(self.out, self.work / "retired")
-                os.replace(self.work / "pkg", self.out)
-        finally:
-            shutil.rmtree(self.work, ignore_errors=True)
+@contextlib.contextmanager
+def _package(out: Path) -> Iterator[Path]:
+    """A folder to build the package in, on `out`'s file system, renamed to `out` on success only."""
+    with repository.work_dir(out) as work:
+        pkg = work / "pkg"
+        pkg.mkdir()
+        yield pkg
+        if out.exists():
+            os.replace(out, work / "retired")
+        os.replace(pkg, out)
 
 
 def _copy(files: list[Path], dest: Path) -> None:
@@ -322,10 +302,10 @@ def _warn_no_chat_template(where: Path) -> None:
                 "add one with --chat-template FILE", where)
 
 
-def package_full(source: LLMCheckpoint, out: Path, *, force: bool, chat_template: Path | None, command: str,
+def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None, command: str,
                  steps: Steps) -> dict:
     steps("packaging %d weight file(s) and the tokenizer into %s", len(source.weights), out)
-    with _Package(out, force) as pkg:
+    with _package(out) as pkg:
         index = source.path / "model.safetensors.index.json"
         _copy([*source.weights, *([index] if index.is_file() else []), source.path / "config.json", *_side_files(source.path)], pkg)
         _add_chat_template(pkg, chat_template)
@@ -336,11 +316,11 @@ def package_full(source: LLMCheckpoint, out: Path, *, force: bool, chat_template
     return metadata
 
 
-def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, force: bool, qlora: bool, command: str,
+def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, command: str,
                  steps: Steps) -> dict:
     steps("packaging the adapter (rank %d, targets %s) as a vLLM LoRA module into %s",
           adapter.rank, ", ".join(adapter.targets), out)
-    with _Package(out, force) as pkg:
+    with _package(out) as pkg:
         _copy([adapter.path / "adapter_config.json", adapter.weights, *_side_files(adapter.path)], pkg)
         metadata = {"kind": "lora", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
                     "base_architecture": base.architecture, "rank": adapter.rank, "lora_alpha": adapter.alpha,
@@ -365,7 +345,7 @@ def _logits(model, ids: list[list[int]]) -> list[np.ndarray]:
         return [model(input_ids=torch.tensor([x])).logits.float().numpy() for x in ids]
 
 
-def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, force: bool, qlora: bool, dtype: str,
+def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, dtype: str,
                atol: float | None, allow_drift: bool, prompts: list[str] | None, chat_template: Path | None,
                command: str, steps: Steps) -> dict:
     import torch
@@ -391,7 +371,7 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, force: b
     reference = _logits(model, sample_ids)
     with model.disable_adapter():
         effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, _logits(model, sample_ids)))
-    with _Package(out, force) as pkg:
+    with _package(out) as pkg:
         steps("merging (merge_and_unload) and saving the standalone model")
         merged = model.merge_and_unload()
         merged.save_pretrained(pkg, safe_serialization=True)
@@ -444,6 +424,8 @@ def export_llm(
         raise ExportError(f"not found: {source}")
     if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
         raise ExportError(f"--out {out} is inside the source {source}; choose a folder outside it")
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it, or choose another --out")
     name = name or out.name
     is_adapter = (source / "adapter_config.json").is_file()
     if chat_template is not None and not Path(chat_template).is_file():
@@ -456,7 +438,7 @@ def export_llm(
         ckpt = inspect_llm(source)
         if not ckpt.chat_template and chat_template is None:
             _warn_no_chat_template(source)
-        metadata = package_full(ckpt, out, force=force, chat_template=chat_template, command=command, steps=steps)
+        metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps)
         serve = f"rtxserve serve vllm {out} --served-model-name {name}"
         return LLMExport("full", out, metadata, serve, steps.seconds)
 
@@ -471,7 +453,7 @@ def export_llm(
         if qlora:
             log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
                         "the 4-bit base it was trained against; evaluate it on your own data", ckpt.path)
-        metadata = package_lora(adapter, ckpt, out, force=force, qlora=qlora, command=command, steps=steps)
+        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps)
         serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
         return LLMExport("lora", out, metadata, serve, steps.seconds)
     dtype = ckpt.dtype if dtype == "auto" else dtype
@@ -479,7 +461,7 @@ def export_llm(
         raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
     if not (ckpt.chat_template or has_chat_template(source) or chat_template is not None):
         _warn_no_chat_template(ckpt.path)
-    metadata = merge_lora(adapter, ckpt, out, force=force, qlora=qlora, dtype=dtype, atol=atol, allow_drift=allow_drift,
+    metadata = merge_lora(adapter, ckpt, out, qlora=qlora, dtype=dtype, atol=atol, allow_drift=allow_drift,
                           prompts=sample_prompts, chat_template=chat_template, command=command, steps=steps)
     serve = f"rtxserve serve vllm {out} --served-model-name {name}"
     return LLMExport("merged", out, metadata, serve, steps.seconds)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, read_json
 from .exceptions import ExportError
 from .triton_entry import classification_entry, embedding_entry
 
@@ -57,7 +57,7 @@ def read_pooling(path: Path) -> Pooling:
     (and a note) for a bare transformers encoder."""
     modules_path = path / "modules.json"
     st_config = path / "sentence_bert_config.json"
-    max_seq = json.loads(st_config.read_text()).get("max_seq_length") if st_config.is_file() else None
+    max_seq = read_json(st_config, "checkpoint").get("max_seq_length") if st_config.is_file() else None
     if not modules_path.is_file():
         log.info("note: %s has no modules.json (not a sentence-transformers folder): using mean pooling, no normalisation", path)
         return Pooling("mean", False, max_seq)
@@ -91,7 +91,7 @@ def read_pooling(path: Path) -> Pooling:
     return Pooling(modes[0], "Normalize" in kinds, max_seq)
 
 
-def _pooled_encoder(model, ckpt: Checkpoint, pooling: Pooling):
+def pooled_encoder(model, pooling: Pooling):
     import torch
 
     class PooledEncoder(torch.nn.Module):
@@ -136,7 +136,7 @@ def spec_for(ckpt: Checkpoint) -> TaskSpec:
             raise ExportError(f"{ckpt.path / 'config.json'} records no hidden_size; cannot size the embedding output")
         return TaskSpec(
             ("embeddings", "token_count"),
-            lambda model, c: _pooled_encoder(model, c, pooling),
+            lambda model, _ckpt: pooled_encoder(model, pooling),
             functools.partial(embedding_entry, dimensions=dimensions),
             max_length=pooling.max_seq_length,
             metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},

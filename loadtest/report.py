@@ -157,7 +157,8 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
     )
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,9 +188,28 @@ def _distribution(ax, values: np.ndarray, marks: dict[str, float], unit: str, li
     ax.legend(fontsize=8)
 
 
+def _time_axis(ax, summary: Summary, ylabel: str, title: str) -> None:
+    """Labels of a per-request-over-time panel, with the warm-up shaded."""
+    if summary.warmup_s:
+        ax.axvspan(0, summary.warmup_s, color="gray", alpha=0.1, label="warm-up (excluded)")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title)
+
+
+def save(fig, path: Path, title: str) -> Path:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
 def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_t, ax_d) = plt.subplots(1, 2, figsize=(13, 4.8))
     t = samples.start - samples.start.min() if len(samples.end) else samples.start
     ok = samples.ok
@@ -212,13 +232,7 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
         ax_q.plot(xs, qps, color="gray", linestyle=":", label="QPS")
         ax_q.set_ylabel("requests / s (dotted)")
         ax_q.set_ylim(bottom=0)
-    if summary.warmup_s:
-        ax_t.axvspan(0, summary.warmup_s, color="gray", alpha=0.1, label="warm-up (excluded)")
-    ax_t.set_xlabel("time since start (s)")
-    ax_t.set_ylabel("latency (ms)")
-    ax_t.set_ylim(bottom=0)
-    ax_t.legend(loc="upper left", fontsize=8)
-    ax_t.set_title("latency over time")
+    _time_axis(ax_t, summary, "latency (ms)", "latency over time")
     if len(samples.end):
         lat = samples.latency_ms[ok & _measured(samples, summary.warmup_s)]
         if len(lat):
@@ -226,27 +240,17 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     ax_d.set_xlabel("latency (ms)")
     ax_d.set_ylabel("requests")
     ax_d.set_title("latency distribution (after warm-up)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, title)
 
 
 def plot_streaming(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     """TTFT of each request over time, then the TTFT and inter-token gap distributions after warm-up."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax_t, ax_f, ax_i) = plt.subplots(1, 3, figsize=(16, 4.8))
     use = samples.ok & samples.streamed & np.isfinite(samples.ttft_ms)
     t = samples.start - samples.start.min()
     ax_t.scatter(t[use], samples.ttft_ms[use], s=4, alpha=0.4, color="tab:blue", label="request")
-    if summary.warmup_s:
-        ax_t.axvspan(0, summary.warmup_s, color="gray", alpha=0.1, label="warm-up (excluded)")
-    ax_t.set_xlabel("time since start (s)")
-    ax_t.set_ylabel("time to first token (ms)")
-    ax_t.set_ylim(bottom=0)
-    ax_t.legend(loc="upper left", fontsize=8)
-    ax_t.set_title("TTFT over time")
+    _time_axis(ax_t, summary, "time to first token (ms)", "TTFT over time")
     measured = use & _measured(samples, summary.warmup_s)
     for ax, values, name, what in (
         (ax_f, samples.ttft_ms[measured], "ttft_ms", "time to first token"),
@@ -258,11 +262,7 @@ def plot_streaming(samples: Samples, summary: Summary, path: Path, title: str) -
         ax.set_xlabel(f"{what} (ms)")
         ax.set_ylabel("requests" if name == "ttft_ms" else "gaps")
         ax.set_title(f"{what} distribution (after warm-up)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, title)
 
 
 def headline(summary: Summary) -> str:

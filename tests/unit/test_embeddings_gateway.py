@@ -8,67 +8,20 @@ import json
 import numpy as np
 import openai
 import pytest
-from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from tritonclient.utils import deserialize_bytes_tensor
 
-from serve.backends.base import Backend, Classification, Embedding, ModelInfo
+from serve.backends.base import ModelInfo
 from serve.backends.triton import TritonBackend
 from serve.exceptions import BackendError, BackendUnavailable
-from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
 
-DIM = 4
-
-
-def _vector(text: str) -> np.ndarray:
-    """A distinct vector per text, with values that float32 does not hold exactly (so precision is tested)."""
-    return (np.arange(DIM, dtype=np.float32) + len(text)) / np.float32(3)
-
-
-class FakeBackend(Backend):
-    kind = "triton"
-
-    def __init__(self):
-        self.up = True
-        self.calls: list[list[str]] = []
-        self.fail_with: Exception | None = None
-
-    async def discover(self):
-        if not self.up:
-            raise BackendUnavailable("down")
-        return [ModelInfo("clf", "text-classification", "triton", True, ("neg", "pos"), 4),
-                ModelInfo("emb", "feature-extraction", "triton", True, (), 4, DIM),
-                ModelInfo("emb-unsized", "feature-extraction", "triton", True)]
-
-    async def classify(self, model, texts, timeout_s):
-        return [Classification("pos", 0.9, {"neg": 0.1, "pos": 0.9}) for _ in texts]
-
-    async def embed(self, model, texts, timeout_s):
-        if self.fail_with:
-            raise self.fail_with
-        self.calls.append(texts)
-        return [Embedding(_vector(t), len(t.split())) for t in texts]
+from .fakes import DIM, MODELS, FakeTriton, vector
+from .fakes import error_of as _error
 
 
 @pytest.fixture
 def backend():
-    return FakeBackend()
-
-
-@pytest.fixture
-def client(backend):
-    settings = GatewaySettings(max_inputs=8, max_input_chars=100, health_interval_s=60)
-    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as c:
-        yield c
-
-
-def _error(response, status):
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in response.text and "/work" not in response.text
-    return body["error"]
+    return FakeTriton([*MODELS, ModelInfo("emb-unsized", "feature-extraction", "triton", True)])
 
 
 def test_floats_one_per_text_in_order_with_usage_summed(client, backend):
@@ -79,7 +32,7 @@ def test_floats_one_per_text_in_order_with_usage_summed(client, backend):
     assert body["object"] == "list" and body["model"] == "emb"
     assert [d["index"] for d in body["data"]] == [0, 1, 2] and {d["object"] for d in body["data"]} == {"embedding"}
     for d, text in zip(body["data"], texts):
-        assert np.array(d["embedding"], dtype=np.float32).tolist() == _vector(text).tolist()
+        assert np.array(d["embedding"], dtype=np.float32).tolist() == vector(text).tolist()
     assert body["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
     assert backend.calls == [texts]
 
@@ -184,8 +137,8 @@ def test_the_openai_sdk_gets_the_vectors_in_base64_by_default_and_as_floats(clie
     texts = ["first text", "second"]
     for kwargs in ({}, {"encoding_format": "float"}):
         result = sdk.embeddings.create(model="emb", input=texts, **kwargs)
-        assert [np.float32(v) for v in result.data[0].embedding] == list(_vector(texts[0]))
-        assert [np.float32(v) for v in result.data[1].embedding] == list(_vector(texts[1]))
+        assert [np.float32(v) for v in result.data[0].embedding] == list(vector(texts[0]))
+        assert [np.float32(v) for v in result.data[1].embedding] == list(vector(texts[1]))
         assert result.usage.prompt_tokens == result.usage.total_tokens == 3
     assert formats == ["base64", "float"]
     with pytest.raises(openai.BadRequestError, match="token arrays"):

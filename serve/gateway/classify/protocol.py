@@ -7,29 +7,35 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 
-class ClassifyRequest(BaseModel):
-    """Texts to classify. `input` is one string or a list. Texts longer than the model's maximum
-    length in tokens are truncated by the tokenizer (as Hugging Face pipelines do with truncation=True)."""
+class TextInputRequest(BaseModel):
+    """A request on `model` whose `input` is one string or a list of them (made a list here); no
+    unknown fields, no empty list, no blank text. Subclasses declare `input`'s type."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: StrictStr = Field(min_length=1, max_length=256)
-    input: list[StrictStr] = Field(description="one text, or a list of texts")
 
-    @field_validator("input", mode="before")
+    @field_validator("input", mode="before", check_fields=False)
     @classmethod
     def _one_or_many(cls, value):
         return [value] if isinstance(value, str) else value
 
-    @field_validator("input")
+    @field_validator("input", check_fields=False)
     @classmethod
-    def _non_empty(cls, texts: list[str]) -> list[str]:
-        if not texts:
+    def _non_empty(cls, items: list) -> list:
+        if not items:
             raise ValueError("must hold at least one text")
-        for i, text in enumerate(texts):
-            if not text.strip():
+        for i, item in enumerate(items):
+            if isinstance(item, str) and not item.strip():
                 raise ValueError(f"text {i} is empty")
-        return texts
+        return items
+
+
+class ClassifyRequest(TextInputRequest):
+    """Texts to classify. Texts longer than the model's maximum length in tokens are truncated by the
+    tokenizer (as Hugging Face pipelines do with truncation=True)."""
+
+    input: list[StrictStr] = Field(description="one text, or a list of texts")
 
 
 class ClassifyResult(BaseModel):

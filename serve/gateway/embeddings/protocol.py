@@ -4,38 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, Field, StrictInt, StrictStr
+
+from ..classify.protocol import TextInputRequest
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(TextInputRequest):
     """Texts to embed. Token-id arrays parse here so that serving can refuse them with a clear 400
     (the tokenizer runs inside the Triton ensemble, which takes text); `dimensions` is accepted only
     when it equals the model's size, because vectors are never truncated silently."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: StrictStr = Field(min_length=1, max_length=256)
     input: list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(description="one text, or a list of texts")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes of each vector (what the openai SDK asks for)"
     )
     dimensions: StrictInt | None = Field(None, ge=1, description="must equal the model's vector size if given")
     user: StrictStr | None = Field(None, max_length=256, description="accepted for compatibility; not used")
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _one_or_many(cls, value):
-        return [value] if isinstance(value, str) else value
-
-    @field_validator("input")
-    @classmethod
-    def _non_empty(cls, items: list) -> list:
-        if not items:
-            raise ValueError("must hold at least one text")
-        for i, item in enumerate(items):
-            if isinstance(item, str) and not item.strip():
-                raise ValueError(f"text {i} is empty")
-        return items
 
     def token_arrays(self) -> bool:
         return not isinstance(self.input[0], str)
