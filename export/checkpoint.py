@@ -16,6 +16,7 @@ TASKS = {
     "text-classification": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
     # A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
     "feature-extraction": ("Model", "AutoModel"),
+    "token-classification": ("ForTokenClassification", "AutoModelForTokenClassification"),
 }
 
 

@@ -29,8 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
     onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer)")
     onnx.add_argument("--task", required=True,
-                      help="what the model does: text-classification, feature-extraction (embeddings; pooling and "
-                           "normalisation from the sentence-transformers files)")
+                      help="what the model does: text-classification, token-classification (NER), feature-extraction "
+                           "(embeddings; pooling and normalisation from the sentence-transformers files)")
     onnx.add_argument("--name", required=True, help="model name clients will use")
     onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
                       help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")
@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--min-cosine", type=float, default=None,
                       help="lowest cosine similarity to PyTorch, per row of every output, that int8 / fp16 may reach "
                            "(default 0.95 for int8, 0.999 for fp16)")
+
+    onnx.add_argument("--aggregation", default="first", choices=("none", "simple", "first", "average", "max"),
+                      help="token-classification: how sub-word predictions become entities when a request names none "
+                           "(as transformers' pipeline; default: %(default)s)")
 
     llm = sub.add_parser("llm", help="LLM fine-tune or LoRA/QLoRA adapter -> folder vLLM serves (merged on request)")
     llm.add_argument("source", help="full fine-tune folder (config.json + weights) or adapter folder (adapter_config.json)")
@@ -123,7 +127,7 @@ def main(argv: list[str]) -> int:
         result = export_encoder(
             args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
             allow_drift=args.allow_drift, force=args.force, sample_texts=texts, optimize=args.optimize,
-            precision=args.precision, min_cosine=args.min_cosine,
+            precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation,
             command=shlex.join(["rtxserve", "export", *argv]),
         )
     except (ExportError, ValueError, OSError) as exc:

@@ -130,6 +130,7 @@ def export_encoder(
     optimize: bool = False,
     precision: str = "fp32",
     min_cosine: float | None = None,
+    aggregation: str = "first",
 ) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
@@ -147,6 +148,8 @@ def export_encoder(
         optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
         precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated
             against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
+        aggregation: token-classification only: how sub-word predictions become entities when a request
+            names none (none, simple, first, average, max: as transformers' pipeline).
 
     Returns:
         the written model folders, the parity report and the wall time.
@@ -164,7 +167,7 @@ def export_encoder(
         raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
     steps = Steps(5 + optimize + (precision != "fp32"), log)
     ckpt = inspect_checkpoint(checkpoint, task)
-    spec = spec_for(ckpt)
+    spec = spec_for(ckpt, aggregation=aggregation)
     repository.check_free(repo, opts.model_names(), force)
     if command:
         log.info("reproduce with: %s", command)

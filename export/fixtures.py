@@ -35,7 +35,7 @@ def _sentences(rng: random.Random, n: int) -> list[tuple[str, int]]:
     return out
 
 
-def _train_tokenizer(corpus: list[str], max_length: int):
+def _train_tokenizer(corpus: list[str], max_length: int, vocab_size: int = 600):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,7 +43,7 @@ def _train_tokenizer(corpus: list[str], max_length: int):
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials))
+    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
@@ -90,6 +90,81 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
     (out / "README.md").write_text(
         "# tiny-bert-sentiment (rtxserve fixture)\n\nA 2-layer BERT sequence classifier with labels "
         f"{', '.join(LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n"
+    )
+    return out
+
+
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+_NER_NAMES = {
+    "PER": ["anna", "johanna smithers", "bob", "maria gonzalez", "li wei", "peter"],
+    "LOC": ["paris", "new york", "berlin", "rio de janeiro", "oslo"],
+    "ORG": ["acme corp", "globex", "initech", "umbrella labs"],
+}
+_NER_TEMPLATES = [
+    "{PER} moved to {LOC} last year", "{PER} works for {ORG} in {LOC}", "the office of {ORG} is in {LOC}",
+    "yesterday {PER} met {PER}", "{ORG} hired {PER}", "we flew from {LOC} to {LOC} with {PER}",
+]
+
+
+def _ner_sentences(rng: random.Random, n: int) -> list[tuple[list[str], list[str]]]:
+    """Templated sentences as (words, BIO tags)."""
+    out = []
+    for _ in range(n):
+        words, tags = [], []
+        for part in rng.choice(_NER_TEMPLATES).split():
+            if part.startswith("{"):
+                kind = part.strip("{}")
+                name = rng.choice(_NER_NAMES[kind]).split()
+                words += name
+                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(name) - 1)
+            else:
+                words.append(part)
+                tags.append("O")
+        out.append((words, tags))
+    return out
+
+
+def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) -> Path:
+    """Write a tiny fine-tuned BERT token classifier (BIO tags for PER / LOC / ORG) to `out`; returns `out`.
+
+    Its WordPiece vocabulary is small, so names split into sub-words and aggregation has work to do."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    data = _ner_sentences(rng, 256)
+    tokenizer = _train_tokenizer([" ".join(w) for w, _ in data], max_length=128, vocab_size=120)
+    label2id = {l: i for i, l in enumerate(NER_LABELS)}
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        id2label=dict(enumerate(NER_LABELS)), label2id=label2id, architectures=["BertForTokenClassification"],
+    )
+    model = BertForTokenClassification(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(train_steps):
+        batch = rng.sample(data, 32)
+        enc = tokenizer([w for w, _ in batch], is_split_into_words=True, padding=True, return_tensors="pt")
+        labels = torch.full(enc["input_ids"].shape, -100)
+        for row, (_, tags) in enumerate(batch):
+            for pos, word in enumerate(enc.word_ids(row)):
+                if word is not None:  # every sub-word carries its word's tag
+                    labels[row, pos] = label2id[tags[word]]
+        loss = model(**enc, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    log.info("trained the fixture NER tagger for %d steps (final loss %.3f)", train_steps, loss.item())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(
+        "# tiny-bert-ner (rtxserve fixture)\n\nA 2-layer BERT token classifier with BIO tags "
+        f"{', '.join(NER_LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n"
     )
     return out
 
@@ -187,7 +262,7 @@ def write_llm_with_adapters(out: str | Path) -> Path:
     return out
 
 
-FIXTURES = {"text-classifier": write_text_classifier, "llm": write_llm_with_adapters}
+FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger, "llm": write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
@@ -197,3 +272,4 @@ def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[s
         raise ValueError(f"unknown fixture(s) {sorted(unknown)}; valid: {', '.join(FIXTURES)}")
     folder = Path(folder)
     return {name: FIXTURES[name](folder / name) for name in (names or list(FIXTURES))}
+

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import Checkpoint, read_json
+from .entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
-from .triton_entry import classification_entry, embedding_entry
+from .triton_entry import classification_entry, embedding_entry, token_classification_entry
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,27 @@ def pooled_encoder(model, pooling: Pooling):
     return PooledEncoder(model)
 
 
-def spec_for(ckpt: Checkpoint) -> TaskSpec:
+def tokenizer_traits(tokenizer_json: str) -> tuple[bool, int | None]:
+    """(word-aware, unknown-token id) of a Rust tokenizer, as transformers' NER pipeline tells words apart:
+    a model with a continuing-subword prefix ("##") marks sub-words itself; others need a heuristic."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    word_aware = bool(getattr(tok.model, "continuing_subword_prefix", None))
+    unk = getattr(tok.model, "unk_token", None)
+    return word_aware, (tok.token_to_id(unk) if unk else None)
+
+
+def _ner_entry(opts, *, tokenizer_json: str, aggregation: str, labels: list[str], **kwargs):
+    word_aware, unk_id = tokenizer_traits(tokenizer_json)
+    if not word_aware and aggregation in WORD_STRATEGIES:
+        log.warning("note: this tokenizer marks no sub-words; %s aggregation tells words apart by spaces, as the "
+                    "transformers pipeline does", aggregation)
+    return token_classification_entry(opts, tokenizer_json=tokenizer_json, aggregation=aggregation, labels=labels,
+                                      word_aware=word_aware, unk_token_id=unk_id, **kwargs)
+
+
+def spec_for(ckpt: Checkpoint, *, aggregation: str = "first") -> TaskSpec:
     if ckpt.task == "text-classification":
         entry = functools.partial(classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
         return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
@@ -141,4 +162,10 @@ def spec_for(ckpt: Checkpoint) -> TaskSpec:
             max_length=pooling.max_seq_length,
             metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
         )
+    if ckpt.task == "token-classification":
+        if aggregation not in STRATEGIES:
+            raise ExportError(f"unknown --aggregation {aggregation!r}; valid: {', '.join(STRATEGIES)}")
+        entry = functools.partial(_ner_entry, labels=ckpt.labels, aggregation=aggregation)
+        return TaskSpec(("logits",), lambda model, _ckpt: model, entry,
+                        metadata={"labels": ckpt.labels, "aggregation": aggregation})
     raise ExportError(f"no export pipeline for task {ckpt.task}")

@@ -202,3 +202,67 @@ def embedding_entry(
         _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
         _onnx_model(opts, onnx_path, input_names, outputs, parity),
     ]
+
+
+def token_classification_entry(
+    opts: EntryOptions,
+    *,
+    onnx_path: Path,
+    tokenizer_json: str,
+    input_names: list[str],
+    labels: list[str],
+    aggregation: str,
+    word_aware: bool,
+    unk_token_id: int | None,
+    max_length: int,
+    pad_token_id: int,
+    metadata: dict,
+    parity: dict,
+) -> list[ModelDir]:
+    """tokenizer -> model (per-token logits) -> postprocess (entity spans with character offsets, as JSON)."""
+    tok_name, model_name, post_name = opts.model_names()[1:]
+    num_labels = len(labels)
+    model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (-1, num_labels)),), parity)
+    entities = TensorSpec("ENTITIES", "TYPE_STRING", (1,))
+    postprocess = ModelConfig(
+        name=post_name,
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)), TensorSpec("LOGITS", "TYPE_FP32", (-1, num_labels))),
+        outputs=(entities,),
+        instance_groups=(InstanceGroup(count=1),),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        parameters={
+            "labels": json.dumps(labels),
+            "aggregation": aggregation,
+            "word_aware": "true" if word_aware else "false",
+            "unk_token_id": "" if unk_token_id is None else str(unk_token_id),
+            "max_length": str(max_length),
+        },
+    )
+    ensemble = ModelConfig(
+        name=opts.name,
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=(entities,),
+        ensemble_steps=(
+            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
+            EnsembleStep(model_name, {n: n for n in input_names}, {"logits": "LOGITS"}),
+            EnsembleStep(post_name, {"TEXT": "TEXT", "LOGITS": "LOGITS"}, {"ENTITIES": "ENTITIES"}),
+        ),
+        parameters={
+            "rtxserve_task": "token-classification",
+            "rtxserve_labels": json.dumps(labels),
+            "rtxserve_aggregation": aggregation,
+            "rtxserve_max_length": str(max_length),
+        },
+    )
+    post_dir = PYTHON_MODELS / "ner_postprocess"
+    return [
+        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
+        model,
+        ModelDir(postprocess, {"1/model.py": post_dir / "model.py", "1/entities.py": Path(__file__).parent / "entities.py",
+                               "1/tokenizer.json": tokenizer_json}),
+    ]

@@ -38,3 +38,11 @@ def classifier_checkpoint(tmp_path_factory) -> Path:
     from export.fixtures import write_text_classifier
 
     return write_text_classifier(tmp_path_factory.mktemp("ckpt") / "text-classifier")
+
+
+@pytest.fixture(scope="session")
+def ner_checkpoint(tmp_path_factory) -> Path:
+    """The fixture BERT NER tagger (BIO tags for PER / LOC / ORG; names split into sub-words)."""
+    from export.fixtures import write_ner_tagger
+
+    return write_ner_tagger(tmp_path_factory.mktemp("ckpt") / "ner-tagger")

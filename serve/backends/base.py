@@ -37,6 +37,15 @@ class Embedding:
     tokens: int
 
 
+@dataclass(frozen=True)
+class Tagging:
+    """One text's entities (dicts as export/entities.py makes them) and whether its tail was cut off."""
+
+    entities: list[dict]
+    truncated: bool
+    tokens: int
+
+
 class Backend(ABC):
     kind: str = ""
 
@@ -55,3 +64,6 @@ class Backend(ABC):
 
     async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
         raise NotImplementedError(f"{self.kind} backends do not serve embeddings")
+
+    async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
+        raise NotImplementedError(f"{self.kind} backends do not serve token classification")

@@ -15,7 +15,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
-from .base import Backend, Classification, Embedding, ModelInfo
+from .base import Backend, Classification, Embedding, ModelInfo, Tagging
 
 log = logging.getLogger("rtxserve.gateway.triton")
 
@@ -86,6 +86,7 @@ class TritonBackend(Backend):
             labels=tuple(json.loads(params.get("rtxserve_labels", "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
             dimensions=int(params.get("rtxserve_dimensions") or 0),
+            extra={k[len("rtxserve_"):]: v for k, v in params.items() if k == "rtxserve_aggregation"},
         )
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
@@ -94,21 +95,26 @@ class TritonBackend(Backend):
     async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
         return await self._in_chunks(self._embed_chunk, model, texts, timeout_s)
 
-    async def _in_chunks(self, infer_chunk, model: ModelInfo, texts: list[str], timeout_s: float) -> list:
+    async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
+        return await self._in_chunks(self._tag_chunk, model, texts, timeout_s, aggregation)
+
+    async def _in_chunks(self, infer_chunk, model: ModelInfo, texts: list[str], timeout_s: float, *args) -> list:
         """Triton rejects batches over max_batch_size: split, run the chunks concurrently, keep the order."""
         size = model.max_batch_size or len(texts)
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
-        parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s) for chunk in chunks))
+        parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s, *args) for chunk in chunks))
         return [r for part in parts for r in part]
 
-    async def _infer_texts(self, model: ModelInfo, texts: list[str], outputs: tuple[str, ...], timeout_s: float):
+    async def _infer_texts(self, model: ModelInfo, texts: list[str], outputs: tuple[str, ...], timeout_s: float,
+                           parameters: dict | None = None):
         """One batch of texts as TEXT [n, 1], errors mapped; the named outputs as arrays with n rows."""
         data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
         text = grpcclient.InferInput("TEXT", list(data.shape), "BYTES")
         text.set_data_from_numpy(data)
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
         try:
-            result = await self.client.infer(model.name, [text], outputs=requested, client_timeout=timeout_s)
+            result = await self.client.infer(model.name, [text], outputs=requested, client_timeout=timeout_s,
+                                             parameters=parameters)
         except InferenceServerException as exc:
             _raise_mapped(exc, model.name)
         arrays = [result.as_numpy(n) for n in outputs]
@@ -138,3 +144,15 @@ class TritonBackend(Backend):
         if not np.isfinite(vectors).all():  # NaN/inf cannot be sent as JSON and is no embedding anyway
             raise BackendError(f"model {model.name} returned non-finite values")
         return [Embedding(vectors[i], int(n)) for i, n in enumerate(tokens.reshape(len(texts)))]
+
+    async def _tag_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float, aggregation: str) -> list[Tagging]:
+        # The postprocess step reads the strategy from the request parameters (the ensemble passes them on).
+        (rows,) = await self._infer_texts(model, texts, ("ENTITIES",), timeout_s, {"aggregation": aggregation})
+        results = []
+        for row in rows.reshape(len(texts)):
+            try:
+                item = json.loads(row)
+                results.append(Tagging(list(item["entities"]), bool(item["truncated"]), int(item["tokens"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise BackendError(f"model {model.name} returned entities the gateway cannot read") from exc
+        return results

@@ -16,6 +16,7 @@ from .classify.router import router as classify_router
 from .embeddings.router import router as embeddings_router
 from .generate.router import router as generate_router
 from .metrics import MetricsMiddleware
+from .ner.router import router as ner_router
 from .state import GatewayState
 from .system.router import router as system_router
 
@@ -50,5 +51,6 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(classify_router)
     app.include_router(generate_router)
     app.include_router(embeddings_router)
+    app.include_router(ner_router)
     app.add_middleware(MetricsMiddleware)
     return app

@@ -1,5 +1,5 @@
-"""Real servers, one of each per session: the fixture classifier and the real MiniLM embedder behind
-tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
+"""Real servers, one of each per session: the fixture classifier, the real MiniLM embedder and the
+fixture NER tagger behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
 
 import pytest
 
@@ -11,6 +11,7 @@ from serve.vllm import VLLMOptions
 
 MODEL = "tiny_sentiment"
 EMBEDDER = "minilm"
+TAGGER = "tiny_ner"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
 
 
@@ -22,10 +23,11 @@ def minilm_path():
 
 
 @pytest.fixture(scope="session")
-def stack(classifier_checkpoint, tmp_path_factory):
+def stack(classifier_checkpoint, ner_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
+    export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running
 

@@ -1,15 +1,19 @@
 """A fake Triton backend for in-process gateway tests (ASGI, no sockets), and the error-shape check
 every gateway test applies."""
 
-import numpy as np
+import json
 
-from serve.backends.base import Backend, Classification, Embedding, ModelInfo
+import numpy as np
+from tritonclient.utils import deserialize_bytes_tensor
+
+from serve.backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
 from serve.exceptions import BackendUnavailable
 
 LABELS = ("neg", "pos")
 DIM = 4
 MODELS = (ModelInfo("clf", "text-classification", "triton", True, LABELS, 4),
-          ModelInfo("emb", "feature-extraction", "triton", True, (), 4, DIM))
+          ModelInfo("emb", "feature-extraction", "triton", True, (), 4, DIM),
+          ModelInfo("ner", "token-classification", "triton", True, ("O", "B-PER", "I-PER"), 4, extra={"aggregation": "first"}))
 
 
 def vector(text: str) -> np.ndarray:
@@ -45,6 +49,63 @@ class FakeTriton(Backend):
     async def embed(self, model, texts, timeout_s):
         self._record(texts)
         return [Embedding(vector(t), len(t.split())) for t in texts]
+
+    async def tag(self, model, texts, aggregation, timeout_s):
+        self._record(texts)
+        self.aggregations = [*getattr(self, "aggregations", []), aggregation]
+        return [Tagging(capitalised(t), len(t) > 40, len(t.split()) + 2) for t in texts]
+
+
+def capitalised(text: str) -> list[dict]:
+    """Fake entities: every capitalised word is a PER."""
+    out, pos = [], 0
+    for word in text.split():
+        start = text.index(word, pos)
+        pos = start + len(word)
+        if word[:1].isupper():
+            out.append({"entity_group": "PER", "score": 0.75, "start": start, "end": pos, "word": word})
+    return out
+
+
+class _FakeResult:
+    def __init__(self, arrays: dict):
+        self.arrays = arrays
+
+    def as_numpy(self, name):
+        return self.arrays.get(name)
+
+
+class FakeGrpc:
+    """Stands in for tritonclient's gRPC aio client: answers TEXT [n, 1] with, per row, a vector whose
+    first value is the text's length, a classification whose label is that length, and the
+    `capitalised` entities as the NER postprocess's JSON (`entities_json=False`: unreadable bytes).
+    Records each batch's size and request parameters."""
+
+    def __init__(self, rows_short_by: int = 0, entities_json: bool = True):
+        self.batches: list[int] = []
+        self.parameters: list[dict | None] = []
+        self.rows_short_by = rows_short_by
+        self.entities_json = entities_json
+
+    async def infer(self, model_name, inputs, outputs, client_timeout, parameters=None):
+        (text,) = inputs
+        texts = deserialize_bytes_tensor(text._get_content())
+        assert text.name() == "TEXT" and text.shape() == [len(texts), 1]
+        self.batches.append(len(texts))
+        self.parameters.append(parameters)
+        n = len(texts) - self.rows_short_by
+        vectors = np.zeros((n, DIM), dtype=np.float32)
+        vectors[:, 0] = [len(t) for t in texts[:n]]
+        entities = [json.dumps({"entities": capitalised(t.decode()), "truncated": False, "tokens": 3}).encode()
+                    if self.entities_json else b"not json" for t in texts[:n]]
+        return _FakeResult({
+            "EMBEDDINGS": vectors,
+            "TOKENS": np.full((n, 1), 2, dtype=np.int64),
+            "LABEL": np.array([[str(len(t)).encode()] for t in texts[:n]], dtype=np.object_),
+            "SCORE": np.ones((n, 1), dtype=np.float32),
+            "PROBS": np.ones((n, 1), dtype=np.float32),
+            "ENTITIES": np.array(entities, dtype=np.object_).reshape(-1, 1),
+        })
 
 
 def error_of(response, status):

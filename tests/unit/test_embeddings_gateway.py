@@ -9,13 +9,12 @@ import numpy as np
 import openai
 import pytest
 from prometheus_client import REGISTRY
-from tritonclient.utils import deserialize_bytes_tensor
 
 from serve.backends.base import ModelInfo
 from serve.backends.triton import TritonBackend
 from serve.exceptions import BackendError, BackendUnavailable
 
-from .fakes import DIM, MODELS, FakeTriton, vector
+from .fakes import DIM, MODELS, FakeGrpc, FakeTriton, vector
 from .fakes import error_of as _error
 
 
@@ -145,42 +144,9 @@ def test_the_openai_sdk_gets_the_vectors_in_base64_by_default_and_as_floats(clie
         sdk.embeddings.create(model="emb", input=[[1, 2]])
 
 
-class _FakeResult:
-    def __init__(self, arrays: dict):
-        self.arrays = arrays
-
-    def as_numpy(self, name):
-        return self.arrays.get(name)
-
-
-class _FakeGrpc:
-    """Answers TEXT [n, 1] with, per row, a vector whose first value is the text's length and a
-    classification whose label is that length."""
-
-    def __init__(self, rows_short_by: int = 0):
-        self.batches: list[int] = []
-        self.rows_short_by = rows_short_by
-
-    async def infer(self, model_name, inputs, outputs, client_timeout):
-        (text,) = inputs
-        texts = deserialize_bytes_tensor(text._get_content())
-        assert text.name() == "TEXT" and text.shape() == [len(texts), 1]
-        self.batches.append(len(texts))
-        n = len(texts) - self.rows_short_by
-        vectors = np.zeros((n, DIM), dtype=np.float32)
-        vectors[:, 0] = [len(t) for t in texts[:n]]
-        return _FakeResult({
-            "EMBEDDINGS": vectors,
-            "TOKENS": np.full((n, 1), 2, dtype=np.int64),
-            "LABEL": np.array([[str(len(t)).encode()] for t in texts[:n]], dtype=np.object_),
-            "SCORE": np.ones((n, 1), dtype=np.float32),
-            "PROBS": np.ones((n, 1), dtype=np.float32),
-        })
-
-
 def test_triton_embed_splits_at_max_batch_size_and_keeps_the_order():
     triton = TritonBackend("unused:0")
-    triton.client = _FakeGrpc()
+    triton.client = FakeGrpc()
     info = ModelInfo("emb", "feature-extraction", "triton", True, (), 3, DIM)
     texts = ["a" * n for n in range(1, 8)]
     result = asyncio.run(triton.embed(info, texts, 1.0))
@@ -191,7 +157,7 @@ def test_triton_embed_splits_at_max_batch_size_and_keeps_the_order():
 
 def test_triton_embed_missing_rows_are_a_backend_error():
     triton = TritonBackend("unused:0")
-    triton.client = _FakeGrpc(rows_short_by=1)
+    triton.client = FakeGrpc(rows_short_by=1)
     info = ModelInfo("emb", "feature-extraction", "triton", True, (), 8, DIM)
     with pytest.raises(BackendError, match="1 EMBEDDINGS rows for 2 inputs"):
         asyncio.run(triton.embed(info, ["a", "b"], 1.0))
@@ -199,7 +165,7 @@ def test_triton_embed_missing_rows_are_a_backend_error():
 
 def test_triton_classify_shares_the_chunking():
     triton = TritonBackend("unused:0")
-    triton.client = _FakeGrpc()
+    triton.client = FakeGrpc()
     info = ModelInfo("clf", "text-classification", "triton", True, ("only",), 2)
     result = asyncio.run(triton.classify(info, ["a", "bb", "ccc"], 1.0))
     assert triton.client.batches == [2, 1]

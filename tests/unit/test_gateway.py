@@ -80,7 +80,8 @@ def test_ready_and_models(client):
     assert client.get("/readyz").json()["status"] == "ready"
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
-    assert {m["id"]: m["task"] for m in models["data"]} == {"clf": "text-classification", "emb": "feature-extraction"}
+    assert {m["id"]: m["task"] for m in models["data"]} == {"clf": "text-classification", "emb": "feature-extraction",
+                                                                "ner": "token-classification"}
 
 
 def test_unknown_route_is_an_openai_shaped_404(client):
