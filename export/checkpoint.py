@@ -17,7 +17,10 @@ TASKS = {
     # A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
     "feature-extraction": ("Model", "AutoModel"),
     "token-classification": ("ForTokenClassification", "AutoModelForTokenClassification"),
+    # ViT, DeiT, BEiT, ConvNeXt, ResNet, ... with their image processor's preprocessor_config.json.
+    "image-classification": ("ForImageClassification", "AutoModelForImageClassification"),
 }
+IMAGE_TASKS = ("image-classification",)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,11 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
     weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
     if weights is None:
         raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+    if task in IMAGE_TASKS:
+        if not (path / "preprocessor_config.json").is_file():
+            raise ExportError(f"no preprocessor_config.json in {path}: image-classification needs the image processor "
+                              "beside the model (image_processor.save_pretrained)")
+    elif not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
     suffix = TASKS[task][0]
     architectures = config.get("architectures") or []

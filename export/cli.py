@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtxserve export", description="Export fine-tuned checkpoints for serving.")
     sub = parser.add_subparsers(dest="format", required=True)
     onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
-    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer)")
+    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer), or a PEFT LoRA adapter "
+                                         "folder (adapter_config.json), merged into its base before export")
+    onnx.add_argument("--base", help="an adapter's base model folder (default: the local folder the adapter records)")
     onnx.add_argument("--task", required=True,
                       help="what the model does: text-classification, token-classification (NER), feature-extraction "
                            "(embeddings; pooling and normalisation from the sentence-transformers files)")
@@ -127,7 +129,7 @@ def main(argv: list[str]) -> int:
         result = export_encoder(
             args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
             allow_drift=args.allow_drift, force=args.force, sample_texts=texts, optimize=args.optimize,
-            precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation,
+            precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
             command=shlex.join(["rtxserve", "export", *argv]),
         )
     except (ExportError, ValueError, OSError) as exc:

@@ -6,7 +6,6 @@ model is wrapped, which Triton models follow it) is a `TaskSpec` from export/tas
 
 from __future__ import annotations
 
-import inspect
 import logging
 import platform
 import time
@@ -16,25 +15,14 @@ from pathlib import Path
 import numpy as np
 
 from . import onnx_export, repository
-from .checkpoint import TASKS, Checkpoint, inspect_checkpoint
+from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, inspect_checkpoint
 from .exceptions import ExportError
+from .inputs import ImageInputs, TextInputs
 from .parity import ParityReport
 from .progress import Steps
 from .triton_entry import EntryOptions
 
 log = logging.getLogger(__name__)
-
-# Varied lengths, punctuation, non-ASCII, and one text longer than any small model's maximum
-# length so that truncation is part of what parity covers.
-SAMPLE_TEXTS = [
-    "I love this product, it works perfectly.",
-    "Terrible. It broke after one day!",
-    "The package arrived on Tuesday.",
-    "Das Essen war großartig — très bien, 👍",
-    "ok",
-    " ".join(["a very long review that goes on and on"] * 80),
-]
-
 
 @dataclass
 class ExportResult:
@@ -43,75 +31,51 @@ class ExportResult:
     seconds: float
 
 
-def _load(ckpt: Checkpoint, spec):
+def _load_models(ckpt: Checkpoint, spec, adapter) -> tuple:
+    """(the model to export, the reference its export is checked against), both wrapped for the task.
+    A plain checkpoint is its own reference; an adapter exports merged and is checked against the unmerged
+    PeftModel."""
     import transformers
 
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt.path, use_fast=True)
-    except Exception as exc:
-        raise ExportError(f"cannot load the tokenizer in {ckpt.path}: {exc}") from exc
-    if not getattr(tokenizer, "is_fast", False):
-        raise ExportError(f"the tokenizer in {ckpt.path} has no fast (Rust) version; Triton serving needs tokenizer.json")
     auto_class = getattr(transformers, TASKS[ckpt.task][1])
+    if adapter is not None:
+        from .encoder_adapters import load_models
+
+        merged, reference = load_models(adapter, auto_class)
+        return spec.wrap(merged, ckpt).eval(), spec.wrap(reference, ckpt).eval()
     try:
         # Eager attention: it exports as the MatMul-Softmax pattern ONNX Runtime fuses into its Attention op.
         model = spec.wrap(auto_class.from_pretrained(ckpt.path, dtype="float32", attn_implementation="eager").eval(), ckpt).eval()
     except Exception as exc:
         raise ExportError(f"cannot load the weights in {ckpt.weights} ({type(exc).__name__}: {exc}); the file may be truncated or corrupt") from exc
-    return tokenizer, model
+    return model, model
 
 
-def _input_names(tokenizer, model) -> list[str]:
-    accepted = inspect.signature(model.forward).parameters
-    if hasattr(model, "model"):  # a task wrapper: the inputs the transformer inside takes
-        accepted = set(accepted) & set(inspect.signature(model.model.forward).parameters)
-    names = [n for n in tokenizer.model_input_names if n in accepted]
-    if "input_ids" not in names:
-        raise ExportError(f"tokenizer inputs {tokenizer.model_input_names} do not include input_ids")
-    return ["input_ids"] + [n for n in names if n != "input_ids"]
+def _adapter_effect(reference, feeds: dict) -> float:
+    """How far the adapter moves the first output (max abs), so the report shows the check compares different models."""
+    import torch
+
+    peft_model = reference.model if hasattr(reference, "model") and hasattr(reference.model, "disable_adapter") else reference
+    inputs = {n: torch.from_numpy(v) for n, v in feeds.items()}
+    with torch.no_grad():
+        with_adapter = reference(**inputs)
+        with peft_model.disable_adapter():
+            without = reference(**inputs)
+    first = lambda out: (out[0] if isinstance(out, tuple) else out.logits).numpy()  # noqa: E731
+    return float(np.abs(first(with_adapter) - first(without)).max())
 
 
-def _max_length(tokenizer, config: dict, requested: int | None) -> int:
-    limit = int(config.get("max_position_embeddings") or 512)
-    # RoBERTa-style position ids start after the padding index: two positions are not usable.
-    if config.get("model_type") in {"roberta", "xlm-roberta", "camembert"}:
-        limit -= 2
-    model_max = getattr(tokenizer, "model_max_length", limit) or limit
-    default = min(limit, int(model_max) if model_max < 1e9 else limit)
-    if requested is None:
-        return default
-    if not 1 <= requested <= limit:
-        raise ExportError(f"--max-length {requested} is outside 1..{limit} (the model's position limit)")
-    return requested
-
-
-def _tokenizer_for_serving(tokenizer, max_length: int, pad_id: int):
-    """The Rust tokenizer exactly as the Triton tokenizer model will configure it."""
-    from tokenizers import Tokenizer
-
-    serving = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-    serving.enable_truncation(max_length=max_length)
-    serving.enable_padding(pad_id=pad_id)
-    return serving
-
-
-def _validate(model, session, tokenizer, serving_tok, input_names, texts, max_length, atol, output_names) -> ParityReport:
+def _validate(model, session, cases: list[dict[str, np.ndarray]], atol: float, output_names: list[str]) -> ParityReport:
+    """Run every case through PyTorch and ONNX Runtime and fold the outputs into one report."""
     import torch
 
     report = ParityReport(atol=atol)
-    cases = [[t] for t in texts] + [texts]
-    for case in cases:
-        enc = tokenizer(case, padding=True, truncation=True, max_length=max_length, return_tensors="np")
-        served = serving_tok.encode_batch(case)
-        if any(list(e.ids) != list(row) for e, row in zip(served, enc["input_ids"])):
-            raise ExportError("the serving tokenizer (tokenizer.json) encodes differently from the checkpoint's tokenizer")
-        feeds = {n: enc[n].astype(np.int64) for n in input_names}
+    for feeds in cases:
         with torch.no_grad():
             ref = model(**{n: torch.from_numpy(v) for n, v in feeds.items()})
         ref = ref if isinstance(ref, tuple) else (ref.logits,)
         got = session.run(output_names, feeds)
         report.add(dict(zip(output_names, (r.numpy() for r in ref))), dict(zip(output_names, got)))
-    report.notes.append("serving tokenizer matched the checkpoint tokenizer on every sample")
     return report
 
 
@@ -126,16 +90,19 @@ def export_encoder(
     allow_drift: bool = False,
     force: bool = False,
     sample_texts: list[str] | None = None,
+    sample_images: list[bytes] | None = None,
     command: str = "",
     optimize: bool = False,
     precision: str = "fp32",
     min_cosine: float | None = None,
     aggregation: str = "first",
+    base: str | Path | None = None,
 ) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
     Args:
-        checkpoint: folder written by `save_pretrained` (model + tokenizer).
+        checkpoint: folder written by `save_pretrained` (model + tokenizer), or a PEFT LoRA adapter folder
+            (adapter_config.json): merged into its base before export, validated against the unmerged PeftModel.
         task: one of export.checkpoint.TASKS.
         opts: entry name, target, instances and batching.
         repo: the Triton model repository to write into.
@@ -144,12 +111,15 @@ def export_encoder(
         allow_drift: keep an export that breaches `atol` (the report records the breach).
         force: replace an existing entry of the same name.
         sample_texts: texts for the parity check (default: a built-in varied set).
+        sample_images: encoded PNG / JPEG images for the parity check of an image model (default: synthetic
+            images of varied sizes and modes).
         command: the command line that reproduces this export, recorded in the metadata.
         optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
         precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated
             against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
         aggregation: token-classification only: how sub-word predictions become entities when a request
             names none (none, simple, first, average, max: as transformers' pipeline).
+        base: an adapter's base model folder (default: the local folder the adapter records).
 
     Returns:
         the written model folders, the parity report and the wall time.
@@ -158,7 +128,9 @@ def export_encoder(
         ExportError: bad input, a failed load, or a parity breach (nothing is written then).
     """
     import onnxruntime as ort
+    import torch
 
+    from .encoder_adapters import is_adapter, resolve_adapter
     from .tasks import spec_for
 
     from . import variants
@@ -166,30 +138,40 @@ def export_encoder(
     if precision not in variants.PRECISIONS:
         raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
     steps = Steps(5 + optimize + (precision != "fp32"), log)
-    ckpt = inspect_checkpoint(checkpoint, task)
+    adapter = None
+    if is_adapter(checkpoint):
+        adapter = resolve_adapter(checkpoint, task, base)
+        ckpt = adapter.checkpoint
+    else:
+        ckpt = inspect_checkpoint(checkpoint, task)
     spec = spec_for(ckpt, aggregation=aggregation)
     repository.check_free(repo, opts.model_names(), force)
     if command:
         log.info("reproduce with: %s", command)
-    steps("loading %s (%s)", ckpt.path, ckpt.architecture)
-    tokenizer, model = _load(ckpt, spec)
-    input_names = _input_names(tokenizer, model)
-    length = _max_length(tokenizer, ckpt.config, max_length if max_length is not None else spec.max_length)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    serving_tok = _tokenizer_for_serving(tokenizer, length, pad_id)
+    if adapter is None:
+        steps("loading %s (%s)", ckpt.path, ckpt.architecture)
+    else:
+        steps("loading LoRA adapter %s on base %s (%s) and merging it", adapter.adapter.path, adapter.base_path, ckpt.architecture)
+    model, reference = _load_models(ckpt, spec, adapter)
+    if ckpt.task in IMAGE_TASKS:
+        inputs = ImageInputs(ckpt, sample_images)
+    else:
+        inputs = TextInputs(ckpt, model, max_length if max_length is not None else spec.max_length, sample_texts)
 
     with repository.work_dir(repo) as work:
         onnx_path = work / "model.onnx"
-        steps("exporting ONNX (inputs %s, outputs %s, max length %d)", ", ".join(input_names), ", ".join(spec.outputs), length)
-        sample = tokenizer(SAMPLE_TEXTS[:2], padding=True, return_tensors="pt")
-        onnx_export.export(model, {n: sample[n] for n in input_names}, onnx_path, list(spec.outputs))
-
-        texts = sample_texts or SAMPLE_TEXTS
+        steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
+        sample = inputs.sample()
+        onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, onnx_path, list(spec.outputs))
+        cases = inputs.cases()
 
         def validate(path: Path, what: str, lossy: bool) -> dict:
-            steps("validating %s against PyTorch on %d texts", what, len(texts))
+            steps("validating %s against PyTorch on %d %s", what, len(cases) - 1, inputs.what)
             session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-            report = _validate(model, session, tokenizer, serving_tok, input_names, texts, length, atol, list(spec.outputs))
+            report = _validate(reference, session, cases, atol, list(spec.outputs))
+            report.notes += inputs.notes
+            if adapter is not None:
+                report.notes.append("reference: the unmerged PeftModel (base + adapter); the export is the merged model")
             report.min_cosine = (min_cosine or variants.DEFAULT_MIN_COSINE[precision]) if lossy else None
             for out in report.outputs.values():
                 log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
@@ -209,18 +191,15 @@ def export_encoder(
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
         # The served graph's figures on top, every variant's below: drift is visible step by step.
         parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
-        metadata = _metadata(ckpt, opts, input_names, length, command, parity) | spec.metadata
+        if adapter is not None:
+            parity["adapter_effect_max_abs"] = _adapter_effect(reference, sample)
+        metadata = _metadata(ckpt, opts, command, parity) | inputs.metadata() | spec.metadata
         metadata |= {"optimized": optimize, "precision": precision}
-        models = spec.entry(
-            opts,
-            onnx_path=onnx_path,
-            tokenizer_json=serving_tok.to_str(),
-            input_names=input_names,
-            max_length=length,
-            pad_token_id=pad_id,
-            metadata=metadata,
-            parity=parity,
-        )
+        if adapter is not None:
+            metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
+                "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
+                "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
+        models = spec.entry(opts, onnx_path=onnx_path, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         written = repository.commit(repo, models, work, force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
@@ -231,7 +210,7 @@ def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo:
     return export_encoder(checkpoint, "text-classification", opts, repo, **kwargs)
 
 
-def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, command, parity) -> dict:
+def _metadata(ckpt: Checkpoint, opts: EntryOptions, command, parity) -> dict:
     import onnx
     import onnxruntime
     import torch
@@ -241,8 +220,6 @@ def _metadata(ckpt: Checkpoint, opts: EntryOptions, input_names, max_length, com
         "task": ckpt.task,
         "source": str(ckpt.path.resolve()),
         "architecture": ckpt.architecture,
-        "inputs": input_names,
-        "max_length": max_length,
         "target": opts.target,
         "instances": opts.instances,
         "max_batch_size": opts.max_batch_size,

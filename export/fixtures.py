@@ -169,6 +169,72 @@ def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) 
     return out
 
 
+IMAGE_LABELS = ["red", "green", "blue"]
+
+
+def _colour_images(rng: random.Random, n: int, size: int):
+    """Noisy images dominated by one colour channel, as (uint8 HWC array, label index)."""
+    import numpy as np
+
+    nrng = np.random.default_rng(rng.randrange(2**32))
+    out = []
+    for _ in range(n):
+        label = rng.randrange(3)
+        image = nrng.integers(0, 110, (size, size, 3))
+        image[..., label] += 140
+        out.append((image.astype(np.uint8), label))
+    return out
+
+
+def write_image_classifier(out: str | Path, *, arch: str = "vit", seed: int = 0, train_steps: int = 40) -> Path:
+    """Write a tiny fine-tuned image classifier (labels red / green / blue) with its image processor to `out`.
+
+    arch: vit (ViTImageProcessor: resize to 32x32), convnext or resnet (ConvNextImageProcessor:
+    shortest edge 32 at crop_pct 0.875, then a centre crop). Briefly trained on noisy colour images so
+    that its labels mean something."""
+    import torch
+    import transformers
+    from transformers import ConvNextImageProcessor, ViTImageProcessor
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    labels = {"id2label": dict(enumerate(IMAGE_LABELS)), "label2id": {l: i for i, l in enumerate(IMAGE_LABELS)}}
+    if arch == "vit":
+        config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, **labels)
+        model = transformers.ViTForImageClassification(config)
+        processor = ViTImageProcessor(size={"height": 32, "width": 32})
+    elif arch in ("convnext", "resnet"):
+        if arch == "convnext":
+            config = transformers.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, **labels)
+            model = transformers.ConvNextForImageClassification(config)
+        else:
+            config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], **labels)
+            model = transformers.ResNetForImageClassification(config)
+        processor = ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875)
+    else:
+        raise ValueError(f"unknown arch {arch!r}; valid: vit, convnext, resnet")
+    data = _colour_images(rng, 128, 40)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(train_steps):
+        batch = rng.sample(data, 16)
+        pixels = processor(images=[img for img, _ in batch], return_tensors="pt")["pixel_values"]
+        loss = model(pixel_values=pixels, labels=torch.tensor([y for _, y in batch])).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    log.info("trained the fixture %s image classifier for %d steps (final loss %.3f)", arch, train_steps, loss.item())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "README.md").write_text(f"# tiny-{arch}-colours (rtxserve fixture)\n\nLabels {', '.join(IMAGE_LABELS)}: "
+                                   "the dominant colour channel. For tests only.\n")
+    return out
+
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
@@ -262,7 +328,8 @@ def write_llm_with_adapters(out: str | Path) -> Path:
     return out
 
 
-FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger, "llm": write_llm_with_adapters}
+FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
+            "image-classifier": write_image_classifier, "llm": write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
@@ -273,3 +340,38 @@ def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[s
     folder = Path(folder)
     return {name: FIXTURES[name](folder / name) for name in (names or list(FIXTURES))}
 
+
+# task -> (Auto class, peft task_type, modules_to_save) of the encoder adapters write_encoder_adapter builds.
+_ENCODER_ADAPTER_TASKS = {
+    "text-classification": ("AutoModelForSequenceClassification", "SEQ_CLS", ["classifier"]),
+    "token-classification": ("AutoModelForTokenClassification", "TOKEN_CLS", ["classifier"]),
+    "feature-extraction": ("AutoModel", "FEATURE_EXTRACTION", None),
+}
+
+
+def write_encoder_adapter(base: str | Path, out: str | Path, *, task: str = "text-classification", seed: int = 1,
+                          rank: int = 8) -> Path:
+    """Write a PEFT LoRA adapter (query / value, plus the classifier head for classification tasks) for the
+    BERT encoder at `base`, with non-zero lora_B and a perturbed head copy so that it changes the outputs
+    measurably (the fixture classifier's logits move by about 0.2); returns `out`."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    if task not in _ENCODER_ADAPTER_TASKS:
+        raise ValueError(f"unknown task {task!r}; valid: {', '.join(_ENCODER_ADAPTER_TASKS)}")
+    auto_name, task_type, modules_to_save = _ENCODER_ADAPTER_TASKS[task]
+    torch.manual_seed(seed)
+    # peft records the model's name_or_path, here the base folder, as base_model_name_or_path.
+    model = getattr(transformers, auto_name).from_pretrained(str(base))
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["query", "value"], lora_dropout=0.0,
+                        modules_to_save=modules_to_save, task_type=task_type)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.1)
+            elif "modules_to_save" in name:  # the adapter's own copy of the head, saved with it
+                param.add_(torch.randn_like(param) * 0.05)
+    peft_model.save_pretrained(out, safe_serialization=True)
+    return Path(out)

@@ -1,4 +1,4 @@
-"""PyTorch -> ONNX with dynamic batch and sequence axes (one rerunnable step)."""
+"""PyTorch -> ONNX with dynamic batch (and, for token inputs, sequence) axes (one rerunnable step)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def export(model, sample: dict, path: Path, output_names: list[str], opset: int 
 
     Args:
         model: a torch module in eval mode taking the tensors of `sample` as keyword arguments.
-        sample: name -> tensor [batch, seq]; its names become the ONNX input names, in order.
+        sample: name -> tensor ([batch, seq] tokens, or [batch, ...] fixed-shape such as images); its names
+            become the ONNX input names, in order.
         path: where to write the .onnx file.
         output_names: names for the model's outputs, in order.
         opset: ONNX opset.
@@ -31,7 +32,8 @@ def export(model, sample: dict, path: Path, output_names: list[str], opset: int 
     order = list(inspect.signature(model.forward).parameters)
     sample = {name: sample[name] for name in sorted(sample, key=order.index)}
     input_names = list(sample)
-    dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
+    # Token tensors [batch, seq] vary in both; images [batch, 3, H, W] only in batch.
+    dynamic_axes = {name: {0: "batch", 1: "sequence"} if sample[name].dim() == 2 else {0: "batch"} for name in input_names}
     dynamic_axes.update({name: {0: "batch"} for name in output_names})
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter warns about Python control flow on shapes in HF code; the

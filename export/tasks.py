@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import Checkpoint, read_json
-from .entities import STRATEGIES, WORD_STRATEGIES
+from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
-from .triton_entry import classification_entry, embedding_entry, token_classification_entry
+from .triton_entry import classification_entry, embedding_entry, image_classification_entry, token_classification_entry
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +162,9 @@ def spec_for(ckpt: Checkpoint, *, aggregation: str = "first") -> TaskSpec:
             max_length=pooling.max_seq_length,
             metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
         )
+    if ckpt.task == "image-classification":
+        entry = functools.partial(image_classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
+        return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
     if ckpt.task == "token-classification":
         if aggregation not in STRATEGIES:
             raise ExportError(f"unknown --aggregation {aggregation!r}; valid: {', '.join(STRATEGIES)}")

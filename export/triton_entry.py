@@ -48,8 +48,13 @@ class EntryOptions:
         if self.gpus and self.target != "gpu":
             raise ValueError("--gpus only applies to --target gpu")
 
+    def step(self, kind: str) -> str:
+        """The name of one of the entry's Triton models: tokenizer, preprocess, model or postprocess."""
+        return f"{self.name}_{kind}"
+
     def model_names(self) -> list[str]:
-        return [self.name, f"{self.name}_tokenizer", f"{self.name}_model", f"{self.name}_postprocess"]
+        """Every name an entry of this name may use (an existing one blocks an export without --force)."""
+        return [self.name, *(self.step(k) for k in ("tokenizer", "preprocess", "model", "postprocess"))]
 
 
 @dataclass
@@ -64,7 +69,7 @@ def _tokenizer_model(opts: EntryOptions, tokenizer_json: str, input_names: list[
                      pad_token_id: int) -> ModelDir:
     """TEXT -> token tensors, in a python-backend model running the checkpoint's Rust tokenizer."""
     config = ModelConfig(
-        name=f"{opts.name}_tokenizer",
+        name=opts.step("tokenizer"),
         backend="python",
         max_batch_size=opts.max_batch_size,
         inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
@@ -87,12 +92,13 @@ def _token_tensors(input_names: list[str]) -> tuple[TensorSpec, ...]:
 
 
 def _onnx_model(opts: EntryOptions, onnx_path: Path, input_names: list[str], outputs: tuple[TensorSpec, ...],
-                parity: dict) -> ModelDir:
-    """The ONNX graph: python-backend ONNX Runtime on CPU, native onnxruntime_onnx with KIND_GPU on GPU."""
+                parity: dict, inputs: tuple[TensorSpec, ...] | None = None) -> ModelDir:
+    """The ONNX graph: python-backend ONNX Runtime on CPU, native onnxruntime_onnx with KIND_GPU on GPU.
+    Inputs are token tensors named `input_names` unless `inputs` says otherwise (images)."""
     common = dict(
-        name=f"{opts.name}_model",
+        name=opts.step("model"),
         max_batch_size=opts.max_batch_size,
-        inputs=_token_tensors(input_names),
+        inputs=inputs or _token_tensors(input_names),
         outputs=outputs,
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
     )
@@ -122,12 +128,36 @@ def classification_entry(
     parity: dict,
 ) -> list[ModelDir]:
     """The four models of a text-classification entry; the ensemble carries the gateway's metadata."""
-    tok_name, model_name, post_name = opts.model_names()[1:]
-    num_labels = len(labels)
+    tok_name, model_name, post_name = opts.step("tokenizer"), opts.step("model"), opts.step("postprocess")
     tokenizer = _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id)
-    model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (num_labels,)),), parity)
-    postprocess = ModelConfig(
-        name=post_name,
+    model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity)
+    postprocess = _classification_postprocess(opts, labels, problem_type)
+    ensemble = ModelConfig(
+        name=opts.name,
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        outputs=postprocess.config.outputs,
+        ensemble_steps=(
+            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
+            EnsembleStep(model_name, {n: n for n in input_names}, {"logits": "LOGITS"}),
+            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.config.outputs}),
+        ),
+        # What the gateway needs to serve the entry, read through Triton's model-config API.
+        parameters={
+            "rtxserve_task": "text-classification",
+            "rtxserve_labels": json.dumps(labels),
+            "rtxserve_max_length": str(max_length),
+        },
+    )
+    return [ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}), tokenizer, model, postprocess]
+
+
+def _classification_postprocess(opts: EntryOptions, labels: list[str], problem_type: str | None) -> ModelDir:
+    """LOGITS -> PROBS (softmax, or sigmoid for multi-label), LABEL and SCORE."""
+    num_labels = len(labels)
+    config = ModelConfig(
+        name=opts.step("postprocess"),
         backend="python",
         max_batch_size=opts.max_batch_size,
         inputs=(TensorSpec("LOGITS", "TYPE_FP32", (num_labels,)),),
@@ -140,30 +170,7 @@ def classification_entry(
         dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
         parameters={"labels": json.dumps(labels), "problem_type": problem_type or "single_label_classification"},
     )
-    ensemble = ModelConfig(
-        name=opts.name,
-        platform="ensemble",
-        max_batch_size=opts.max_batch_size,
-        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
-        outputs=postprocess.outputs,
-        ensemble_steps=(
-            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
-            EnsembleStep(model_name, {n: n for n in input_names}, {"logits": "LOGITS"}),
-            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.outputs}),
-        ),
-        # What the gateway needs to serve the entry, read through Triton's model-config API.
-        parameters={
-            "rtxserve_task": "text-classification",
-            "rtxserve_labels": json.dumps(labels),
-            "rtxserve_max_length": str(max_length),
-        },
-    )
-    return [
-        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
-        tokenizer,
-        model,
-        ModelDir(postprocess, {"1/model.py": PYTHON_MODELS / "classification_postprocess" / "model.py"}),
-    ]
+    return ModelDir(config, {"1/model.py": PYTHON_MODELS / "classification_postprocess" / "model.py"})
 
 
 def embedding_entry(
@@ -179,7 +186,7 @@ def embedding_entry(
     parity: dict,
 ) -> list[ModelDir]:
     """tokenizer -> model (pooling and normalisation are inside the graph): EMBEDDINGS and TOKENS per text."""
-    tok_name, model_name = opts.model_names()[1:3]
+    tok_name, model_name = opts.step("tokenizer"), opts.step("model")
     outputs = (TensorSpec("embeddings", "TYPE_FP32", (dimensions,)), TensorSpec("token_count", "TYPE_INT64", (1,)))
     ensemble = ModelConfig(
         name=opts.name,
@@ -220,12 +227,12 @@ def token_classification_entry(
     parity: dict,
 ) -> list[ModelDir]:
     """tokenizer -> model (per-token logits) -> postprocess (entity spans with character offsets, as JSON)."""
-    tok_name, model_name, post_name = opts.model_names()[1:]
+    tok_name, model_name, post_name = opts.step("tokenizer"), opts.step("model"), opts.step("postprocess")
     num_labels = len(labels)
     model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (-1, num_labels)),), parity)
     entities = TensorSpec("ENTITIES", "TYPE_STRING", (1,))
     postprocess = ModelConfig(
-        name=post_name,
+        name=opts.step("postprocess"),
         backend="python",
         max_batch_size=opts.max_batch_size,
         inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)), TensorSpec("LOGITS", "TYPE_FP32", (-1, num_labels))),
@@ -263,6 +270,57 @@ def token_classification_entry(
         ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
         _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
         model,
-        ModelDir(postprocess, {"1/model.py": post_dir / "model.py", "1/entities.py": Path(__file__).parent / "entities.py",
+        ModelDir(postprocess, {"1/model.py": post_dir / "model.py", "1/entities.py": post_dir / "entities.py",
                                "1/tokenizer.json": tokenizer_json}),
+    ]
+
+
+def image_classification_entry(
+    opts: EntryOptions,
+    *,
+    onnx_path: Path,
+    image_processor: dict,
+    pixel_shape: tuple[int, int, int],
+    imaging_py: Path,
+    labels: list[str],
+    problem_type: str | None,
+    metadata: dict,
+    parity: dict,
+) -> list[ModelDir]:
+    """preprocess (encoded PNG/JPEG bytes -> pixel_values, the checkpoint's image-processor settings) ->
+    model -> the classification postprocess."""
+    pre_name, model_name, post_name = opts.step("preprocess"), opts.step("model"), opts.step("postprocess")
+    pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
+    preprocess = ModelConfig(
+        name=pre_name,
+        backend="python",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)),),
+        outputs=(pixels,),
+        instance_groups=(InstanceGroup(count=opts.instances),),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        parameters={"image_processor": json.dumps(image_processor)},
+    )
+    model = _onnx_model(opts, onnx_path, ["pixel_values"], (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity,
+                        inputs=(pixels,))
+    postprocess = _classification_postprocess(opts, labels, problem_type)
+    ensemble = ModelConfig(
+        name=opts.name,
+        platform="ensemble",
+        max_batch_size=opts.max_batch_size,
+        inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)),),
+        outputs=postprocess.config.outputs,
+        ensemble_steps=(
+            EnsembleStep(pre_name, {"IMAGE": "IMAGE"}, {"pixel_values": "pixel_values"}),
+            EnsembleStep(model_name, {"pixel_values": "pixel_values"}, {"logits": "LOGITS"}),
+            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.config.outputs}),
+        ),
+        parameters={"rtxserve_task": "image-classification", "rtxserve_labels": json.dumps(labels)},
+    )
+    pre_dir = PYTHON_MODELS / "image_preprocess"
+    return [
+        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        ModelDir(preprocess, {"1/model.py": pre_dir / "model.py", "1/imaging.py": imaging_py}),
+        model,
+        postprocess,
     ]

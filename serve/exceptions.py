@@ -63,7 +63,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":
             return "the request body is not valid JSON", None
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
+        # Union members tag the location with their type ("list[str]"): the client's field path has no such part.
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p)) or "body"
         first = first or loc
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}")  # never echo the input back

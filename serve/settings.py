@@ -25,6 +25,7 @@ class GatewaySettings(BaseSettings):
     )
     max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
     max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
+    max_image_bytes: int = Field(16 * 1024 * 1024, ge=1, description="encoded bytes per image (after base64 decoding)")
     # Bounds on generation parameters, checked before vLLM sees a request.
     max_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     max_n: int = Field(4, ge=1, le=128)

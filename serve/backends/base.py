@@ -62,6 +62,9 @@ class Backend(ABC):
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
         raise NotImplementedError(f"{self.kind} backends do not serve text classification")
 
+    async def classify_images(self, model: ModelInfo, images: list[bytes], timeout_s: float) -> list[Classification]:
+        raise NotImplementedError(f"{self.kind} backends do not serve image classification")
+
     async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
         raise NotImplementedError(f"{self.kind} backends do not serve embeddings")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
@@ -31,7 +32,9 @@ def _raise_mapped(exc: InferenceServerException, model: str) -> None:
     if status in _UNAVAILABLE or not status:
         raise BackendUnavailable(f"model {model} is not available right now; retry shortly") from exc
     if status == "StatusCode.INVALID_ARGUMENT":
-        raise InvalidRequest(f"model {model} rejected the input") from exc
+        # Our pre-processing models say what is wrong with an input (e.g. an undecodable image): pass that on.
+        detail = re.sub(r"^in ensemble '[^']*', ", "", str(exc.message() or ""))[:300]
+        raise InvalidRequest(f"model {model} rejected the input" + (f": {detail}" if detail else "")) from exc
     raise BackendError(f"model {model} failed to process the request") from exc
 
 
@@ -92,6 +95,9 @@ class TritonBackend(Backend):
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
         return await self._in_chunks(self._classify_chunk, model, texts, timeout_s)
 
+    async def classify_images(self, model: ModelInfo, images: list[bytes], timeout_s: float) -> list[Classification]:
+        return await self._in_chunks(self._classify_chunk, model, images, timeout_s, "IMAGE")
+
     async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
         return await self._in_chunks(self._embed_chunk, model, texts, timeout_s)
 
@@ -105,11 +111,12 @@ class TritonBackend(Backend):
         parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s, *args) for chunk in chunks))
         return [r for part in parts for r in part]
 
-    async def _infer_texts(self, model: ModelInfo, texts: list[str], outputs: tuple[str, ...], timeout_s: float,
-                           parameters: dict | None = None):
-        """One batch of texts as TEXT [n, 1], errors mapped; the named outputs as arrays with n rows."""
-        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
-        text = grpcclient.InferInput("TEXT", list(data.shape), "BYTES")
+    async def _infer_texts(self, model: ModelInfo, texts: list[str | bytes], outputs: tuple[str, ...], timeout_s: float,
+                           parameters: dict | None = None, input_name: str = "TEXT"):
+        """One batch of texts (or encoded images) as `input_name` [n, 1], errors mapped; the named outputs as
+        arrays with n rows."""
+        data = np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=np.object_).reshape(-1, 1)
+        text = grpcclient.InferInput(input_name, list(data.shape), "BYTES")
         text.set_data_from_numpy(data)
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs]
         try:
@@ -124,8 +131,10 @@ class TritonBackend(Backend):
                 raise BackendError(f"model {model.name} returned {rows} {name} rows for {len(texts)} inputs")
         return arrays
 
-    async def _classify_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
-        labels, scores, probs = await self._infer_texts(model, texts, ("LABEL", "SCORE", "PROBS"), timeout_s)
+    async def _classify_chunk(self, model: ModelInfo, texts: list[str | bytes], timeout_s: float,
+                              input_name: str = "TEXT") -> list[Classification]:
+        labels, scores, probs = await self._infer_texts(model, texts, ("LABEL", "SCORE", "PROBS"), timeout_s,
+                                                        input_name=input_name)
         return [
             Classification(
                 label=labels[i, 0].decode("utf-8"),

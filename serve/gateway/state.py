@@ -64,15 +64,16 @@ class GatewayState:
         }
         return ok, detail
 
-    def resolve(self, name: str, task: str) -> tuple[ModelInfo, Backend]:
-        """The model and backend for a request, or the error the client should get."""
+    def resolve(self, name: str, task: str | tuple[str, ...]) -> tuple[ModelInfo, Backend]:
+        """The model and backend for a request (of one of the tasks `task` names), or the error the client should get."""
         if name not in self.models:
             if not all(self.backend_up.values()):
                 raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
             raise ModelNotFound(f"model {name!r} does not exist; GET /v1/models lists the models", param="model")
         info, backend = self.models[name]
-        if info.task != task:
-            raise InvalidRequest(f"model {name!r} is a {info.task} model, not {task}", param="model")
+        tasks = (task,) if isinstance(task, str) else task
+        if info.task not in tasks:
+            raise InvalidRequest(f"model {name!r} is a {info.task} model, not {' or '.join(tasks)}", param="model")
         if not info.ready:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
         return info, backend

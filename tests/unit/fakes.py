@@ -13,7 +13,8 @@ LABELS = ("neg", "pos")
 DIM = 4
 MODELS = (ModelInfo("clf", "text-classification", "triton", True, LABELS, 4),
           ModelInfo("emb", "feature-extraction", "triton", True, (), 4, DIM),
-          ModelInfo("ner", "token-classification", "triton", True, ("O", "B-PER", "I-PER"), 4, extra={"aggregation": "first"}))
+          ModelInfo("ner", "token-classification", "triton", True, ("O", "B-PER", "I-PER"), 4, extra={"aggregation": "first"}),
+          ModelInfo("vit", "image-classification", "triton", True, ("cat", "dog"), 4))
 
 
 def vector(text: str) -> np.ndarray:
@@ -45,6 +46,12 @@ class FakeTriton(Backend):
     async def classify(self, model, texts, timeout_s):
         self._record(texts)
         return [Classification("pos" if "good" in t else "neg", 0.9, {"neg": 0.1, "pos": 0.9}) for t in texts]
+
+    async def classify_images(self, model, images, timeout_s):
+        """PNGs are cats, JPEGs dogs."""
+        self._record(images)
+        return [Classification("cat", 0.8, {"cat": 0.8, "dog": 0.2}) if i.startswith(b"\x89PNG")
+                else Classification("dog", 0.7, {"cat": 0.3, "dog": 0.7}) for i in images]
 
     async def embed(self, model, texts, timeout_s):
         self._record(texts)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from export.encoder import export_encoder
-from export.entities import STRATEGIES, Token, entities
+from export.triton_models.ner_postprocess.entities import STRATEGIES, Token, entities
 from export.exceptions import ExportError
 from export.tasks import tokenizer_traits
 from export.triton_entry import EntryOptions

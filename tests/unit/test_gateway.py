@@ -81,7 +81,7 @@ def test_ready_and_models(client):
     models = client.get("/v1/models").json()
     assert models["object"] == "list"
     assert {m["id"]: m["task"] for m in models["data"]} == {"clf": "text-classification", "emb": "feature-extraction",
-                                                                "ner": "token-classification"}
+                                                                "ner": "token-classification", "vit": "image-classification"}
 
 
 def test_unknown_route_is_an_openai_shaped_404(client):

@@ -1,8 +1,9 @@
 """Triton python-backend model: runs `model.onnx` with ONNX Runtime on the CPU.
 
 The CPU form of an exported encoder (the GPU form uses Triton's native onnxruntime / TensorRT
-backends instead). Dynamic batching hands several requests to one `execute` call: their sequences
-are padded to the longest (attention mask 0) and run as one batch, then split back per request.
+backends instead). Dynamic batching hands several requests to one `execute` call: their token
+sequences are padded to the longest (attention mask 0), images are stacked, and the whole runs as
+one batch, then is split back per request.
 Outputs whose first non-batch dim is -1 are per-token and are cut back to each request's length.
 """
 
@@ -47,12 +48,16 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse(output_tensors=tensors) for tensors in results]
 
     def _run(self, feeds_per_request):
-        seq_lens = [f[self.input_names[0]].shape[1] for f in feeds_per_request]
-        batch_sizes = [f[self.input_names[0]].shape[0] for f in feeds_per_request]
+        first = self.input_names[0]
+        batch_sizes = [f[first].shape[0] for f in feeds_per_request]
+        # Token tensors [batch, seq] differ in seq between requests: pad to the longest (mask 0).
+        # Fixed-shape inputs (images [batch, 3, H, W]) concatenate as they are.
+        seq_lens = [f[first].shape[1] if f[first].ndim == 2 else 0 for f in feeds_per_request]
         longest = max(seq_lens)
         feeds = {
             name: np.concatenate(
-                [np.pad(f[name], ((0, 0), (0, longest - f[name].shape[1]))) for f in feeds_per_request]
+                [np.pad(f[name], ((0, 0), (0, longest - f[name].shape[1]))) if f[name].ndim == 2 else f[name]
+                 for f in feeds_per_request]
             )
             for name in self.input_names
         }

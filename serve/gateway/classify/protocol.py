@@ -18,7 +18,7 @@ class TextInputRequest(BaseModel):
     @field_validator("input", mode="before", check_fields=False)
     @classmethod
     def _one_or_many(cls, value):
-        return [value] if isinstance(value, str) else value
+        return [value] if isinstance(value, (str, dict)) else value
 
     @field_validator("input", check_fields=False)
     @classmethod
@@ -31,11 +31,22 @@ class TextInputRequest(BaseModel):
         return items
 
 
-class ClassifyRequest(TextInputRequest):
-    """Texts to classify. Texts longer than the model's maximum length in tokens are truncated by the
-    tokenizer (as Hugging Face pipelines do with truncation=True)."""
+class ImageInput(BaseModel):
+    """One image for an image-classification model: the PNG or JPEG file's bytes, base64-encoded
+    (a `data:image/...;base64,` URL is accepted too)."""
 
-    input: list[StrictStr] = Field(description="one text, or a list of texts")
+    model_config = ConfigDict(extra="forbid")
+
+    image: StrictStr = Field(min_length=1)
+
+
+class ClassifyRequest(TextInputRequest):
+    """Texts (text-classification models) or images (image-classification models) to classify. Texts
+    longer than the model's maximum length in tokens are truncated by the tokenizer (as Hugging Face
+    pipelines do with truncation=True)."""
+
+    input: list[StrictStr] | list[ImageInput] = Field(
+        description='one text, a list of texts, or images as [{"image": "<base64 PNG/JPEG>"}, ...]')
 
 
 class ClassifyResult(BaseModel):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from ...exceptions import InvalidRequest
 from ..state import GatewayState
-from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult
+from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageInput
 
 TASK = "text-classification"
+IMAGE_TASK = "image-classification"
+_MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
 
 
 def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
@@ -22,11 +27,46 @@ def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
     return texts
 
 
-async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyResponse:
-    texts = check_texts(state, request.input)  # the validator made it a list
+def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
+    """base64 (or data URL) -> the encoded PNG / JPEG bytes, within the deployment's limits."""
     limits = state.settings
-    info, backend = state.resolve(request.model, TASK)
-    results = await backend.classify(info, texts, limits.request_timeout_s)
+    if len(images) > limits.max_inputs:
+        raise InvalidRequest(f"at most {limits.max_inputs} images per request, got {len(images)}", param="input")
+    out = []
+    for i, item in enumerate(images):
+        data = item.image
+        if data.startswith("data:"):
+            header, _, data = data.partition(",")
+            if not header.endswith(";base64"):
+                raise InvalidRequest(f"image {i}: only base64 data URLs are accepted", param="input")
+        if len(data) > limits.max_image_bytes * 4 // 3 + 4:
+            raise InvalidRequest(f"image {i} is larger than the limit of {limits.max_image_bytes} bytes", param="input")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"image {i} is not valid base64", param="input") from None
+        if len(raw) > limits.max_image_bytes:
+            raise InvalidRequest(f"image {i} has {len(raw)} bytes; the limit is {limits.max_image_bytes}", param="input")
+        if not any(raw.startswith(magic) for magic in _MAGIC):
+            raise InvalidRequest(f"image {i} is not a PNG or JPEG file", param="input")
+        out.append(raw)
+    return out
+
+
+async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyResponse:
+    limits = state.settings
+    info, backend = state.resolve(request.model, (TASK, IMAGE_TASK))
+    images = isinstance(request.input[0], ImageInput)  # the validator made it a list
+    if info.task == IMAGE_TASK and not images:
+        raise InvalidRequest(f'model {info.name!r} classifies images; send input as [{{"image": "<base64 PNG or JPEG>"}}]',
+                             param="input")
+    if info.task == TASK and images:
+        raise InvalidRequest(f"model {info.name!r} classifies text; send input as a string or a list of strings",
+                             param="input")
+    if images:
+        results = await backend.classify_images(info, decode_images(state, request.input), limits.request_timeout_s)
+    else:
+        results = await backend.classify(info, check_texts(state, request.input), limits.request_timeout_s)
     return ClassifyResponse(
         model=info.name,
         data=[ClassifyResult(index=i, label=r.label, score=r.score, scores=r.scores) for i, r in enumerate(results)],

@@ -1,9 +1,8 @@
 """Token-classification logits -> entity spans with character offsets, as transformers'
 token-classification pipeline computes them (strategies none / simple / first / average / max).
 
-Pure Python + NumPy, no imports of ours: `rtxserve export` copies this file beside the Triton
-postprocess model (export/triton_models/ner_postprocess/model.py), and the tests check it against
-the transformers pipeline.
+Pure Python + NumPy, no imports of ours: it runs beside model.py inside Triton's python backend,
+and the export and the tests import it to check it against the transformers pipeline.
 """
 
 from __future__ import annotations

@@ -1,0 +1,91 @@
+"""Through the real tritonserver and the gateway: the fixture ViT classifies base64 PNG / JPEG images
+exactly as transformers' image-classification pipeline does (pre-processing included), and a LoRA
+adapter exported merged classifies text exactly as the unmerged PeftModel does."""
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import pytest
+
+from export.vision import sample_images
+
+from .conftest import LORA_CLASSIFIER, VISION
+
+TEXTS = ["I love this product, it works perfectly.", "Terrible. It broke after one day!", "The package arrived.", "ok"]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _classify(stack, model, inputs):
+    r = httpx.post(f"{stack.gateway_url}/v1/classify", json={"model": model, "input": inputs}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
+
+
+def test_served_image_classes_match_the_transformers_pipeline(stack, vit_checkpoint):
+    from PIL import Image
+    from transformers import pipeline
+
+    images = sample_images()  # PNG and JPEG, RGBA, grayscale, CMYK, an EXIF rotation, odd sizes
+    served = _classify(stack, VISION, [{"image": _b64(i)} for i in images])
+    reference = pipeline("image-classification", model=str(vit_checkpoint), top_k=None)(
+        [Image.open(io.BytesIO(i)) for i in images])
+    assert len(served) == len(images)
+    for got, theirs in zip(served, reference):
+        assert got["label"] == theirs[0]["label"]
+        assert max(abs(got["scores"][e["label"]] - e["score"]) for e in theirs) < 1e-5
+
+
+def test_colours_are_recognised(stack):
+    from PIL import Image
+
+    def solid(rgb, fmt):
+        buf = io.BytesIO()
+        Image.new("RGB", (48, 40), rgb).save(buf, fmt)
+        return f"data:image/{fmt.lower()};base64,{_b64(buf.getvalue())}"
+
+    labels = [d["label"] for d in _classify(stack, VISION, [{"image": solid((230, 20, 30), "PNG")},
+                                                             {"image": solid((10, 220, 40), "JPEG")},
+                                                             {"image": solid((20, 30, 240), "PNG")}])]
+    assert labels == ["red", "green", "blue"]
+
+
+def test_a_corrupt_image_is_a_400_that_says_why(stack):
+    png = sample_images()[0]
+    r = httpx.post(f"{stack.gateway_url}/v1/classify", json={"model": VISION, "input": [{"image": _b64(png[:60])}]},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "PNG" in message and "Traceback" not in message
+    assert len(_classify(stack, VISION, [{"image": _b64(png)}])) == 1  # and the model still serves
+
+
+@pytest.fixture(scope="module")
+def peft_reference(classifier_adapter):
+    """Softmax of the unmerged PeftModel (base + adapter) on TEXTS, and of the base alone."""
+    import torch
+
+    from export.encoder_adapters import load_models, resolve_adapter
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    adapter = resolve_adapter(classifier_adapter, "text-classification")
+    _, reference = load_models(adapter, AutoModelForSequenceClassification)
+    tokenizer = AutoTokenizer.from_pretrained(adapter.checkpoint.path)
+    enc = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        with_adapter = reference(**enc).logits.softmax(-1).numpy()
+        with reference.disable_adapter():
+            base = reference(**enc).logits.softmax(-1).numpy()
+    return with_adapter, base
+
+
+def test_a_merged_lora_adapter_serves_what_the_peft_model_computes(stack, peft_reference):
+    with_adapter, base = peft_reference
+    served = _classify(stack, LORA_CLASSIFIER, TEXTS)
+    probs = np.array([list(d["scores"].values()) for d in served])
+    assert np.abs(probs - with_adapter).max() < 1e-4
+    assert np.abs(probs - base).max() > 1e-2  # the adapter is really in the served model

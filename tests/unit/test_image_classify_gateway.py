@@ -1,0 +1,99 @@
+"""POST /v1/classify with base64 images, in-process with a fake backend: decoding, limits, and the
+text/image mismatch errors; the Triton client sends the bytes as IMAGE."""
+
+import asyncio
+import base64
+
+import pytest
+
+from serve.backends.base import ModelInfo
+from serve.backends.triton import TritonBackend
+
+from .fakes import error_of
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20
+JPEG = b"\xff\xd8\xff\xe0" + b"\x01" * 20
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_images_are_decoded_and_classified_in_order(client, backend):
+    body = {"model": "vit", "input": [{"image": b64(PNG)}, {"image": f"data:image/jpeg;base64,{b64(JPEG)}"}]}
+    r = client.post("/v1/classify", json=body)
+    assert r.status_code == 200, r.text
+    assert [(d["index"], d["label"]) for d in r.json()["data"]] == [(0, "cat"), (1, "dog")]
+    assert backend.calls == [[PNG, JPEG]]  # the backend got the raw file bytes
+
+
+def test_a_single_image_object_is_one_input(client, backend):
+    r = client.post("/v1/classify", json={"model": "vit", "input": {"image": b64(PNG)}})
+    assert r.status_code == 200 and r.json()["data"][0]["label"] == "cat"
+
+
+@pytest.mark.parametrize("image, message", [
+    ("not base64!!", "image 0 is not valid base64"),
+    (b64(b"GIF89a" + b"\x00" * 10), "image 0 is not a PNG or JPEG file"),
+    ("data:image/png,rawbytes", "only base64 data URLs"),
+    (b64(PNG + b"\x00" * 200), "limit of 100 bytes"),
+])
+def test_bad_images_are_400_and_never_reach_the_backend(backend, image, message):
+    from fastapi.testclient import TestClient
+
+    from serve.gateway.app import create_app
+    from serve.settings import GatewaySettings
+
+    settings = GatewaySettings(max_inputs=8, max_image_bytes=100, health_interval_s=60)
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
+        err = error_of(client.post("/v1/classify", json={"model": "vit", "input": [{"image": image}]}), 400)
+    assert message in err["message"] and err["param"] == "input"
+    assert backend.calls == []
+
+
+def test_text_to_an_image_model_and_images_to_a_text_model_say_what_to_send(client, backend):
+    err = error_of(client.post("/v1/classify", json={"model": "vit", "input": "a cat"}), 400)
+    assert "classifies images" in err["message"] and '"image"' in err["message"]
+    err = error_of(client.post("/v1/classify", json={"model": "clf", "input": [{"image": b64(PNG)}]}), 400)
+    assert "classifies text" in err["message"]
+    assert backend.calls == []
+
+
+def test_too_many_images_and_unknown_fields_are_refused(client, backend):
+    error_of(client.post("/v1/classify", json={"model": "vit", "input": [{"image": b64(PNG)}] * 9}), 400)
+    error_of(client.post("/v1/classify", json={"model": "vit", "input": [{"image": b64(PNG), "url": "x"}]}), 422)
+    assert backend.calls == []
+
+
+def test_an_embedding_model_is_not_a_classifier(client):
+    err = error_of(client.post("/v1/classify", json={"model": "emb", "input": "x"}), 400)
+    assert "text-classification or image-classification" in err["message"]
+
+
+class _Client:
+    def __init__(self):
+        self.inputs = []
+
+    async def infer(self, model, inputs, outputs, client_timeout, parameters=None):
+        import numpy as np
+        from tritonclient.utils import deserialize_bytes_tensor
+
+        (image,) = inputs
+        self.inputs.append((image.name(), list(deserialize_bytes_tensor(image._get_content()))))
+        n = image.shape()[0]
+
+        class Result:
+            def as_numpy(self, name):
+                return {"LABEL": np.array([[b"cat"]] * n, dtype=np.object_), "SCORE": np.ones((n, 1), np.float32),
+                        "PROBS": np.ones((n, 2), np.float32)}[name]
+
+        return Result()
+
+
+def test_triton_client_sends_images_as_IMAGE_bytes_in_chunks():
+    backend = TritonBackend("unused")
+    backend.client = _Client()
+    info = ModelInfo("vit", "image-classification", "triton", True, ("cat", "dog"), 2)
+    result = asyncio.run(backend.classify_images(info, [PNG, JPEG, PNG], 5.0))
+    assert [r.label for r in result] == ["cat"] * 3
+    assert backend.client.inputs == [("IMAGE", [PNG, JPEG]), ("IMAGE", [PNG])]
