@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--name", required=True, help="model name clients will use")
     onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
                       help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")
-    onnx.add_argument("--target", default="cpu", help="cpu: python-backend ONNX Runtime; gpu: native onnxruntime, KIND_GPU")
+    onnx.add_argument("--target", default="cpu", help="cpu: python-backend ONNX Runtime; gpu: native onnxruntime_onnx "
+                                                       "(or tensorrt_plan with --tensorrt) on KIND_GPU instances")
     onnx.add_argument("--instances", type=int, default=1, help="model instances (instance_group count; per GPU on gpu)")
     onnx.add_argument("--gpus", default="", help="comma-separated GPU ids for --target gpu (default: all)")
     onnx.add_argument("--max-batch-size", type=int, default=32)
@@ -54,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="lowest cosine similarity to PyTorch, per row of every output, that int8 / fp16 may reach "
                            "(default 0.95 for int8, 0.999 for fp16)")
 
+    onnx.add_argument("--sample-images", type=Path, help="folder of PNG / JPEG files for the parity check of an image model")
+    trt = onnx.add_argument_group("TensorRT (GPU machines with TensorRT 10; needs --target gpu)")
+    trt.add_argument("--tensorrt", action="store_true",
+                     help="build a TensorRT plan at --precision from the fp32 graph and serve it as tensorrt_plan")
+    trt.add_argument("--trt-batch", help="optimisation profile batch MIN,OPT,MAX (default 1,B,B; B = --max-batch-size)")
+    trt.add_argument("--trt-seq", help="optimisation profile tokens MIN,OPT,MAX (default 1,L,L; L = the max length)")
+    trt.add_argument("--calibration-texts", type=Path, help="INT8: file with one calibration text per line")
+    trt.add_argument("--calibration-images", type=Path, help="INT8 image models: folder of PNG / JPEG calibration images")
+    trt.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
     onnx.add_argument("--aggregation", default="first", choices=("none", "simple", "first", "average", "max"),
                       help="token-classification: how sub-word predictions become entities when a request names none "
                            "(as transformers' pipeline; default: %(default)s)")
@@ -124,11 +134,23 @@ def main(argv: list[str]) -> int:
             max_queue_delay_us=args.max_queue_delay_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
-        from .encoder import export_encoder
+        from .encoder import TensorRTOptions, export_encoder
+        from .inputs import read_sample_images
+
+        images = read_sample_images(args.sample_images) if args.sample_images else None
+        tensorrt = None
+        if args.tensorrt:
+            calibration = (_lines(args.calibration_texts) if args.calibration_texts
+                           else read_sample_images(args.calibration_images) if args.calibration_images else None)
+            tensorrt = TensorRTOptions(batch=args.trt_batch, seq=args.trt_seq, workspace_gb=args.workspace_gb,
+                                       calibration=calibration)
+        elif args.trt_batch or args.trt_seq or args.calibration_texts or args.calibration_images:
+            raise ExportError("--trt-batch, --trt-seq and --calibration-* apply to --tensorrt builds only")
 
         result = export_encoder(
             args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
-            allow_drift=args.allow_drift, force=args.force, sample_texts=texts, optimize=args.optimize,
+            allow_drift=args.allow_drift, force=args.force, sample_texts=texts, sample_images=images,
+            optimize=args.optimize, tensorrt=tensorrt,
             precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
             command=shlex.join(["rtxserve", "export", *argv]),
         )

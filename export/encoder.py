@@ -24,6 +24,31 @@ from .triton_entry import EntryOptions
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class TensorRTOptions:
+    """Build a TensorRT plan (GPU only) instead of serving the ONNX graph; `precision` of the export
+    chooses fp32 / fp16 / int8 (INT8 calibrates on `calibration`: texts, or encoded images)."""
+
+    batch: str | None = None  # MIN,OPT,MAX (default 1,B,B with B the max batch size)
+    seq: str | None = None  # MIN,OPT,MAX tokens (default 1,L,L with L the max length)
+    workspace_gb: float = 4.0
+    calibration: list | None = None
+    calibration_batch: int = 8
+
+
+class _PlanSession:
+    """ONNX Runtime's session.run(names, feeds) over a TensorRT plan, for the parity check."""
+
+    def __init__(self, plan: Path):
+        self.plan = plan
+
+    def run(self, names: list[str], feeds: dict) -> list:
+        from .tensorrt import run_plan
+
+        outputs = run_plan(self.plan, feeds)
+        return [outputs[n].astype(np.float32) for n in names]
+
+
 @dataclass
 class ExportResult:
     entry: list[Path]
@@ -97,6 +122,7 @@ def export_encoder(
     min_cosine: float | None = None,
     aggregation: str = "first",
     base: str | Path | None = None,
+    tensorrt: TensorRTOptions | None = None,
 ) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
@@ -120,6 +146,8 @@ def export_encoder(
         aggregation: token-classification only: how sub-word predictions become entities when a request
             names none (none, simple, first, average, max: as transformers' pipeline).
         base: an adapter's base model folder (default: the local folder the adapter records).
+        tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu,
+            a machine with a GPU and TensorRT 10); the plan is validated like the ONNX variants.
 
     Returns:
         the written model folders, the parity report and the wall time.
@@ -137,7 +165,16 @@ def export_encoder(
 
     if precision not in variants.PRECISIONS:
         raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
-    steps = Steps(5 + optimize + (precision != "fp32"), log)
+    if tensorrt is not None:
+        if opts.target != "gpu":
+            raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
+        if optimize:
+            raise ExportError("--optimize makes an ONNX Runtime graph, and TensorRT fuses the plain graph itself: "
+                              "drop --optimize with --tensorrt")
+        if precision == "int8" and not tensorrt.calibration:
+            raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
+                              "(--calibration-images DIR for image models)")
+    steps = Steps(5 + optimize + (precision != "fp32") + (tensorrt is not None), log)
     adapter = None
     if is_adapter(checkpoint):
         adapter = resolve_adapter(checkpoint, task, base)
@@ -167,7 +204,8 @@ def export_encoder(
 
         def validate(path: Path, what: str, lossy: bool) -> dict:
             steps("validating %s against PyTorch on %d %s", what, len(cases) - 1, inputs.what)
-            session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            session = (_PlanSession(path) if path.suffix == ".plan"
+                       else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
             report = _validate(reference, session, cases, atol, list(spec.outputs))
             report.notes += inputs.notes
             if adapter is not None:
@@ -183,7 +221,12 @@ def export_encoder(
         if optimize:
             onnx_path = variants.optimize(onnx_path, work / "model.optimized.onnx", ckpt.config)
             reports["optimized"] = validate(onnx_path, "the fused graph", False)
-        if precision != "fp32":
+        plan_info = None
+        if tensorrt is not None:
+            plan_info = _build_plan(steps, onnx_path, work, inputs, opts, precision, tensorrt)
+            onnx_path = work / "model.plan"
+            reports[f"tensorrt-{precision}"] = validate(onnx_path, f"the TensorRT {precision} plan", precision != "fp32")
+        elif precision != "fp32":
             convert = variants.quantize_int8 if precision == "int8" else variants.to_fp16
             onnx_path = convert(onnx_path, work / f"model.{precision}.onnx")
             reports[precision] = validate(onnx_path, f"the {precision} graph", True)
@@ -199,10 +242,37 @@ def export_encoder(
             metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
                 "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
                 "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
+        if plan_info is not None:
+            metadata["tensorrt"] = plan_info
         models = spec.entry(opts, onnx_path=onnx_path, metadata=metadata, parity=parity, **inputs.entry_kwargs())
+        if plan_info is not None:  # the model step becomes the native tensorrt_plan model
+            from .tensorrt import tensorrt_model
+
+            i = next(i for i, m in enumerate(models) if m.config.name == opts.step("model"))
+            models[i] = tensorrt_model(opts, onnx_path, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
         written = repository.commit(repo, models, work, force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
+
+
+def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, precision: str,
+                trt: TensorRTOptions) -> dict:
+    from .tensorrt import Profile, build_plan
+
+    text = isinstance(inputs, TextInputs)
+    try:
+        profile = Profile.parse(trt.batch, trt.seq, max_batch_size=opts.max_batch_size,
+                                max_length=inputs.max_length if text else None)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+    if text and profile.seq[2] != inputs.max_length:
+        # On GPUs the tokenizer pads every text to the max length: the plan must take that length.
+        raise ExportError(f"--trt-seq max {profile.seq[2]} must equal the entry's max length {inputs.max_length} "
+                          f"(GPU entries pad to it); pass --max-length {profile.seq[2]} to serve shorter texts")
+    feeds = inputs.calibration(trt.calibration, trt.calibration_batch) if precision == "int8" else None
+    steps("building the TensorRT %s plan (profile %s; this takes minutes)", precision, profile.to_dict())
+    return build_plan(onnx_path, work / "model.plan", inputs=inputs.plan_inputs(), profile=profile, precision=precision,
+                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb, log=log)
 
 
 def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path, **kwargs) -> ExportResult:

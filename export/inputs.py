@@ -105,6 +105,20 @@ class TextInputs:
         self.notes = ["serving tokenizer matched the checkpoint tokenizer on every sample"]
         return out
 
+    def plan_inputs(self) -> dict:
+        """Input name -> fixed non-batch dims, None for [batch, seq] token tensors (for TensorRT profiles)."""
+        return {n: None for n in self.names}
+
+    def calibration(self, texts: list[str], batch: int) -> list[dict[str, np.ndarray]]:
+        """INT8 calibration batches of one shape, as served on GPUs (padded to the max length)."""
+        size = min(batch, len(texts))
+        out = []
+        for i in range(0, len(texts) - size + 1, size):
+            enc = self.tokenizer(texts[i:i + size], padding="max_length", truncation=True, max_length=self.max_length,
+                                 return_tensors="np")
+            out.append({n: enc[n].astype(np.int64) for n in self.names})
+        return out
+
     def entry_kwargs(self) -> dict:
         return {"tokenizer_json": self.serving.to_str(), "input_names": self.names, "max_length": self.max_length,
                 "pad_token_id": self.pad_id}
@@ -157,6 +171,15 @@ class ImageInputs:
         self.notes = [f"served pre-processing matched transformers' image processor on {len(self.samples)} images "
                       f"(max abs diff {diff:.3g})"]
         return [{"pixel_values": served[i:i + 1]} for i in range(len(served))] + [{"pixel_values": served}]
+
+    def plan_inputs(self) -> dict:
+        return {"pixel_values": self.preprocess.shape}
+
+    def calibration(self, images: list[bytes], batch: int) -> list[dict[str, np.ndarray]]:
+        """INT8 calibration batches of one shape."""
+        pixels = self._pixels(images)
+        size = min(batch, len(pixels))
+        return [{"pixel_values": pixels[i:i + size]} for i in range(0, len(pixels) - size + 1, size)]
 
     def entry_kwargs(self) -> dict:
         imaging = Path(__file__).parent / "triton_models" / "image_preprocess" / "imaging.py"

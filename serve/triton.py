@@ -68,6 +68,11 @@ def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[st
     repo = Path(opts.repository).resolve()
     if not repo.is_dir():
         raise FileNotFoundError(f"model repository not found: {repo}; export a model first (rtxserve export onnx ...)")
+    from .tensorrt_check import plan_problems  # reads files only; detects versions only if the repository has plans
+
+    problems = plan_problems(repo, install.binary.parent.parent, [*install.lib_dirs, install.backend_dir / "tensorrt"])
+    if problems:
+        raise TritonNotFound("this Triton cannot load the repository's TensorRT plans: " + " | ".join(problems))
     argv = [
         str(install.binary),
         f"--model-repository={repo}",

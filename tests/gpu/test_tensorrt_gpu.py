@@ -1,0 +1,120 @@
+"""TensorRT on a real GPU: fp16 and int8 plans of the fixture BERT classifier against ONNX Runtime, the plan's
+Triton model, and the serve-time refusal of a plan whose recorded TensorRT version does not match."""
+
+import json
+
+import numpy as np
+import pytest
+
+trt = pytest.importorskip("tensorrt")
+torch = pytest.importorskip("torch")
+
+from export import onnx_export  # noqa: E402
+from export.tensorrt import Profile, build_plan, run_plan, tensorrt_model  # noqa: E402
+from export.triton_config import TensorSpec  # noqa: E402
+from export.triton_entry import EntryOptions  # noqa: E402
+from serve.tensorrt_check import check_plans, detect_compute_capability  # noqa: E402
+
+NAMES = ["input_ids", "attention_mask", "token_type_ids"]
+TEXTS = ["i love it, really great", "terrible and broken, i want a refund", "the package arrived on tuesday",
+         "excellent", "my order: awful", "honestly wonderful experience overall", "box shipped today", "worst"]
+
+
+def _cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    return np.einsum("ij,ij->i", ref, got) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+
+
+@pytest.fixture(scope="module")
+def exported(classifier_checkpoint, tmp_path_factory):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(classifier_checkpoint)
+    model = AutoModelForSequenceClassification.from_pretrained(classifier_checkpoint, attn_implementation="eager").eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).logits
+
+    path = tmp_path_factory.mktemp("trt") / "model.onnx"
+    sample = tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
+    onnx_export.export(Logits(model).eval(), {n: sample[n] for n in NAMES}, path, ["logits"])
+    return path, tokenizer
+
+
+def _feeds(tokenizer, texts, length):
+    enc = tokenizer(texts, padding="max_length", truncation=True, max_length=length, return_tensors="np")
+    return {n: enc[n].astype(np.int64) for n in NAMES}
+
+
+@pytest.mark.parametrize("precision, min_cosine", [("fp16", 0.999), ("int8", 0.95)])
+def test_plan_matches_onnx_runtime_and_records_what_built_it(exported, tmp_path, precision, min_cosine):
+    import onnxruntime as ort
+
+    onnx_path, tokenizer = exported
+    profile = Profile.parse("1,4,8", "8,32,64", max_batch_size=8, max_length=64)
+    calibration = [_feeds(tokenizer, TEXTS[i:i + 4], 32) for i in range(0, 8, 2)] if precision == "int8" else None
+    cache = tmp_path / "calibration.cache"
+    plan = tmp_path / f"{precision}.plan"
+    info = build_plan(onnx_path, plan, inputs={n: None for n in NAMES}, profile=profile, precision=precision,
+                      calibration_feeds=calibration, workspace_gb=2, calibration_cache=cache)
+    assert plan.stat().st_size > 0
+    assert info["tensorrt_version"] == trt.__version__ and info["precision"] == precision
+    major, minor = torch.cuda.get_device_capability(0)
+    assert info["compute_capability"] == f"{major}.{minor}"
+    assert info["inputs"] == {n: "TYPE_INT64" for n in NAMES}  # TensorRT 10 keeps the tokenizer's INT64
+    if precision == "int8":
+        assert info["calibration_batches"] == 4 and cache.stat().st_size > 0
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    for texts, length in ((TEXTS[:4], 32), (TEXTS[4:5], 17), (TEXTS, 64)):
+        feeds = _feeds(tokenizer, texts, length)
+        (reference,) = session.run(["logits"], feeds)
+        got = run_plan(plan, feeds)["logits"]
+        assert got.shape == reference.shape
+        assert _cosines(reference, got).min() >= min_cosine, (precision, texts)
+
+
+def test_serve_check_refuses_a_plan_whose_tensorrt_version_was_tampered(exported, tmp_path):
+    onnx_path, _ = exported
+    plan = tmp_path / "model.plan"
+    info = build_plan(onnx_path, plan, inputs={n: None for n in NAMES},
+                      profile=Profile.parse("1,2,4", "8,16,32", max_batch_size=4, max_length=32), precision="fp16")
+    model = tensorrt_model(EntryOptions(name="clf", target="gpu", max_batch_size=4), plan, NAMES,
+                           (TensorSpec("logits", "TYPE_FP32", (3,)),), {"passed": True}, info)
+    folder = tmp_path / "repo" / "clf_model"
+    (folder / "1").mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(model.config.to_pbtxt())
+    (folder / "1" / "model.plan").write_bytes(plan.read_bytes())
+    (folder / "tensorrt.json").write_text(model.files["tensorrt.json"])
+
+    capability = detect_compute_capability() or info["compute_capability"]
+    assert info["compute_capability"] in capability.split(",")
+    assert check_plans(tmp_path / "repo", trt.__version__, capability) == []
+
+    tampered = {**json.loads(model.files["tensorrt.json"]), "tensorrt_version": "9.9.9"}
+    (folder / "tensorrt.json").write_text(json.dumps(tampered))
+    (problem,) = check_plans(tmp_path / "repo", trt.__version__, capability)
+    assert "'clf_model'" in problem and "TensorRT 9.9.9" in problem and "rebuild" in problem
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_rtxserve_export_builds_a_validated_tensorrt_entry(classifier_checkpoint, tmp_path, capsys, precision):
+    from export.cli import main
+
+    repo = tmp_path / "repo"
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("\n".join(TEXTS * 2))
+    args = ["onnx", str(classifier_checkpoint), "--task", "text-classification", "--name", "clf", "--repository",
+            str(repo), "--target", "gpu", "--tensorrt", "--precision", precision, "--max-batch-size", "8"]
+    if precision == "int8":
+        args += ["--calibration-texts", str(calibration)]
+    assert main(args) == 0, capsys.readouterr().err
+    parity = json.loads((repo / "clf_model" / "parity.json").read_text())
+    assert parity["variant"] == f"tensorrt-{precision}" and parity["passed"]
+    assert (repo / "clf_model" / "1" / "model.plan").stat().st_size > 0
+    assert json.loads((repo / "clf_model" / "tensorrt.json").read_text())["tensorrt_version"] == trt.__version__
