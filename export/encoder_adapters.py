@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .checkpoint import TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors, check_task, read_json
 from .exceptions import ExportError
-from .llm import _LORA_KEY, AdapterInfo, read_lora
+from .llm import _LORA_KEY, AdapterInfo, base_folder, read_lora
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +57,7 @@ def _check_task_type(adapter: AdapterInfo, task: str) -> None:
 
 
 def _base_folder(adapter: AdapterInfo, base: str | Path | None) -> Path:
-    if base is None:
-        if not adapter.recorded_base:
-            raise ExportError(f"{adapter.path}/adapter_config.json records no base model; pass it with --base PATH")
-        if not Path(adapter.recorded_base).expanduser().is_dir():
-            raise ExportError(f"the adapter's base {adapter.recorded_base} is not a local folder (no model hub here); "
-                              "pass the local copy with --base PATH")
-        base = adapter.recorded_base
-    path = Path(base).expanduser()
+    path = Path(base_folder(adapter, base)).expanduser()
     if not path.is_dir():
         raise ExportError(f"base model not found: {path}" if not path.exists() else f"base {path} is not a directory")
     if is_adapter(path) and not (path / "config.json").is_file():

@@ -35,15 +35,21 @@ def _sentences(rng: random.Random, n: int) -> list[tuple[str, int]]:
     return out
 
 
-def _train_tokenizer(corpus: list[str], max_length: int, vocab_size: int = 600):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def _wordpiece_tokenizer(corpus: list[str], max_length: int, words: set[str] | None = None):
+    """A BERT-style WordPiece tokenizer whose vocabulary is built deterministically (the tokenizers trainer
+    breaks frequency ties differently from run to run): the specials, every character of `corpus` alone
+    and as a continuation ("##c"), and `words` whole (default: every word of `corpus`). Other words split
+    into characters, so sub-word handling is exercised."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    normalizer, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    pieces = {w for text in corpus for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(text))}
+    chars = sorted({c for w in pieces for c in w})
+    whole = sorted((pieces if words is None else set(words)) - set(chars))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *whole]
+    tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
@@ -53,6 +59,30 @@ def _train_tokenizer(corpus: list[str], max_length: int, vocab_size: int = 600):
         tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length,
     )
+
+
+def _fit(model, steps: int, lr: float, batch_loss) -> float:
+    """Train `model` for `steps` AdamW steps on `batch_loss()` (a fresh batch's loss each call); eval mode after."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = batch_loss()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return loss.item()
+
+
+def _save(out: Path, model, processor, readme: str) -> Path:
+    """save_pretrained the model and its tokenizer / image processor, as a fine-tune would be saved."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "README.md").write_text(readme)
+    return out
 
 
 def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 80) -> Path:
@@ -65,7 +95,7 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
     torch.manual_seed(seed)
     data = _sentences(rng, 256)
     extra = ["The package arrived on Tuesday.", "I love this product, it works perfectly.", "Terrible. It broke!"]
-    tokenizer = _train_tokenizer([s for s, _ in data] + extra, max_length=128)
+    tokenizer = _wordpiece_tokenizer([s for s, _ in data] + extra, max_length=128)
     config = BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=128, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
@@ -73,25 +103,16 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
         architectures=["BertForSequenceClassification"],
     )
     model = BertForSequenceClassification(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
-    model.train()
-    for step in range(train_steps):
+
+    def batch_loss():
         batch = rng.sample(data, 32)
         enc = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
-        loss = model(**enc, labels=torch.tensor([y for _, y in batch])).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    log.info("trained the fixture classifier for %d steps (final loss %.3f)", train_steps, loss.item())
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(
-        "# tiny-bert-sentiment (rtxserve fixture)\n\nA 2-layer BERT sequence classifier with labels "
-        f"{', '.join(LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n"
-    )
-    return out
+        return model(**enc, labels=torch.tensor([y for _, y in batch])).loss
+
+    loss = _fit(model, train_steps, 2e-3, batch_loss)
+    log.info("trained the fixture classifier for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, tokenizer, "# tiny-bert-sentiment (rtxserve fixture)\n\nA 2-layer BERT sequence classifier "
+                 f"with labels {', '.join(LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n")
 
 
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
@@ -127,7 +148,7 @@ def _ner_sentences(rng: random.Random, n: int) -> list[tuple[list[str], list[str
 def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) -> Path:
     """Write a tiny fine-tuned BERT token classifier (BIO tags for PER / LOC / ORG) to `out`; returns `out`.
 
-    Its WordPiece vocabulary is small, so names split into sub-words and aggregation has work to do."""
+    Names are not in its WordPiece vocabulary, so they split into sub-words and aggregation has work to do."""
     import torch
     from transformers import BertConfig, BertForTokenClassification
 
@@ -135,7 +156,9 @@ def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) 
     rng = random.Random(seed)
     torch.manual_seed(seed)
     data = _ner_sentences(rng, 256)
-    tokenizer = _train_tokenizer([" ".join(w) for w, _ in data], max_length=128, vocab_size=120)
+    # Names are not whole words of the vocabulary: they split into characters, as rare names do in real models.
+    tokenizer = _wordpiece_tokenizer([" ".join(w) for w, _ in data], max_length=128,
+                                     words={w for t in _NER_TEMPLATES for w in t.split() if not w.startswith("{")})
     label2id = {l: i for i, l in enumerate(NER_LABELS)}
     config = BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -143,9 +166,8 @@ def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) 
         id2label=dict(enumerate(NER_LABELS)), label2id=label2id, architectures=["BertForTokenClassification"],
     )
     model = BertForTokenClassification(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(train_steps):
+
+    def batch_loss():
         batch = rng.sample(data, 32)
         enc = tokenizer([w for w, _ in batch], is_split_into_words=True, padding=True, return_tensors="pt")
         labels = torch.full(enc["input_ids"].shape, -100)
@@ -153,20 +175,12 @@ def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) 
             for pos, word in enumerate(enc.word_ids(row)):
                 if word is not None:  # every sub-word carries its word's tag
                     labels[row, pos] = label2id[tags[word]]
-        loss = model(**enc, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    log.info("trained the fixture NER tagger for %d steps (final loss %.3f)", train_steps, loss.item())
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(
-        "# tiny-bert-ner (rtxserve fixture)\n\nA 2-layer BERT token classifier with BIO tags "
-        f"{', '.join(NER_LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n"
-    )
-    return out
+        return model(**enc, labels=labels).loss
+
+    loss = _fit(model, train_steps, 3e-3, batch_loss)
+    log.info("trained the fixture NER tagger for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, tokenizer, "# tiny-bert-ner (rtxserve fixture)\n\nA 2-layer BERT token classifier with BIO "
+                 f"tags {', '.join(NER_LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n")
 
 
 IMAGE_LABELS = ["red", "green", "blue"]
@@ -216,23 +230,16 @@ def write_image_classifier(out: str | Path, *, arch: str = "vit", seed: int = 0,
     else:
         raise ValueError(f"unknown arch {arch!r}; valid: vit, convnext, resnet")
     data = _colour_images(rng, 128, 40)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(train_steps):
+
+    def batch_loss():
         batch = rng.sample(data, 16)
         pixels = processor(images=[img for img, _ in batch], return_tensors="pt")["pixel_values"]
-        loss = model(pixel_values=pixels, labels=torch.tensor([y for _, y in batch])).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    log.info("trained the fixture %s image classifier for %d steps (final loss %.3f)", arch, train_steps, loss.item())
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    (out / "README.md").write_text(f"# tiny-{arch}-colours (rtxserve fixture)\n\nLabels {', '.join(IMAGE_LABELS)}: "
-                                   "the dominant colour channel. For tests only.\n")
-    return out
+        return model(pixel_values=pixels, labels=torch.tensor([y for _, y in batch])).loss
+
+    loss = _fit(model, train_steps, 3e-3, batch_loss)
+    log.info("trained the fixture %s image classifier for %d steps (final loss %.3f)", arch, train_steps, loss)
+    return _save(out, model, processor, f"# tiny-{arch}-colours (rtxserve fixture)\n\nLabels {', '.join(IMAGE_LABELS)}: "
+                 "the dominant colour channel. For tests only.\n")
 
 
 CHAT_TEMPLATE = (

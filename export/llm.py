@@ -229,15 +229,20 @@ def detect_qlora(adapter_dir: Path) -> bool:
     return False
 
 
-def resolve_base(adapter: AdapterInfo, base: str | Path | None) -> LLMCheckpoint:
+def base_folder(adapter: AdapterInfo, base: str | Path | None) -> str | Path:
+    """`base` if given, else the base the adapter records, which must be a local folder (no model hub here)."""
     if base is None:
         if not adapter.recorded_base:
-            raise ExportError(f"{adapter.path}/adapter_config.json records no base model; pass it with --base")
+            raise ExportError(f"{adapter.path}/adapter_config.json records no base model; pass it with --base PATH")
         if not Path(adapter.recorded_base).expanduser().is_dir():
             raise ExportError(f"the adapter's base {adapter.recorded_base} is not a local folder (no model hub here); "
                               "pass the local copy with --base PATH")
         base = adapter.recorded_base
-    return inspect_llm(base)
+    return base
+
+
+def resolve_base(adapter: AdapterInfo, base: str | Path | None) -> LLMCheckpoint:
+    return inspect_llm(base_folder(adapter, base))
 
 
 # --- packaging ---------------------------------------------------------------------------------

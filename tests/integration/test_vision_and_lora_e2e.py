@@ -88,4 +88,5 @@ def test_a_merged_lora_adapter_serves_what_the_peft_model_computes(stack, peft_r
     served = _classify(stack, LORA_CLASSIFIER, TEXTS)
     probs = np.array([list(d["scores"].values()) for d in served])
     assert np.abs(probs - with_adapter).max() < 1e-4
-    assert np.abs(probs - base).max() > 1e-2  # the adapter is really in the served model
+    # The adapter is really in the served model (log-probabilities: a confident classifier's probabilities barely move).
+    assert np.abs(np.log(probs) - np.log(base)).max() > 0.1
