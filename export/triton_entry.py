@@ -128,29 +128,32 @@ def classification_entry(
     parity: dict,
 ) -> list[ModelDir]:
     """The four models of a text-classification entry; the ensemble carries the gateway's metadata."""
-    tok_name, model_name, post_name = opts.step("tokenizer"), opts.step("model"), opts.step("postprocess")
     tokenizer = _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id)
     model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity)
     postprocess = _classification_postprocess(opts, labels, problem_type)
-    ensemble = ModelConfig(
+    # What the gateway needs to serve the entry, read through Triton's model-config API.
+    params = {"rtxserve_task": "text-classification", "rtxserve_labels": json.dumps(labels),
+              "rtxserve_max_length": str(max_length)}
+    ensemble = _classifier_ensemble(opts, "TEXT", tokenizer.config.name, input_names, postprocess, params)
+    return [ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}), tokenizer, model, postprocess]
+
+
+def _classifier_ensemble(opts: EntryOptions, source: str, first_step: str, tensors: list[str], postprocess: ModelDir,
+                         parameters: dict) -> ModelConfig:
+    """`source` (BYTES) -> first step (its `tensors`) -> model (logits) -> the classification postprocess."""
+    return ModelConfig(
         name=opts.name,
         platform="ensemble",
         max_batch_size=opts.max_batch_size,
-        inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
+        inputs=(TensorSpec(source, "TYPE_STRING", (1,)),),
         outputs=postprocess.config.outputs,
         ensemble_steps=(
-            EnsembleStep(tok_name, {"TEXT": "TEXT"}, {n: n for n in input_names}),
-            EnsembleStep(model_name, {n: n for n in input_names}, {"logits": "LOGITS"}),
-            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.config.outputs}),
+            EnsembleStep(first_step, {source: source}, {n: n for n in tensors}),
+            EnsembleStep(opts.step("model"), {n: n for n in tensors}, {"logits": "LOGITS"}),
+            EnsembleStep(postprocess.config.name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.config.outputs}),
         ),
-        # What the gateway needs to serve the entry, read through Triton's model-config API.
-        parameters={
-            "rtxserve_task": "text-classification",
-            "rtxserve_labels": json.dumps(labels),
-            "rtxserve_max_length": str(max_length),
-        },
+        parameters=parameters,
     )
-    return [ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}), tokenizer, model, postprocess]
 
 
 def _classification_postprocess(opts: EntryOptions, labels: list[str], problem_type: str | None) -> ModelDir:
@@ -289,10 +292,9 @@ def image_classification_entry(
 ) -> list[ModelDir]:
     """preprocess (encoded PNG/JPEG bytes -> pixel_values, the checkpoint's image-processor settings) ->
     model -> the classification postprocess."""
-    pre_name, model_name, post_name = opts.step("preprocess"), opts.step("model"), opts.step("postprocess")
     pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
     preprocess = ModelConfig(
-        name=pre_name,
+        name=opts.step("preprocess"),
         backend="python",
         max_batch_size=opts.max_batch_size,
         inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)),),
@@ -304,19 +306,8 @@ def image_classification_entry(
     model = _onnx_model(opts, onnx_path, ["pixel_values"], (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity,
                         inputs=(pixels,))
     postprocess = _classification_postprocess(opts, labels, problem_type)
-    ensemble = ModelConfig(
-        name=opts.name,
-        platform="ensemble",
-        max_batch_size=opts.max_batch_size,
-        inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)),),
-        outputs=postprocess.config.outputs,
-        ensemble_steps=(
-            EnsembleStep(pre_name, {"IMAGE": "IMAGE"}, {"pixel_values": "pixel_values"}),
-            EnsembleStep(model_name, {"pixel_values": "pixel_values"}, {"logits": "LOGITS"}),
-            EnsembleStep(post_name, {"LOGITS": "LOGITS"}, {o.name: o.name for o in postprocess.config.outputs}),
-        ),
-        parameters={"rtxserve_task": "image-classification", "rtxserve_labels": json.dumps(labels)},
-    )
+    ensemble = _classifier_ensemble(opts, "IMAGE", preprocess.name, ["pixel_values"], postprocess,
+                                    {"rtxserve_task": "image-classification", "rtxserve_labels": json.dumps(labels)})
     pre_dir = PYTHON_MODELS / "image_preprocess"
     return [
         ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
