@@ -9,6 +9,7 @@ from pathlib import Path
 from .exceptions import ExportError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 
 # task -> (architecture suffix it needs, transformers Auto class that loads it)
@@ -35,8 +36,22 @@ class Checkpoint:
     def labels(self) -> list[str]:
         """Label names in class-index order (`id2label`), or LABEL_i when the checkpoint has none."""
         id2label = self.config.get("id2label") or {}
-        count = len(id2label) or int(self.config.get("num_labels", 2))
-        return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+        return label_names(id2label, len(id2label) or int(self.config.get("num_labels", 2)))
+
+
+def label_names(id2label: dict, count: int) -> list[str]:
+    """`count` label names from an `id2label` map (string or int keys), LABEL_i where it has none."""
+    return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+
+
+def is_adapter(path: str | Path) -> bool:
+    """Whether `path` is a PEFT adapter folder (it holds adapter_config.json)."""
+    return (Path(path).expanduser() / "adapter_config.json").is_file()
+
+
+def find_weights(path: Path) -> Path | None:
+    """The checkpoint's weights file (or shard index), if any."""
+    return next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -70,12 +85,12 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
             f"{path} is not a Hugging Face checkpoint: no config.json (pass the folder written by save_pretrained())"
         )
     config = read_json(config_path, "checkpoint")
-    weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
+    weights = find_weights(path)
     if weights is None:
         raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
     if task in IMAGE_TASKS:
-        if not (path / "preprocessor_config.json").is_file():
-            raise ExportError(f"no preprocessor_config.json in {path}: image-classification needs the image processor "
+        if not (path / IMAGE_PROCESSOR_FILE).is_file():
+            raise ExportError(f"no {IMAGE_PROCESSOR_FILE} in {path}: image-classification needs the image processor "
                               "beside the model (image_processor.save_pretrained)")
     elif not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")

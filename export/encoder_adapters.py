@@ -15,9 +15,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoint import TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors, check_task, read_json
+from .checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
+                         check_task, find_weights, is_adapter, label_names, read_json)
 from .exceptions import ExportError
-from .llm import _LORA_KEY, AdapterInfo, base_folder, read_lora
+from .llm import _LORA_KEY, AdapterInfo, base_folder, raise_misfit, read_lora
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,6 @@ PEFT_TASK_TYPES = {
     "feature-extraction": "FEATURE_EXTRACTION",
     "image-classification": None,  # peft has no task type for it; such adapters record none
 }
-IMAGE_PROCESSOR_FILES = ("preprocessor_config.json",)
 # peft saves a modules_to_save copy as `<module>.<param>`; older versions kept the wrapper's path.
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _PREFIX = "base_model.model."
@@ -39,11 +39,6 @@ class EncoderAdapter:
     checkpoint: Checkpoint  # path: where the tokenizer / image processor is; weights: the adapter's
     adapter: AdapterInfo
     base_path: Path
-
-
-def is_adapter(path: str | Path) -> bool:
-    """Whether `path` is a PEFT adapter folder (it holds adapter_config.json)."""
-    return (Path(path).expanduser() / "adapter_config.json").is_file()
 
 
 def _check_task_type(adapter: AdapterInfo, task: str) -> None:
@@ -64,7 +59,7 @@ def _base_folder(adapter: AdapterInfo, base: str | Path | None) -> Path:
         raise ExportError(f"base {path} is itself an adapter; pass the full model it was trained on with --base")
     if not (path / "config.json").is_file():
         raise ExportError(f"base {path} is not a Hugging Face checkpoint: no config.json")
-    weights = next((path / name for name in WEIGHT_FILES if (path / name).is_file()), None)
+    weights = find_weights(path)
     if weights is None:
         raise ExportError(f"no model weights in base {path}: expected one of {', '.join(WEIGHT_FILES)}")
     if weights.suffix == ".safetensors":
@@ -97,7 +92,7 @@ def _labels(adapter_dir: Path, base_config: dict, count: int) -> list[str]:
     for config in ([read_json(own, "adapter's config")] if own.is_file() else []) + [base_config]:
         id2label = config.get("id2label") or {}
         if len(id2label) == count:
-            return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+            return label_names(id2label, count)
     return [f"LABEL_{i}" for i in range(count)]
 
 
@@ -117,19 +112,13 @@ def _check_fit(adapter: AdapterInfo, base: Path, arch: str, params: dict, layers
             mismatch.append(f"{key} (no such parameter in the base's {arch})")
         elif list(shape) != params[name]:
             mismatch.append(f"{key} has shape {shape}, the base needs {params[name]}")
-    if mismatch:
-        raise ExportError(
-            f"adapter {adapter.path} does not fit base model {base} (the adapter records base "
-            f"{adapter.recorded_base or '(none)'}): {'; '.join(mismatch[:3])}"
-            + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
-            + "; pass the base it was trained on with --base"
-        )
+    raise_misfit(adapter, base, mismatch)
 
 
 def _processor_folder(adapter_dir: Path, base: Path, task: str) -> Path:
     """The folder whose tokenizer (image processor for image tasks) the export uses: the adapter's, else the base's."""
     image = task.startswith("image-")
-    files = IMAGE_PROCESSOR_FILES if image else TOKENIZER_FILES
+    files = (IMAGE_PROCESSOR_FILE,) if image else TOKENIZER_FILES
     source = next((d for d in (adapter_dir, base) if any((d / f).is_file() for f in files)), None)
     if source is None:
         raise ExportError(f"no {'image processor' if image else 'tokenizer'} in adapter {adapter_dir} nor in its "

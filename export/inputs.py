@@ -67,6 +67,12 @@ def _max_length(tokenizer, config: dict, requested: int | None) -> int:
     return requested
 
 
+def _full_batches(items: list, batch: int) -> list[list]:
+    """`items` in batches of min(batch, len(items)), the incomplete tail dropped (calibration needs one shape)."""
+    size = min(batch, len(items))
+    return [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
+
+
 class TextInputs:
     """Token tensors from texts, through the serving tokenizer (checked against the checkpoint's)."""
 
@@ -111,10 +117,9 @@ class TextInputs:
 
     def calibration(self, texts: list[str], batch: int) -> list[dict[str, np.ndarray]]:
         """INT8 calibration batches of one shape, as served on GPUs (padded to the max length)."""
-        size = min(batch, len(texts))
         out = []
-        for i in range(0, len(texts) - size + 1, size):
-            enc = self.tokenizer(texts[i:i + size], padding="max_length", truncation=True, max_length=self.max_length,
+        for chunk in _full_batches(texts, batch):
+            enc = self.tokenizer(chunk, padding="max_length", truncation=True, max_length=self.max_length,
                                  return_tensors="np")
             out.append({n: enc[n].astype(np.int64) for n in self.names})
         return out
@@ -135,26 +140,25 @@ class ImageInputs:
 
     def __init__(self, ckpt: Checkpoint, samples: list[bytes] | None):
         from .triton_models.image_preprocess.imaging import Preprocess
-        from .vision import read_image_processor, reference_pixels, sample_images
+        from .vision import read_image_processor, sample_images
 
         self.path = ckpt.path
         self.settings = read_image_processor(ckpt.path)
         self.preprocess = Preprocess(self.settings)
         self.names = ["pixel_values"]
         self.samples = samples or sample_images()
-        self._reference = reference_pixels
         self.notes: list[str] = []
 
     def describe(self) -> str:
         return f"pixel_values {list(self.preprocess.shape)} ({self.settings['image_processor_type']} settings)"
 
-    def _pixels(self, images: list[bytes]) -> np.ndarray:
+    def _pixels(self, images: list[bytes], what: str = "sample") -> np.ndarray:
         out = []
         for i, data in enumerate(images):
             try:
                 out.append(self.preprocess(data))
             except ValueError as exc:
-                raise ExportError(f"sample image {i}: {exc}") from exc
+                raise ExportError(f"{what} image {i}: {exc}") from exc
         return np.stack(out)
 
     def sample(self) -> dict[str, np.ndarray]:
@@ -163,8 +167,10 @@ class ImageInputs:
     def cases(self) -> list[dict[str, np.ndarray]]:
         """Each sample alone, then all together; the served pre-processing is first checked against
         transformers' image processor on the same images."""
+        from .vision import reference_pixels
+
         served = self._pixels(self.samples)
-        diff = float(np.abs(served - self._reference(self.path, self.samples)).max())
+        diff = float(np.abs(served - reference_pixels(self.path, self.samples)).max())
         if diff > PIXEL_ATOL:
             raise ExportError(f"the served image pre-processing differs from transformers' image processor by {diff:.3g} "
                               f"(max abs, tolerance {PIXEL_ATOL}); this image-processor configuration is not reproduced")
@@ -177,13 +183,10 @@ class ImageInputs:
 
     def calibration(self, images: list[bytes], batch: int) -> list[dict[str, np.ndarray]]:
         """INT8 calibration batches of one shape."""
-        pixels = self._pixels(images)
-        size = min(batch, len(pixels))
-        return [{"pixel_values": pixels[i:i + size]} for i in range(0, len(pixels) - size + 1, size)]
+        return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in _full_batches(images, batch)]
 
     def entry_kwargs(self) -> dict:
-        imaging = Path(__file__).parent / "triton_models" / "image_preprocess" / "imaging.py"
-        return {"image_processor": self.settings, "pixel_shape": self.preprocess.shape, "imaging_py": imaging}
+        return {"image_processor": self.settings, "pixel_shape": self.preprocess.shape}
 
     def metadata(self) -> dict:
         return {"inputs": self.names, "image_processor": self.settings}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from . import repository
-from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
+from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
@@ -171,6 +171,17 @@ def _base_linears(base: LLMCheckpoint) -> dict[str, tuple[int, int]]:
 _LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 
 
+def raise_misfit(adapter: AdapterInfo, base: Path, mismatch: list[str]) -> None:
+    """ExportError naming the adapter, the base and the first mismatching tensors, if there are any."""
+    if mismatch:
+        raise ExportError(
+            f"adapter {adapter.path} does not fit base model {base} (the adapter records base "
+            f"{adapter.recorded_base or '(none)'}): {'; '.join(mismatch[:3])}"
+            + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
+            + "; pass the base it was trained on with --base"
+        )
+
+
 def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vllm: bool) -> None:
     """Every LoRA tensor must fit a Linear layer of the base: a wrong base fails here with both names."""
     if adapter.rank > MAX_LORA_RANK and for_vllm:
@@ -191,13 +202,7 @@ def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vl
         expected = [adapter.rank, fan_in] if ab == "A" else [fan_out, adapter.rank]
         if list(shape) != expected:
             mismatch.append(f"{key} has shape {shape}, the base needs {expected}")
-    if mismatch:
-        raise ExportError(
-            f"adapter {adapter.path} does not fit base model {base.path} (the adapter records base "
-            f"{adapter.recorded_base or '(none)'}): {'; '.join(mismatch[:3])}"
-            + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
-            + "; pass the base it was trained on with --base"
-        )
+    raise_misfit(adapter, base.path, mismatch)
     if not seen:
         raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
     if for_vllm:
@@ -432,10 +437,9 @@ def export_llm(
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; pass --force to replace it, or choose another --out")
     name = name or out.name
-    is_adapter = (source / "adapter_config.json").is_file()
     if chat_template is not None and not Path(chat_template).is_file():
         raise ExportError(f"chat template not found: {chat_template}")
-    if not is_adapter:
+    if not is_adapter(source):
         if merge or base is not None:
             raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
         steps = Steps(2, log)

@@ -8,6 +8,7 @@ TensorRT 10 keeps ONNX INT64 inputs as INT64, so the tokenizer model's INT64 ten
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -18,17 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from .exceptions import ExportError
-from .triton_config import DynamicBatching, InstanceGroup, ModelConfig, TensorSpec
-from .triton_entry import EntryOptions, ModelDir
+from .triton_config import TensorSpec
+from .triton_entry import EntryOptions, ModelDir, gpu_model_config
+from .variants import PRECISIONS
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "int8")
 BATCH_FLAG, SEQ_FLAG = "--trt-batch", "--trt-seq"  # the CLI flags the profile comes from (named in errors)
 TOKEN_DATA_TYPE = "TYPE_INT64"  # token tensors stay INT64 end to end with TensorRT >= 10
 MIN_MAJOR = 10
 Shape = tuple[int, ...]
-_TRITON_TYPES = {"FLOAT": "TYPE_FP32", "HALF": "TYPE_FP16", "BF16": "TYPE_BF16", "INT8": "TYPE_INT8", "UINT8": "TYPE_UINT8",
+_TRITON_TYPES = {"FLOAT": "TYPE_FP32", "HALF": "TYPE_FP16", "INT8": "TYPE_INT8", "UINT8": "TYPE_UINT8",
                  "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
 _NUMPY_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
                 "INT64": np.int64, "BOOL": np.bool_}
@@ -345,17 +346,25 @@ def build_plan(
     }
 
 
-def run_plan(plan_path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a plan once on GPU 0 (for parity checks against ONNX Runtime / PyTorch): name -> output array."""
-    import torch
-
+@functools.lru_cache(maxsize=2)
+def _engine(path: str, mtime: float):
+    """(tensorrt, error list, logger, runtime, engine) of a plan file, loaded once per file version: a parity
+    check runs many cases. The logger and runtime are kept because they must outlive the engine."""
     trt = _import_tensorrt()
     errors: list[str] = []
-    logger = _logger(trt, errors)  # must outlive the runtime and engine
+    logger = _logger(trt, errors)
     runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(Path(plan_path).read_bytes())
+    engine = runtime.deserialize_cuda_engine(Path(path).read_bytes())
     if engine is None:
-        raise ExportError(f"TensorRT {trt.__version__} cannot load {plan_path}: {'; '.join(errors) or 'unknown error'}")
+        raise ExportError(f"TensorRT {trt.__version__} cannot load {path}: {'; '.join(errors) or 'unknown error'}")
+    return trt, errors, logger, runtime, engine
+
+
+def run_plan(plan_path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a plan on GPU 0 (for parity checks against ONNX Runtime / PyTorch): name -> output array."""
+    import torch
+
+    trt, errors, _, _, engine = _engine(str(plan_path), Path(plan_path).stat().st_mtime)
     context = engine.create_execution_context()
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     kept, outputs = [], {}
@@ -404,20 +413,10 @@ def tensorrt_model(opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Sha
         else TensorSpec(name, types.get(name, "TYPE_FP32"), tuple(int(d) for d in dims))
         for name, dims in specs.items()
     )
-    config = ModelConfig(
-        name=f"{opts.name}_model",
-        platform="tensorrt_plan",
-        default_model_filename="model.plan",
-        max_batch_size=opts.max_batch_size,
-        inputs=tensors,
-        outputs=outputs,
-        instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
-        parameters={
-            "rtxserve_tensorrt_version": str(info["tensorrt_version"]),
-            "rtxserve_compute_capability": str(info["compute_capability"]),
-        },
-    )
+    config = gpu_model_config(opts, tensors, outputs, "tensorrt_plan", "model.plan", {
+        "rtxserve_tensorrt_version": str(info["tensorrt_version"]),
+        "rtxserve_compute_capability": str(info["compute_capability"]),
+    })
     files: dict[str, Path | str] = {
         "1/model.plan": Path(plan_path),
         "parity.json": json.dumps(parity, indent=2),

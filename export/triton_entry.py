@@ -91,24 +91,30 @@ def _token_tensors(input_names: list[str]) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(n, "TYPE_INT64", (-1,)) for n in input_names)
 
 
+def gpu_model_config(opts: EntryOptions, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...],
+                     platform: str, filename: str, parameters: dict | None = None) -> ModelConfig:
+    """The `<name>_model` step as a native GPU model (onnxruntime_onnx, tensorrt_plan) on KIND_GPU instances."""
+    return ModelConfig(
+        name=opts.step("model"), platform=platform, default_model_filename=filename, max_batch_size=opts.max_batch_size,
+        inputs=inputs, outputs=outputs,
+        instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
+        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        parameters=parameters or {},
+    )
+
+
 def _onnx_model(opts: EntryOptions, onnx_path: Path, input_names: list[str], outputs: tuple[TensorSpec, ...],
                 parity: dict, inputs: tuple[TensorSpec, ...] | None = None) -> ModelDir:
     """The ONNX graph: python-backend ONNX Runtime on CPU, native onnxruntime_onnx with KIND_GPU on GPU.
     Inputs are token tensors named `input_names` unless `inputs` says otherwise (images)."""
-    common = dict(
-        name=opts.step("model"),
-        max_batch_size=opts.max_batch_size,
-        inputs=inputs or _token_tensors(input_names),
-        outputs=outputs,
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
-    )
+    inputs = inputs or _token_tensors(input_names)
     if opts.target == "gpu":
-        config = ModelConfig(platform="onnxruntime_onnx", default_model_filename="model.onnx",
-                             instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
-                             **common)
+        config = gpu_model_config(opts, inputs, outputs, "onnxruntime_onnx", "model.onnx")
         files: dict[str, Path | str] = {"1/model.onnx": onnx_path}
     else:
-        config = ModelConfig(backend="python", instance_groups=(InstanceGroup(count=opts.instances),), **common)
+        config = ModelConfig(name=opts.step("model"), backend="python", max_batch_size=opts.max_batch_size, inputs=inputs,
+                             outputs=outputs, instance_groups=(InstanceGroup(count=opts.instances),),
+                             dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us))
         files = {"1/model.onnx": onnx_path, "1/model.py": PYTHON_MODELS / "onnx_cpu" / "model.py"}
     files["parity.json"] = json.dumps(parity, indent=2)
     return ModelDir(config, files)
@@ -284,7 +290,6 @@ def image_classification_entry(
     onnx_path: Path,
     image_processor: dict,
     pixel_shape: tuple[int, int, int],
-    imaging_py: Path,
     labels: list[str],
     problem_type: str | None,
     metadata: dict,
@@ -311,7 +316,7 @@ def image_classification_entry(
     pre_dir = PYTHON_MODELS / "image_preprocess"
     return [
         ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
-        ModelDir(preprocess, {"1/model.py": pre_dir / "model.py", "1/imaging.py": imaging_py}),
+        ModelDir(preprocess, {"1/model.py": pre_dir / "model.py", "1/imaging.py": pre_dir / "imaging.py"}),
         model,
         postprocess,
     ]

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import read_json
+from .checkpoint import IMAGE_PROCESSOR_FILE as PREPROCESSOR_CONFIG, read_json
 from .exceptions import ExportError
-from .triton_models.image_preprocess.imaging import RESAMPLE_FILTERS, Preprocess
+from .triton_models.image_preprocess.imaging import Preprocess
 
-PREPROCESSOR_CONFIG = "preprocessor_config.json"
 SUPPORTED_PROCESSORS = (
     "ViTImageProcessor",
     "DeiTImageProcessor",
@@ -115,9 +114,6 @@ def read_image_processor(checkpoint_path: Path) -> dict:
         "image_mean": _triple(processor.image_mean, "image_mean") if processor.do_normalize else None,
         "image_std": _triple(processor.image_std, "image_std") if processor.do_normalize else None,
     }
-    if settings["resample"] not in RESAMPLE_FILTERS:
-        raise ExportError(f"{PREPROCESSOR_CONFIG}: resample {resample!r} is not a PIL filter code "
-                          f"{sorted(RESAMPLE_FILTERS)}")
     if kind == "ConvNextImageProcessor" and settings["do_resize"] and settings["crop_pct"] is None:
         raise ExportError(f"{PREPROCESSOR_CONFIG}: ConvNeXt resizing needs crop_pct")
     try:
@@ -126,14 +122,6 @@ def read_image_processor(checkpoint_path: Path) -> dict:
         raise ExportError(f"{PREPROCESSOR_CONFIG} ({kind}): {exc}") from exc
     settings["height"], settings["width"] = preprocess.height, preprocess.width
     return settings
-
-
-def pixel_shape(settings: dict) -> tuple[int, int, int]:
-    """The (3, H, W) of the pixel values the settings produce (the same for every image)."""
-    try:
-        return Preprocess(settings).shape
-    except ValueError as exc:
-        raise ExportError(f"image settings: {exc}") from exc
 
 
 def _pattern(rng: np.random.RandomState, height: int, width: int, channels: int = 3) -> np.ndarray:

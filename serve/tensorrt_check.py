@@ -84,18 +84,20 @@ def find_plans(repository: Path) -> list[Plan]:
     return plans
 
 
-def check_plans(repository: Path, tensorrt_version: str | None, compute_capability: str | None) -> list[str]:
+def check_plans(repository: Path, tensorrt_version: str | None, compute_capability: str | None,
+                plans: list | None = None) -> list[str]:
     """Problems that stop this Triton loading the repository's plans (empty: none found).
 
     Args:
         repository: the Triton model repository.
         tensorrt_version: the serving TensorRT version; None skips the version check.
         compute_capability: the serving GPUs' compute capabilities ("8.9", or "8.6,8.9"); None skips that check.
+        plans: `find_plans(repository)` when the caller has it already.
     """
     serving = normalise_version(tensorrt_version)
     capabilities = {c.strip() for c in (compute_capability or "").split(",") if c.strip()}
     problems = []
-    for plan in find_plans(repository):
+    for plan in find_plans(repository) if plans is None else plans:
         rebuild = f"rebuild it on this machine with `{plan.command or REBUILD}`"
         built = normalise_version(plan.tensorrt_version)
         if serving and built and built != serving:
@@ -175,4 +177,4 @@ def plan_problems(repository: Path, triton_root: Path | None = None, lib_dirs: I
                     "the plans of %s match it", names)
     if capability is None:
         log.warning("cannot read the GPUs' compute capability (nvidia-smi): not checking the plans of %s against it", names)
-    return check_plans(repository, version, capability)
+    return check_plans(repository, version, capability, plans)

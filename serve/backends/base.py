@@ -39,7 +39,8 @@ class Embedding:
 
 @dataclass(frozen=True)
 class Tagging:
-    """One text's entities (dicts as export/entities.py makes them) and whether its tail was cut off."""
+    """One text's entities (dicts as the NER postprocess model makes them), whether its tail was cut off,
+    and its token count."""
 
     entities: list[dict]
     truncated: bool

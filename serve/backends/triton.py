@@ -89,7 +89,7 @@ class TritonBackend(Backend):
             labels=tuple(json.loads(params.get("rtxserve_labels", "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
             dimensions=int(params.get("rtxserve_dimensions") or 0),
-            extra={k[len("rtxserve_"):]: v for k, v in params.items() if k == "rtxserve_aggregation"},
+            extra={"aggregation": params["rtxserve_aggregation"]} if "rtxserve_aggregation" in params else {},
         )
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:

@@ -25,7 +25,7 @@ from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from export.exceptions import ExportError
 from export.triton_models.image_preprocess.imaging import Preprocess, decode
-from export.vision import SUPPORTED_PROCESSORS, pixel_shape, read_image_processor, reference_pixels, sample_images
+from export.vision import SUPPORTED_PROCESSORS, read_image_processor, reference_pixels, sample_images
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGING_DIR = REPO / "export" / "triton_models" / "image_preprocess"
@@ -92,7 +92,7 @@ def test_pixels_match_transformers_image_processor_on_every_sample(tmp_path, ima
     preprocess = Preprocess(settings)
     got = np.stack([preprocess(data) for data in images])
     want = reference_pixels(folder, images)
-    assert got.dtype == np.float32 and got.shape[1:] == pixel_shape(settings)
+    assert got.dtype == np.float32 and got.shape[1:] == preprocess.shape
     assert _max_diff(got, want) <= ATOL
 
 
@@ -114,9 +114,9 @@ def test_settings_are_the_processors_values_in_plain_json(tmp_path):
         "image_mean": IMAGENET_DEFAULT_MEAN, "image_std": IMAGENET_DEFAULT_STD, "height": 224, "width": 224,
     }
     deit = read_image_processor(_checkpoint(tmp_path, "deit"))
-    assert (deit["size"], deit["crop_size"], pixel_shape(deit)) == (
+    assert (deit["size"], deit["crop_size"], Preprocess(deit).shape) == (
         {"height": 256, "width": 256}, {"height": 224, "width": 224}, (3, 224, 224))
-    assert pixel_shape(read_image_processor(_checkpoint(tmp_path, "convnext-384"))) == (3, 384, 384)
+    assert Preprocess(read_image_processor(_checkpoint(tmp_path, "convnext-384"))).shape == (3, 384, 384)
 
 
 def test_decode_applies_exif_orientation_and_drops_alpha_like_load_image(images):

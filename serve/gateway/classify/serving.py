@@ -11,14 +11,18 @@ from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageIn
 
 TASK = "text-classification"
 IMAGE_TASK = "image-classification"
-_MAGIC = {b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG"}
+_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
+
+
+def _check_count(state: GatewayState, items: list, what: str) -> None:
+    if len(items) > state.settings.max_inputs:
+        raise InvalidRequest(f"at most {state.settings.max_inputs} {what} per request, got {len(items)}", param="input")
 
 
 def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
     """The deployment's limits on texts per request and characters per text (shared by text endpoints)."""
     limits = state.settings
-    if len(texts) > limits.max_inputs:
-        raise InvalidRequest(f"at most {limits.max_inputs} texts per request, got {len(texts)}", param="input")
+    _check_count(state, texts, "texts")
     for i, text in enumerate(texts):
         if len(text) > limits.max_input_chars:
             raise InvalidRequest(
@@ -30,8 +34,7 @@ def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
 def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
     """base64 (or data URL) -> the encoded PNG / JPEG bytes, within the deployment's limits."""
     limits = state.settings
-    if len(images) > limits.max_inputs:
-        raise InvalidRequest(f"at most {limits.max_inputs} images per request, got {len(images)}", param="input")
+    _check_count(state, images, "images")
     out = []
     for i, item in enumerate(images):
         data = item.image
@@ -47,7 +50,7 @@ def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
             raise InvalidRequest(f"image {i} is not valid base64", param="input") from None
         if len(raw) > limits.max_image_bytes:
             raise InvalidRequest(f"image {i} has {len(raw)} bytes; the limit is {limits.max_image_bytes}", param="input")
-        if not any(raw.startswith(magic) for magic in _MAGIC):
+        if not raw.startswith(_MAGIC):
             raise InvalidRequest(f"image {i} is not a PNG or JPEG file", param="input")
         out.append(raw)
     return out
