@@ -94,9 +94,11 @@ def _gateway(args) -> int:
         return 2
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
-    uvicorn.run(
-        "serve.gateway.app:create_app", factory=True, host=settings.host, port=settings.port,
-        workers=settings.workers, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=30,
+    os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
+    uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/logs.py) renders uvicorn's records too
+        "serve.gateway.app:main_app", factory=True, host=settings.host, port=settings.port,
+        workers=settings.workers, log_level=args.log_level, log_config=None, access_log=False,
+        timeout_graceful_shutdown=30,
     )
     return 0
 

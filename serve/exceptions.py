@@ -62,7 +62,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, first = [], None
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":
-            return "the request body is not valid JSON", None
+            reason = str((err.get("ctx") or {}).get("error", "")).split(":")[0]  # orjson's reason, not the input
+            return "the request body is not valid JSON" + (f" ({reason})" if reason else ""), None
         # Union members tag the location with their type ("list[str]"): the client's field path has no such part.
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p)) or "body"
         first = first or loc
@@ -85,7 +86,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        message = {404: "no such route", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+        message = {404: "no such route", 405: "method not allowed",
+                   413: f"the request body is larger than this gateway's limit of "
+                        f"{request.app.state.gateway.settings.max_body_bytes} bytes"}.get(exc.status_code, str(exc.detail))
         return error_response(exc.status_code, message, "invalid_request_error", code=str(exc.status_code))
 
     @app.exception_handler(Exception)

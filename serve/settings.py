@@ -31,6 +31,13 @@ class GatewaySettings(BaseSettings):
     max_n: int = Field(4, ge=1, le=128)
     max_stop: int = Field(4, ge=0, le=64, description="stop sequences per request (OpenAI allows 4)")
     max_messages: int = Field(256, ge=1)
+    max_logprobs: int = Field(20, ge=0, description="logprobs / top_logprobs per token (vLLM's default cap)")
+    max_prompt_chars: int = Field(400_000, ge=1, description="prompt characters (or token ids) per generation request")
+    max_tools: int = Field(128, ge=0, description="tool definitions per chat request (OpenAI allows 128)")
+    max_tools_bytes: int = Field(256 * 1024, ge=0, description="JSON size of a request's tool definitions")
+    # The front door: refused before the body is read / the route runs.
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="request headers cap, names and values (431)")
 
     @classmethod
     def settings_customise_sources(

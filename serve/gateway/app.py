@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from fastapi import FastAPI
 
@@ -15,12 +16,22 @@ from ..settings import GatewaySettings
 from .classify.router import router as classify_router
 from .embeddings.router import router as embeddings_router
 from .generate.router import router as generate_router
+from .frontdoor import FrontDoor
+from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import router as ner_router
 from .state import GatewayState
 from .system.router import router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
+
+
+def main_app() -> FastAPI:
+    """The factory `rtxserve serve gateway` gives uvicorn (each worker calls it): settings from the
+    environment, JSON logs."""
+    settings = GatewaySettings()
+    configure_logging(os.environ.get("RTXSERVE_LOG_LEVEL", "info"))
+    return create_app(settings)
 
 
 def create_app(settings: GatewaySettings | None = None, backends: list[Backend] | None = None) -> FastAPI:
@@ -52,5 +63,6 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(generate_router)
     app.include_router(embeddings_router)
     app.include_router(ner_router)
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     return app

@@ -2,12 +2,17 @@
 
 import json
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from serve.backends.base import Backend, ModelInfo
+from serve.backends.vllm import raise_for_status
+from serve.exceptions import InvalidRequest
 from serve.gateway.app import create_app
 from serve.settings import GatewaySettings
+
+from .fakes import error_of
 
 
 class FakeStream:
@@ -53,7 +58,8 @@ def backend():
 
 @pytest.fixture
 def client(backend):
-    with TestClient(create_app(GatewaySettings(max_tokens=100, max_n=2, health_interval_s=60), [backend])) as c:
+    with TestClient(create_app(GatewaySettings(max_tokens=100, max_n=2, max_messages=8, max_prompt_chars=500, max_tools=3,
+                                                   max_tools_bytes=1000, health_interval_s=60), [backend])) as c:
         yield c
 
 
@@ -67,30 +73,78 @@ def test_chat_routes_to_the_adapter_and_counts_usage(client, backend):
     assert 'rtxserve_tokens_total{kind="completion",model="llm-lora"} 5.0' in metrics
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}}, "required": ["city"]}}}
+
+
 @pytest.mark.parametrize(
-    "extra, status, param",
+    "extra, param",
     [
-        ({"max_tokens": 101}, 400, "max_tokens"),
-        ({"n": 3}, 400, "n"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-        ({"top_logprobs": 21}, 422, "top_logprobs"),
-        ({"temperature": 3}, 422, "temperature"),
-        ({"max_tokens": 0}, 422, "max_tokens"),
-        ({"frobnicate": True}, 422, "frobnicate"),
-        ({"messages": []}, 422, "messages"),
-        ({"messages": [{"role": "robot", "content": "x"}]}, 422, "messages.0.role"),
+        ({"max_tokens": 101}, "max_tokens"),
+        ({"max_completion_tokens": 101}, "max_completion_tokens"),
+        ({"n": 3}, "n"),
+        ({"best_of": 3}, "best_of"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": "x" * 257}, "stop"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}] * 9}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 501}]}]}, "messages"),
+        ({"tools": [TOOL] * 4}, "tools"),
+        ({"tools": [{**TOOL, "description": "d" * 2000}]}, "tools"),
     ],
 )
-def test_abusive_or_malformed_parameters_never_reach_vllm(client, backend, extra, status, param):
+def test_what_costs_money_or_memory_is_bounded_before_vllm(client, backend, extra, param):
     r = client.post("/v1/chat/completions", json={**CHAT, **extra})
-    assert r.status_code == status, r.text
-    assert r.json()["error"]["param"] == param
+    assert error_of(r, 400)["param"] == param
     assert backend.bodies == []
 
 
-def test_completions_logprobs_bound(client, backend):
-    r = client.post("/v1/completions", json={"model": "llm", "prompt": "x", "logprobs": 6})
-    assert r.status_code == 422 and backend.bodies == []
+@pytest.mark.parametrize("body, param", [({"messages": []}, "messages"), ({"model": ""}, "model"),
+                                         ({"max_tokens": "many"}, "max_tokens")])
+def test_malformed_bodies_are_422(client, backend, body, param):
+    assert error_of(client.post("/v1/chat/completions", json={**CHAT, **body}), 422)["param"] == param
+    assert backend.bodies == []
+
+
+# What OpenAI clients, LangChain agents, `vllm bench serve` and guidellm send: all of it reaches vLLM as sent.
+RELAYED = {
+    "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}},
+    "logit_bias": {"15": -100}, "store": False, "metadata": {"team": "a"}, "top_k": 5, "min_p": 0.1,
+    "repetition_penalty": 1.1, "ignore_eos": True, "temperature": 3.5, "some_field_of_next_year": {"x": [1]},
+    "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                 {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                       "function": {"name": "get_weather", "arguments": "{}"}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"}],
+}
+
+
+def test_every_other_field_is_relayed_as_sent(client, backend):
+    r = client.post("/v1/chat/completions", json={**CHAT, **RELAYED, "max_tokens": 10})
+    assert r.status_code == 200, r.text
+    assert backend.bodies[-1] == {**CHAT, **RELAYED, "max_tokens": 10}
+
+
+def test_completions_relay_extras_and_bound_logprobs_and_prompt_size(client, backend):
+    sent = {"model": "llm", "prompt": [[1, 2, 3]], "ignore_eos": True, "max_tokens": 4, "logprobs": 5}
+    assert client.post("/v1/completions", json=sent).status_code == 200 and backend.bodies[-1] == sent
+    assert error_of(client.post("/v1/completions", json={**sent, "logprobs": 21}), 400)["param"] == "logprobs"
+    assert error_of(client.post("/v1/completions", json={**sent, "prompt": "x" * 501}), 400)["param"] == "prompt"
+    assert len(backend.bodies) == 1
+
+
+def test_stream_options_are_kept_and_usage_is_asked_for(client, backend):
+    backend.stream = FakeStream(["data: [DONE]"])
+    options = {"include_usage": False, "continuous_usage_stats": True}
+    client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": options})
+    assert backend.bodies[-1]["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+def test_vllms_own_400_reaches_the_client_in_our_error_shape():
+    response = httpx.Response(400, json={"object": "error", "message": "temperature must be in [0, 2]",
+                                         "type": "BadRequestError", "param": None, "code": 400})
+    with pytest.raises(InvalidRequest, match=r"temperature must be in \[0, 2\]"):
+        raise_for_status(response, "llm")
 
 
 def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend):

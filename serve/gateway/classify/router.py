@@ -1,9 +1,11 @@
-from fastapi import APIRouter, Request
+from fastapi import Request
+
+from ..routing import gateway_router
 
 from .protocol import ClassifyRequest, ClassifyResponse
 from .serving import classify
 
-router = APIRouter()
+router = gateway_router()
 
 
 @router.post("/v1/classify", response_model=ClassifyResponse, tags=["tasks"])

@@ -1,9 +1,11 @@
-from fastapi import APIRouter, Request
+from fastapi import Request
+
+from ..routing import gateway_router
 
 from .protocol import EmbeddingRequest, EmbeddingResponse
 from .serving import embed
 
-router = APIRouter()
+router = gateway_router()
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, tags=["openai"])

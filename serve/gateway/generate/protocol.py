@@ -1,61 +1,44 @@
-"""Wire models of /v1/chat/completions and /v1/completions: OpenAI's fields, with bounds.
+"""Wire models of /v1/chat/completions and /v1/completions.
 
-Unknown fields are refused (422) rather than passed to vLLM; limits that depend on the deployment
-(max_tokens, n, stop count) are checked in serving.py against the settings.
+The gateway is never stricter than vLLM on a valid request: only the fields that cost money or
+memory are typed here (serving.py bounds them against the settings); every other field, OpenAI's
+(tools, response_format, logit_bias, ...), vLLM's extras (top_k, min_p, ignore_eos, structured
+outputs, ...) and fields that appear later, is relayed as sent, and vLLM's own 400 comes back to
+the client in our error shape.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Generation(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: StrictStr
-
-
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
-    name: StrictStr | None = Field(None, max_length=64)
-
-
-class StreamOptions(_Strict):
-    include_usage: bool = False
-
-
-class _Sampling(_Strict):
     model: StrictStr = Field(min_length=1, max_length=256)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1)
+    max_tokens: int | None = None
+    n: int | None = None
+    best_of: int | None = None
     stop: StrictStr | list[StrictStr] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = None
-    user: StrictStr | None = Field(None, max_length=256)
+    stream: bool | None = False
+    stream_options: dict | None = None
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+class ChatCompletionRequest(_Generation):
+    """OpenAI chat completions; messages and tools are relayed as sent, bounded in count and size."""
+
+    messages: list[dict] = Field(min_length=1)
+    max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
 
 
-class CompletionRequest(_Sampling):
-    prompt: StrictStr | list[StrictStr]
-    logprobs: int | None = Field(None, ge=0, le=5)
-    echo: bool | None = None
+class CompletionRequest(_Generation):
+    """OpenAI text completions: a prompt as text, texts, token ids or lists of token ids."""
+
+    prompt: StrictStr | list[StrictStr] | list[int] | list[list[int]]
+    logprobs: int | None = None

@@ -1,10 +1,12 @@
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+import orjson
+from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
 
+from ..routing import gateway_router
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import generate
 
-router = APIRouter(tags=["openai"])
+router = gateway_router(tags=["openai"])
 
 
 async def _answer(request: Request, path: str, body):
@@ -13,7 +15,7 @@ async def _answer(request: Request, path: str, body):
     result = await generate(state, path, body)
     if body.stream:
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return JSONResponse(result)
+    return Response(orjson.dumps(result), media_type="application/json")  # vLLM's answer, relayed as is
 
 
 @router.post("/v1/chat/completions")

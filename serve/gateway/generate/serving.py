@@ -12,9 +12,11 @@ import logging
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 
 from ...exceptions import InvalidRequest
 from .. import metrics
+from ...settings import GatewaySettings
 from ..state import GatewayState
 from .protocol import ChatCompletionRequest, CompletionRequest
 
@@ -22,19 +24,52 @@ log = logging.getLogger("rtxserve.gateway")
 TASK = "text-generation"
 
 
-def _check_bounds(state: GatewayState, request: ChatCompletionRequest | CompletionRequest) -> None:
-    limits = state.settings
-    for field in ("max_tokens", "max_completion_tokens"):
-        value = getattr(request, field, None)
-        if value is not None and value > limits.max_tokens:
-            raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limits.max_tokens}", param=field)
-    if request.n is not None and request.n > limits.max_n:
-        raise InvalidRequest(f"n is {request.n}; this gateway allows at most {limits.max_n}", param="n")
+def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
+    """Characters of text (token ids count one each) the backend will have to tokenize and prefill."""
+    if isinstance(request, CompletionRequest):
+        prompts = [request.prompt] if isinstance(request.prompt, str) or (
+            request.prompt and isinstance(request.prompt[0], int)) else request.prompt
+        return sum(len(p) for p in prompts)
+    size = 0
+    for message in request.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return size
+
+
+def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Bound what costs money or memory; everything else is the backend's to judge."""
+    def bound(field: str, value: int | None, limit: int) -> None:
+        if value is not None and value > limit:
+            raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limit}", param=field)
+
+    bound("max_tokens", request.max_tokens, limits.max_tokens)
+    bound("n", request.n, limits.max_n)
+    bound("best_of", request.best_of, limits.max_n)
     stops = request.stop_list()
-    if len(stops) > limits.max_stop or any(len(s) > 256 or not s for s in stops):
-        raise InvalidRequest(f"at most {limits.max_stop} stop sequences of 1 to 256 characters", param="stop")
-    if isinstance(request, ChatCompletionRequest) and len(request.messages) > limits.max_messages:
-        raise InvalidRequest(f"at most {limits.max_messages} messages", param="messages")
+    if len(stops) > limits.max_stop or any(len(s) > 256 for s in stops):
+        raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters", param="stop")
+    size = _prompt_size(request)
+    if size > limits.max_prompt_chars:
+        raise InvalidRequest(f"the prompt has {size} characters; this gateway allows at most {limits.max_prompt_chars}",
+                             param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
+    if isinstance(request, CompletionRequest):
+        bound("logprobs", request.logprobs, limits.max_logprobs)
+        return
+    bound("max_completion_tokens", request.max_completion_tokens, limits.max_tokens)
+    bound("top_logprobs", request.top_logprobs, limits.max_logprobs)
+    if len(request.messages) > limits.max_messages:
+        raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
+                             param="messages")
+    if request.tools:
+        bound("tools", len(request.tools), limits.max_tools)
+        size = len(orjson.dumps(request.tools))
+        if size > limits.max_tools_bytes:
+            raise InvalidRequest(f"the tool definitions take {size} bytes; this gateway allows at most "
+                                 f"{limits.max_tools_bytes}", param="tools")
 
 
 def _count_usage(model: str, usage: dict | None) -> None:
@@ -45,15 +80,15 @@ def _count_usage(model: str, usage: dict | None) -> None:
 
 async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest):
     """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
-    _check_bounds(state, request)
+    _check_bounds(state.settings, request)
     info, backend = state.resolve(request.model, TASK)
-    body = request.model_dump(exclude_none=True)
+    body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     if not request.stream:
         answer = await backend.generate(path, body, info.name)
         _count_usage(info.name, answer.get("usage"))
         return answer
-    client_wants_usage = bool(request.stream_options and request.stream_options.include_usage)
-    body["stream_options"] = {"include_usage": True}
+    client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
+    body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     response = await backend.open_stream(path, body, info.name)
     return _relay(response, info.name, client_wants_usage)
 

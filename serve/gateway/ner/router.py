@@ -1,9 +1,11 @@
-from fastapi import APIRouter, Request
+from fastapi import Request
+
+from ..routing import gateway_router
 
 from .protocol import NerRequest, NerResponse
 from .serving import tag
 
-router = APIRouter()
+router = gateway_router()
 
 
 @router.post("/v1/ner", response_model=NerResponse, response_model_exclude_none=True, tags=["tasks"])

@@ -1,16 +1,19 @@
 """Health, readiness, metrics and the model list."""
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+
+from ..routing import gateway_router
 
 from .. import metrics
 
-router = APIRouter()
+router = gateway_router()
 
 
 @router.get("/healthz", tags=["system"])
+@router.get("/health", tags=["system"])
 async def healthz() -> dict:
-    """Liveness: the gateway process answers."""
+    """Liveness: the gateway process answers (`/health` too: vLLM's name, which guidellm and charts probe)."""
     return {"status": "ok"}
 
 
