@@ -65,7 +65,8 @@ def _vllm(args) -> int:
             adapters[name] = Path(path)
         opts = VLLMOptions(model=args.model, served_name=args.served_model_name or args.model.name, host=args.address,
                            port=args.port, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-                           adapters=adapters, dtype=args.dtype)
+                           adapters=adapters, dtype=args.dtype, tool_call_parser=args.tool_call_parser,
+                           chat_template=args.chat_template, extra_args=args.vllm_arg)
         argv, env = vllm_command(opts, args.vllm_env)
     except VLLMConfigError as exc:
         print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
@@ -126,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--kv-cache-gib", type=float, default=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)),
                    help="KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
     v.add_argument("--dtype", default="auto")
+    v.add_argument("--tool-call-parser", help="vLLM's parser for the model's tool-call format (hermes, llama3_json, "
+                   "mistral, ...): enables tool_choice 'auto' (tool_choice 'required' and named tools work without it)")
+    v.add_argument("--chat-template", type=Path, help="a Jinja chat template file (e.g. one that renders tools)")
+    v.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="pass an option through to vLLM as is (repeatable), e.g. --vllm-arg=--max-num-seqs=64")
     v.add_argument("--address", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8100)
     v.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))

@@ -79,7 +79,9 @@ class VLLMOptions:
     kv_cache_gib: float = 1.0  # CPU only: VLLM_CPU_KVCACHE_SPACE
     adapters: dict[str, Path] = field(default_factory=dict)
     dtype: str = "auto"
-    extra_args: list[str] = field(default_factory=list)
+    tool_call_parser: str | None = None  # e.g. hermes, llama3_json: turns on tool_choice "auto"
+    chat_template: Path | None = None  # replaces the model's own (e.g. one that renders tools)
+    extra_args: list[str] = field(default_factory=list)  # any other `vllm serve` option, as given
 
 
 def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
@@ -107,6 +109,12 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
             raise VLLMConfigError(f"LoRA rank {top} is above vLLM's maximum {LORA_RANKS[-1]}")
         argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
                  "--lora-modules", *(f"{a.name}={a.path.resolve()}" for a in adapters)]
+    if opts.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
+    if opts.chat_template:
+        if not Path(opts.chat_template).is_file():
+            raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
+        argv += ["--chat-template", str(Path(opts.chat_template).resolve())]
     argv += opts.extra_args
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")

@@ -16,23 +16,27 @@ from .base import Backend, ModelInfo
 log = logging.getLogger("rtxserve.gateway.vllm")
 
 
-def _message(response: httpx.Response) -> str:
+def _error(response: httpx.Response) -> tuple[str, str | None]:
+    """vLLM's error message and the parameter it names, if any."""
     try:
         body = response.json()
     except ValueError:
-        return ""
+        return "", None
     error = body.get("error", body) if isinstance(body, dict) else {}
-    return str(error.get("message", "")) if isinstance(error, dict) else str(error)
+    if not isinstance(error, dict):
+        return str(error), None
+    param = error.get("param")
+    return str(error.get("message", "")), str(param) if isinstance(param, str) and param else None
 
 
 def raise_for_status(response: httpx.Response, model: str) -> None:
     """Map a vLLM error answer to the gateway's error; vLLM's 400 messages are about the input."""
     if response.status_code < 400:
         return
-    message = _message(response)
+    message, param = _error(response)
     log.warning("vllm %s: HTTP %s %s", model, response.status_code, message[:300])
     if response.status_code in (400, 422):
-        raise InvalidRequest(message[:1000] or f"model {model} rejected the request")
+        raise InvalidRequest(message[:1000] or f"model {model} rejected the request", param=param)
     if response.status_code in (404, 503):
         raise BackendUnavailable(f"model {model} is not available right now; retry shortly")
     raise BackendError(f"model {model} failed to process the request")

@@ -56,10 +56,15 @@ def llm_fixtures(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def llm_servers(llm_fixtures, tmp_path_factory):
-    """(gateway URL, vLLM URL, vLLM log path): the real vLLM server with the base and both adapters."""
+    """(gateway URL, vLLM URL, vLLM log path): the real vLLM server with the base and both adapters, tool
+    calling on."""
     logs = tmp_path_factory.mktemp("llm-logs")
-    opts = VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=256,
-                       adapters={"adapter-a": llm_fixtures / "adapter-a", "adapter-b": llm_fixtures / "adapter-b"})
+    # The fixture's chat template writes Hermes-style tool calls. Compact JSON keeps the random model's
+    # guided output from wandering off into whitespace until max_tokens.
+    opts = VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512,
+                       adapters={"adapter-a": llm_fixtures / "adapter-a", "adapter-b": llm_fixtures / "adapter-b"},
+                       tool_call_parser="hermes",
+                       extra_args=["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'])
     vllm, vllm_url = start_vllm(opts, logs)
     try:
         gateway, url = start_gateway("", logs, vllm_url=vllm_url)

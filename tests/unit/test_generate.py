@@ -142,9 +142,10 @@ def test_stream_options_are_kept_and_usage_is_asked_for(client, backend):
 
 def test_vllms_own_400_reaches_the_client_in_our_error_shape():
     response = httpx.Response(400, json={"object": "error", "message": "temperature must be in [0, 2]",
-                                         "type": "BadRequestError", "param": None, "code": 400})
-    with pytest.raises(InvalidRequest, match=r"temperature must be in \[0, 2\]"):
+                                         "type": "BadRequestError", "param": "temperature", "code": 400})
+    with pytest.raises(InvalidRequest, match=r"temperature must be in \[0, 2\]") as info:
         raise_for_status(response, "llm")
+    assert info.value.param == "temperature"
 
 
 def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend):
