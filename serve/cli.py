@@ -82,17 +82,26 @@ def _gateway(args) -> int:
 
     # Settings travel to the workers through the environment (each worker builds its own app).
     for flag, key in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS"), ("triton_grpc_url", "TRITON_GRPC_URL"),
-                      ("vllm_url", "VLLM_URL")):
+                      ("vllm_url", "VLLM_URL"), ("keys", "KEYS_FILE")):
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"RTXSERVE_{key}"] = str(value)
+    from .gateway.keys import KeyRing, KeysFileError
     from .settings import GatewaySettings
 
     try:
         settings = GatewaySettings()
+        if settings.keys_file:
+            KeyRing(settings.keys_file)  # a damaged keys file stops us here, in one line, not in every worker
+    except KeysFileError as exc:
+        print(f"rtxserve serve gateway: error: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # pydantic ValidationError or a bad config file
         print(f"rtxserve serve gateway: error: invalid settings: {exc}", file=sys.stderr)
         return 2
+    if settings.keys_file is None:
+        print(f"rtxserve serve gateway: no keys file: running open on {settings.host} (loopback only); "
+              "make keys with `rtxserve keys create` and pass --keys to require them", file=sys.stderr)
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
     os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
@@ -144,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--workers", type=int)
     g.add_argument("--triton-grpc-url", dest="triton_grpc_url", help="Triton gRPC address ('' for none)")
     g.add_argument("--vllm-url", dest="vllm_url", help="vLLM OpenAI server base URL")
+    g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
     return parser

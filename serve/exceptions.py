@@ -21,6 +21,7 @@ class GatewayError(Exception):
     status = 500
     type = "server_error"
     code: str | None = None
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, param: str | None = None, retry_after: float | None = None):
         super().__init__(message)
@@ -29,6 +30,15 @@ class GatewayError(Exception):
 
 class InvalidRequest(GatewayError):
     status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class Unauthenticated(GatewayError):
+    status, type, code = 401, "invalid_request_error", "invalid_api_key"
+    headers = {"WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(GatewayError):
+    status, type, code = 403, "invalid_request_error", "model_not_allowed"
 
 
 class ModelNotFound(GatewayError):
@@ -52,8 +62,11 @@ class BackendError(GatewayError):
     status, type, code = 502, "server_error", "backend_error"
 
 
-def error_response(status: int, message: str, type_: str, *, param=None, code=None, retry_after=None) -> JSONResponse:
-    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+def error_response(status: int, message: str, type_: str, *, param=None, code=None, retry_after=None,
+                   headers: dict | None = None) -> JSONResponse:
+    headers = dict(headers or {})
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(retry_after)))
     body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -77,7 +90,8 @@ def install_handlers(app: FastAPI) -> None:
     async def _gateway(request: Request, exc: GatewayError):
         if exc.status >= 500:
             log.warning("request %s: %s %s", getattr(request.state, "request_id", "-"), exc.status, exc.message)
-        return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code, retry_after=exc.retry_after)
+        return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code,
+                              retry_after=exc.retry_after, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

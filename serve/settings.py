@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 
@@ -18,6 +20,8 @@ class GatewaySettings(BaseSettings):
     workers: int = Field(1, ge=1, le=64)
     triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address; empty: no Triton")
     vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100; empty: no vLLM")
+    keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`); none: no auth, "
+                                   "allowed only when the gateway binds to loopback")
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one backend call")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
     required_models: list[str] = Field(
@@ -39,6 +43,14 @@ class GatewaySettings(BaseSettings):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="request headers cap, names and values (431)")
 
+    @model_validator(mode="after")
+    def _no_open_door_off_loopback(self):
+        if self.keys_file is None and not is_loopback(self.host):
+            raise ValueError(f"host {self.host} is not loopback and no keys_file is set: anyone who can reach it could "
+                             "use every model. Make keys (`rtxserve keys create`) and set RTXSERVE_KEYS_FILE / --keys, "
+                             "or bind 127.0.0.1")
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
@@ -50,3 +62,12 @@ class GatewaySettings(BaseSettings):
                 raise ValueError(f"RTXSERVE_CONFIG={path} does not exist")
             sources += (YamlConfigSettingsSource(settings_cls, yaml_file=path),)
         return sources
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -14,6 +14,7 @@ from dataclasses import replace
 from ..backends.base import Backend, ModelInfo
 from ..exceptions import BackendUnavailable, InvalidRequest, ModelNotFound
 from ..settings import GatewaySettings
+from .keys import KeyRing
 
 log = logging.getLogger("rtxserve.gateway")
 
@@ -22,6 +23,7 @@ class GatewayState:
     def __init__(self, settings: GatewaySettings, backends: list[Backend]):
         self.settings = settings
         self.backends = backends
+        self.keys = KeyRing(settings.keys_file) if settings.keys_file else None
         self.models: dict[str, tuple[ModelInfo, Backend]] = {}
         self.backend_up: dict[str, bool] = {b.kind: False for b in backends}
         self.last_refresh = 0.0

@@ -1,18 +1,18 @@
 import orjson
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
+from ..auth import admit, authenticate
 from ..routing import gateway_router
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import generate
 
-router = gateway_router(tags=["openai"])
+router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
 
 async def _answer(request: Request, path: str, body):
-    state = request.app.state.gateway
-    request.state.model = body.model if body.model in state.models else ""
-    result = await generate(state, path, body)
+    admit(request, body.model)
+    result = await generate(request.app.state.gateway, path, body)
     if body.stream:
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return Response(orjson.dumps(result), media_type="application/json")  # vLLM's answer, relayed as is

@@ -1,8 +1,9 @@
 """Health, readiness, metrics and the model list."""
 
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from ..auth import authenticate, request_key
 from ..routing import gateway_router
 
 from .. import metrics
@@ -30,13 +31,14 @@ async def prometheus() -> Response:
     return Response(body, media_type=content_type)
 
 
-@router.get("/v1/models", tags=["models"])
+@router.get("/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 async def list_models(request: Request) -> dict:
-    """OpenAI-shaped model list, with each model's task and readiness."""
-    state = request.app.state.gateway
+    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use."""
+    state, key = request.app.state.gateway, request_key(request)
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
         for info, _ in sorted(state.models.values(), key=lambda m: m[0].name)
+        if key is None or key.allows(info.name)
     ]
     return {"object": "list", "data": data}
