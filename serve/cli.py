@@ -104,6 +104,9 @@ def _gateway(args) -> int:
               "make keys with `rtxserve keys create` and pass --keys to require them", file=sys.stderr)
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
+    if settings.workers > 1 and not settings.rate_limit_storage:  # quotas counted once for all workers
+        path = Path(tempfile.mkdtemp(prefix="rtxserve-quotas-")) / "quotas.sqlite"
+        os.environ["RTXSERVE_RATE_LIMIT_STORAGE"] = f"async+sqlite://{path}"
     os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
     uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/logs.py) renders uvicorn's records too
         "serve.gateway.app:main_app", factory=True, host=settings.host, port=settings.port,

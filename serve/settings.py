@@ -22,6 +22,9 @@ class GatewaySettings(BaseSettings):
     vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100; empty: no vLLM")
     keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`); none: no auth, "
                                    "allowed only when the gateway binds to loopback")
+    rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
+                                    "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
+                                    "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one backend call")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
     required_models: list[str] = Field(

@@ -31,10 +31,13 @@ def request_key(request: Request) -> ApiKey | None:
     return getattr(request.state, "api_key", None)
 
 
-def admit(request: Request, model: str) -> None:
-    """403 when the request's key may not use `model` (whether or not it exists: no probing by 403/404);
-    names the model in the metrics labels once it is known."""
-    key = request_key(request)
-    if key is not None and not key.allows(model):
+async def admit(request: Request, model: str) -> None:
+    """403 when the request's key may not use `model` (whether or not it exists: no probing by 403/404),
+    429 when its quota is spent; names the model in the metrics labels once it is known."""
+    state, key = request.app.state.gateway, request_key(request)
+    request.state.model = model if model in state.models else ""
+    if key is None:
+        return
+    if not key.allows(model):
         raise Forbidden(f"this API key may not use model {model!r}", param="model")
-    request.state.model = model if model in request.app.state.gateway.models else ""
+    await state.quotas.admit(key)

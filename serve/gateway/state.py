@@ -15,6 +15,7 @@ from ..backends.base import Backend, ModelInfo
 from ..exceptions import BackendUnavailable, InvalidRequest, ModelNotFound
 from ..settings import GatewaySettings
 from .keys import KeyRing
+from .quotas import Quotas
 
 log = logging.getLogger("rtxserve.gateway")
 
@@ -24,6 +25,7 @@ class GatewayState:
         self.settings = settings
         self.backends = backends
         self.keys = KeyRing(settings.keys_file) if settings.keys_file else None
+        self.quotas = Quotas(settings.rate_limit_storage or "async+memory://") if self.keys else None
         self.models: dict[str, tuple[ModelInfo, Backend]] = {}
         self.backend_up: dict[str, bool] = {b.kind: False for b in backends}
         self.last_refresh = 0.0

@@ -11,5 +11,5 @@ router = gateway_router(dependencies=[Depends(authenticate)])
 @router.post("/v1/classify", response_model=ClassifyResponse, tags=["tasks"])
 async def classify_route(body: ClassifyRequest, request: Request) -> ClassifyResponse:
     """Classify one text or a list of texts with a text-classification model."""
-    admit(request, body.model)
+    await admit(request, body.model)
     return await classify(request.app.state.gateway, body)

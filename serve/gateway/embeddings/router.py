@@ -11,5 +11,5 @@ router = gateway_router(dependencies=[Depends(authenticate)])
 @router.post("/v1/embeddings", response_model=EmbeddingResponse, tags=["openai"])
 async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     """OpenAI embeddings: one vector per text, as floats or base64 float32, from a feature-extraction model."""
-    admit(request, body.model)
+    await admit(request, body.model)
     return await embed(request.app.state.gateway, body)

@@ -2,7 +2,7 @@ import orjson
 from fastapi import Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
-from ..auth import admit, authenticate
+from ..auth import admit, authenticate, request_key
 from ..routing import gateway_router
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .serving import generate
@@ -11,8 +11,8 @@ router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
 
 async def _answer(request: Request, path: str, body):
-    admit(request, body.model)
-    result = await generate(request.app.state.gateway, path, body)
+    await admit(request, body.model)
+    result = await generate(request.app.state.gateway, path, body, request_key(request))
     if body.stream:
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return Response(orjson.dumps(result), media_type="application/json")  # vLLM's answer, relayed as is

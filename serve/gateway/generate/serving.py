@@ -17,6 +17,7 @@ import orjson
 from ...exceptions import InvalidRequest
 from .. import metrics
 from ...settings import GatewaySettings
+from ..keys import ApiKey
 from ..state import GatewayState
 from .protocol import ChatCompletionRequest, CompletionRequest
 
@@ -72,25 +73,30 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
                                  f"{limits.max_tools_bytes}", param="tools")
 
 
-def _count_usage(model: str, usage: dict | None) -> None:
+async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
+    """Token metrics, and the key's tokens-per-minute charge."""
     if usage:
-        metrics.TOKENS.labels(model, "prompt").inc(usage.get("prompt_tokens") or 0)
-        metrics.TOKENS.labels(model, "completion").inc(usage.get("completion_tokens") or 0)
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        metrics.TOKENS.labels(model, "prompt").inc(prompt)
+        metrics.TOKENS.labels(model, "completion").inc(completion)
+        if state.quotas is not None:
+            await state.quotas.charge_tokens(key, prompt + completion)
 
 
-async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest):
+async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest,
+                   key: ApiKey | None = None):
     """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
     _check_bounds(state.settings, request)
     info, backend = state.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     if not request.stream:
         answer = await backend.generate(path, body, info.name)
-        _count_usage(info.name, answer.get("usage"))
+        await _count_usage(state, key, info.name, answer.get("usage"))
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     response = await backend.open_stream(path, body, info.name)
-    return _relay(response, info.name, client_wants_usage)
+    return _relay(response, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
 
 
 def _error_event(message: str) -> str:
@@ -98,7 +104,7 @@ def _error_event(message: str) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def _relay(response: httpx.Response, model: str, client_wants_usage: bool) -> AsyncIterator[str]:
+async def _relay(response: httpx.Response, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[str]:
     finished = False
     try:
         async for line in response.aiter_lines():
@@ -110,16 +116,18 @@ async def _relay(response: httpx.Response, model: str, client_wants_usage: bool)
                 yield "data: [DONE]\n\n"
                 break
             try:
-                chunk = json.loads(payload)
-            except json.JSONDecodeError:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError:
                 log.warning("vllm %s: unparsable stream chunk", model)
                 break
             if isinstance(chunk, dict) and "error" in chunk:
                 log.warning("vllm %s: error in stream: %s", model, str(chunk["error"])[:300])
                 break
-            if chunk.get("usage"):
-                _count_usage(model, chunk["usage"])
-                if not chunk.get("choices") and not client_wants_usage:
+            if chunk.get("usage") and not chunk.get("choices"):
+                # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
+                # counting those would count each token many times.)
+                await count_usage(chunk["usage"])
+                if not client_wants_usage:
                     continue
             yield f"data: {payload}\n\n"
     except httpx.HTTPError as exc:

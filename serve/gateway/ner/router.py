@@ -11,5 +11,5 @@ router = gateway_router(dependencies=[Depends(authenticate)])
 @router.post("/v1/ner", response_model=NerResponse, response_model_exclude_none=True, tags=["tasks"])
 async def ner_route(body: NerRequest, request: Request) -> NerResponse:
     """Tag entities (token classification) in one text or a list of texts, with character offsets."""
-    admit(request, body.model)
+    await admit(request, body.model)
     return await tag(request.app.state.gateway, body)

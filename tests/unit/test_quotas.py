@@ -1,0 +1,79 @@
+"""Per-key quotas: requests and tokens per minute through `limits`, 429 + Retry-After, and a counter that
+stays exact when several processes (the gateway's workers) share it."""
+
+import asyncio
+import multiprocessing
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.gateway.app import create_app
+from serve.gateway.quotas import SQLiteStorage  # noqa: F401 - registers the async+sqlite scheme
+from serve.settings import GatewaySettings
+from limits.storage import storage_from_string
+
+from .fakes import error_of
+from .test_auth import bearer, make_key
+from .test_generate import FakeVLLM
+
+
+@pytest.fixture
+def keys(tmp_path, capsys):
+    path = tmp_path / "keys.json"
+    secrets = {"slow": make_key(path, capsys, "--name", "slow", "--rpm", "3"),
+               "thrifty": make_key(path, capsys, "--name", "thrifty", "--tpm", "10"),
+               "free": make_key(path, capsys, "--name", "free")}
+    return path, secrets
+
+
+def client_for(backend, keys, storage=""):
+    settings = GatewaySettings(keys_file=keys[0], rate_limit_storage=storage, health_interval_s=60)
+    return TestClient(create_app(settings, [backend]), raise_server_exceptions=False)
+
+
+@pytest.mark.parametrize("storage", ["", "sqlite"])
+def test_requests_over_the_minute_quota_are_429_with_retry_after_and_others_are_untouched(backend, keys, tmp_path, storage):
+    uri = f"async+sqlite://{tmp_path}/q.sqlite" if storage else ""
+    with client_for(backend, keys, uri) as client:
+        body = {"model": "clf", "input": "good"}
+        codes = [client.post("/v1/classify", json=body, headers=bearer(keys[1]["slow"])).status_code for _ in range(3)]
+        assert codes == [200, 200, 200]
+        refused = client.post("/v1/classify", json=body, headers=bearer(keys[1]["slow"]))
+        assert error_of(refused, 429)["code"] == "rate_limit_exceeded"
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert all(client.post("/v1/classify", json=body, headers=bearer(keys[1]["free"])).status_code == 200
+                   for _ in range(5))
+
+
+def test_tokens_are_charged_from_usage_and_the_spent_key_waits(keys):
+    vllm = FakeVLLM()  # every answer uses 8 tokens
+    with client_for(vllm, keys) as client:
+        chat = {"model": "llm", "messages": [{"role": "user", "content": "hi"}]}
+        auth = bearer(keys[1]["thrifty"])
+        assert client.post("/v1/chat/completions", json=chat, headers=auth).status_code == 200  # 8 of 10
+        assert client.post("/v1/chat/completions", json=chat, headers=auth).status_code == 200  # admitted; 16 now
+        assert error_of(client.post("/v1/chat/completions", json=chat, headers=auth), 429)["message"].startswith(
+            "this API key has used its 10 tokens per minute")
+        assert len(vllm.bodies) == 2
+
+
+def _hammer(uri: str, n: int) -> None:
+    storage = storage_from_string(uri)
+
+    async def run():
+        for _ in range(n):
+            await storage.incr("k", 60)
+
+    asyncio.run(run())
+
+
+def test_the_sqlite_counter_is_exact_across_processes(tmp_path):
+    uri = f"async+sqlite://{tmp_path}/q.sqlite"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_hammer, args=(uri, 200)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    assert asyncio.run(storage_from_string(uri).get("k")) == 600
