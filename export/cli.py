@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     onnx.add_argument("--gpus", default="", help="comma-separated GPU ids for --target gpu (default: all)")
     onnx.add_argument("--max-batch-size", type=int, default=32)
     onnx.add_argument("--max-queue-delay-us", type=int, default=500, help="dynamic batching delay (microseconds)")
+    onnx.add_argument("--max-queue-size", type=int, default=256,
+                      help="requests queued per model before Triton refuses more (0: unbounded)")
+    onnx.add_argument("--queue-timeout-us", type=int, default=30_000_000,
+                      help="a request queued longer is refused (microseconds; 0: no limit)")
     onnx.add_argument("--max-length", type=int, default=None,
                       help="tokens per text; longer texts are truncated (default: the model's limit)")
     onnx.add_argument("--atol", type=float, default=1e-4, help="tolerated max abs difference from PyTorch")
@@ -131,7 +135,8 @@ def main(argv: list[str]) -> int:
         gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
         opts = EntryOptions(
             name=args.name, target=args.target, instances=args.instances, max_batch_size=args.max_batch_size,
-            max_queue_delay_us=args.max_queue_delay_us, gpus=gpus,
+            max_queue_delay_us=args.max_queue_delay_us, max_queue_size=args.max_queue_size,
+            queue_timeout_us=args.queue_timeout_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
         from .encoder import TensorRTOptions, export_encoder

@@ -73,17 +73,24 @@ class DynamicBatching:
     max_queue_delay_microseconds: int = 0
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_size: int = 0  # 0: unbounded (Triton's default)
+    queue_timeout_microseconds: int = 0  # 0: none; else a request queued longer is rejected (Triton sheds)
 
     def __post_init__(self) -> None:
-        if self.max_queue_delay_microseconds < 0 or self.max_queue_size < 0:
-            raise ValueError("dynamic batching delays and queue sizes must be >= 0")
+        if min(self.max_queue_delay_microseconds, self.max_queue_size, self.queue_timeout_microseconds) < 0:
+            raise ValueError("dynamic batching delays, queue sizes and queue timeouts must be >= 0")
 
     def to_dict(self) -> dict:
         d: dict = {"max_queue_delay_microseconds": self.max_queue_delay_microseconds}
         if self.preferred_batch_size:
             d["preferred_batch_size"] = list(self.preferred_batch_size)
+        policy: dict = {}
         if self.max_queue_size:
-            d["default_queue_policy"] = {"max_queue_size": self.max_queue_size}
+            policy["max_queue_size"] = self.max_queue_size
+        if self.queue_timeout_microseconds:
+            policy |= {"default_timeout_microseconds": self.queue_timeout_microseconds, "timeout_action": "REJECT",
+                       "allow_timeout_override": True}
+        if policy:
+            d["default_queue_policy"] = policy
         return d
 
 

@@ -33,6 +33,10 @@ class EntryOptions:
     instances: int = 1
     max_batch_size: int = 32
     max_queue_delay_us: int = 500
+    # A bounded queue: past it Triton refuses at once (the gateway answers 503 + Retry-After) instead of
+    # queueing without end; a request that waited longer than the timeout is refused too.
+    max_queue_size: int = 256
+    queue_timeout_us: int = 30_000_000
     gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -43,10 +47,14 @@ class EntryOptions:
             raise ValueError(f"--instances must be >= 1, got {self.instances}")
         if not 1 <= self.max_batch_size <= 4096:
             raise ValueError(f"--max-batch-size must be in 1..4096, got {self.max_batch_size}")
-        if self.max_queue_delay_us < 0:
-            raise ValueError("--max-queue-delay-us must be >= 0")
+        if min(self.max_queue_delay_us, self.max_queue_size, self.queue_timeout_us) < 0:
+            raise ValueError("--max-queue-delay-us, --max-queue-size and --queue-timeout-us must be >= 0")
         if self.gpus and self.target != "gpu":
             raise ValueError("--gpus only applies to --target gpu")
+
+    def batching(self) -> DynamicBatching:
+        return DynamicBatching(max_queue_delay_microseconds=self.max_queue_delay_us, max_queue_size=self.max_queue_size,
+                               queue_timeout_microseconds=self.queue_timeout_us)
 
     def step(self, kind: str) -> str:
         """The name of one of the entry's Triton models: tokenizer, preprocess, model or postprocess."""
@@ -75,7 +83,7 @@ def _tokenizer_model(opts: EntryOptions, tokenizer_json: str, input_names: list[
         inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)),),
         outputs=_token_tensors(input_names),
         instance_groups=(InstanceGroup(count=opts.instances),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        dynamic_batching=opts.batching(),
         parameters={
             "max_length": str(max_length),
             "pad_token_id": str(pad_token_id),
@@ -98,7 +106,7 @@ def gpu_model_config(opts: EntryOptions, inputs: tuple[TensorSpec, ...], outputs
         name=opts.step("model"), platform=platform, default_model_filename=filename, max_batch_size=opts.max_batch_size,
         inputs=inputs, outputs=outputs,
         instance_groups=(InstanceGroup(count=opts.instances, kind="KIND_GPU", gpus=opts.gpus),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        dynamic_batching=opts.batching(),
         parameters=parameters or {},
     )
 
@@ -114,7 +122,7 @@ def _onnx_model(opts: EntryOptions, onnx_path: Path, input_names: list[str], out
     else:
         config = ModelConfig(name=opts.step("model"), backend="python", max_batch_size=opts.max_batch_size, inputs=inputs,
                              outputs=outputs, instance_groups=(InstanceGroup(count=opts.instances),),
-                             dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us))
+                             dynamic_batching=opts.batching())
         files = {"1/model.onnx": onnx_path, "1/model.py": PYTHON_MODELS / "onnx_cpu" / "model.py"}
     files["parity.json"] = json.dumps(parity, indent=2)
     return ModelDir(config, files)
@@ -176,7 +184,7 @@ def _classification_postprocess(opts: EntryOptions, labels: list[str], problem_t
             TensorSpec("SCORE", "TYPE_FP32", (1,)),
         ),
         instance_groups=(InstanceGroup(count=1),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        dynamic_batching=opts.batching(),
         parameters={"labels": json.dumps(labels), "problem_type": problem_type or "single_label_classification"},
     )
     return ModelDir(config, {"1/model.py": PYTHON_MODELS / "classification_postprocess" / "model.py"})
@@ -247,7 +255,7 @@ def token_classification_entry(
         inputs=(TensorSpec("TEXT", "TYPE_STRING", (1,)), TensorSpec("LOGITS", "TYPE_FP32", (-1, num_labels))),
         outputs=(entities,),
         instance_groups=(InstanceGroup(count=1),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        dynamic_batching=opts.batching(),
         parameters={
             "labels": json.dumps(labels),
             "aggregation": aggregation,
@@ -305,7 +313,7 @@ def image_classification_entry(
         inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)),),
         outputs=(pixels,),
         instance_groups=(InstanceGroup(count=opts.instances),),
-        dynamic_batching=DynamicBatching(max_queue_delay_microseconds=opts.max_queue_delay_us),
+        dynamic_batching=opts.batching(),
         parameters={"image_processor": json.dumps(image_processor)},
     )
     model = _onnx_model(opts, onnx_path, ["pixel_values"], (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity,

@@ -25,7 +25,12 @@ class GatewaySettings(BaseSettings):
     rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
                                     "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
                                     "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
-    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one backend call")
+    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one Triton call")
+    generation_timeout_s: float = Field(600.0, gt=0, le=24 * 3600,
+                                        description="deadline for one vLLM answer, or between two chunks of a stream")
+    max_concurrency: int = Field(256, ge=1, description="model requests in flight per worker; more wait in the queue")
+    max_queue: int = Field(512, ge=0, description="model requests waiting per worker; more are refused at once (503)")
+    queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"

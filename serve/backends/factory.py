@@ -16,7 +16,7 @@ def make_backend(kind: str, settings: GatewaySettings) -> Backend:
     if kind == "vllm":
         from .vllm import VLLMBackend
 
-        return VLLMBackend(settings.vllm_url, settings.request_timeout_s)
+        return VLLMBackend(settings.vllm_url, settings.generation_timeout_s)
     raise ValueError(f"unknown backend kind {kind!r}; valid: {', '.join(KINDS)}")
 
 

@@ -16,6 +16,7 @@ from ..settings import GatewaySettings
 from .classify.router import router as classify_router
 from .embeddings.router import router as embeddings_router
 from .generate.router import router as generate_router
+from .admission import Admission
 from .frontdoor import FrontDoor
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
@@ -63,6 +64,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(generate_router)
     app.include_router(embeddings_router)
     app.include_router(ner_router)
+    app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
+                       queue_timeout_s=settings.queue_timeout_s)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     return app

@@ -9,13 +9,18 @@ from __future__ import annotations
 import os
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
+                               multiprocess)
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
 LABELS = ("route", "model", "status")
 REQUEST_SECONDS = Histogram("rtxserve_request_duration_seconds", "Gateway request latency", LABELS, buckets=BUCKETS)
 REQUESTS = Counter("rtxserve_requests_total", "Gateway requests by final status", LABELS)
 TOKENS = Counter("rtxserve_tokens_total", "Tokens processed by generation models", ("model", "kind"))
+# livesum: with several workers, /metrics shows the sum over the live ones.
+IN_FLIGHT = Gauge("rtxserve_requests_in_flight", "Model requests being served", multiprocess_mode="livesum")
+QUEUED = Gauge("rtxserve_requests_queued", "Model requests waiting for a slot", multiprocess_mode="livesum")
+SHED = Counter("rtxserve_requests_shed_total", "Model requests refused by admission control", ("reason",))
 
 
 def render() -> tuple[bytes, str]:

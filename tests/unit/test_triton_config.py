@@ -33,6 +33,9 @@ def test_cpu_entry_is_an_ensemble_of_python_models_with_batching_and_instances(t
     assert model.instance_group[0].count == 3
     assert model.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
     assert model.dynamic_batching.max_queue_delay_microseconds == 200
+    policy = model.dynamic_batching.default_queue_policy  # Triton sheds instead of queueing without end
+    assert policy.max_queue_size == 256 and policy.default_timeout_microseconds == 30_000_000
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     assert [i.name for i in model.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert list(model.output[0].dims) == [2]
     assert tokenizer.parameters["padding"].string_value == "longest"
