@@ -88,8 +88,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError):
-        if exc.status >= 500:
-            log.warning("request %s: %s %s", getattr(request.state, "request_id", "-"), exc.status, exc.message)
+        if exc.status >= 500:  # 503s are expected under overload and outages: counted in metrics, logged quietly
+            log.log(logging.DEBUG if exc.status == 503 else logging.WARNING,"request %s: %s %s", getattr(request.state, "request_id", "-"), exc.status, exc.message)
         return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code,
                               retry_after=exc.retry_after, headers=exc.headers)
 

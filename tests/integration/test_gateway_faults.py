@@ -1,0 +1,139 @@
+"""Faults injected for real into a tritonserver of this module's own behind the real gateway: a hung
+backend (SIGSTOP), a killed one that comes back on its ports, and the client's tallies against the
+gateway's own counters (R1, R2, R10, R17 of shared/RELIABILITY.md)."""
+
+import concurrent.futures as cf
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from export.encoder import export_text_classification
+from export.triton_entry import EntryOptions
+from serve.launcher import ServerProcess, free_port
+from serve.stack import start_gateway
+from serve.triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
+
+MODEL = "fault_clf"
+DEADLINE_S = 1.5
+
+
+@pytest.fixture(scope="module")
+def repo(classifier_checkpoint, tmp_path_factory):
+    path = tmp_path_factory.mktemp("faults") / "repo"
+    export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL), path)
+    return path
+
+
+def start_triton_on(opts: TritonOptions, log_dir) -> ServerProcess:
+    argv, env = triton_command(TritonInstall.from_env(DEFAULT_ENV), opts)
+    return ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
+                         ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready").start(300)
+
+
+@pytest.fixture(scope="module")
+def servers(repo, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("fault-logs")
+    opts = TritonOptions(repository=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    triton = start_triton_on(opts, logs)
+    gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", logs, extra_env={
+        "RTXSERVE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "RTXSERVE_HEALTH_INTERVAL_S": "0.5"})
+    state = {"triton": triton}
+    yield state, opts, url, logs
+    gateway.stop()
+    state["triton"].stop()
+
+
+def classify(client, url, text="I love it"):
+    start = time.perf_counter()
+    try:
+        r = client.post(f"{url}/v1/classify", json={"model": MODEL, "input": text}, timeout=30)
+        return r.status_code, time.perf_counter() - start, r
+    except httpx.HTTPError as exc:  # never expected: a hang or a reset would be a failure of the gateway
+        return type(exc).__name__, time.perf_counter() - start, None
+
+
+def served_counts(url) -> dict[str, float]:
+    text = httpx.get(f"{url}/metrics").text
+    pattern = rf'rtxserve_requests_total{{model="[^"]*",route="/v1/classify",status="(\d+)"}} ([0-9.e+]+)'
+    counts: dict[str, float] = {}
+    for status, value in re.findall(pattern, text):
+        counts[status] = counts.get(status, 0) + float(value)
+    return counts
+
+
+def test_a_hung_backend_gives_504_at_the_deadline_while_probes_stay_fast(servers):
+    state, _, url, _ = servers
+    with httpx.Client() as client:
+        assert classify(client, url)[0] == 200
+        state["triton"].signal(signal.SIGSTOP)
+        try:
+            with cf.ThreadPoolExecutor(4) as pool:
+                hung = [pool.submit(classify, client, url) for _ in range(3)]
+                time.sleep(0.3)
+                probes = []
+                for path in ("/healthz", "/metrics", "/health"):
+                    start = time.perf_counter()
+                    probes.append((client.get(f"{url}{path}").status_code, time.perf_counter() - start))
+                results = [f.result() for f in hung]
+        finally:
+            state["triton"].signal(signal.SIGCONT)
+    assert all(code == 200 and seconds < 0.1 for code, seconds in probes), probes
+    for code, seconds, response in results:
+        assert code == 504, (code, response and response.text)
+        assert response.json()["error"]["code"] == "backend_timeout"
+        assert DEADLINE_S * 0.9 <= seconds <= DEADLINE_S * 1.1 + 0.3, seconds
+    with httpx.Client() as client:  # and it serves again once the backend wakes up
+        assert classify(client, url)[0] == 200
+
+
+def test_a_killed_backend_fails_fast_loses_nothing_and_recovers_without_a_gateway_restart(servers):
+    state, opts, url, logs = servers
+    before = served_counts(url)
+    tally: dict[str, int] = {}
+    outcomes = []
+
+    def load(seconds: float):
+        with httpx.Client() as client:
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                code, took, response = classify(client, url)
+                tally[str(code)] = tally.get(str(code), 0) + 1
+                outcomes.append((time.monotonic(), code, took, response))
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        runs = [pool.submit(load, 4.0) for _ in range(4)]
+        time.sleep(1.0)
+        state["triton"].signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        for run in runs:
+            run.result()
+
+    codes = {code for _, code, _, _ in outcomes}
+    assert codes <= {200, 502, 503}, tally  # no hang, no reset, no 500
+    after_kill = [(t, code, took, r) for t, code, took, r in outcomes if t > killed_at + 1.5]
+    assert after_kill and all(code == 503 for _, code, _, _ in after_kill)
+    assert all(r.headers.get("retry-after") for _, _, _, r in after_kill)
+    took = sorted(took for _, _, took, _ in after_kill)
+    slow = [t for t in took if t >= 0.2]
+    print(f"after the kill: {len(took)} refusals, median {took[len(took) // 2] * 1e3:.1f} ms, "
+          f"p99 {took[int(len(took) * 0.99)] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms; tally {tally}")
+    assert took[len(took) // 2] < 0.05 and len(slow) <= len(took) // 100, (len(took), slow)  # refused fast
+    assert httpx.get(f"{url}/healthz").status_code == 200 and httpx.get(f"{url}/readyz").status_code == 503
+
+    # R17: every request got exactly one answer, and the gateway counted exactly what the client saw.
+    after = served_counts(url)
+    assert {s: after.get(s, 0) - before.get(s, 0) for s in after if after.get(s, 0) != before.get(s, 0)} == tally
+
+    state["triton"] = start_triton_on(opts, logs)  # the backend returns on its ports
+    back_at = time.monotonic()
+    with httpx.Client() as client:
+        while classify(client, url)[0] != 200:
+            assert time.monotonic() - back_at < 30, "no recovery within 30 s"
+            time.sleep(0.1)
+        recovered_s = time.monotonic() - back_at
+        codes = [classify(client, url)[0] for _ in range(100)]
+    assert codes.count(200) >= 99, codes
+    print(f"recovered {recovered_s:.2f} s after tritonserver was ready again")

@@ -1,0 +1,134 @@
+"""The real gateway (2 workers, API keys) in front of the session's real tritonserver: keys through the
+`openai` SDK, a per-minute quota exact across workers, bad input refused with nothing else broken, and
+no backend admin path reachable (R4, R5, R12, R13, R14, R15)."""
+
+import concurrent.futures as cf
+import contextlib
+import io
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve.gateway.keys_cli import main as keys_main
+from serve.stack import start_gateway
+
+from .conftest import EMBEDDER, MODEL
+
+
+@pytest.fixture(scope="module")
+def keyed(stack, tmp_path_factory):
+    work = tmp_path_factory.mktemp("keyed")
+    keys = work / "keys.json"
+    secrets = {}
+    for args in (["--name", "app", "--models", MODEL], ["--name", "quota", "--rpm", "20"], ["--name", "ops", "--admin"]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert keys_main(["--keys", str(keys), "create", *args]) == 0
+        secrets[args[1]] = out.getvalue().strip()
+    gateway, url = start_gateway(stack.triton_grpc_url, work, workers=2, extra_env={
+        "RTXSERVE_KEYS_FILE": str(keys), "RTXSERVE_MAX_BODY_BYTES": str(1 << 20), "RTXSERVE_HOST": "127.0.0.1"})
+    yield url, secrets, work / "gateway.log"
+    gateway.stop()
+
+
+def test_the_openai_sdk_key_is_the_api_key(keyed):
+    url, secrets, _ = keyed
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=secrets["app"], max_retries=0)
+    assert [m.id for m in sdk.models.list()] == [MODEL]
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk.embeddings.create(model=EMBEDDER, input="hello")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{url}/v1", api_key="rtx-wrong", max_retries=0).models.list()
+    ops = openai.OpenAI(base_url=f"{url}/v1", api_key=secrets["ops"], max_retries=0)
+    assert len(ops.embeddings.create(model=EMBEDDER, input="hello").data[0].embedding) == 384
+
+
+def test_a_minute_quota_is_exact_across_two_workers(keyed):
+    url, secrets, _ = keyed
+    auth = {"Authorization": f"Bearer {secrets['quota']}"}
+    with httpx.Client(timeout=30) as client, cf.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: client.post(f"{url}/v1/classify", headers=auth,
+                                                        json={"model": MODEL, "input": "great"}), range(50)))
+        other = client.post(f"{url}/v1/classify", json={"model": MODEL, "input": "great"},
+                            headers={"Authorization": f"Bearer {secrets['ops']}"})
+    codes = [r.status_code for r in responses]
+    assert codes.count(200) == 20 and codes.count(429) == 30, codes
+    assert all(r.headers["retry-after"] for r in responses if r.status_code == 429)
+    assert other.status_code == 200  # other keys are not slowed by one key's quota
+
+
+def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, float]:
+    host, port = url.removeprefix("http://").split(":")
+    start = time.perf_counter()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body)
+        status = int(sock.recv(65536).split(b" ", 2)[1])
+    return status, time.perf_counter() - start
+
+
+def test_oversized_bodies_and_headers_are_refused_fast_without_being_read(keyed):
+    url, secrets, _ = keyed
+    auth = f"Authorization: Bearer {secrets['ops']}\r\n".encode()
+    # 200 MB declared, none of it sent: refused before the body is read
+    head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth + \
+        b"Content-Length: 200000000\r\n\r\n"
+    status, seconds = raw_request(url, head)
+    assert status == 413 and seconds < 0.1, seconds
+    chunked = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth + \
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    chunk = b"x" * 65536
+    body = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n") * 20 + b"0\r\n\r\n"  # 1.3 MB over a 1 MB cap
+    assert raw_request(url, chunked, body)[0] == 413
+    status, seconds = raw_request(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Big: " + b"y" * 100_000 + b"\r\n\r\n")
+    assert status == 431 and seconds < 0.1
+
+
+BAD_BODIES = [
+    (b'{"model": "%s", "input": "a\\ud800b"}', "application/json"),  # lone surrogate
+    (b'{"model": "%s", "input": ' + b"[" * 3000 + b"]" * 3000 + b"}", "application/json"),  # deep JSON
+    (b'{"model": "%s", "input": [1, 2]}', "application/json"),  # wrong type
+    (b'{"model": "%s", "input": ""}', "application/json"),  # empty
+    (b'{"model": "%s", "input": "x", "unknown": 1}', "application/json"),  # unknown field
+    (b'{"model": "%s", "input": "x"}', "text/plain"),  # wrong content type
+    (b"", "application/json"),  # no body
+    (b'{"model": "%s", "input": "x"', "application/json"),  # cut JSON
+]
+
+
+def test_malformed_input_is_4xx_in_our_shape_and_the_backend_keeps_serving(keyed):
+    url, secrets, _ = keyed
+    auth = {"Authorization": f"Bearer {secrets['ops']}"}
+    with httpx.Client(timeout=30) as client:
+        for raw, content_type in BAD_BODIES:
+            body = raw.replace(b"%s", MODEL.encode())
+            r = client.post(f"{url}/v1/classify", content=body, headers={**auth, "content-type": content_type})
+            assert r.status_code in (400, 422), (body[:60], r.status_code, r.text)
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+            assert not any(leak in r.text for leak in ("Traceback", "site-packages", "/work", "File \""))
+        nul = client.post(f"{url}/v1/classify", json={"model": MODEL, "input": "fine\u0000text"}, headers=auth)
+        assert nul.status_code == 200
+        assert client.post(f"{url}/v1/classify", json={"model": MODEL, "input": "great"}, headers=auth).status_code == 200
+        assert client.get(f"{url}/readyz").status_code == 200
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/v2/repository/index"), ("POST", "/v2/repository/index"), ("POST", f"/v2/repository/models/{MODEL}/unload"),
+    ("GET", "/v2/systemsharedmemory/status"), ("GET", "/v2/cudasharedmemory/status"), ("GET", "/v2/logging"),
+    ("GET", "/v2/trace/setting"), ("POST", f"/v2/models/{MODEL}/infer"), ("POST", "/v1/load_lora_adapter"),
+    ("POST", "/v1/unload_lora_adapter"), ("POST", "/start_profile"), ("POST", "/reset_prefix_cache"), ("POST", "/sleep"),
+    ("GET", "/server_info"), ("POST", "/collective_rpc"),
+])
+def test_no_backend_admin_path_is_reachable_through_the_gateway(keyed, method, path):
+    url, secrets, _ = keyed
+    r = httpx.request(method, f"{url}{path}", headers={"Authorization": f"Bearer {secrets['ops']}"})
+    assert r.status_code in (404, 405) and r.json()["error"]["message"] in ("no such route", "method not allowed")
+
+
+def test_keys_never_reach_the_logs(keyed):
+    url, secrets, log = keyed
+    httpx.post(f"{url}/v1/classify", json={"model": MODEL, "input": "x"}, headers={"Authorization": "Bearer rtx-guess"})
+    text = log.read_text()
+    assert "rtx-guess" not in text and not any(s in text for s in secrets.values())
