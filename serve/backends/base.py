@@ -1,8 +1,10 @@
-"""The interface every backend client implements (Triton now, vLLM next)."""
+"""The interface every backend client implements: every call the gateway makes goes through it, so the
+gateway needs no isinstance checks and no backend-specific methods."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,8 +49,38 @@ class Tagging:
     tokens: int
 
 
+@dataclass(frozen=True)
+class StreamChunk:
+    """One event of a streamed generation: the parsed chunk and its JSON text as the backend sent it (relayed
+    without a second encoding)."""
+
+    data: dict
+    raw: str
+
+
+class StreamBroken(Exception):
+    """A stream ended before its end marker: the backend died, reset, or sent an error or garbage."""
+
+
+class Stream(ABC):
+    """A generation being streamed. Iterating yields its chunks and ends normally only at the backend's end
+    marker; otherwise StreamBroken is raised. Closing it (client gone, deadline) aborts the generation."""
+
+    @abstractmethod
+    def __aiter__(self) -> AsyncIterator[StreamChunk]: ...
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+
 class Backend(ABC):
     kind: str = ""
+    url: str = ""
+
+    @property
+    def name(self) -> str:
+        """One replica among several of its kind: kind@address."""
+        return f"{self.kind}@{self.url}"
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections (called once, inside the event loop)."""
@@ -71,3 +103,11 @@ class Backend(ABC):
 
     async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
         raise NotImplementedError(f"{self.kind} backends do not serve token classification")
+
+    async def generate(self, path: str, body: dict, model: str) -> dict:
+        """An OpenAI generation request (`path` /v1/chat/completions or /v1/completions), answered whole."""
+        raise NotImplementedError(f"{self.kind} backends do not serve generation")
+
+    async def open_stream(self, path: str, body: dict, model: str) -> Stream:
+        """Start a streamed generation; errors before the first chunk raise like `generate`."""
+        raise NotImplementedError(f"{self.kind} backends do not serve generation")

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 
 import httpx
+import orjson
 
 from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
-from .base import Backend, ModelInfo
+from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk
 
 log = logging.getLogger("rtxserve.gateway.vllm")
 
@@ -84,11 +85,39 @@ class VLLMBackend(Backend):
         raise_for_status(response, model)
         return response.json()
 
-    async def open_stream(self, path: str, body: dict, model: str) -> httpx.Response:
-        """Start a streamed generation; errors before the first byte raise like `generate`."""
+    async def open_stream(self, path: str, body: dict, model: str) -> Stream:
         response = await self._send(path, body, model, stream=True)
         if response.status_code >= 400:
             await response.aread()
             await response.aclose()
             raise_for_status(response, model)
-        return response
+        return SSEStream(response, model)
+
+
+class SSEStream(Stream):
+    """vLLM's server-sent events: `data: {json}` lines ending with `data: [DONE]`."""
+
+    def __init__(self, response: httpx.Response, model: str):
+        self.response, self.model = response, model
+
+    async def __aiter__(self):
+        try:
+            async for line in self.response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    return
+                try:
+                    chunk = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    raise StreamBroken("unparsable stream chunk") from None
+                if not isinstance(chunk, dict) or "error" in chunk:
+                    raise StreamBroken(f"error in stream: {str(chunk.get('error') if isinstance(chunk, dict) else chunk)[:300]}")
+                yield StreamChunk(chunk, payload)
+        except httpx.HTTPError as exc:
+            raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
+        raise StreamBroken("stream ended without [DONE]")
+
+    async def aclose(self) -> None:
+        await self.response.aclose()  # also what aborts the generation in vLLM when the client left

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.backends.base import Backend, ModelInfo
-from serve.backends.vllm import raise_for_status
+from serve.backends.vllm import SSEStream, raise_for_status
 from serve.exceptions import InvalidRequest
 from serve.gateway.app import create_app
 from serve.settings import GatewaySettings
@@ -15,16 +15,9 @@ from serve.settings import GatewaySettings
 from .fakes import error_of
 
 
-class FakeStream:
-    def __init__(self, lines):
-        self.lines, self.closed = lines, False
-
-    async def aiter_lines(self):
-        for line in self.lines:
-            yield line
-
-    async def aclose(self):
-        self.closed = True
+def FakeStream(lines):
+    """vLLM's stream parser over a canned SSE body."""
+    return SSEStream(httpx.Response(200, content="\n\n".join(lines).encode() + b"\n\n"), "llm")
 
 
 class FakeVLLM(Backend):
@@ -155,11 +148,12 @@ def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend)
     assert r.headers["content-type"].startswith("text/event-stream")
     assert len(events) == 3 and events[-1] == "data: [DONE]"  # usage chunk dropped: not asked for
     assert backend.bodies[-1]["stream_options"] == {"include_usage": True}  # but always asked of vLLM
-    assert backend.stream.closed
+    assert backend.stream.response.is_closed
 
 
-def test_a_stream_cut_short_ends_with_an_error_event_not_done(client, backend):
-    backend.stream = FakeStream([_chunk("Hel")])  # no [DONE]: the backend died
+@pytest.mark.parametrize("tail", [[], ["data: {not json"], ['data: {"error": {"message": "engine dead"}}', "data: [DONE]"]])
+def test_a_stream_cut_short_ends_with_an_error_event_not_done(client, backend, tail):
+    backend.stream = FakeStream([_chunk("Hel"), *tail])  # no [DONE], garbage, or vLLM's own error event
     r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     events = [e for e in r.text.split("\n\n") if e]
     assert "[DONE]" not in r.text

@@ -1,4 +1,4 @@
-"""Generation through vLLM: bounds checked here, then the request is relayed (streamed or not).
+"""Generation: bounds checked here, then the request is relayed to the backend (streamed or not).
 
 A stream that breaks after it started ends with a terminal SSE error event and no [DONE], so that a
 client can never take a cut answer for a whole one. Token usage is counted in metrics; vLLM is always
@@ -7,13 +7,12 @@ asked for usage on streams, and that chunk is passed on only if the client asked
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 
-import httpx
 import orjson
 
+from ...backends.base import Stream, StreamBroken
 from ...exceptions import InvalidRequest
 from .. import metrics
 from ...settings import GatewaySettings
@@ -95,44 +94,29 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
-    response = await backend.open_stream(path, body, info.name)
-    return _relay(response, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
+    stream = await backend.open_stream(path, body, info.name)
+    return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
 
 
 def _error_event(message: str) -> str:
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": "backend_stream_error"}}
-    return f"data: {json.dumps(body)}\n\n"
+    return f"data: {orjson.dumps(body).decode()}\n\n"
 
 
-async def _relay(response: httpx.Response, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[str]:
-    finished = False
+async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[str]:
     try:
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == "[DONE]":
-                finished = True
-                yield "data: [DONE]\n\n"
-                break
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError:
-                log.warning("vllm %s: unparsable stream chunk", model)
-                break
-            if isinstance(chunk, dict) and "error" in chunk:
-                log.warning("vllm %s: error in stream: %s", model, str(chunk["error"])[:300])
-                break
-            if chunk.get("usage") and not chunk.get("choices"):
+        async for chunk in stream:
+            if chunk.data.get("usage") and not chunk.data.get("choices"):
                 # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
                 # counting those would count each token many times.)
-                await count_usage(chunk["usage"])
+                await count_usage(chunk.data["usage"])
                 if not client_wants_usage:
                     continue
-            yield f"data: {payload}\n\n"
-    except httpx.HTTPError as exc:
-        log.warning("vllm %s: stream broke: %s", model, type(exc).__name__)
-    finally:
-        await response.aclose()  # also what aborts the generation in vLLM when the client left
-    if not finished:
+            yield f"data: {chunk.raw}\n\n"
+    except StreamBroken as exc:
+        log.warning("%s: %s", model, exc)
         yield _error_event(f"model {model} stopped before the answer was complete; the text above is partial")
+        return
+    finally:
+        await stream.aclose()
+    yield "data: [DONE]\n\n"
