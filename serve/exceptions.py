@@ -52,6 +52,10 @@ class BackendUnavailable(GatewayError):
         super().__init__(message, retry_after=retry_after, **kw)
 
 
+class BackendConnectFailed(BackendUnavailable):
+    """No connection could be made: nothing was sent, so another replica may be tried."""
+
+
 class BackendTimeout(GatewayError):
     status, type, code = 504, "timeout", "backend_timeout"
 

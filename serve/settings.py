@@ -18,8 +18,12 @@ class GatewaySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
-    triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address; empty: no Triton")
-    vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100; empty: no vLLM")
+    triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address, or several (replicas) "
+                                 "separated by commas; empty: no Triton")
+    vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100, or several (one "
+                          "engine per GPU) separated by commas; empty: no vLLM")
+    breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a replica's circuit breaker")
+    breaker_reset_s: float = Field(10.0, gt=0, description="how long an open breaker keeps traffic away")
     keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`); none: no auth, "
                                    "allowed only when the gateway binds to loopback")
     rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
@@ -28,6 +32,8 @@ class GatewaySettings(BaseSettings):
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one Triton call")
     generation_timeout_s: float = Field(600.0, gt=0, le=24 * 3600,
                                         description="deadline for one vLLM answer, or between two chunks of a stream")
+    drain_s: float = Field(5.0, ge=0, le=600, description="after SIGTERM: seconds not-ready but still serving, "
+                           "so that load balancers stop sending before the gateway stops accepting")
     max_concurrency: int = Field(256, ge=1, description="model requests in flight per worker; more wait in the queue")
     max_queue: int = Field(512, ge=0, description="model requests waiting per worker; more are refused at once (503)")
     queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
@@ -58,6 +64,11 @@ class GatewaySettings(BaseSettings):
                              "use every model. Make keys (`rtxserve keys create`) and set RTXSERVE_KEYS_FILE / --keys, "
                              "or bind 127.0.0.1")
         return self
+
+    def urls(self, kind: str) -> list[str]:
+        """The replicas of one backend kind ("triton" or "vllm")."""
+        value = {"triton": self.triton_grpc_url, "vllm": self.vllm_url}[kind]
+        return [u.strip() for u in value.split(",") if u.strip()]
 
     @classmethod
     def settings_customise_sources(

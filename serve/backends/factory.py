@@ -8,19 +8,18 @@ from .base import Backend
 KINDS = ("triton", "vllm")
 
 
-def make_backend(kind: str, settings: GatewaySettings) -> Backend:
+def make_backend(kind: str, url: str, settings: GatewaySettings) -> Backend:
     if kind == "triton":
         from .triton import TritonBackend
 
-        return TritonBackend(settings.triton_grpc_url)
+        return TritonBackend(url)
     if kind == "vllm":
         from .vllm import VLLMBackend
 
-        return VLLMBackend(settings.vllm_url, settings.generation_timeout_s)
+        return VLLMBackend(url, settings.generation_timeout_s)
     raise ValueError(f"unknown backend kind {kind!r}; valid: {', '.join(KINDS)}")
 
 
 def make_backends(settings: GatewaySettings) -> list[Backend]:
-    """Triton when `triton_grpc_url` is set, vLLM when `vllm_url` is set (an empty value turns one off)."""
-    urls = {"triton": settings.triton_grpc_url, "vllm": settings.vllm_url}
-    return [make_backend(kind, settings) for kind in KINDS if urls[kind]]
+    """One client per replica: each address in `triton_grpc_url` and `vllm_url` (an empty value turns a kind off)."""
+    return [make_backend(kind, url, settings) for kind in KINDS for url in settings.urls(kind)]

@@ -15,12 +15,13 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from ..exceptions import BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
 from .base import Backend, Classification, Embedding, ModelInfo, Tagging
 
 log = logging.getLogger("rtxserve.gateway.triton")
 
 # Triton gRPC status -> how the gateway answers. Queue full is RESOURCE_EXHAUSTED/UNAVAILABLE: 503.
+_NOT_CONNECTED = ("failed to connect", "Connection refused")
 _UNAVAILABLE = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.NOT_FOUND", "StatusCode.CANCELLED"}
 
 
@@ -29,6 +30,8 @@ def _raise_mapped(exc: InferenceServerException, model: str) -> None:
     log.warning("triton %s: %s %s", model, status, exc.message())
     if status == "StatusCode.DEADLINE_EXCEEDED" or "Deadline Exceeded" in str(exc.message()):
         raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+    if status == "StatusCode.UNAVAILABLE" and any(s in str(exc.message()) for s in _NOT_CONNECTED):
+        raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc  # nothing was sent
     if status in _UNAVAILABLE or not status:
         raise BackendUnavailable(f"model {model} is not available right now; retry shortly") from exc
     if status == "StatusCode.INVALID_ARGUMENT":

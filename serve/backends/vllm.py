@@ -11,7 +11,7 @@ import logging
 import httpx
 import orjson
 
-from ..exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from ..exceptions import BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
 from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk
 
 log = logging.getLogger("rtxserve.gateway.vllm")
@@ -75,6 +75,8 @@ class VLLMBackend(Backend):
         request = self.client.build_request("POST", path, json=body)
         try:
             return await self.client.send(request, stream=stream)
+        except httpx.ConnectError as exc:  # nothing was sent: another replica may take it
+            raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc
         except httpx.TimeoutException as exc:
             raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
         except httpx.HTTPError as exc:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 
 from fastapi import FastAPI
 
@@ -25,6 +26,25 @@ from .state import GatewayState
 from .system.router import router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
+
+
+def _drain_on_sigterm(state: GatewayState) -> None:
+    """On SIGTERM, first go not-ready (load balancers and Kubernetes stop sending) while still serving for
+    `drain_s`; then hand the signal to uvicorn, which stops accepting and lets in-flight requests finish.
+    A second SIGTERM stops at once."""
+    stop = signal.getsignal(signal.SIGTERM)
+    if not callable(stop) or state.settings.drain_s <= 0:  # not under uvicorn's handler (e.g. in tests)
+        return
+    loop = asyncio.get_running_loop()
+
+    def on_sigterm(sig, frame):
+        if state.draining:
+            return stop(sig, frame)
+        state.draining = True
+        log.info("SIGTERM: not ready from now on; draining for %.1f s before shutting down", state.settings.drain_s)
+        loop.call_soon_threadsafe(loop.call_later, state.settings.drain_s, stop, sig, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def main_app() -> FastAPI:
@@ -47,6 +67,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
             await backend.start()
         await state.refresh()  # first look before serving; a backend that is down is not fatal
         health = asyncio.create_task(state.run_health_loop())
+        _drain_on_sigterm(state)
         try:
             yield
         finally:

@@ -20,6 +20,12 @@ TOKENS = Counter("rtxserve_tokens_total", "Tokens processed by generation models
 # livesum: with several workers, /metrics shows the sum over the live ones.
 IN_FLIGHT = Gauge("rtxserve_requests_in_flight", "Model requests being served", multiprocess_mode="livesum")
 QUEUED = Gauge("rtxserve_requests_queued", "Model requests waiting for a slot", multiprocess_mode="livesum")
+BACKEND_SECONDS = Histogram("rtxserve_backend_request_duration_seconds", "Time a backend replica took per call",
+                            ("backend",), buckets=BUCKETS)
+BACKEND_UP = Gauge("rtxserve_backend_up", "1 when the replica answered its last health check", ("backend",),
+                   multiprocess_mode="livemax")
+BREAKER_OPEN = Gauge("rtxserve_backend_breaker_open", "1 while the replica's circuit breaker keeps traffic away",
+                     ("backend",), multiprocess_mode="livemax")
 SHED = Counter("rtxserve_requests_shed_total", "Model requests refused by admission control", ("reason",))
 
 

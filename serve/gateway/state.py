@@ -1,52 +1,152 @@
-"""What the gateway knows about its backends: the models they serve and whether they are ready.
+"""What the gateway knows about its backend replicas, and how a call is routed to one of them.
 
-A background loop refreshes it every `health_interval_s`, so request handling and `/readyz` read
-memory instead of calling the backends.
+Each replica (one Triton server, one vLLM engine per GPU, ...) has its own health, in-flight count and
+circuit breaker (the `circuitbreaker` library). A background loop refreshes what every replica serves
+every `health_interval_s`, so request handling and `/readyz` read memory instead of calling backends.
+
+A call goes to the least busy replica that serves the model, is up and whose breaker is not open. Only
+a connection that could not be made (nothing was sent) is tried again, on another replica (tenacity);
+a request that reached a backend is never sent twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
-from dataclasses import replace
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
-from ..backends.base import Backend, ModelInfo
-from ..exceptions import BackendUnavailable, InvalidRequest, ModelNotFound
+from circuitbreaker import STATE_OPEN, CircuitBreaker
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
+
+from ..backends.base import Backend, ModelInfo, Stream
+from ..exceptions import (BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest,
+                          ModelNotFound)
 from ..settings import GatewaySettings
+from . import metrics
 from .keys import KeyRing
 from .quotas import Quotas
 
 log = logging.getLogger("rtxserve.gateway")
+T = TypeVar("T")
+# What opens a replica's breaker: the backend failing, not the client's request being wrong.
+_BREAKS = (BackendUnavailable, BackendTimeout, BackendError)
+
+
+def _png_1x1() -> bytes:
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff")) + chunk(b"IEND", b""))
+
+
+# A model is ready only once it has answered one real request of its task (deep readiness): a model
+# that loads but cannot infer must not take traffic.
+_CANARIES = {
+    "text-classification": lambda b, m, t: b.classify(m, ["ok"], t),
+    "image-classification": lambda b, m, t: b.classify_images(m, [_png_1x1()], t),
+    "feature-extraction": lambda b, m, t: b.embed(m, ["ok"], t),
+    "token-classification": lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
+    "text-generation": lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
+                                                  m.name),
+}
+
+
+@dataclass(eq=False)
+class Replica:
+    backend: Backend
+    breaker: CircuitBreaker
+    up: bool = False
+    in_flight: int = 0
+    picks: int = 0  # tie-break among equally busy replicas: round robin
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    canaried: set[str] = field(default_factory=set)  # models that answered their first request here
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def serves(self, model: str) -> bool:
+        info = self.models.get(model)
+        return self.up and info is not None and info.ready and self.breaker.state != STATE_OPEN
+
+
+class _HeldStream(Stream):
+    """A stream that keeps its replica counted busy until it is closed."""
+
+    def __init__(self, stream: Stream, release: Callable[[], None]):
+        self.stream, self._release = stream, release
+
+    def __aiter__(self):
+        return self.stream.__aiter__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.stream.aclose()
+        finally:
+            self._release()
+            self._release = lambda: None
 
 
 class GatewayState:
     def __init__(self, settings: GatewaySettings, backends: list[Backend]):
         self.settings = settings
-        self.backends = backends
+        self.replicas = [
+            Replica(b, CircuitBreaker(failure_threshold=settings.breaker_failures,
+                                      recovery_timeout=settings.breaker_reset_s, expected_exception=_BREAKS, name=b.name))
+            for b in backends
+        ]
+        self.models: dict[str, ModelInfo] = {}  # every replica's models, ready when one replica serves it
         self.keys = KeyRing(settings.keys_file) if settings.keys_file else None
         self.quotas = Quotas(settings.rate_limit_storage or "async+memory://") if self.keys else None
-        self.models: dict[str, tuple[ModelInfo, Backend]] = {}
-        self.backend_up: dict[str, bool] = {b.kind: False for b in backends}
+        self.draining = False
         self.last_refresh = 0.0
 
+    async def _refresh_replica(self, replica: Replica) -> None:
+        try:
+            found = await replica.backend.discover()
+        except BackendUnavailable as exc:
+            if replica.up:
+                log.warning("backend %s went down: %s", replica.name, exc.message)
+            replica.up = False
+            # Keep the models it served, marked not ready: clients get 503, not 404, while it is down.
+            replica.models = {n: replace(m, ready=False) for n, m in replica.models.items()}
+            return
+        if not replica.up:
+            log.info("backend %s is up: %s", replica.name, ", ".join(m.name for m in found) or "no models")
+            replica.canaried.clear()  # a backend that came back is checked again
+        replica.up = True
+        fresh = [m for m in found if m.ready and m.name not in replica.canaried and m.task in _CANARIES]
+        passed = await asyncio.gather(*(self._canary(replica, m) for m in fresh))
+        failed = {m.name for m, ok in zip(fresh, passed) if not ok}
+        replica.models = {m.name: replace(m, ready=False) if m.name in failed else m for m in found}
+
+    async def _canary(self, replica: Replica, model: ModelInfo) -> bool:
+        try:
+            await _CANARIES[model.task](replica.backend, model, self.settings.request_timeout_s)
+        except Exception as exc:  # whatever it is, the model does not take traffic yet
+            log.warning("backend %s: model %s is loaded but failed its first request (%s); not ready",
+                        replica.name, model.name, getattr(exc, "message", type(exc).__name__))
+            return False
+        replica.canaried.add(model.name)
+        return True
+
     async def refresh(self) -> None:
-        models: dict[str, tuple[ModelInfo, Backend]] = {}
-        for backend in self.backends:
-            try:
-                found = await backend.discover()
-            except BackendUnavailable as exc:
-                if self.backend_up.get(backend.kind):
-                    log.warning("backend %s went down: %s", backend.kind, exc.message)
-                self.backend_up[backend.kind] = False
-                # Keep the models we knew, marked not ready: clients get 503, not 404, while it is down.
-                models.update({n: (replace(m, ready=False), b) for n, (m, b) in self.models.items() if b is backend})
-                continue
-            if not self.backend_up.get(backend.kind):
-                log.info("backend %s is up: %s", backend.kind, ", ".join(m.name for m in found) or "no models")
-            self.backend_up[backend.kind] = True
-            models.update({m.name: (m, backend) for m in found})
-        self.models = models
+        await asyncio.gather(*(self._refresh_replica(r) for r in self.replicas))
+        merged: dict[str, ModelInfo] = {}
+        for replica in self.replicas:
+            for name, info in replica.models.items():
+                if name not in merged or (info.ready and not merged[name].ready):
+                    merged[name] = info
+        self.models = {n: replace(m, ready=any(r.serves(n) for r in self.replicas)) for n, m in merged.items()}
+        for replica in self.replicas:
+            metrics.BACKEND_UP.labels(replica.name).set(1 if replica.up else 0)
+            metrics.BREAKER_OPEN.labels(replica.name).set(1 if replica.breaker.state == STATE_OPEN else 0)
         self.last_refresh = time.monotonic()
 
     async def run_health_loop(self) -> None:
@@ -58,26 +158,74 @@ class GatewayState:
             await asyncio.sleep(self.settings.health_interval_s)
 
     def ready(self) -> tuple[bool, dict]:
-        """Ready when every backend is up and every required model (default: all known) is ready."""
+        """Ready when not draining and every required model (default: all known) is served by a live replica."""
         required = self.settings.required_models or list(self.models)
-        missing = [n for n in required if n not in self.models or not self.models[n][0].ready]
-        ok = all(self.backend_up.values()) and bool(required) and not missing
+        missing = [n for n in required if n not in self.models or not self.models[n].ready]
+        ok = not self.draining and bool(required) and not missing
         detail = {
-            "backends": {k: ("up" if v else "down") for k, v in self.backend_up.items()},
-            "models": {n: ("ready" if n in self.models and self.models[n][0].ready else "not ready") for n in required},
+            "backends": {r.name: ("up" if r.up else "down") + (", breaker open" if r.breaker.state == STATE_OPEN else "")
+                         for r in self.replicas},
+            "models": {n: ("ready" if n in self.models and self.models[n].ready else "not ready") for n in required},
         }
+        if self.draining:
+            detail["draining"] = True
         return ok, detail
 
-    def resolve(self, name: str, task: str | tuple[str, ...]) -> tuple[ModelInfo, Backend]:
-        """The model and backend for a request (of one of the tasks `task` names), or the error the client should get."""
+    def resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
+        """The model a request names (of one of the tasks `task` names), or the error the client should get."""
         if name not in self.models:
-            if not all(self.backend_up.values()):
+            if not all(r.up for r in self.replicas):
                 raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
             raise ModelNotFound(f"model {name!r} does not exist; GET /v1/models lists the models", param="model")
-        info, backend = self.models[name]
+        info = self.models[name]
         tasks = (task,) if isinstance(task, str) else task
         if info.task not in tasks:
             raise InvalidRequest(f"model {name!r} is a {info.task} model, not {' or '.join(tasks)}", param="model")
         if not info.ready:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
-        return info, backend
+        return info
+
+    def _pick(self, model: str, tried: set[Replica]) -> Replica:
+        candidates = [r for r in self.replicas if r not in tried and r.serves(model)]
+        if not candidates:
+            waits = [r.breaker.open_remaining for r in self.replicas if r.breaker.state == STATE_OPEN]
+            raise BackendUnavailable(f"model {model!r} has no live replica right now; retry shortly",
+                                     retry_after=max(1.0, min(waits, default=1.0)))
+        replica = min(candidates, key=lambda r: (r.in_flight, r.picks))
+        replica.picks += 1
+        return replica
+
+    async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
+        """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`. A failed connect
+        is tried on the next replica; anything else is the answer. A Stream keeps its replica busy until closed."""
+        tried: set[Replica] = set()
+        attempts = max(1, sum(1 for r in self.replicas if r.serves(info.name)))
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(BackendConnectFailed),
+                                           stop=stop_after_attempt(attempts), reraise=True):
+            with attempt:
+                replica = self._pick(info.name, tried)
+                tried.add(replica)
+                return await self._run(replica, info, fn)
+        raise AssertionError("unreachable")  # AsyncRetrying either returns or re-raises
+
+    async def _run(self, replica: Replica, info: ModelInfo, fn) -> T:
+        replica.in_flight += 1
+        start = time.perf_counter()
+        held = False
+
+        def release() -> None:
+            replica.in_flight -= 1
+
+        try:
+            with replica.breaker:  # a _BREAKS error counts towards opening it; a success closes it
+                result = await fn(replica.backend, replica.models.get(info.name, info))
+            if isinstance(result, Stream):
+                held = True
+                return _HeldStream(result, release)
+            return result
+        finally:
+            metrics.BACKEND_SECONDS.labels(replica.name).observe(time.perf_counter() - start)
+            if replica.breaker.state == STATE_OPEN:
+                metrics.BREAKER_OPEN.labels(replica.name).set(1)
+            if not held:
+                release()

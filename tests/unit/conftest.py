@@ -10,6 +10,13 @@ from serve.settings import GatewaySettings
 from .fakes import FakeTriton
 
 
+@pytest.fixture(autouse=True)
+def no_canaries(monkeypatch):
+    """The start-up canaries (one real request per model) would show in every fake's call log; only
+    test_canary.py, which is about them, keeps them."""
+    monkeypatch.setattr("serve.gateway.state._CANARIES", {})
+
+
 @pytest.fixture
 def backend():
     return FakeTriton()

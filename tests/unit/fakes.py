@@ -27,7 +27,8 @@ class FakeTriton(Backend):
 
     kind = "triton"
 
-    def __init__(self, models=MODELS):
+    def __init__(self, models=MODELS, url="fake"):
+        self.url = url
         self.models = list(models)
         self.up = True
         self.calls: list[list[str]] = []

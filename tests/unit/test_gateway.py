@@ -61,7 +61,7 @@ def test_backend_down_gives_503_with_retry_after_and_not_ready(client, backend):
     _error(r, 503)
     assert int(r.headers["Retry-After"]) >= 1
     ready = client.get("/readyz")
-    assert ready.status_code == 503 and ready.json()["backends"] == {"triton": "down"}
+    assert ready.status_code == 503 and ready.json()["backends"] == {"triton@fake": "down"}
     assert client.get("/healthz").status_code == 200
 
 

@@ -58,7 +58,7 @@ def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
 
 async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyResponse:
     limits = state.settings
-    info, backend = state.resolve(request.model, (TASK, IMAGE_TASK))
+    info = state.resolve(request.model, (TASK, IMAGE_TASK))
     images = isinstance(request.input[0], ImageInput)  # the validator made it a list
     if info.task == IMAGE_TASK and not images:
         raise InvalidRequest(f'model {info.name!r} classifies images; send input as [{{"image": "<base64 PNG or JPEG>"}}]',
@@ -67,9 +67,11 @@ async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyRes
         raise InvalidRequest(f"model {info.name!r} classifies text; send input as a string or a list of strings",
                              param="input")
     if images:
-        results = await backend.classify_images(info, decode_images(state, request.input), limits.request_timeout_s)
+        encoded = decode_images(state, request.input)
+        results = await state.call(info, lambda b, m: b.classify_images(m, encoded, limits.request_timeout_s))
     else:
-        results = await backend.classify(info, check_texts(state, request.input), limits.request_timeout_s)
+        texts = check_texts(state, request.input)
+        results = await state.call(info, lambda b, m: b.classify(m, texts, limits.request_timeout_s))
     return ClassifyResponse(
         model=info.name,
         data=[ClassifyResult(index=i, label=r.label, score=r.score, scores=r.scores) for i, r in enumerate(results)],

@@ -86,15 +86,15 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
                    key: ApiKey | None = None):
     """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
     _check_bounds(state.settings, request)
-    info, backend = state.resolve(request.model, TASK)
+    info = state.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     if not request.stream:
-        answer = await backend.generate(path, body, info.name)
+        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
         await _count_usage(state, key, info.name, answer.get("usage"))
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
-    stream = await backend.open_stream(path, body, info.name)
+    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
     return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
 
 

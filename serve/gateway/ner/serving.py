@@ -11,9 +11,9 @@ TASK = "token-classification"
 
 async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
     texts = check_texts(state, request.input)
-    info, backend = state.resolve(request.model, TASK)
+    info = state.resolve(request.model, TASK)
     aggregation = request.aggregation or info.extra.get("aggregation") or "first"
-    results = await backend.tag(info, texts, aggregation, state.settings.request_timeout_s)
+    results = await state.call(info, lambda b, m: b.tag(m, texts, aggregation, state.settings.request_timeout_s))
     data = [
         NerResult(
             index=i,

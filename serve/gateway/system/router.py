@@ -38,7 +38,7 @@ async def list_models(request: Request) -> dict:
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
-        for info, _ in sorted(state.models.values(), key=lambda m: m[0].name)
+        for info in sorted(state.models.values(), key=lambda m: m.name)
         if key is None or key.allows(info.name)
     ]
     return {"object": "list", "data": data}
