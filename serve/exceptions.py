@@ -12,9 +12,36 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("rtxserve.gateway")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """Every error the gateway answers, in OpenAI's shape."""
+
+    error: ErrorDetail
+
+
+# Documented on every model route, so that clients (and schemathesis) know each answer's shape.
+ERROR_RESPONSES = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in {
+        400: "a limit of this gateway, or the backend's own refusal of the request",
+        401: "missing or invalid API key", 403: "the API key may not use this model", 404: "no such model",
+        413: "body over the cap", 422: "malformed body", 429: "the key's quota is spent (Retry-After)",
+        431: "headers over the cap", 502: "the backend failed", 503: "overloaded or backend unavailable (Retry-After)",
+        504: "the backend did not answer within the deadline",
+    }.items()
+}
 
 
 class GatewayError(Exception):

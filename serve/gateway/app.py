@@ -23,7 +23,7 @@ from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import router as ner_router
 from .state import GatewayState
-from .system.router import router as system_router
+from .system.router import probes, router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
 
@@ -80,6 +80,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app = FastAPI(title="rtxserve gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = state
     install_handlers(app)
+    app.include_router(probes)
     app.include_router(system_router)
     app.include_router(classify_router)
     app.include_router(generate_router)

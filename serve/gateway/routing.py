@@ -12,6 +12,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
+from ..exceptions import ERROR_RESPONSES
+
 
 class _OrjsonRequest(Request):
     async def json(self):
@@ -31,4 +33,6 @@ class GatewayRoute(APIRoute):
 
 
 def gateway_router(**kwargs) -> APIRouter:
+    """A router whose routes parse with orjson and document every error answer."""
+    kwargs.setdefault("responses", ERROR_RESPONSES)
     return APIRouter(route_class=GatewayRoute, **kwargs)

@@ -137,3 +137,60 @@ def test_a_killed_backend_fails_fast_loses_nothing_and_recovers_without_a_gatewa
         codes = [classify(client, url)[0] for _ in range(100)]
     assert codes.count(200) >= 99, codes
     print(f"recovered {recovered_s:.2f} s after tritonserver was ready again")
+
+
+def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(servers, tmp_path):
+    _, opts, _, _ = servers
+    gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", tmp_path, extra_env={"RTXSERVE_DRAIN_S": "2"})
+    results, stop = [], False
+
+    def load():
+        with httpx.Client() as client:
+            while not stop:
+                results.append(classify(client, url)[0])
+
+    with cf.ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(load) for _ in range(3)]
+        time.sleep(1.0)
+        gateway.signal(signal.SIGTERM)
+        start = time.perf_counter()
+        while httpx.get(f"{url}/readyz").status_code != 503:  # a load balancer's probe
+            assert time.perf_counter() - start < 0.5
+        stop = True  # ...which stops sending; what was in flight must still finish
+        for run in runs:
+            run.result()
+        exit_code = gateway.process.wait(30)
+    assert exit_code == 0
+    assert len(results) > 20 and set(results) == {200}, {c: results.count(c) for c in set(results)}
+
+
+def test_a_second_triton_replica_takes_the_traffic_of_a_killed_one(servers, repo, tmp_path):
+    state, opts, _, logs = servers
+    second_opts = TritonOptions(repository=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    second = start_triton_on(second_opts, tmp_path)
+    try:
+        gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port},127.0.0.1:{second_opts.grpc_port}", tmp_path,
+                                     extra_env={"RTXSERVE_HEALTH_INTERVAL_S": "0.5"})
+        try:
+            codes = []
+            with httpx.Client() as client, cf.ThreadPoolExecutor(4) as pool:
+                def load(seconds):
+                    end = time.monotonic() + seconds
+                    while time.monotonic() < end:
+                        codes.append(classify(client, url)[0])
+
+                runs = [pool.submit(load, 3.0) for _ in range(4)]
+                time.sleep(1.0)
+                second.signal(signal.SIGKILL)
+                for run in runs:
+                    run.result()
+                after = [classify(client, url)[0] for _ in range(50)]
+            failed = [c for c in codes if c != 200]
+            assert set(failed) <= {502, 503} and len(failed) <= 4, failed  # only what was in flight on it
+            assert after == [200] * 50
+            ready = httpx.get(f"{url}/readyz").json()
+            assert ready["status"] == "ready" and list(ready["backends"].values()).count("down") == 1
+        finally:
+            gateway.stop()
+    finally:
+        second.stop()

@@ -1,31 +1,39 @@
 """Health, readiness, metrics and the model list."""
 
 from fastapi import Depends, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
+from .. import metrics
 from ..auth import authenticate, request_key
 from ..routing import gateway_router
 
-from .. import metrics
-
+probes = gateway_router(tags=["system"], responses={})  # probes answer 200 (or readyz 503), nothing else
 router = gateway_router()
 
 
-@router.get("/healthz", tags=["system"])
-@router.get("/health", tags=["system"])
+class Readiness(BaseModel):
+    status: str
+    backends: dict[str, str]
+    models: dict[str, str]
+    draining: bool = False
+
+
+@probes.get("/healthz")
+@probes.get("/health")
 async def healthz() -> dict:
     """Liveness: the gateway process answers (`/health` too: vLLM's name, which guidellm and charts probe)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["system"])
+@probes.get("/readyz", responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready"}})
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: every backend is up and every required model is ready (503 otherwise)."""
     ok, detail = request.app.state.gateway.ready()
     return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
 
 
-@router.get("/metrics", tags=["system"])
+@probes.get("/metrics", response_class=PlainTextResponse)
 async def prometheus() -> Response:
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
