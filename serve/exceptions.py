@@ -8,6 +8,7 @@ backend internals; the cause is logged with the request id instead.
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -102,14 +103,18 @@ def error_response(status: int, message: str, type_: str, *, param=None, code=No
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_UNION_TAG = re.compile(r"[\[-]|^(str|int|float|bool|list|dict|none)$")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, first = [], None
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":
             reason = str((err.get("ctx") or {}).get("error", "")).split(":")[0]  # orjson's reason, not the input
             return "the request body is not valid JSON" + (f" ({reason})" if reason else ""), None
-        # Union members tag the location with their type ("list[str]"): the client's field path has no such part.
-        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p)) or "body"
+        # Union members tag the location with their type ("list[str]", "constrained-str", "str"): the client's
+        # field path has no such part.
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and not _UNION_TAG.search(str(p))) or "body"
         first = first or loc
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}")  # never echo the input back
@@ -134,7 +139,8 @@ def install_handlers(app: FastAPI) -> None:
         message = {404: "no such route", 405: "method not allowed",
                    413: f"the request body is larger than this gateway's limit of "
                         f"{request.app.state.gateway.settings.max_body_bytes} bytes"}.get(exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, message, "invalid_request_error", code=str(exc.status_code))
+        return error_response(exc.status_code, message, "invalid_request_error", code=str(exc.status_code),
+                              headers=exc.headers)  # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

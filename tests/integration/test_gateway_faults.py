@@ -160,7 +160,7 @@ def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(serve
         for run in runs:
             run.result()
         exit_code = gateway.process.wait(30)
-    assert exit_code == 0
+    assert exit_code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled once it has shut down
     assert len(results) > 20 and set(results) == {200}, {c: results.count(c) for c in set(results)}
 
 
@@ -189,7 +189,8 @@ def test_a_second_triton_replica_takes_the_traffic_of_a_killed_one(servers, repo
             assert set(failed) <= {502, 503} and len(failed) <= 4, failed  # only what was in flight on it
             assert after == [200] * 50
             ready = httpx.get(f"{url}/readyz").json()
-            assert ready["status"] == "ready" and list(ready["backends"].values()).count("down") == 1
+            states = sorted(ready["backends"].values())
+            assert ready["status"] == "ready" and states[0].startswith("down") and states[1] == "up", states
         finally:
             gateway.stop()
     finally:

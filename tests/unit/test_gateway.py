@@ -25,7 +25,7 @@ def test_a_single_string_is_one_input(client, backend):
     [
         ({"model": "clf", "input": []}, "input"),
         ({"model": "clf", "input": ["ok", "   "]}, "input"),
-        ({"model": "clf", "input": [1, 2]}, "input.0"),
+        ({"model": "clf", "input": [1, 2]}, "input"),
         ({"model": "clf", "input": None}, "input"),
         ({"model": "clf"}, "input"),
         ({"input": ["x"]}, "model"),

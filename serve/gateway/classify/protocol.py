@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+from ..wire import Text, Texts
 
 
 class TextInputRequest(BaseModel):
@@ -15,19 +17,17 @@ class TextInputRequest(BaseModel):
 
     model: StrictStr = Field(min_length=1, max_length=256)
 
+    # Empty inputs are declared in the schema (Texts) and refused here first, in plain words.
     @field_validator("input", mode="before", check_fields=False)
     @classmethod
     def _one_or_many(cls, value):
-        return [value] if isinstance(value, (str, dict)) else value
-
-    @field_validator("input", check_fields=False)
-    @classmethod
-    def _non_empty(cls, items: list) -> list:
-        if not items:
-            raise ValueError("must hold at least one text")
-        for i, item in enumerate(items):
-            if isinstance(item, str) and not item.strip():
-                raise ValueError(f"text {i} is empty")
+        items = [value] if isinstance(value, (str, dict)) else value
+        if isinstance(items, list):
+            if not items:
+                raise ValueError("must hold at least one text")
+            for i, item in enumerate(items):
+                if isinstance(item, str) and not item.strip():
+                    raise ValueError(f"text {i} is empty")
         return items
 
 
@@ -45,7 +45,7 @@ class ClassifyRequest(TextInputRequest):
     longer than the model's maximum length in tokens are truncated by the tokenizer (as Hugging Face
     pipelines do with truncation=True)."""
 
-    input: list[StrictStr] | list[ImageInput] = Field(
+    input: Text | Texts | Annotated[list[ImageInput], Field(min_length=1)] = Field(
         description='one text, a list of texts, or images as [{"image": "<base64 PNG/JPEG>"}, ...]')
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, Field, StrictStr
 
 from ..classify.protocol import TextInputRequest
+from ..wire import SafeInt, Text, Texts, TokenIds
 
 
 class EmbeddingRequest(TextInputRequest):
@@ -14,11 +15,12 @@ class EmbeddingRequest(TextInputRequest):
     (the tokenizer runs inside the Triton ensemble, which takes text); `dimensions` is accepted only
     when it equals the model's size, because vectors are never truncated silently."""
 
-    input: list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(description="one text, or a list of texts")
+    input: Text | Texts | TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="one text, or a list of texts")
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="base64: the little-endian float32 bytes of each vector (what the openai SDK asks for)"
     )
-    dimensions: StrictInt | None = Field(None, ge=1, description="must equal the model's vector size if given")
+    dimensions: SafeInt | None = Field(None, ge=1, description="must equal the model's vector size if given")
     user: StrictStr | None = Field(None, max_length=256, description="accepted for compatibility; not used")
 
     def token_arrays(self) -> bool:

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ..wire import SafeInt, TokenId
+
 
 class _Generation(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr = Field(min_length=1, max_length=256)
-    max_tokens: int | None = None
-    n: int | None = None
-    best_of: int | None = None
+    max_tokens: SafeInt | None = None
+    n: SafeInt | None = None
+    best_of: SafeInt | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stream: bool | None = False
     stream_options: dict | None = None
@@ -31,14 +33,14 @@ class ChatCompletionRequest(_Generation):
     """OpenAI chat completions; messages and tools are relayed as sent, bounded in count and size."""
 
     messages: list[dict] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: SafeInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: SafeInt | None = None
     tools: list[dict] | None = None
 
 
 class CompletionRequest(_Generation):
     """OpenAI text completions: a prompt as text, texts, token ids or lists of token ids."""
 
-    prompt: StrictStr | list[StrictStr] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
+    logprobs: SafeInt | None = None

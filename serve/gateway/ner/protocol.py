@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, StrictStr
 
 from ..classify.protocol import TextInputRequest
+from ..wire import Text, Texts
 
 Aggregation = Literal["none", "simple", "first", "average", "max"]
 
@@ -17,7 +18,7 @@ class NerRequest(TextInputRequest):
     label per whole word (by its first sub-word, the mean of its sub-words' scores, or the most confident
     sub-word) and then group. Left out: the model's default (set at export)."""
 
-    input: list[StrictStr] = Field(description="one text, or a list of texts")
+    input: Text | Texts = Field(description="one text, or a list of texts")
     aggregation: Aggregation | None = None
 
 
