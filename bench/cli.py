@@ -1,4 +1,5 @@
-"""`rtxserve bench llm|export`: argument parsing only; the work is in bench/llm.py and bench/export.py."""
+"""`rtxserve bench llm|export|gateway`: argument parsing only; the work is in bench/llm.py, bench/export.py and
+bench/gateway.py."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seq", type=int, default=128)
     ex.add_argument("--threads", type=int, default=None, help="threads for PyTorch and ONNX Runtime (default: all cores)")
     ex.add_argument("--out", type=Path, help="folder (default reports/bench-export-<time>)")
+    gw = sub.add_parser("gateway", help="B1: the gateway's overhead and CPU-ms per request vs calling Triton directly")
+    gw.add_argument("--rounds", type=int, default=3)
+    gw.add_argument("--duration", type=float, default=8.0, help="seconds per path, level and round")
+    gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
+    gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
     return parser
 
 
@@ -50,7 +57,19 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     out = args.out or Path("reports") / f"bench-{args.bench}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.bench == "export":
+    if args.bench == "gateway":
+        from .gateway import markdown, run
+
+        try:
+            levels = tuple(int(c) for c in args.concurrency.split(","))
+        except ValueError:
+            return _fail(f"--concurrency {args.concurrency!r}: use numbers separated by commas")
+        if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or args.workers < 1:
+            return _fail("need --rounds >= 1, --duration > 0, --workers >= 1 and concurrency levels >= 1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels,  # noqa: E731
+                            workers=args.workers, progress=_progress)
+        saved = ("bench-gateway.json", "bench-gateway.md", "b1.png")
+    elif args.bench == "export":
         from .export import markdown, run
 
         if args.rounds < 1 or args.iterations < 1 or args.seq < 2:

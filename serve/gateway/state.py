@@ -198,10 +198,16 @@ class GatewayState:
     async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
         """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`. A failed connect
         is tried on the next replica; anything else is the answer. A Stream keeps its replica busy until closed."""
-        tried: set[Replica] = set()
-        attempts = max(1, sum(1 for r in self.replicas if r.serves(info.name)))
+        first = self._pick(info.name, set())
+        try:
+            return await self._run(first, info, fn)  # the hot path: no retry machinery unless it is needed
+        except BackendConnectFailed:
+            tried = {first}
+            others = sum(1 for r in self.replicas if r not in tried and r.serves(info.name))
+            if not others:
+                raise
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BackendConnectFailed),
-                                           stop=stop_after_attempt(attempts), reraise=True):
+                                           stop=stop_after_attempt(others), reraise=True):
             with attempt:
                 replica = self._pick(info.name, tried)
                 tried.add(replica)

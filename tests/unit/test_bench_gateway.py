@@ -1,0 +1,22 @@
+"""B1's arithmetic and report on canned samples (the real run is `rtxserve bench gateway`)."""
+
+import numpy as np
+
+from bench.gateway import _plot, _summary, markdown
+
+
+def test_percentiles_come_from_every_sample_and_errors_are_counted():
+    s = _summary(list(np.arange(1, 1001, dtype=float)), errors=3, seconds=2.0)
+    assert s["p50_ms"] == 500.5 and s["p99_ms"] == 990.01 and s["qps"] == 500.0 and s["errors"] == 3
+
+
+def test_report_states_ratios_against_targets(tmp_path):
+    gw = {"p50_ms": 12, "p90_ms": 15, "p99_ms": 23, "p99.9_ms": 30, "qps": 450, "errors": 0,
+          "gateway_cpu_ms_per_request": 0.8}
+    direct = {"p50_ms": 10, "p90_ms": 13, "p99_ms": 20, "p99.9_ms": 25, "qps": 500, "errors": 0}
+    level = {"concurrency": 8, "medians": {"gateway": gw, "direct": direct}, "p99_ratio": 1.15, "qps_ratio": 0.9,
+             "p50_added_ms": 2}
+    text = markdown({"model": "m", "gateway_workers": 1, "rounds": 3, "duration_s": 8, "levels": [level]})
+    assert "| 8 | 1.15 | 0.9 | 2 | 0.8 |" in text and "| 8 | gateway | 12 |" in text
+    _plot([{**level, "samples": {"gateway": [12.0, 13.0], "direct": [10.0, 11.0]}}], tmp_path / "b1.png")
+    assert (tmp_path / "b1.png").stat().st_size > 10_000
