@@ -72,20 +72,25 @@ class VLLMBackend(Backend):
         ]
 
     async def _send(self, path: str, body: dict, model: str, stream: bool) -> httpx.Response:
-        request = self.client.build_request("POST", path, json=body)
+        request = self.client.build_request("POST", path, content=orjson.dumps(body),
+                                            headers={"content-type": "application/json"})
         try:
             return await self.client.send(request, stream=stream)
         except httpx.ConnectError as exc:  # nothing was sent: another replica may take it
             raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc
         except httpx.TimeoutException as exc:
             raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnavailable(f"model {model} is not reachable; retry shortly") from exc
+        except httpx.HTTPError as exc:  # sent, then the answer broke off (reset, cut, garbage): never resent
+            log.warning("vllm %s: %s", model, type(exc).__name__)
+            raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
 
     async def generate(self, path: str, body: dict, model: str) -> dict:
         response = await self._send(path, body, model, stream=False)
         raise_for_status(response, model)
-        return response.json()
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(f"model {model} sent an answer that is not JSON") from exc
 
     async def open_stream(self, path: str, body: dict, model: str) -> Stream:
         response = await self._send(path, body, model, stream=True)
