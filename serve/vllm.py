@@ -11,8 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from export.checkpoint import check_safetensors
-from export.exceptions import ExportError
+from safetensors import SafetensorError, safe_open
 
 DEFAULT_ENV = Path(".envs/vllm")
 # vLLM accepts only these --max-lora-rank values.
@@ -57,10 +56,11 @@ def check_adapter_base(adapter: Adapter, model: Path) -> None:
     weights = adapter.path / "adapter_model.safetensors"
     shape_ok = True
     if hidden and weights.is_file():
-        try:
-            shapes = check_safetensors(weights)
-        except ExportError as exc:
-            raise VLLMConfigError(f"adapter {adapter.name}: {exc}") from exc
+        try:  # the safetensors library checks the header against the file (a truncated copy fails here)
+            with safe_open(weights, "np") as f:
+                shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+        except (OSError, SafetensorError) as exc:
+            raise VLLMConfigError(f"adapter {adapter.name}: {weights} is damaged or not safetensors ({exc})") from exc
         shape_ok = all(s[1] == hidden for k, s in shapes.items() if "lora_A" in k and k.endswith(("q_proj.lora_A.weight", "gate_proj.lora_A.weight")))
     if not (same_name and shape_ok):
         raise VLLMConfigError(

@@ -8,6 +8,7 @@ import signal
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 from export.encoder import export_text_classification
@@ -195,3 +196,37 @@ def test_a_second_triton_replica_takes_the_traffic_of_a_killed_one(servers, repo
             gateway.stop()
     finally:
         second.stop()
+
+
+def test_overload_from_locust_is_shed_fast_and_what_is_admitted_stays_fast(servers, tmp_path):
+    """R3: 4x the gateway's admission capacity, from real locust users."""
+    from loadtest.report import load_samples
+    from loadtest.runner import run as locust_run
+
+    _, opts, _, _ = servers
+    capacity = 4
+    gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", tmp_path, extra_env={
+        "RTXSERVE_MAX_CONCURRENCY": str(capacity), "RTXSERVE_MAX_QUEUE": "0"})
+    try:
+        runs = {}
+        for name, users in (("at capacity", capacity), ("overloaded", 4 * capacity)):
+            result = locust_run("classify", url, tmp_path / name.replace(" ", "-"), users=users, duration_s=10,
+                                warmup_s=2, env={"RTXSERVE_MODEL": MODEL}, log=lambda *_: None)
+            samples = load_samples(result.out_dir / "samples.csv")
+            steady = samples.end >= samples.end.min() + 2
+            runs[name] = (samples.latency_ms[steady & samples.ok], samples.latency_ms[steady & ~samples.ok],
+                          [e for e, keep in zip(samples.errors, steady[~samples.ok]) if keep],
+                          float(np.ptp(samples.end[steady])) or 1.0)
+    finally:
+        gateway.stop()
+    peak_ok, _, peak_errors, peak_s = runs["at capacity"]
+    ok, shed, errors, seconds = runs["overloaded"]
+    assert not peak_errors, peak_errors[:3]
+    assert len(shed) > len(ok) and all(e.startswith("HTTP 503") for e in errors), errors[:3]
+    p99 = lambda values: float(np.percentile(values, 99))  # noqa: E731
+    print(f"R3: at capacity {len(peak_ok) / peak_s:.0f} QPS P99 {p99(peak_ok):.1f} ms; 4x overload: "
+          f"{len(ok) / seconds:.0f} QPS admitted (P99 {p99(ok):.1f} ms), {len(shed) / seconds:.0f}/s shed "
+          f"(P50 {np.median(shed):.1f} ms, P99 {p99(shed):.1f} ms)")
+    assert np.median(shed) < 50  # shed at once
+    assert p99(ok) <= 2 * p99(peak_ok)  # what is admitted is not slowed by the excess
+    assert len(ok) / seconds >= 0.8 * len(peak_ok) / peak_s  # goodput holds

@@ -1,6 +1,8 @@
 import json
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from serve.vllm import VLLMConfigError, VLLMOptions, read_adapter, vllm_command
 
@@ -50,3 +52,26 @@ def test_not_an_adapter_and_missing_env_are_clear(tmp_path, env):
         read_adapter("x", base)
     with pytest.raises(VLLMConfigError, match="make setup-vllm"):
         vllm_command(VLLMOptions(model=base, served_name="m"), tmp_path / "nowhere")
+
+
+def test_a_truncated_adapter_file_is_named(tmp_path, env):
+    base = _model(tmp_path / "base")
+    adapter = _adapter(tmp_path / "a", base, 8)
+    weights = adapter / "adapter_model.safetensors"
+    save_file({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((8, 128), np.float32)}, weights)
+    vllm_command(VLLMOptions(model=base, served_name="llm", adapters={"a": adapter}), env)  # whole: fine
+    weights.write_bytes(weights.read_bytes()[:-10])
+    with pytest.raises(VLLMConfigError, match="adapter_model.safetensors is damaged"):
+        vllm_command(VLLMOptions(model=base, served_name="llm", adapters={"a": adapter}), env)
+
+
+def test_tool_calling_and_a_chat_template_reach_vllm(tmp_path, env):
+    base = _model(tmp_path / "base")
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    argv, _ = vllm_command(VLLMOptions(model=base, served_name="m", tool_call_parser="hermes", chat_template=template,
+                                       extra_args=["--max-num-seqs=8"]), env)
+    assert argv[argv.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in argv
+    assert argv[argv.index("--chat-template") + 1] == str(template.resolve()) and argv[-1] == "--max-num-seqs=8"
+    with pytest.raises(VLLMConfigError, match="does not exist"):
+        vllm_command(VLLMOptions(model=base, served_name="m", chat_template=tmp_path / "nope"), env)
