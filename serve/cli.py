@@ -87,7 +87,7 @@ def _gateway(args) -> int:
         if value is not None:
             os.environ[f"RTXSERVE_{key}"] = str(value)
     from .gateway.keys import KeyRing, KeysFileError
-    from .settings import GatewaySettings
+    from .gateway.settings import GatewaySettings
 
     try:
         settings = GatewaySettings()

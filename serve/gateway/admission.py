@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..exceptions import error_response
+from .exceptions import error_response
 from . import metrics
 
 

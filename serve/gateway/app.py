@@ -10,10 +10,10 @@ import signal
 
 from fastapi import FastAPI
 
-from ..backends.base import Backend
-from ..backends.factory import make_backends
-from ..exceptions import install_handlers
-from ..settings import GatewaySettings
+from .backends.base import Backend
+from .backends.factory import make_backends
+from .exceptions import install_handlers
+from .settings import GatewaySettings
 from .classify.router import router as classify_router
 from .embeddings.router import router as embeddings_router
 from .generate.router import router as generate_router

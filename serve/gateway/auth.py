@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fastapi import Request
 
-from ..exceptions import Forbidden, Unauthenticated
+from .exceptions import Forbidden, Unauthenticated
 from .keys import ApiKey
 
 

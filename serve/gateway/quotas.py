@@ -22,7 +22,7 @@ from limits.aio.storage import Storage
 from limits.aio.strategies import FixedWindowRateLimiter
 from limits.storage import storage_from_string
 
-from ..exceptions import GatewayError
+from .exceptions import GatewayError
 from .keys import ApiKey
 
 

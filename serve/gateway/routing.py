@@ -12,7 +12,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
-from ..exceptions import ERROR_RESPONSES
+from .exceptions import ERROR_RESPONSES
 
 
 class _OrjsonRequest(Request):

@@ -23,10 +23,10 @@ from typing import TypeVar
 from circuitbreaker import STATE_OPEN, CircuitBreaker
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from ..backends.base import Backend, ModelInfo, Stream
-from ..exceptions import (BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest,
+from .backends.base import Backend, ModelInfo, Stream
+from .exceptions import (BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest,
                           ModelNotFound)
-from ..settings import GatewaySettings
+from .settings import GatewaySettings
 from . import metrics
 from .keys import KeyRing
 from .quotas import Quotas

@@ -6,8 +6,8 @@ import json
 import numpy as np
 from tritonclient.utils import deserialize_bytes_tensor
 
-from serve.backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
-from serve.exceptions import BackendUnavailable
+from serve.gateway.backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
+from serve.gateway.exceptions import BackendUnavailable
 
 LABELS = ("neg", "pos")
 DIM = 4

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from serve.cli import main as serve_main
 from serve.gateway.app import create_app
 from serve.gateway.keys_cli import main as keys_main
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import error_of
 

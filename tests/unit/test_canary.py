@@ -4,9 +4,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import serve.gateway.state as state_module
-from serve.exceptions import BackendError
+from serve.gateway.exceptions import BackendError
 from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import FakeTriton, error_of
 

@@ -10,9 +10,9 @@ import openai
 import pytest
 from prometheus_client import REGISTRY
 
-from serve.backends.base import ModelInfo
-from serve.backends.triton import TritonBackend
-from serve.exceptions import BackendError, BackendUnavailable
+from serve.gateway.backends.base import ModelInfo
+from serve.gateway.backends.triton import TritonBackend
+from serve.gateway.exceptions import BackendError, BackendUnavailable
 
 from .fakes import DIM, MODELS, FakeGrpc, FakeTriton, vector
 from .fakes import error_of as _error

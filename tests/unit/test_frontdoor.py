@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import error_of
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from serve.exceptions import BackendUnavailable
+from serve.gateway.exceptions import BackendUnavailable
 
 from .fakes import error_of as _error
 

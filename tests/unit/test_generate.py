@@ -6,11 +6,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from serve.backends.base import Backend, ModelInfo
-from serve.backends.vllm import SSEStream, raise_for_status
-from serve.exceptions import InvalidRequest
+from serve.gateway.backends.base import Backend, ModelInfo
+from serve.gateway.backends.vllm import SSEStream, raise_for_status
+from serve.gateway.exceptions import InvalidRequest
 from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import error_of
 

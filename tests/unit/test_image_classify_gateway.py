@@ -6,8 +6,8 @@ import base64
 
 import pytest
 
-from serve.backends.base import ModelInfo
-from serve.backends.triton import TritonBackend
+from serve.gateway.backends.base import ModelInfo
+from serve.gateway.backends.triton import TritonBackend
 
 from .fakes import error_of
 
@@ -42,7 +42,7 @@ def test_bad_images_are_400_and_never_reach_the_backend(backend, image, message)
     from fastapi.testclient import TestClient
 
     from serve.gateway.app import create_app
-    from serve.settings import GatewaySettings
+    from serve.gateway.settings import GatewaySettings
 
     settings = GatewaySettings(max_inputs=8, max_image_bytes=100, health_interval_s=60)
     with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:

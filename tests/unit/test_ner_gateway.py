@@ -4,9 +4,9 @@ postprocess model's JSON with a fake gRPC client."""
 import asyncio
 import pytest
 
-from serve.backends.base import ModelInfo
-from serve.backends.triton import TritonBackend
-from serve.exceptions import BackendError
+from serve.gateway.backends.base import ModelInfo
+from serve.gateway.backends.triton import TritonBackend
+from serve.gateway.exceptions import BackendError
 
 from .fakes import FakeGrpc, capitalised, error_of
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from serve.gateway.app import create_app
 from serve.gateway.quotas import SQLiteStorage  # noqa: F401 - registers the async+sqlite scheme
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 from limits.storage import storage_from_string
 
 from .fakes import error_of

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from fastapi.testclient import TestClient
 
-from serve.exceptions import BackendConnectFailed, BackendError, BackendUnavailable
+from serve.gateway.exceptions import BackendConnectFailed, BackendError, BackendUnavailable
 from serve.gateway.app import create_app
-from serve.settings import GatewaySettings
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import FakeTriton, error_of
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from ...exceptions import InvalidRequest
+from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageInput
 

@@ -6,7 +6,7 @@ import base64
 
 import numpy as np
 
-from ...exceptions import InvalidRequest
+from ..exceptions import InvalidRequest
 from .. import metrics
 from ..classify.serving import check_texts
 from ..state import GatewayState

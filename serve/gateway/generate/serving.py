@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from ...backends.base import Stream, StreamBroken
-from ...exceptions import InvalidRequest
+from ..backends.base import Stream, StreamBroken
+from ..exceptions import InvalidRequest
 from .. import metrics
-from ...settings import GatewaySettings
+from ..settings import GatewaySettings
 from ..keys import ApiKey
 from ..state import GatewayState
 from .protocol import ChatCompletionRequest, CompletionRequest
