@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rtxserve.contract import MAX_LORA_RANK
+
 from . import repository
 from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
 from .exceptions import ExportError
@@ -41,7 +43,6 @@ TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "cha
                         "added_tokens.json", "merges.txt", "generation_config.json")
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 # Largest rank vLLM's --max-lora-rank accepts.
-MAX_LORA_RANK = 512
 SAMPLE_PROMPTS = [
     "Hello, how can I help you today?",
     "Summarise the refund policy in one sentence.",

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rtxserve import contract
+
 from .triton_config import (
     DynamicBatching,
     EnsembleStep,
@@ -146,7 +148,7 @@ def classification_entry(
     model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (len(labels),)),), parity)
     postprocess = _classification_postprocess(opts, labels, problem_type)
     # What the gateway needs to serve the entry, read through Triton's model-config API.
-    params = {"rtxserve_task": "text-classification", "rtxserve_labels": json.dumps(labels),
+    params = {contract.PARAM_TASK: contract.TEXT_CLASSIFICATION, contract.PARAM_LABELS: json.dumps(labels),
               "rtxserve_max_length": str(max_length)}
     ensemble = _classifier_ensemble(opts, "TEXT", tokenizer.config.name, input_names, postprocess, params)
     return [ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}), tokenizer, model, postprocess]
@@ -216,8 +218,8 @@ def embedding_entry(
             EnsembleStep(model_name, {n: n for n in input_names}, {"embeddings": "EMBEDDINGS", "token_count": "TOKENS"}),
         ),
         parameters={
-            "rtxserve_task": "feature-extraction",
-            "rtxserve_dimensions": str(dimensions),
+            contract.PARAM_TASK: contract.FEATURE_EXTRACTION,
+            contract.PARAM_DIMENSIONS: str(dimensions),
             "rtxserve_max_length": str(max_length),
         },
     )
@@ -276,9 +278,9 @@ def token_classification_entry(
             EnsembleStep(post_name, {"TEXT": "TEXT", "LOGITS": "LOGITS"}, {"ENTITIES": "ENTITIES"}),
         ),
         parameters={
-            "rtxserve_task": "token-classification",
-            "rtxserve_labels": json.dumps(labels),
-            "rtxserve_aggregation": aggregation,
+            contract.PARAM_TASK: contract.TOKEN_CLASSIFICATION,
+            contract.PARAM_LABELS: json.dumps(labels),
+            contract.PARAM_AGGREGATION: aggregation,
             "rtxserve_max_length": str(max_length),
         },
     )
@@ -320,7 +322,8 @@ def image_classification_entry(
                         inputs=(pixels,))
     postprocess = _classification_postprocess(opts, labels, problem_type)
     ensemble = _classifier_ensemble(opts, "IMAGE", preprocess.name, ["pixel_values"], postprocess,
-                                    {"rtxserve_task": "image-classification", "rtxserve_labels": json.dumps(labels)})
+                                    {contract.PARAM_TASK: contract.IMAGE_CLASSIFICATION,
+                                     contract.PARAM_LABELS: json.dumps(labels)})
     pre_dir = PYTHON_MODELS / "image_preprocess"
     return [
         ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),

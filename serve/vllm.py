@@ -13,9 +13,9 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
+from rtxserve.contract import LORA_RANKS
+
 DEFAULT_ENV = Path(".envs/vllm")
-# vLLM accepts only these --max-lora-rank values.
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 class VLLMConfigError(ValueError):

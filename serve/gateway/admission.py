@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from .exceptions import error_response
 from . import metrics
+from .exceptions import error_response
 
 
 class Admission:

@@ -10,20 +10,21 @@ import signal
 
 from fastapi import FastAPI
 
+from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
-from .exceptions import install_handlers
-from .settings import GatewaySettings
 from .classify.router import router as classify_router
 from .embeddings.router import router as embeddings_router
-from .generate.router import router as generate_router
-from .admission import Admission
+from .exceptions import install_handlers
 from .frontdoor import FrontDoor
+from .generate.router import router as generate_router
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import router as ner_router
+from .settings import GatewaySettings
 from .state import GatewayState
-from .system.router import probes, router as system_router
+from .system.router import probes
+from .system.router import router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
 

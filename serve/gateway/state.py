@@ -23,13 +23,21 @@ from typing import TypeVar
 from circuitbreaker import STATE_OPEN, CircuitBreaker
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from .backends.base import Backend, ModelInfo, Stream
-from .exceptions import (BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest,
-                          ModelNotFound)
-from .settings import GatewaySettings
+from rtxserve import contract
+
 from . import metrics
+from .backends.base import Backend, ModelInfo, Stream
+from .exceptions import (
+    BackendConnectFailed,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+)
 from .keys import KeyRing
 from .quotas import Quotas
+from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
 T = TypeVar("T")
@@ -48,11 +56,11 @@ def _png_1x1() -> bytes:
 # A model is ready only once it has answered one real request of its task (deep readiness): a model
 # that loads but cannot infer must not take traffic.
 _CANARIES = {
-    "text-classification": lambda b, m, t: b.classify(m, ["ok"], t),
-    "image-classification": lambda b, m, t: b.classify_images(m, [_png_1x1()], t),
-    "feature-extraction": lambda b, m, t: b.embed(m, ["ok"], t),
-    "token-classification": lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
-    "text-generation": lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
+    contract.TEXT_CLASSIFICATION: lambda b, m, t: b.classify(m, ["ok"], t),
+    contract.IMAGE_CLASSIFICATION: lambda b, m, t: b.classify_images(m, [_png_1x1()], t),
+    contract.FEATURE_EXTRACTION: lambda b, m, t: b.embed(m, ["ok"], t),
+    contract.TOKEN_CLASSIFICATION: lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
+    contract.TEXT_GENERATION: lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
                                                   m.name),
 }
 

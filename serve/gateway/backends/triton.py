@@ -15,7 +15,15 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from ..exceptions import BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from rtxserve import contract
+
+from ..exceptions import (
+    BackendConnectFailed,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+)
 from .base import Backend, Classification, Embedding, ModelInfo, Tagging
 
 log = logging.getLogger("rtxserve.gateway.triton")
@@ -81,7 +89,7 @@ class TritonBackend(Backend):
 
     def _model_info(self, entry: dict, config: dict | None) -> ModelInfo | None:
         params = {k: v.get("string_value", "") for k, v in (config or {}).get("parameters", {}).items()}
-        task = params.get("rtxserve_task")
+        task = params.get(contract.PARAM_TASK)
         if not task:
             return None
         return ModelInfo(
@@ -89,10 +97,10 @@ class TritonBackend(Backend):
             task=task,
             backend=self.kind,
             ready=entry.get("state") == "READY",
-            labels=tuple(json.loads(params.get("rtxserve_labels", "[]"))),
+            labels=tuple(json.loads(params.get(contract.PARAM_LABELS, "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
-            dimensions=int(params.get("rtxserve_dimensions") or 0),
-            extra={"aggregation": params["rtxserve_aggregation"]} if "rtxserve_aggregation" in params else {},
+            dimensions=int(params.get(contract.PARAM_DIMENSIONS) or 0),
+            extra={"aggregation": params[contract.PARAM_AGGREGATION]} if contract.PARAM_AGGREGATION in params else {},
         )
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:

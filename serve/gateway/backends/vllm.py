@@ -11,7 +11,15 @@ import logging
 import httpx
 import orjson
 
-from ..exceptions import BackendConnectFailed, BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from rtxserve.contract import TEXT_GENERATION
+
+from ..exceptions import (
+    BackendConnectFailed,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+)
 from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk
 
 log = logging.getLogger("rtxserve.gateway.vllm")
@@ -66,7 +74,7 @@ class VLLMBackend(Backend):
         except (httpx.HTTPError, ValueError) as exc:
             raise BackendUnavailable(f"vLLM at {self.url} is unreachable: {type(exc).__name__}") from exc
         return [
-            ModelInfo(name=m["id"], task="text-generation", backend=self.kind, ready=True,
+            ModelInfo(name=m["id"], task=TEXT_GENERATION, backend=self.kind, ready=True,
                       extra={"max_model_len": m.get("max_model_len"), "parent": m.get("parent") or m.get("root")})
             for m in data
         ]

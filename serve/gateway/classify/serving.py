@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import binascii
 
+from rtxserve.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
+
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageInput
 
-TASK = "text-classification"
-IMAGE_TASK = "image-classification"
+TASK, IMAGE_TASK = TEXT_CLASSIFICATION, IMAGE_CLASSIFICATION
 _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
 
 

@@ -6,13 +6,15 @@ import base64
 
 import numpy as np
 
-from ..exceptions import InvalidRequest
+from rtxserve.contract import FEATURE_EXTRACTION
+
 from .. import metrics
 from ..classify.serving import check_texts
+from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 
-TASK = "feature-extraction"
+TASK = FEATURE_EXTRACTION
 
 
 def _check_texts(state: GatewayState, request: EmbeddingRequest) -> list[str]:

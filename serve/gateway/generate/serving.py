@@ -12,16 +12,18 @@ from collections.abc import AsyncIterator
 
 import orjson
 
+from rtxserve.contract import TEXT_GENERATION
+
+from .. import metrics
 from ..backends.base import Stream, StreamBroken
 from ..exceptions import InvalidRequest
-from .. import metrics
-from ..settings import GatewaySettings
 from ..keys import ApiKey
+from ..settings import GatewaySettings
 from ..state import GatewayState
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("rtxserve.gateway")
-TASK = "text-generation"
+TASK = TEXT_GENERATION
 
 
 def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:

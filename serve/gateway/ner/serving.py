@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from rtxserve.contract import TOKEN_CLASSIFICATION
+
 from ..classify.serving import check_texts
 from ..state import GatewayState
 from .protocol import Entity, NerRequest, NerResponse, NerResult
 
-TASK = "token-classification"
+TASK = TOKEN_CLASSIFICATION
 
 
 async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
