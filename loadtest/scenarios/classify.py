@@ -1,10 +1,13 @@
 """Closed-loop text classification: each user posts to /v1/classify as soon as its last answer came.
 
-Env: RTXSERVE_MODEL (model name), RTXSERVE_BATCH (texts per request, default 1).
+Env: RTXSERVE_MODEL (model name), RTXSERVE_BATCH (texts per request, default 1), RTXSERVE_HONOUR_RETRY_AFTER
+(1: after a 429 / 503 with Retry-After a user waits that long, as the openai SDK and well-behaved clients do;
+default 0: it sends again at once, the worst case for the server).
 """
 
 import os
 import random
+import time
 
 from locust import FastHttpUser, constant, task
 
@@ -12,6 +15,7 @@ from loadtest.scenarios import samples  # noqa: F401  (registers the raw-sample 
 
 MODEL = os.environ.get("RTXSERVE_MODEL", "")
 BATCH = int(os.environ.get("RTXSERVE_BATCH", "1"))
+HONOUR_RETRY_AFTER = os.environ.get("RTXSERVE_HONOUR_RETRY_AFTER", "0") == "1"
 TEXTS = [
     "I love this product, it works perfectly.",
     "Terrible. It broke after one day and support never answered.",
@@ -33,6 +37,9 @@ class ClassifyUser(FastHttpUser):
                               name="classify", catch_response=True) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
+                retry_after = response.headers.get("retry-after")
+                if HONOUR_RETRY_AFTER and response.status_code in (429, 503) and retry_after:
+                    time.sleep(float(retry_after))  # cooperative: locust runs users on gevent
                 return
             data = response.json().get("data", [])
             if len(data) != len(texts) or not all(isinstance(d.get("label"), str) for d in data):
