@@ -1,6 +1,7 @@
 """A fake Triton backend for in-process gateway tests (ASGI, no sockets), and the error-shape check
 every gateway test applies."""
 
+import asyncio
 import json
 
 import numpy as np
@@ -62,6 +63,18 @@ class FakeTriton(Backend):
         self._record(texts)
         self.aggregations = [*getattr(self, "aggregations", []), aggregation]
         return [Tagging(capitalised(t), len(t) > 40, len(t.split()) + 2) for t in texts]
+
+
+class SlowTriton(FakeTriton):
+    """Takes `delay_s` per classify call, so that requests overlap."""
+
+    def __init__(self, delay_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    async def classify(self, model, texts, timeout_s):
+        await asyncio.sleep(self.delay_s)
+        return await super().classify(model, texts, timeout_s)
 
 
 def capitalised(text: str) -> list[dict]:

@@ -1,6 +1,5 @@
 """Admission control: slots, a bounded queue, fast 503 + Retry-After past them, probes never queued."""
 
-import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,19 +9,14 @@ from fastapi.testclient import TestClient
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
-from .fakes import FakeTriton, error_of
+from .fakes import SlowTriton, error_of
 
-
-class SlowTriton(FakeTriton):
-    async def classify(self, model, texts, timeout_s):
-        await asyncio.sleep(0.6)
-        return await super().classify(model, texts, timeout_s)
 
 
 @pytest.fixture
 def busy():
     settings = GatewaySettings(max_concurrency=2, max_queue=1, queue_timeout_s=5, health_interval_s=60)
-    with TestClient(create_app(settings, [SlowTriton()]), raise_server_exceptions=False) as c:
+    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -50,7 +44,7 @@ def test_past_the_slots_and_the_queue_requests_are_shed_fast(busy):
 
 def test_a_queued_request_that_waits_too_long_is_503():
     settings = GatewaySettings(max_concurrency=1, max_queue=4, queue_timeout_s=0.2, health_interval_s=60)
-    with TestClient(create_app(settings, [SlowTriton()]), raise_server_exceptions=False) as client:
+    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as client:
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(lambda _: timed_post(client), range(2)))
     waited = [(r, s) for r, s in results if r.status_code == 503]

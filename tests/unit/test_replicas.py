@@ -1,7 +1,6 @@
 """Several replicas of a backend: least-busy routing, a dead replica's traffic moves to the live one,
 connect failures tried on the next replica and nothing else retried, per-replica circuit breakers."""
 
-import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -11,20 +10,15 @@ from serve.gateway.exceptions import BackendConnectFailed, BackendError, Backend
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
-from .fakes import FakeTriton, error_of
+from .fakes import SlowTriton, error_of
 
 BODY = {"model": "clf", "input": "good"}
 
 
-class SlowTriton(FakeTriton):
-    async def classify(self, model, texts, timeout_s):
-        await asyncio.sleep(0.3)
-        return await super().classify(model, texts, timeout_s)
-
 
 @pytest.fixture
 def pair():
-    return SlowTriton(url="a"), SlowTriton(url="b")
+    return SlowTriton(0.3, url="a"), SlowTriton(0.3, url="b")
 
 
 @pytest.fixture
