@@ -93,6 +93,11 @@ def _gateway(args) -> int:
         settings = GatewaySettings()
         if settings.keys_file:
             KeyRing(settings.keys_file)  # a damaged keys file stops us here, in one line, not in every worker
+        if settings.otlp_endpoint:
+            import importlib.util
+
+            if importlib.util.find_spec("opentelemetry.instrumentation.fastapi") is None:
+                raise ValueError("otlp_endpoint is set but tracing is not installed: pip install 'rtxserve[otel]'")
     except KeysFileError as exc:
         print(f"rtxserve serve gateway: error: {exc}", file=sys.stderr)
         return 2

@@ -91,4 +91,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
                        queue_timeout_s=settings.queue_timeout_s)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
+    if settings.otlp_endpoint:
+        from .tracing import install_tracing
+
+        install_tracing(app, settings.otlp_endpoint)
     return app

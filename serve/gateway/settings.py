@@ -31,6 +31,8 @@ class GatewaySettings(BaseSettings):
     breaker_reset_s: float = Field(10.0, gt=0, description="how long an open breaker keeps traffic away")
     keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`); none: no auth, "
                                    "allowed only when the gateway binds to loopback")
+    otlp_endpoint: str = Field("", description="OpenTelemetry OTLP/HTTP traces endpoint, e.g. "
+                               "http://127.0.0.1:4318/v1/traces; empty: no tracing (needs the otel extra)")
     rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
                                     "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
                                     "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
