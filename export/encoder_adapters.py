@@ -15,10 +15,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rtxserve import lora
+
 from .checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
                          check_task, find_weights, is_adapter, label_names, read_json)
 from .exceptions import ExportError
-from .llm import _LORA_KEY, AdapterInfo, base_folder, raise_misfit, read_lora
+from .llm import AdapterInfo, base_folder, raise_misfit, read_lora
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +79,7 @@ def _meta_model(auto_class, config, num_labels: int | None):
     with torch.device("meta"):
         model = auto_class.from_config(config)
     params = {name: list(p.shape) for name, p in model.named_parameters()}
-    layers = {}
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear):
-            layers[name] = (module.in_features, module.out_features)
-        elif isinstance(module, torch.nn.modules.conv._ConvNd):
-            layers[name] = (module.in_channels, module.out_channels)
+    layers = lora.layers_from_weights(params, {"tie_word_embeddings": False})
     return type(model).__name__, params, layers
 
 
@@ -96,17 +93,10 @@ def _labels(adapter_dir: Path, base_config: dict, count: int) -> list[str]:
     return [f"LABEL_{i}" for i in range(count)]
 
 
-def _check_fit(adapter: AdapterInfo, base: Path, arch: str, params: dict, layers: dict, lora: dict, head: dict) -> None:
+def _check_fit(adapter: AdapterInfo, base: Path, arch: str, params: dict, layers: dict, head: dict) -> None:
     """Every LoRA tensor against the layer it adapts, every saved head tensor against the base's parameter."""
-    mismatch = []
-    for key, (module, ab, shape) in lora.items():
-        if module not in layers:
-            mismatch.append(f"{module} (no such Linear layer in the base's {arch})")
-            continue
-        fan_in, fan_out = layers[module]
-        expected = [shape[0], fan_in, *shape[2:]] if ab == "A" else [fan_out, *shape[1:]]
-        if list(shape) != expected:
-            mismatch.append(f"{key} has shape {shape}, the base needs {expected}")
+    mismatch, _ = lora.misfits(adapter.shapes, layers)
+    mismatch = [m.replace("in the base)", f"in the base's {arch})") for m in mismatch]
     for name, (key, shape) in head.items():
         if name not in params:
             mismatch.append(f"{key} (no such parameter in the base's {arch})")
@@ -168,16 +158,13 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
     label_dims = {n: next(i for i, (a, b) in enumerate(zip(s, params_plus[n])) if a != b)
                   for n, s in params.items() if s != params_plus.get(n, s)}
 
-    lora, head = {}, {}
+    head = {}
     for key, shape in adapter.shapes.items():
-        match = _LORA_KEY.match(key)
-        if match:
-            lora[key] = (match["module"], match["ab"], shape)
-        elif ".lora_" not in key and "trainable_tokens" not in key:
+        if ".lora_" not in key and "trainable_tokens" not in key:
             # (lora_embedding_A/B, DoRA magnitudes and trainable-token deltas are left to peft's own load)
             name = _SAVED_COPY.sub(".", key.removeprefix(_PREFIX))
             head[name] = (key, shape)
-    if not lora:
+    if not any(lora.LORA_KEY.match(key) for key in adapter.shapes):
         raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
 
     counts = {head[n][1][d] for n, d in label_dims.items() if n in head and len(head[n][1]) > d}
@@ -195,7 +182,7 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
     if num_labels != base_labels:
         arch, params, layers = _meta_model(auto_class, config, num_labels)
 
-    _check_fit(adapter, base_path, arch, params, layers, lora, head)
+    _check_fit(adapter, base_path, arch, params, layers, head)
     recorded = adapter.recorded_base.rstrip("/")
     if base is not None and recorded and Path(recorded).name != base_path.name:
         log.warning("note: the adapter records base %s, merged with %s; its tensor shapes fit", recorded, base_path)

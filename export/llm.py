@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtxserve.contract import MAX_LORA_RANK
+from rtxserve import lora
 
 from . import repository
 from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
@@ -158,66 +157,23 @@ def read_lora(path: Path) -> AdapterInfo:
                        str(config.get("base_model_name_or_path") or ""), weights, shapes)
 
 
-def _base_linears(base: LLMCheckpoint) -> dict[str, tuple[int, int]]:
-    """Module path -> (in_features, out_features) of every Linear layer, from a weightless (meta) model."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(base.path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return {name: (m.in_features, m.out_features) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
-
-
-_LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
-
-
 def raise_misfit(adapter: AdapterInfo, base: Path, mismatch: list[str]) -> None:
-    """ExportError naming the adapter, the base and the first mismatching tensors, if there are any."""
     if mismatch:
-        raise ExportError(
-            f"adapter {adapter.path} does not fit base model {base} (the adapter records base "
-            f"{adapter.recorded_base or '(none)'}): {'; '.join(mismatch[:3])}"
-            + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else "")
-            + "; pass the base it was trained on with --base"
-        )
+        raise ExportError(lora.misfit_message(adapter.path, adapter.recorded_base, base, mismatch) + " (--base)")
 
 
 def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vllm: bool) -> None:
-    """Every LoRA tensor must fit a Linear layer of the base: a wrong base fails here with both names."""
-    if adapter.rank > MAX_LORA_RANK and for_vllm:
-        raise ExportError(f"LoRA rank {adapter.rank} is above vLLM's maximum {MAX_LORA_RANK}; merge it with --merge instead")
-    linears = _base_linears(base)
-    mismatch = []
-    seen = set()
-    for key, shape in adapter.shapes.items():
-        match = _LORA_KEY.match(key)
-        if not match:
-            continue
-        module, ab = match["module"], match["ab"]
-        seen.add(module.rsplit(".", 1)[-1])
-        if module not in linears:
-            mismatch.append(f"{module} (no such Linear layer in the base)")
-            continue
-        fan_in, fan_out = linears[module]
-        expected = [adapter.rank, fan_in] if ab == "A" else [fan_out, adapter.rank]
-        if list(shape) != expected:
-            mismatch.append(f"{key} has shape {shape}, the base needs {expected}")
+    """Every LoRA tensor must fit a layer of the base: a wrong base fails here with both names."""
+    mismatch, adapted = lora.misfits(adapter.shapes, lora.layers_from_weights(lora.tensor_shapes(base.weights), base.config))
     raise_misfit(adapter, base.path, mismatch)
-    if not seen:
+    if not adapted:
         raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
-    if for_vllm:
-        unsupported = sorted(m for m in seen if m in {"lm_head", "embed_tokens"})
-        extra = adapter.config.get("modules_to_save") or []
-        if unsupported or extra:
-            raise ExportError(
-                f"vLLM cannot serve LoRA on {', '.join(unsupported + list(extra))} (target modules / modules_to_save of "
-                f"{adapter.path}); merge the adapter into its base with --merge instead"
-            )
-    names = {str(base.path), str(base.path.resolve()), base.path.name}
-    recorded = adapter.recorded_base.rstrip("/")
-    if recorded and recorded not in names and Path(recorded).name != base.path.name:
-        log.warning("note: the adapter records base %s, merged/served with %s; its tensor shapes fit", recorded, base.path)
+    problem = lora.vllm_problems(adapted, adapter.config) if for_vllm else None
+    if problem:
+        raise ExportError(f"{problem} in {adapter.path}; merge the adapter into its base with --merge instead")
+    if not lora.same_base_name(adapter.recorded_base, base.path):
+        log.warning("note: the adapter records base %s, merged/served with %s; its tensor shapes fit",
+                    adapter.recorded_base, base.path)
 
 
 def detect_qlora(adapter_dir: Path) -> bool:

@@ -7,15 +7,18 @@ loopback by default: clients reach it through the gateway, which holds keys and 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
+from rtxserve import lora
 from rtxserve.contract import LORA_RANKS
 
 DEFAULT_ENV = Path(".envs/vllm")
+log = logging.getLogger(__name__)
 
 
 class VLLMConfigError(ValueError):
@@ -26,9 +29,11 @@ class VLLMConfigError(ValueError):
 class Adapter:
     name: str
     path: Path
-    rank: int
-    base: str
-    target_modules: tuple[str, ...]
+    config: dict
+
+    @property
+    def rank(self) -> int:
+        return int(self.config.get("r", 8))
 
 
 def read_adapter(name: str, path: Path) -> Adapter:
@@ -41,32 +46,48 @@ def read_adapter(name: str, path: Path) -> Adapter:
         raise VLLMConfigError(f"adapter {name}: {config_path} is not valid JSON ({exc})") from exc
     if config.get("peft_type", "LORA") != "LORA":
         raise VLLMConfigError(f"adapter {name}: peft_type {config.get('peft_type')} is not LoRA; vLLM serves LoRA adapters")
-    targets = config.get("target_modules") or []
-    return Adapter(name, Path(path), int(config.get("r", 8)), str(config.get("base_model_name_or_path") or ""),
-                   tuple([targets] if isinstance(targets, str) else targets))
+    return Adapter(name, Path(path), config)
+
+
+def _shapes(files: list[Path], what: str) -> dict[str, list[int]]:
+    try:  # the safetensors library checks each header against its file (a truncated copy fails here)
+        return lora.tensor_shapes(files)
+    except (OSError, SafetensorError) as exc:
+        raise VLLMConfigError(f"{what}: {', '.join(map(str, files))} is damaged or not safetensors ({exc})") from exc
+
+
+def _base_weights(model: Path) -> list[Path]:
+    index = model / "model.safetensors.index.json"
+    if index.is_file():
+        return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
+    return [model / "model.safetensors"] if (model / "model.safetensors").is_file() else []
 
 
 def check_adapter_base(adapter: Adapter, model: Path) -> None:
-    """Refuse an adapter trained on another base: by the recorded base name and by tensor shapes."""
-    base = adapter.base.rstrip("/")
-    names = {str(model).rstrip("/"), str(Path(model).resolve()), Path(model).name}
-    same_name = base in names or Path(base).name == Path(model).name
-    config = json.loads((Path(model) / "config.json").read_text())
-    hidden = config.get("hidden_size")
+    """Refuse an adapter that does not fit the served model (rtxserve.lora, as export checks it) or that
+    vLLM cannot serve unmerged."""
     weights = adapter.path / "adapter_model.safetensors"
-    shape_ok = True
-    if hidden and weights.is_file():
-        try:  # the safetensors library checks the header against the file (a truncated copy fails here)
-            with safe_open(weights, "np") as f:
-                shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
-        except (OSError, SafetensorError) as exc:
-            raise VLLMConfigError(f"adapter {adapter.name}: {weights} is damaged or not safetensors ({exc})") from exc
-        shape_ok = all(s[1] == hidden for k, s in shapes.items() if "lora_A" in k and k.endswith(("q_proj.lora_A.weight", "gate_proj.lora_A.weight")))
-    if not (same_name and shape_ok):
-        raise VLLMConfigError(
-            f"adapter {adapter.name} was trained on base model {adapter.base or '(not recorded)'}, "
-            f"but the served model is {model}; serve it with its own base or retrain it"
-        )
+    if not weights.is_file():
+        raise VLLMConfigError(f"adapter {adapter.name}: no adapter_model.safetensors in {adapter.path} "
+                              "(save the adapter with safe_serialization=True)")
+    shapes = _shapes([weights], f"adapter {adapter.name}")
+    base_files = _base_weights(model)
+    if not base_files:
+        raise VLLMConfigError(f"no safetensors weights in {model} to check adapter {adapter.name} against")
+    config = json.loads((model / "config.json").read_text())
+    mismatch, adapted = lora.misfits(shapes, lora.layers_from_weights(_shapes(base_files, f"model {model}"), config))
+    if mismatch:
+        raise VLLMConfigError(f"adapter {adapter.name}: "
+                              + lora.misfit_message(adapter.path, adapter.config.get("base_model_name_or_path", ""), model, mismatch))
+    if not adapted:
+        raise VLLMConfigError(f"adapter {adapter.name}: {weights} holds no LoRA tensors")
+    problem = lora.vllm_problems(adapted, adapter.config)
+    if problem:
+        raise VLLMConfigError(f"adapter {adapter.name}: {problem}; merge it into its base with "
+                              "`rtxserve export llm ADAPTER --merge` and serve the merged model")
+    recorded = str(adapter.config.get("base_model_name_or_path") or "")
+    if not lora.same_base_name(recorded, model):
+        log.warning("adapter %s records base %s and is served on %s; its tensor shapes fit", adapter.name, recorded, model)
 
 
 @dataclass
@@ -104,9 +125,7 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
         for adapter in adapters:
             check_adapter_base(adapter, model)
         top = max(a.rank for a in adapters)
-        rank = next((r for r in LORA_RANKS if r >= top), None)
-        if rank is None:
-            raise VLLMConfigError(f"LoRA rank {top} is above vLLM's maximum {LORA_RANKS[-1]}")
+        rank = next(r for r in LORA_RANKS if r >= top)  # checked: top is at most the largest
         argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
                  "--lora-modules", *(f"{a.name}={a.path.resolve()}" for a in adapters)]
     if opts.tool_call_parser:

@@ -143,7 +143,7 @@ def test_a_bare_encoder_adapter_fits_feature_extraction_only(base, tmp_path):
     assert resolved.checkpoint.architecture == "BertModel"
     _edit_config(adapter, task_type=None)
     # Its tensors are named without the bert. prefix: they fit AutoModel, not a classifier.
-    with pytest.raises(ExportError, match=r"encoder.layer.0.attention.self.query \(no such Linear layer"):
+    with pytest.raises(ExportError, match=r"encoder.layer.0.attention.self.query \(no such layer"):
         resolve_adapter(adapter, "text-classification")
 
 

@@ -4,7 +4,9 @@ import json
 import logging
 import shutil
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from export import cli
 from export.exceptions import ExportError, ParityError
@@ -89,9 +91,9 @@ def test_adapter_is_checked_against_its_base_and_packaged_for_vllm(llm, tmp_path
 def test_adapter_on_another_base_is_refused_with_both_names(llm, tmp_path):
     other = tmp_path / "other-base"
     shutil.copytree(llm / "base", other)
-    config = json.loads((other / "config.json").read_text())
-    config |= {"hidden_size": 256, "head_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 4}
-    (other / "config.json").write_text(json.dumps(config))
+    weights = load_file(other / "model.safetensors")  # another model: its attention projects to 256
+    save_file({k: np.zeros((256, v.shape[1]), v.dtype) if k.endswith("q_proj.weight") else v
+               for k, v in weights.items()}, other / "model.safetensors")
     with pytest.raises(ExportError) as info:
         export_llm(llm / "adapter-a", tmp_path / "out", base=other)
     assert str(other) in str(info.value) and str(llm / "base") in str(info.value) and "shape" in str(info.value)

@@ -8,15 +8,25 @@ from serve.vllm import VLLMConfigError, VLLMOptions, read_adapter, vllm_command
 
 
 def _model(path, hidden=128):
+    """A model folder whose weights' headers say what its layers are (the check reads nothing else)."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"hidden_size": hidden}))
+    save_file({f"model.layers.0.self_attn.{p}.weight": np.zeros((hidden, hidden), np.float32) for p in ("q_proj", "v_proj")}
+              | {"model.embed_tokens.weight": np.zeros((32, hidden), np.float32)}, path / "model.safetensors")
     return path
 
 
-def _adapter(path, base, rank=8):
+def _adapter(path, base, rank=8, hidden=128, targets=("q_proj",)):
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": rank, "base_model_name_or_path": str(base), "target_modules": ["q_proj"]}))
+        {"peft_type": "LORA", "r": rank, "base_model_name_or_path": str(base), "target_modules": list(targets)}))
+    key = "base_model.model.{}.lora_{}.weight"
+    tensors = {}
+    for t in targets:
+        module = "lm_head" if t == "lm_head" else f"model.layers.0.self_attn.{t}"
+        tensors[key.format(module, "A")] = np.zeros((rank, hidden), np.float32)
+        tensors[key.format(module, "B")] = np.zeros((32 if t == "lm_head" else hidden, rank), np.float32)
+    save_file(tensors, path / "adapter_model.safetensors")
     return path
 
 
@@ -39,11 +49,26 @@ def test_command_serves_adapters_with_a_rank_vllm_accepts(tmp_path, env):
     assert proc_env["VLLM_CPU_KVCACHE_SPACE"] == "1" and proc_env["HF_HUB_OFFLINE"] == "1"
 
 
-def test_adapter_of_another_base_is_refused_with_both_names(tmp_path, env):
+def test_adapter_of_another_base_is_refused_with_both_names(tmp_path, env, caplog):
     base = _model(tmp_path / "base")
-    opts = VLLMOptions(model=base, served_name="llm", adapters={"a": _adapter(tmp_path / "a", "meta-llama/Llama-3-8B")})
-    with pytest.raises(VLLMConfigError, match=r"adapter a was trained on base model meta-llama/Llama-3-8B.*served model is .*base"):
-        vllm_command(opts, env)
+    other = _adapter(tmp_path / "a", "meta-llama/Llama-3-8B", hidden=256)
+    with pytest.raises(VLLMConfigError, match=r"adapter a: adapter .*/a does not fit base model .*base \(the adapter "
+                                              r"records base meta-llama/Llama-3-8B\): .*q_proj.lora_A.weight has shape"):
+        vllm_command(VLLMOptions(model=base, served_name="llm", adapters={"a": other}), env)
+    # Another name for the same base (a hub name, a local copy): the shapes decide, the name is noted.
+    renamed = _adapter(tmp_path / "b", "meta-llama/Llama-3-8B")
+    vllm_command(VLLMOptions(model=base, served_name="llm", adapters={"b": renamed}), env)
+    assert "records base meta-llama/Llama-3-8B" in caplog.text
+
+
+def test_what_vllm_cannot_serve_unmerged_is_refused(tmp_path, env):
+    base = _model(tmp_path / "base")
+    for name, adapter, reason in [
+        ("big", _adapter(tmp_path / "big", base, rank=1024), "rank 1024 is above vLLM's maximum 512"),
+        ("head", _adapter(tmp_path / "head", base, targets=("q_proj", "lm_head")), "cannot serve LoRA on lm_head"),
+    ]:
+        with pytest.raises(VLLMConfigError, match=f"adapter {name}: .*{reason}.*--merge"):
+            vllm_command(VLLMOptions(model=base, served_name="llm", adapters={name: adapter}), env)
 
 
 def test_not_an_adapter_and_missing_env_are_clear(tmp_path, env):
@@ -58,7 +83,6 @@ def test_a_truncated_adapter_file_is_named(tmp_path, env):
     base = _model(tmp_path / "base")
     adapter = _adapter(tmp_path / "a", base, 8)
     weights = adapter / "adapter_model.safetensors"
-    save_file({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": np.zeros((8, 128), np.float32)}, weights)
     vllm_command(VLLMOptions(model=base, served_name="llm", adapters={"a": adapter}), env)  # whole: fine
     weights.write_bytes(weights.read_bytes()[:-10])
     with pytest.raises(VLLMConfigError, match="adapter_model.safetensors is damaged"):
