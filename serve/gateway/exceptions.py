@@ -84,6 +84,11 @@ class BackendConnectFailed(BackendUnavailable):
     """No connection could be made: nothing was sent, so another replica may be tried."""
 
 
+class Overloaded(GatewayError):
+    """Admission control refused the request (Retry-After)."""
+    status, type, code = 503, "service_unavailable", "overloaded"
+
+
 class BackendTimeout(GatewayError):
     status, type, code = 504, "timeout", "backend_timeout"
 

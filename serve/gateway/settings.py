@@ -43,6 +43,9 @@ class GatewaySettings(BaseSettings):
                            "so that load balancers stop sending before the gateway stops accepting")
     max_concurrency: int = Field(256, ge=1, description="model requests in flight per worker; more wait in the queue")
     max_queue: int = Field(512, ge=0, description="model requests waiting per worker; more are refused at once (503)")
+    model_concurrency: dict[str, int] = Field(
+        default_factory=dict, description='model -> its requests in flight per worker (streams count until they end), '
+        'e.g. {"llm": 32}; more wait in a queue of max_queue. Models not named share only max_concurrency')
     queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
     required_models: list[str] = Field(

@@ -26,6 +26,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from rtxserve import contract
 
 from . import metrics
+from .admission import Gate
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import (
     BackendConnectFailed,
@@ -114,6 +115,8 @@ class GatewayState:
         self.quotas = Quotas(settings.rate_limit_storage or "async+memory://") if self.keys else None
         self.draining = False
         self.last_refresh = 0.0
+        self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
+                      for m, n in settings.model_concurrency.items()}
 
     async def _refresh_replica(self, replica: Replica) -> None:
         try:
@@ -204,8 +207,24 @@ class GatewayState:
         return replica
 
     async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
-        """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`. A failed connect
-        is tried on the next replica; anything else is the answer. A Stream keeps its replica busy until closed."""
+        """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`, within the model's
+        own concurrency limit if it has one. A failed connect is tried on the next replica; anything else is
+        the answer. A Stream keeps its replica (and its slot) busy until closed."""
+        gate = self.gates.get(info.name)
+        if gate is None:
+            return await self._call(info, fn)
+        await gate.acquire()
+        try:
+            result = await self._call(info, fn)
+        except BaseException:
+            gate.release()
+            raise
+        if isinstance(result, Stream):
+            return _HeldStream(result, gate.release)
+        gate.release()
+        return result
+
+    async def _call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
         first = self._pick(info.name, set())
         try:
             return await self._run(first, info, fn)  # the hot path: no retry machinery unless it is needed

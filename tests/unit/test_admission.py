@@ -50,3 +50,21 @@ def test_a_queued_request_that_waits_too_long_is_503():
     waited = [(r, s) for r, s in results if r.status_code == 503]
     assert len(waited) == 1 and 0.15 < waited[0][1] < 0.5
     assert "queue wait timed out" in error_of(waited[0][0], 503)["message"]
+
+
+def test_a_model_limit_sheds_that_model_only():
+    settings = GatewaySettings(model_concurrency={"clf": 1}, max_queue=0, health_interval_s=60)
+    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as client:
+        with ThreadPoolExecutor(4) as pool:
+            clf = [pool.submit(timed_post, client) for _ in range(3)]
+            time.sleep(0.1)
+            other = client.post("/v1/embeddings", json={"model": "emb", "input": "good"})  # not limited: answers
+            results = [f.result() for f in clf]
+    assert other.status_code == 200
+    assert sorted(r.status_code for r, _ in results) == [200, 503, 503]
+    for r, seconds in results:
+        if r.status_code == 503:
+            assert error_of(r, 503)["message"] == "model 'clf' is at capacity (queue full); retry shortly"
+            assert r.headers["retry-after"] == "1" and seconds < 0.3
+    # the slot came back: the next request is served
+    assert timed_post(client)[0].status_code == 200

@@ -164,3 +164,14 @@ def test_a_stream_cut_short_ends_with_an_error_event_not_done(client, backend, t
 def test_classify_models_are_not_generation_models(client):
     r = client.post("/v1/chat/completions", json={**CHAT, "model": "unknown"})
     assert r.status_code == 404
+
+
+def test_a_stream_holds_its_model_slot_until_it_ends(backend):
+    """model_concurrency counts a stream until it is closed: the slot comes back after each one, never leaks."""
+    settings = GatewaySettings(model_concurrency={"llm-lora": 1}, max_queue=0, health_interval_s=60)
+    with TestClient(create_app(settings, [backend])) as client:
+        for _ in range(3):
+            backend.stream = FakeStream([_chunk("Hel"), "data: [DONE]"])
+            assert client.post("/v1/chat/completions", json={**CHAT, "stream": True}).status_code == 200
+        state = client.app.state.gateway
+        assert not state.gates["llm-lora"].slots.locked() and backend.stream.response.is_closed
