@@ -1,5 +1,5 @@
-"""`rtxserve bench llm|export|gateway`: argument parsing only; the work is in bench/llm.py, bench/export.py and
-bench/gateway.py."""
+"""`rtxserve bench llm|export|gateway|soak`: argument parsing only; the work is in bench/llm.py, bench/export.py,
+bench/gateway.py and bench/soak.py."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
     gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
+    soak = sub.add_parser("soak", help="R18: a bounded soak of the gateway (RSS slope, open descriptors, P99 drift)")
+    soak.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    soak.add_argument("--window", type=float, default=10.0, help="seconds per sample")
+    soak.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    soak.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    soak.add_argument("--out", type=Path, help="folder (default reports/bench-soak-<time>)")
     return parser
 
 
@@ -69,6 +75,15 @@ def main(argv: list[str]) -> int:
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels,  # noqa: E731
                             workers=args.workers, progress=_progress)
         saved = ("bench-gateway.json", "bench-gateway.md", "b1.png")
+    elif args.bench == "soak":
+        from .soak import markdown, run
+
+        if args.duration < 3 * args.window or args.window <= 0 or args.concurrency < 1 or args.workers < 1:
+            return _fail("need --window > 0, --duration >= 3 windows (the first 20 % is warm-up), --concurrency >= 1 "
+                         "and --workers >= 1")
+        bench = lambda: run(out, duration_s=args.duration, window_s=args.window, concurrency=args.concurrency,  # noqa: E731
+                            workers=args.workers, progress=_progress)
+        saved = ("soak.json", "soak.md", "soak.png")
     elif args.bench == "export":
         from .export import markdown, run
 

@@ -13,7 +13,7 @@ COMMANDS = {
     "serve": ("serve.cli", "main", "run tritonserver or the HTTP gateway"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
-    "bench": ("bench.cli", "main", "benchmarks (llm: B4, G2/G3 on a GPU; export: B2) that print and save their figures"),
+    "bench": ("bench.cli", "main", "benchmarks (llm: B4, G2/G3 on a GPU; export: B2; gateway: B1; soak: R18) that print and save their figures"),
     "demo": ("rtxserve.demo", "main", "the whole path on CPU: fixtures, export, serve, load test, report"),
 }
 

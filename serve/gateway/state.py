@@ -75,6 +75,7 @@ class Replica:
     picks: int = 0  # tie-break among equally busy replicas: round robin
     models: dict[str, ModelInfo] = field(default_factory=dict)
     canaried: set[str] = field(default_factory=set)  # models that answered their first request here
+    last_ok: dict[str, float] = field(default_factory=dict)  # model -> when it last answered a request here
 
     @property
     def name(self) -> str:
@@ -132,20 +133,33 @@ class GatewayState:
             log.info("backend %s is up: %s", replica.name, ", ".join(m.name for m in found) or "no models")
             replica.canaried.clear()  # a backend that came back is checked again
         replica.up = True
-        fresh = [m for m in found if m.ready and m.name not in replica.canaried and m.task in _CANARIES]
-        passed = await asyncio.gather(*(self._canary(replica, m) for m in fresh))
-        failed = {m.name for m, ok in zip(fresh, passed) if not ok}
+        # Triton may call a model ready that cannot answer (a Python stub that died stays READY): an encoder
+        # model that answered nothing here since the last check answers a canary now. (vLLM's /health checks
+        # its own engine; a generation every interval would only add phantom requests to its metrics.)
+        check = [m for m in found if m.ready and m.task in _CANARIES and (
+            m.name not in replica.canaried
+            or (m.task in contract.ENCODER_TASKS and replica.last_ok.get(m.name, 0.0) < self.last_refresh))]
+        passed = await asyncio.gather(*(self._canary(replica, m) for m in check))
+        failed = {m.name for m, ok in zip(check, passed) if not ok}
         replica.models = {m.name: replace(m, ready=False) if m.name in failed else m for m in found}
 
     async def _canary(self, replica: Replica, model: ModelInfo) -> bool:
+        known = model.name in replica.canaried
         try:
             await _CANARIES[model.task](replica.backend, model, self.settings.request_timeout_s)
-        except Exception as exc:  # whatever it is, the model does not take traffic yet
-            log.warning("backend %s: model %s is loaded but failed its first request (%s); not ready",
-                        replica.name, model.name, getattr(exc, "message", type(exc).__name__))
-            return False
-        replica.canaried.add(model.name)
-        return True
+        except (BackendTimeout, BackendUnavailable):
+            if known:  # busy or going down (the next discover tells): not evidence that the model broke
+                return True
+            failure = "did not answer its first request"
+        except Exception as exc:  # whatever it is, the model does not take traffic (again) until it answers
+            failure = f"failed a {'health' if known else 'first'} request ({getattr(exc, 'message', type(exc).__name__)})"
+        else:
+            replica.canaried.add(model.name)
+            replica.last_ok[model.name] = time.monotonic()
+            return True
+        log.warning("backend %s: model %s is loaded but %s; not ready", replica.name, model.name, failure)
+        replica.canaried.discard(model.name)
+        return False
 
     async def refresh(self) -> None:
         await asyncio.gather(*(self._refresh_replica(r) for r in self.replicas))
@@ -161,21 +175,26 @@ class GatewayState:
         self.last_refresh = time.monotonic()
 
     async def run_health_loop(self) -> None:
+        """Refresh every health interval, after the first look the gateway takes at start."""
         while True:
+            await asyncio.sleep(self.settings.health_interval_s)
             try:
                 await self.refresh()
             except Exception:  # the loop must survive anything a backend does
                 log.exception("health refresh failed")
-            await asyncio.sleep(self.settings.health_interval_s)
 
     def ready(self) -> tuple[bool, dict]:
         """Ready when not draining and every required model (default: all known) is served by a live replica."""
         required = self.settings.required_models or list(self.models)
         missing = [n for n in required if n not in self.models or not self.models[n].ready]
         ok = not self.draining and bool(required) and not missing
+        def replica_state(r: Replica) -> str:
+            broken = sorted(n for n, m in r.models.items() if not m.ready) if r.up else []
+            return (("up" if r.up else "down") + (", breaker open" if r.breaker.state == STATE_OPEN else "")
+                    + (f", not ready: {', '.join(broken)}" if broken else ""))
+
         detail = {
-            "backends": {r.name: ("up" if r.up else "down") + (", breaker open" if r.breaker.state == STATE_OPEN else "")
-                         for r in self.replicas},
+            "backends": {r.name: replica_state(r) for r in self.replicas},
             "models": {n: ("ready" if n in self.models and self.models[n].ready else "not ready") for n in required},
         }
         if self.draining:
@@ -252,6 +271,7 @@ class GatewayState:
         try:
             with replica.breaker:  # a _BREAKS error counts towards opening it; a success closes it
                 result = await fn(replica.backend, replica.models.get(info.name, info))
+            replica.last_ok[info.name] = time.monotonic()
             if isinstance(result, Stream):
                 held = True
                 return _HeldStream(result, release)

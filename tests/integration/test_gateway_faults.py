@@ -9,6 +9,7 @@ import time
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 
 from export.encoder import export_text_classification
@@ -238,3 +239,39 @@ def test_overload_from_locust_is_shed_fast_and_what_is_admitted_stays_fast(serve
     assert p99(ok) <= 2 * p99(peak_ok)  # what is admitted is not slowed by the excess
     # Goodput is printed, not asserted: shedding at once (no queue) with Retry-After's 1-second granularity
     # leaves slots idle while refused users wait, about 55-60 % of peak here. A short queue is the next step.
+
+
+def test_a_model_that_dies_while_its_server_still_calls_it_ready_is_routed_away(servers, repo, tmp_path):
+    """R11: kill the Python stubs of a second Triton's model. Triton keeps reporting the model READY and
+    answers every request with a 500; the gateway notices within 2 health intervals, with no traffic at all,
+    says so in /readyz and sends nothing more there."""
+    state, opts, _, _ = servers
+    second_opts = TritonOptions(repository=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    second = start_triton_on(second_opts, tmp_path)
+    interval = 1.5  # Triton itself takes about 1 s to answer that a stub is not healthy
+    try:
+        gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port},127.0.0.1:{second_opts.grpc_port}", tmp_path,
+                                     extra_env={"RTXSERVE_HEALTH_INTERVAL_S": str(interval)})
+        try:
+            stubs = [p for p in psutil.Process(second.process.pid).children(recursive=True)
+                     if "triton_python_backend_stub" in " ".join(p.cmdline())]
+            assert stubs, "the classifier's tokenizer and postprocess run in Python stubs"
+            for stub in stubs:
+                stub.kill()
+            killed_at = time.monotonic()
+            model_ready = httpx.get(f"http://127.0.0.1:{second_opts.http_port}/v2/models/{MODEL}/ready")
+            assert model_ready.status_code == 200  # the server's own word: still ready
+            while "not ready" not in httpx.get(f"{url}/readyz").json()["backends"][f"triton@127.0.0.1:{second_opts.grpc_port}"]:
+                assert time.monotonic() - killed_at < 2 * interval, "not noticed within 2 health intervals"
+                time.sleep(0.05)
+            noticed_s = time.monotonic() - killed_at
+            ready = httpx.get(f"{url}/readyz")
+            assert ready.status_code == 200 and ready.json()["models"][MODEL] == "ready"  # the first replica serves
+            with httpx.Client() as client:
+                codes = [classify(client, url)[0] for _ in range(50)]
+            assert codes == [200] * 50  # none sent to the dead model
+            print(f"R11: noticed {noticed_s:.2f} s after the stubs died (health interval {interval} s)")
+        finally:
+            gateway.stop()
+    finally:
+        second.stop()

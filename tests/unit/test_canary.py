@@ -1,10 +1,12 @@
 """Deep readiness: a model takes traffic only after it answered one real request of its task."""
 
+import time
+
 import pytest
 from fastapi.testclient import TestClient
 
 import serve.gateway.state as state_module
-from serve.gateway.exceptions import BackendError
+from serve.gateway.exceptions import BackendError, BackendTimeout
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
@@ -18,11 +20,10 @@ def no_canaries(monkeypatch):  # this module is about them: keep them
     monkeypatch.setattr(state_module, "_CANARIES", CANARIES)
 
 
-def test_each_model_is_asked_once_with_its_own_task():
+def test_each_model_is_asked_with_its_own_task():
     backend = FakeTriton()
     with TestClient(create_app(GatewaySettings(health_interval_s=60), [backend])) as client:
         assert client.get("/readyz").status_code == 200
-        client.portal.call(client.app.state.gateway.refresh)  # not asked again while it stays up
     assert sorted(map(repr, backend.calls)) == sorted(map(repr, [["ok"], ["ok"], ["ok"], [state_module._png_1x1()]]))
 
 
@@ -36,3 +37,40 @@ def test_a_model_that_loads_but_cannot_infer_is_not_ready_until_it_can():
         client.portal.call(client.app.state.gateway.refresh)
         assert client.get("/readyz").status_code == 200
         assert client.post("/v1/classify", json={"model": "clf", "input": "x"}).status_code == 200
+
+
+def _wait_for(client, status: int, seconds: float = 2.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if client.get("/readyz").status_code == status:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_ready_model_that_stops_answering_is_taken_out_and_back_in(monkeypatch):
+    """R11: a server that still calls the model ready (a dead Triton stub) does not fool the gateway: a model
+    quiet for a health interval answers a canary, and one that fails is not ready until it answers again."""
+    backend = FakeTriton()
+    with TestClient(create_app(GatewaySettings(health_interval_s=0.05), [backend]), raise_server_exceptions=False) as client:
+        assert _wait_for(client, 200)
+        backend.fail_with = BackendTimeout("busy")  # slow or overloaded is not broken: it stays in
+        time.sleep(0.3)
+        assert client.get("/readyz").status_code == 200
+        backend.fail_with = BackendError("Stub process 'clf_tokenizer_0_0' is not healthy")
+        assert _wait_for(client, 503)
+        assert "not ready" in error_of(client.post("/v1/classify", json={"model": "clf", "input": "x"}), 503)["message"]
+        backend.fail_with = None
+        assert _wait_for(client, 200)
+
+
+def test_a_model_that_is_answering_is_not_probed():
+    backend = FakeTriton(models=[m for m in FakeTriton().models if m.name == "clf"])
+    with TestClient(create_app(GatewaySettings(health_interval_s=0.2), [backend])) as client:
+        assert _wait_for(client, 200)
+        backend.calls.clear()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # traffic more often than the interval
+            assert client.post("/v1/classify", json={"model": "clf", "input": "traffic"}).status_code == 200
+            time.sleep(0.05)
+    assert backend.calls and ["ok"] not in backend.calls

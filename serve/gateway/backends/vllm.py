@@ -68,6 +68,9 @@ class VLLMBackend(Backend):
 
     async def discover(self) -> list[ModelInfo]:
         try:
+            health = await self.client.get("/health", timeout=2.0)  # vLLM checks its engine here
+            if health.status_code != 200:
+                raise BackendUnavailable(f"vLLM at {self.url} reports its engine unhealthy ({health.status_code})")
             response = await self.client.get("/v1/models", timeout=2.0)
             response.raise_for_status()
             data = response.json().get("data", [])
