@@ -118,6 +118,8 @@ class TritonBackend(Backend):
     async def _in_chunks(self, infer_chunk, model: ModelInfo, texts: list[str], timeout_s: float, *args) -> list:
         """Triton rejects batches over max_batch_size: split, run the chunks concurrently, keep the order."""
         size = model.max_batch_size or len(texts)
+        if len(texts) <= size:
+            return await infer_chunk(model, texts, timeout_s, *args)  # one call: no task to gather
         chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
         parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s, *args) for chunk in chunks))
         return [r for part in parts for r in part]
