@@ -237,8 +237,9 @@ def test_overload_from_locust_is_shed_fast_and_what_is_admitted_stays_fast(serve
     assert np.median(shed) < 50  # shed at once, not after a wait
     ok, shed, _, seconds = runs["backoff"]
     assert p99(ok) <= 2 * p99(peak_ok)  # what is admitted is not slowed by the excess
-    # Goodput is printed, not asserted: shedding at once (no queue) with Retry-After's 1-second granularity
-    # leaves slots idle while refused users wait, about 55-60 % of peak here. A short queue is the next step.
+    # Goodput: users that honour Retry-After keep the gateway at its peak (about 100-106 % here). Users that
+    # never back off get about 60 %: on 2 cores their own refused requests take the CPU the servers need.
+    assert len(ok) / seconds >= 0.8 * len(peak_ok) / peak_s
 
 
 def test_a_model_that_dies_while_its_server_still_calls_it_ready_is_routed_away(servers, repo, tmp_path):
