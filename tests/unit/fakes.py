@@ -5,7 +5,8 @@ import asyncio
 import json
 
 import numpy as np
-from tritonclient.utils import deserialize_bytes_tensor
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor
 
 from serve.gateway.backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
 from serve.gateway.exceptions import BackendUnavailable
@@ -88,17 +89,29 @@ def capitalised(text: str) -> list[dict]:
     return out
 
 
-class _FakeResult:
-    def __init__(self, arrays: dict):
-        self.arrays = arrays
+def request_inputs(request) -> tuple[str, list[bytes]]:
+    """The one BYTES input of a ModelInferRequest: its name and its items."""
+    (tensor,) = request.inputs
+    items = list(deserialize_bytes_tensor(request.raw_input_contents[0]))
+    assert list(tensor.shape) == [len(items), 1] and tensor.datatype == "BYTES"
+    return tensor.name, items
 
-    def as_numpy(self, name):
-        return self.arrays.get(name)
+
+def infer_response(request, arrays: dict) -> service_pb2.ModelInferResponse:
+    """Triton's answer to `request`: the outputs it asked for, from `arrays`, as raw contents."""
+    response = service_pb2.ModelInferResponse(model_name=request.model_name)
+    for wanted in request.outputs:
+        array = arrays[wanted.name]
+        byte_tensor = array.dtype == np.object_
+        response.outputs.add(name=wanted.name, shape=array.shape,
+                             datatype="BYTES" if byte_tensor else np_to_triton_dtype(array.dtype))
+        response.raw_output_contents.append(serialize_byte_tensor(array).item() if byte_tensor else array.tobytes())
+    return response
 
 
 class FakeGrpc:
-    """Stands in for tritonclient's gRPC aio client: answers TEXT [n, 1] with, per row, a vector whose
-    first value is the text's length, a classification whose label is that length, and the
+    """Stands in for the gateway's ModelInfer call on Triton's gRPC stub: answers TEXT [n, 1] with, per row,
+    a vector whose first value is the text's length, a classification whose label is that length, and the
     `capitalised` entities as the NER postprocess's JSON (`entities_json=False`: unreadable bytes).
     Records each batch's size and request parameters."""
 
@@ -108,18 +121,17 @@ class FakeGrpc:
         self.rows_short_by = rows_short_by
         self.entities_json = entities_json
 
-    async def infer(self, model_name, inputs, outputs, client_timeout, parameters=None):
-        (text,) = inputs
-        texts = deserialize_bytes_tensor(text._get_content())
-        assert text.name() == "TEXT" and text.shape() == [len(texts), 1]
+    async def __call__(self, request, timeout):
+        name, texts = request_inputs(request)
+        assert name == "TEXT"
         self.batches.append(len(texts))
-        self.parameters.append(parameters)
+        self.parameters.append({k: v.string_param for k, v in request.parameters.items()} or None)
         n = len(texts) - self.rows_short_by
         vectors = np.zeros((n, DIM), dtype=np.float32)
         vectors[:, 0] = [len(t) for t in texts[:n]]
         entities = [json.dumps({"entities": capitalised(t.decode()), "truncated": False, "tokens": 3}).encode()
                     if self.entities_json else b"not json" for t in texts[:n]]
-        return _FakeResult({
+        return infer_response(request, {
             "EMBEDDINGS": vectors,
             "TOKENS": np.full((n, 1), 2, dtype=np.int64),
             "LABEL": np.array([[str(len(t)).encode()] for t in texts[:n]], dtype=np.object_),

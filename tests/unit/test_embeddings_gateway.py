@@ -146,18 +146,18 @@ def test_the_openai_sdk_gets_the_vectors_in_base64_by_default_and_as_floats(clie
 
 def test_triton_embed_splits_at_max_batch_size_and_keeps_the_order():
     triton = TritonBackend("unused:0")
-    triton.client = FakeGrpc()
+    triton._infer = FakeGrpc()
     info = ModelInfo("emb", "feature-extraction", "triton", True, (), 3, DIM)
     texts = ["a" * n for n in range(1, 8)]
     result = asyncio.run(triton.embed(info, texts, 1.0))
-    assert triton.client.batches == [3, 3, 1]
+    assert triton._infer.batches == [3, 3, 1]
     assert [int(e.vector[0]) for e in result] == list(range(1, 8))
     assert {e.tokens for e in result} == {2} and result[0].vector.dtype == np.float32
 
 
 def test_triton_embed_missing_rows_are_a_backend_error():
     triton = TritonBackend("unused:0")
-    triton.client = FakeGrpc(rows_short_by=1)
+    triton._infer = FakeGrpc(rows_short_by=1)
     info = ModelInfo("emb", "feature-extraction", "triton", True, (), 8, DIM)
     with pytest.raises(BackendError, match="1 EMBEDDINGS rows for 2 inputs"):
         asyncio.run(triton.embed(info, ["a", "b"], 1.0))
@@ -165,8 +165,8 @@ def test_triton_embed_missing_rows_are_a_backend_error():
 
 def test_triton_classify_shares_the_chunking():
     triton = TritonBackend("unused:0")
-    triton.client = FakeGrpc()
+    triton._infer = FakeGrpc()
     info = ModelInfo("clf", "text-classification", "triton", True, ("only",), 2)
     result = asyncio.run(triton.classify(info, ["a", "bb", "ccc"], 1.0))
-    assert triton.client.batches == [2, 1]
+    assert triton._infer.batches == [2, 1]
     assert [c.label for c in result] == ["1", "2", "3"] and result[0].scores == {"only": 1.0}

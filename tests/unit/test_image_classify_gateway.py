@@ -9,7 +9,7 @@ import pytest
 from serve.gateway.backends.base import ModelInfo
 from serve.gateway.backends.triton import TritonBackend
 
-from .fakes import error_of
+from .fakes import error_of, infer_response, request_inputs
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20
 JPEG = b"\xff\xd8\xff\xe0" + b"\x01" * 20
@@ -71,29 +71,25 @@ def test_an_embedding_model_is_not_a_classifier(client):
 
 
 class _Client:
+    """Triton's ModelInfer: every image is a cat."""
+
     def __init__(self):
         self.inputs = []
 
-    async def infer(self, model, inputs, outputs, client_timeout, parameters=None):
+    async def __call__(self, request, timeout):
         import numpy as np
-        from tritonclient.utils import deserialize_bytes_tensor
 
-        (image,) = inputs
-        self.inputs.append((image.name(), list(deserialize_bytes_tensor(image._get_content()))))
-        n = image.shape()[0]
-
-        class Result:
-            def as_numpy(self, name):
-                return {"LABEL": np.array([[b"cat"]] * n, dtype=np.object_), "SCORE": np.ones((n, 1), np.float32),
-                        "PROBS": np.ones((n, 2), np.float32)}[name]
-
-        return Result()
+        name, images = request_inputs(request)
+        self.inputs.append((name, images))
+        n = len(images)
+        return infer_response(request, {"LABEL": np.array([[b"cat"]] * n, dtype=np.object_),
+                                        "SCORE": np.ones((n, 1), np.float32), "PROBS": np.ones((n, 2), np.float32)})
 
 
 def test_triton_client_sends_images_as_IMAGE_bytes_in_chunks():
     backend = TritonBackend("unused")
-    backend.client = _Client()
+    backend._infer = _Client()
     info = ModelInfo("vit", "image-classification", "triton", True, ("cat", "dog"), 2)
     result = asyncio.run(backend.classify_images(info, [PNG, JPEG, PNG], 5.0))
     assert [r.label for r in result] == ["cat"] * 3
-    assert backend.client.inputs == [("IMAGE", [PNG, JPEG]), ("IMAGE", [PNG])]
+    assert backend._infer.inputs == [("IMAGE", [PNG, JPEG]), ("IMAGE", [PNG])]

@@ -49,7 +49,7 @@ def test_bad_requests_are_refused_before_the_backend(client, backend, body, stat
 
 def _tag(texts, **fake):
     backend = TritonBackend("unused")
-    backend.client = FakeGrpc(**fake)
+    backend._infer = FakeGrpc(**fake)
     info = ModelInfo("ner", "token-classification", "triton", True, max_batch_size=2)
     return backend, asyncio.run(backend.tag(info, texts, "average", 5.0))
 
@@ -58,7 +58,7 @@ def test_triton_client_reads_the_postprocess_json_in_chunks_and_passes_the_strat
     texts = ["Anna", "no one", "Bob and Eve"]
     backend, result = _tag(texts)
     assert [r.entities for r in result] == [capitalised(t) for t in texts] and result[2].entities
-    assert backend.client.batches == [2, 1] and backend.client.parameters == [{"aggregation": "average"}] * 2
+    assert backend._infer.batches == [2, 1] and backend._infer.parameters == [{"aggregation": "average"}] * 2
 
 
 def test_unreadable_postprocess_output_is_a_backend_error():
