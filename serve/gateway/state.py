@@ -188,6 +188,7 @@ class GatewayState:
         required = self.settings.required_models or list(self.models)
         missing = [n for n in required if n not in self.models or not self.models[n].ready]
         ok = not self.draining and bool(required) and not missing
+
         def replica_state(r: Replica) -> str:
             broken = sorted(n for n, m in r.models.items() if not m.ready) if r.up else []
             return (("up" if r.up else "down") + (", breaker open" if r.breaker.state == STATE_OPEN else "")

@@ -6,9 +6,12 @@ import concurrent.futures as cf
 import contextlib
 import io
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -58,6 +61,50 @@ def test_a_minute_quota_is_exact_across_two_workers(keyed):
     assert codes.count(200) == 20 and codes.count(429) == 30, codes
     assert all(r.headers["retry-after"] for r in responses if r.status_code == 429)
     assert other.status_code == 200  # other keys are not slowed by one key's quota
+
+
+_HAMMER = """
+import sys, time, httpx
+url, key, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+codes = []
+with httpx.Client(timeout=30) as client:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        codes.append(client.post(url, headers={"Authorization": "Bearer " + key},
+                                 json={"model": sys.argv[4], "input": "great"}).status_code)
+        time.sleep(0.02)
+print(" ".join(map(str, codes)))
+"""
+
+
+def test_a_key_over_its_quota_does_not_slow_the_others(keyed):
+    """R14: while one client keeps sending with a key over its quota (about 50 refusals a second, from its
+    own process), another key's P99 holds. (The refusals cost CPU on this 2-core box, shared with Triton
+    and both clients: within 2x, not equal; measured 0.5-1.2x.)"""
+    url, secrets, _ = keyed
+    quota, ops = ({"Authorization": f"Bearer {secrets[k]}"} for k in ("quota", "ops"))
+    body = {"model": MODEL, "input": "great"}
+
+    def timed(client) -> float:
+        start = time.perf_counter()
+        assert client.post(f"{url}/v1/classify", headers=ops, json=body).status_code == 200
+        return (time.perf_counter() - start) * 1000
+
+    with httpx.Client(timeout=30) as client:
+        for _ in range(20):  # the quota key is spent for this minute (the test above may have spent it already)
+            client.post(f"{url}/v1/classify", headers=quota, json=body)
+        [timed(client) for _ in range(20)]  # warm
+        alone = [timed(client) for _ in range(200)]
+        hammer = subprocess.Popen([sys.executable, "-c", _HAMMER, f"{url}/v1/classify", secrets["quota"], "4", MODEL],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        beside = [timed(client) for _ in range(200)]
+        refused = [int(c) for c in hammer.communicate(timeout=60)[0].split()]
+    p99 = lambda v: float(np.percentile(v, 99))  # noqa: E731
+    print(f"R14: other key P99 {p99(alone):.1f} ms alone, {p99(beside):.1f} ms beside {len(refused)} refusals")
+    # (a fixed minute window may roll over during the run: at most its 20 requests then pass)
+    assert refused.count(429) > 50 and set(refused) <= {200, 429} and refused.count(200) <= 20
+    assert p99(beside) <= 2 * p99(alone), (p99(alone), p99(beside))
 
 
 def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, float]:
