@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from .report import Summary, headline, load_samples, summarize, write_report
 
 SCENARIOS = Path(__file__).parent / "scenarios"
@@ -47,6 +49,16 @@ class _LineCounter:
         return sum(lines for _, lines in self.seen.values())
 
 
+def check_reachable(host: str, timeout_s: float = 5.0) -> None:
+    """Fail before any load when nothing answers at `host`: a run against a wrong address would otherwise
+    fill a report with connection errors. Any HTTP answer counts (401 or 404 still means a server is there)."""
+    try:
+        httpx.get(f"{host.rstrip('/')}/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"nothing answers at {host} ({type(exc).__name__}: {exc}); start the gateway "
+                         "(`rtxserve serve gateway`) or pass --host") from None
+
+
 def run(
     scenario: str,
     host: str,
@@ -67,6 +79,7 @@ def run(
     if users < 1 or duration_s <= 0 or warmup_s < 0 or warmup_s >= duration_s:
         raise ValueError("need users >= 1, duration > 0 and 0 <= warm-up < duration")
     locustfile = scenario_path(scenario)
+    check_reachable(host)
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("samples.csv.*"):
         old.unlink()

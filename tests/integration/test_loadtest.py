@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 from loadtest.runner import run
 
@@ -26,3 +27,15 @@ def test_errors_are_counted_not_hidden(stack, tmp_path):
                  env={"RTXSERVE_MODEL": "no_such_model"}, log=lambda m: None)
     assert result.summary.errors == result.summary.requests > 0
     assert result.summary.error_kinds == {"HTTP 404": result.summary.errors}
+
+
+def test_nothing_listening_fails_at_once_without_a_report(tmp_path, capsys):
+    from loadtest.cli import main
+    from serve.launcher import free_port
+
+    started = time.monotonic()
+    code = main(["run", "--host", f"http://127.0.0.1:{free_port()}", "--model", MODEL, "--duration", "30",
+                 "--out", str(tmp_path / "report")])
+    assert code == 2 and time.monotonic() - started < 6
+    assert "nothing answers at http://127.0.0.1:" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
