@@ -11,11 +11,13 @@ gives CPU-ms per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -106,15 +108,16 @@ async def _measure(gateway_url: str, triton_http: str, gateway_pid: int, *, roun
     return {"concurrency": concurrency, "medians": medians, "rounds": per_round, "samples": samples}
 
 
-def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        progress=log.info) -> dict:
+@contextlib.contextmanager
+def classifier_stack(workers: int, progress) -> Iterator[tuple[str, str, int]]:
+    """The fixture classifier (2 instances) in a real tritonserver behind a real gateway:
+    (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
     from export.encoder import export_text_classification
     from export.fixtures import write_text_classifier
     from export.triton_entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rtxserve-bench-gateway-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="rtxserve-bench-") as tmp:
         work = Path(tmp)
         progress("writing and exporting the fixture classifier")
         export_text_classification(write_text_classifier(work / "ckpt"), EntryOptions(name=MODEL, instances=2),
@@ -123,13 +126,20 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
         try:
             gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers)
             try:
-                levels = [asyncio.run(_measure(url, f"http://127.0.0.1:{opts.http_port}", gateway.process.pid,
-                                               rounds=rounds, duration_s=duration_s, concurrency=c, progress=progress))
-                          for c in concurrency]
+                yield url, f"http://127.0.0.1:{opts.http_port}", gateway.process.pid
             finally:
                 gateway.stop()
         finally:
             triton.stop()
+
+
+def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
+        progress=log.info) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    with classifier_stack(workers, progress) as (url, triton_http, pid):
+        levels = [asyncio.run(_measure(url, triton_http, pid, rounds=rounds, duration_s=duration_s, concurrency=c,
+                                       progress=progress))
+                  for c in concurrency]
     result = {"bench": "B1", "model": "fixture BERT classifier (2 instances, python backend + ONNX Runtime)",
               "rounds": rounds, "duration_s": duration_s, "gateway_workers": workers,
               "versions": {"tritonserver": "2.51 (nvidia-pytriton 0.7.0)", "fastapi": _version("fastapi"),

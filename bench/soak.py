@@ -18,7 +18,6 @@ import itertools
 import json
 import logging
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import httpx
 import numpy as np
 import psutil
 
-from .gateway import MODEL, TEXT
+from .gateway import MODEL, TEXT, classifier_stack
 
 log = logging.getLogger("rtxserve.bench")
 RSS_GROWTH_MAX = 0.02
@@ -129,27 +128,10 @@ def verdict(windows: list[dict], warmup: float = 0.2) -> dict:
 
 def run(out: Path, *, duration_s: float = 600, window_s: float = 10, concurrency: int = 8, workers: int = 1,
         progress=log.info) -> dict:
-    from export.encoder import export_text_classification
-    from export.fixtures import write_text_classifier
-    from export.triton_entry import EntryOptions
-    from serve.stack import start_gateway, start_triton
-
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rtxserve-bench-soak-") as tmp:
-        work = Path(tmp)
-        progress("writing and exporting the fixture classifier")
-        export_text_classification(write_text_classifier(work / "ckpt"), EntryOptions(name=MODEL, instances=2),
-                                   work / "repo")
-        triton, opts = start_triton(work / "repo", work / "logs")
-        try:
-            gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers)
-            try:
-                windows = asyncio.run(_soak(url, gateway.process.pid, duration_s=duration_s, window_s=window_s,
-                                            concurrency=concurrency, progress=progress))
-            finally:
-                gateway.stop()
-        finally:
-            triton.stop()
+    with classifier_stack(workers, progress) as (url, _, pid):
+        windows = asyncio.run(_soak(url, pid, duration_s=duration_s, window_s=window_s, concurrency=concurrency,
+                                    progress=progress))
     result = {"bench": "R18", "model": "fixture BERT classifier (2 instances)", "duration_s": duration_s,
               "window_s": window_s, "concurrency": concurrency, "gateway_workers": workers,
               "verdict": verdict(windows), "windows": windows}
