@@ -146,7 +146,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.report import pyplot, save
+    from loadtest.plots import pyplot, save
 
     plt = pyplot()
     names = list(result["median_ms"])

@@ -253,7 +253,7 @@ def g3(url: str, model: str, *, slo_ttft_s: float = 0.5, start_rate: float = 2.0
 # --- report -----------------------------------------------------------------------------------
 
 def plot_b4(result: dict, path: Path) -> Path:
-    from loadtest.report import pyplot, save
+    from loadtest.plots import pyplot, save
 
     plt = pyplot()
     levels = sorted(result["rounds"], key=int)

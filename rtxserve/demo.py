@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     from export.llm import export_llm
     from export.triton_entry import EntryOptions
     from loadtest.report import headline
-    from loadtest.runner import run
+    from loadtest.runner import LoadSpec, run, scenario_options
     from serve.launcher import ServerStartError
     from serve.stack import start_stack
     from serve.vllm import VLLMOptions
@@ -64,22 +64,24 @@ def main(argv: list[str]) -> int:
     with stack:
         _say(f"gateway ready at {stack.gateway_url} (tritonserver gRPC {stack.triton_grpc_url}, vLLM {stack.vllm_url})")
         _say(f"5/6 load test /v1/classify: {args.users} users for {args.duration:g}s")
-        result = run("classify", stack.gateway_url, work / "report", users=args.users, duration_s=args.duration,
-                     warmup_s=args.warmup, env={"RTXSERVE_MODEL": name}, log=_say)
+        result = run(LoadSpec(stack.gateway_url, scenario_options(model=name), users=args.users,
+                              duration_s=args.duration, warmup_s=args.warmup, scrape=[stack.triton_metrics_url]),
+                     work / "report", log=_say)
         _say(f"6/6 load test streamed /v1/chat/completions on the adapter: {args.chat_users} users for {args.chat_duration:g}s")
-        chat = run("chat", stack.gateway_url, work / "report-chat", users=args.chat_users, duration_s=args.chat_duration,
-                   warmup_s=min(args.warmup, args.chat_duration / 4),
-                   env={"RTXSERVE_MODEL": "demo-adapter", "RTXSERVE_MAX_TOKENS": "32"}, log=_say)
+        chat = run(LoadSpec(stack.gateway_url, scenario_options(scenario="chat", model="demo-adapter", output_len=32),
+                            users=args.chat_users, duration_s=args.chat_duration,
+                            warmup_s=min(args.warmup, args.chat_duration / 4), scrape=[f"{stack.vllm_url}/metrics"]),
+                   work / "report-chat", log=_say)
         _say("stopping servers")
     stream = chat.summary.streaming
     print()
     print(f"rtxserve demo, classify: {headline(result.summary)}")
-    print(f"report: {result.report} (plot: {result.out_dir / 'latency.png'})")
+    print(f"report: {result.report} (self-contained page: {result.report.with_suffix('.html')})")
     if stream:
         print(f"rtxserve demo, streamed chat: TTFT P50 {stream['ttft_ms']['p50']:.1f} ms, P99 {stream['ttft_ms']['p99']:.1f} ms, "
               f"{stream['output_tokens_per_s']:.1f} output tokens/s, errors {chat.summary.errors}/{chat.summary.requests}")
     else:
         print(f"rtxserve demo, streamed chat: no successful stream ({chat.summary.errors} errors)")
-    print(f"report: {chat.report}")
+    print(f"report: {chat.report} (self-contained page: {chat.report.with_suffix('.html')})")
     ok = result.summary.errors == 0 and result.summary.qps > 0 and chat.summary.errors == 0 and bool(stream)
     return 0 if ok else 1

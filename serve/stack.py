@@ -18,6 +18,7 @@ class Stack:
     gateway_url: str
     triton_http_url: str
     triton_grpc_url: str
+    triton_metrics_url: str = ""
     vllm: ServerProcess | None = None
     vllm_url: str = ""
 
@@ -82,4 +83,5 @@ def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_E
             vllm.stop()
         triton.stop()
         raise
-    return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url, vllm, vllm_url)
+    return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url,
+                 f"http://127.0.0.1:{opts.metrics_port}/metrics", vllm, vllm_url)

@@ -1,43 +1,84 @@
-"""Raw per-request samples for every scenario: one CSV row per request, written by each locust process.
+"""Raw per-request samples: one CSV row per request, written by the master (or the only) locust process.
 
-Locust's own percentiles come from rounded buckets; reports are computed from these rows instead.
-Columns: end time (epoch s), request name, latency (ms), ok (1/0), error (truncated message); then, only
-for requests whose context carries streaming figures (successful streamed ones): time to first token
-(ms, empty if no text came), output tokens, inter-token gaps (ms, space-separated).
+Locust's own percentiles come from rounded buckets; reports are computed from these rows instead. Workers
+send their rows to the master in batches over locust's own channel, so a run spread over several processes
+or boxes still ends in one file, and the last batch goes out before the worker reports that it stopped.
 """
 
+from __future__ import annotations
+
 import csv
-import os
 import time
 
+import gevent
 from locust import events
+from locust.runners import MasterRunner, WorkerRunner
 
-_file = None
-_writer = None
+COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms")
+MESSAGE = "rtxserve_samples"
+FLUSH_EVERY_S = 1.0
+
+_state: dict = {"writer": None, "file": None, "buffer": None}
+
+
+def _fmt(value, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def row(name: str, response_time: float, exception, context: dict | None, end: float) -> list:
+    context = context or {}
+    error = "" if exception is None else str(exception).replace("\n", " ")[:160]
+    return [f"{end:.6f}", name, f"{response_time:.3f}", 0 if exception else 1, error, _fmt(context.get("ttft_ms")),
+            _fmt(context.get("output_tokens")), _fmt(context.get("prompt_tokens")),
+            " ".join(f"{gap:.3f}" for gap in context.get("itl_ms", ())), _fmt(context.get("wait_ms"))]
 
 
 @events.init.add_listener
 def _open(environment, **_kwargs):
-    global _file, _writer
-    path = os.environ.get("RTXSERVE_SAMPLES")
-    if path:
-        _file = open(f"{path}.{os.getpid()}", "w", newline="", buffering=1)
-        _writer = csv.writer(_file)
+    runner = environment.runner
+    if isinstance(runner, WorkerRunner):
+        _state["buffer"] = []
+        gevent.spawn(_flush_loop, runner)
+        return
+    path = getattr(environment.parsed_options, "samples_out", "")
+    if not path:
+        return
+    _state["file"] = open(path, "w", newline="", buffering=1 << 16)
+    _state["writer"] = csv.writer(_state["file"])
+    _state["writer"].writerow(COLUMNS)
+    if isinstance(runner, MasterRunner):
+        runner.register_message(MESSAGE, lambda msg, **_: _state["writer"].writerows(msg.data))
+
+
+def _flush(runner) -> None:
+    rows, _state["buffer"] = _state["buffer"], []
+    if rows:
+        runner.send_message(MESSAGE, rows)
+
+
+def _flush_loop(runner) -> None:
+    while True:
+        gevent.sleep(FLUSH_EVERY_S)
+        _flush(runner)
+
+
+@events.test_stop.add_listener
+def _last_batch(environment, **_kwargs):
+    if _state["buffer"] is not None:
+        _flush(environment.runner)
 
 
 @events.request.add_listener
-def _record(name, response_time, exception=None, context=None, **_kwargs):
-    if _writer is not None:
-        error = "" if exception is None else str(exception).replace("\n", " ")[:160]
-        row = [f"{time.time():.6f}", name, f"{response_time:.3f}", 0 if exception else 1, error]
-        if context and "output_tokens" in context:
-            ttft = context["ttft_ms"]
-            row += ["" if ttft is None else f"{ttft:.3f}", context["output_tokens"],
-                    " ".join(f"{gap:.3f}" for gap in context["itl_ms"])]
-        _writer.writerow(row)
+def _record(name, response_time, exception=None, context=None, start_time=None, **_kwargs):
+    line = row(name, response_time, exception, context, time.time())
+    if _state["buffer"] is not None:
+        _state["buffer"].append(line)
+    elif _state["writer"] is not None:
+        _state["writer"].writerow(line)
 
 
 @events.quit.add_listener
 def _close(**_kwargs):
-    if _file is not None:
-        _file.close()
+    if _state["file"] is not None:
+        _state["file"].close()
+        _state["file"] = _state["writer"] = None

@@ -205,6 +205,7 @@ def test_overload_from_locust_is_shed_fast_and_what_is_admitted_stays_fast(serve
     as the openai SDK does, show that what is admitted keeps its latency and goodput. (On this 2-core box users
     that never back off spend the CPU the servers need: that costs latency the gateway cannot give back.)"""
     from loadtest.report import load_samples
+    from loadtest.runner import LoadSpec, scenario_options
     from loadtest.runner import run as locust_run
 
     _, opts, _, _ = servers
@@ -213,10 +214,11 @@ def test_overload_from_locust_is_shed_fast_and_what_is_admitted_stays_fast(serve
         "RTXSERVE_MAX_CONCURRENCY": str(capacity), "RTXSERVE_MAX_QUEUE": "0"})
     runs = {}
     try:
-        for name, users, honour in (("capacity", capacity, "0"), ("hammer", 4 * capacity, "0"),
-                                    ("backoff", 4 * capacity, "1")):
-            result = locust_run("classify", url, tmp_path / name, users=users, duration_s=10, warmup_s=2, log=lambda *_: None,
-                                env={"RTXSERVE_MODEL": MODEL, "RTXSERVE_HONOUR_RETRY_AFTER": honour})
+        for name, users, honour in (("capacity", capacity, False), ("hammer", 4 * capacity, False),
+                                    ("backoff", 4 * capacity, True)):
+            spec = LoadSpec(url, scenario_options(model=MODEL, honour_retry_after=honour), users=users, duration_s=10,
+                            warmup_s=2)
+            result = locust_run(spec, tmp_path / name, log=lambda *_: None)
             samples = load_samples(result.out_dir / "samples.csv")
             steady = samples.end >= samples.end.min() + 2
             errors = [e for e, keep in zip(samples.errors, steady[~samples.ok]) if keep]

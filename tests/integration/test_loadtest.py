@@ -1,41 +1,118 @@
-"""A short real locust run through the real gateway: the report has real figures and a plot."""
+"""Real locust runs through the real gateway and tritonserver: every encoder scenario in closed and open
+loop, a 2-worker run, stages, a sweep, the server-side view, and runs refused before any load."""
 
 import json
 import math
 import time
 
-from loadtest.runner import run
+import numpy as np
+import pytest
 
-from .conftest import MODEL
+from loadtest.report import load_samples
+from loadtest.runner import LoadSpec, run, scenario_options
+from loadtest.sweep import sweep
+
+from .conftest import EMBEDDER, MODEL, TAGGER, VISION
+
+quiet = dict(log=lambda m: None)
 
 
-def test_locust_run_reports_percentiles_qps_and_plot(stack, tmp_path):
-    result = run("classify", stack.gateway_url, tmp_path / "report", users=4, duration_s=6, warmup_s=1,
-                 env={"RTXSERVE_MODEL": MODEL}, log=lambda m: None)
+def _locust_count(folder) -> int:
+    """Requests in locust's own final summary (its stats CSV is rewritten each second and lags the end)."""
+    line = next(l for l in (folder / "locust.log").read_text().splitlines() if l.strip().startswith("Aggregated"))
+    return int(line.split()[1])
+
+
+def test_a_run_reports_percentiles_plots_and_the_servers_side_and_loses_no_request(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL), users=4, duration_s=8, warmup_s=1,
+                    slo="e2el:1000", scrape=[stack.triton_metrics_url])
+    result = run(spec, tmp_path / "report", **quiet)
     s = result.summary
     assert s.requests > 20 and s.errors == 0 and s.qps > 0
     assert all(math.isfinite(v) and v > 0 for v in s.latency_ms.values())
     assert s.latency_ms["p50"] <= s.latency_ms["p90"] <= s.latency_ms["p99"] <= s.latency_ms["max"]
-    saved = json.loads((tmp_path / "report" / "report.json").read_text())
-    assert saved["qps"] == s.qps
-    assert (tmp_path / "report" / "latency.png").stat().st_size > 10_000
-    assert "P99" in result.report.read_text()
+    assert s.goodput["good_requests"] <= s.requests and s.goodput["slo_ms"] == {"e2el": 1000}
+    folder = tmp_path / "report"
+    assert len(load_samples(folder / "samples.csv").end) == _locust_count(folder)  # every request has its row
+    assert json.loads((folder / "report.json").read_text())["qps"] == s.qps
+    scraped = (folder / "server_metrics.csv").read_text()
+    assert "nv_inference_queue_duration_us" in scraped and "rtxserve_request_duration_seconds_sum" in scraped
+    html = (folder / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2 and "Where the time goes" in html  # latency + server plots
+    assert f"{MODEL}_model compute" in result.report.read_text()  # Triton's compute time of the model itself
+
+
+@pytest.mark.parametrize("scenario, model", [("ner", TAGGER), ("embeddings", EMBEDDER), ("image", VISION)])
+def test_every_encoder_api_answers_under_closed_loop_load(stack, tmp_path, scenario, model):
+    spec = LoadSpec(stack.gateway_url, scenario_options(scenario=scenario, model=model, batch=2), users=2,
+                    duration_s=5, warmup_s=1)
+    s = run(spec, tmp_path / "report", **quiet).summary
+    assert s.requests > 5 and s.errors == 0, s.error_kinds
+
+
+def test_open_loop_poisson_arrivals_hold_the_offered_rate(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, arrival="poisson", rate=20), duration_s=10,
+                    warmup_s=2)
+    result = run(spec, tmp_path / "report", **quiet)
+    s = result.summary
+    assert s.errors == 0 and 14 <= s.qps <= 26, s.qps  # Poisson: 160 arrivals in 8 s give 20 ± 3.5 (2 sigma)
+    assert s.late_arrivals["of"] == s.requests and s.late_arrivals["requests"] < s.requests / 10
+    samples = load_samples(tmp_path / "report" / "samples.csv")
+    gaps = np.diff(np.sort(samples.start))
+    assert gaps.std() / gaps.mean() > 0.6  # exponential gaps (CV 1), not a metronome (CV 0)
+
+
+def test_two_workers_under_one_master_send_to_one_report(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, arrival="poisson", rate=30), duration_s=8,
+                    warmup_s=1, workers=2)
+    result = run(spec, tmp_path / "report", **quiet)
+    s = result.summary
+    assert s.errors == 0 and s.settings["load generator"]["processes"] == 3  # the master and 2 workers
+    assert len(load_samples(tmp_path / "report" / "samples.csv").end) == _locust_count(tmp_path / "report")
+    assert 18 <= s.qps <= 42, s.qps  # both workers sent their half of the rate
+
+
+def test_closed_loop_stages_ramp_the_users(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, stages="4:1,4:4"), warmup_s=0.5)
+    run(spec, tmp_path / "report", **quiet)
+    samples = load_samples(tmp_path / "report" / "samples.csv")
+    t = samples.start - samples.start.min()
+    first, second = ((t > 1) & (t < 4)).sum() / 3, ((t > 5) & (t < 8)).sum() / 3
+    assert second > 1.5 * first, (first, second)
 
 
 def test_errors_are_counted_not_hidden(stack, tmp_path):
-    result = run("classify", stack.gateway_url, tmp_path / "report", users=2, duration_s=3, warmup_s=0.5,
-                 env={"RTXSERVE_MODEL": "no_such_model"}, log=lambda m: None)
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, batch=300), users=2, duration_s=3, warmup_s=0.5)
+    result = run(spec, tmp_path / "report", **quiet)  # over the gateway's 256 inputs per request: each is a 400
     assert result.summary.errors == result.summary.requests > 0
-    assert result.summary.error_kinds == {"HTTP 404": result.summary.errors}
+    assert result.summary.error_kinds == {"HTTP 400": result.summary.errors}
 
 
-def test_nothing_listening_fails_at_once_without_a_report(tmp_path, capsys):
+def test_a_sweep_finds_the_highest_rate_within_the_slo(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, arrival="poisson"), duration_s=6, warmup_s=1,
+                    slo="e2el:2000")
+    result = sweep(spec, tmp_path / "sweep", steps="5,10,20", **quiet)
+    assert [s["load"] for s in result.steps] == [5, 10, 20] and all(s["holds"] for s in result.steps)
+    assert result.verdict["max_load_within_slo"] == 20 and result.verdict["max_goodput_rps"] > 10
+    assert "max load within the SLO: 20 req/s" in result.headline
+    assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 10_000 and (tmp_path / "sweep" / "sweep.html").exists()
+    assert (tmp_path / "sweep" / "step-03-20" / "report.md").exists()
+
+
+def test_a_sweep_whose_slo_no_step_meets_says_so(stack, tmp_path):
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL), duration_s=3, warmup_s=0.5, slo="e2el:0.01")
+    result = sweep(spec, tmp_path / "sweep", steps="1,2", **quiet)
+    assert result.verdict["max_load_within_slo"] is None and result.headline.startswith("no step met the SLO")
+
+
+def test_an_unknown_model_or_nothing_listening_fails_at_once_without_a_report(stack, tmp_path, capsys):
     from loadtest.cli import main
     from serve.launcher import free_port
 
-    started = time.monotonic()
-    code = main(["run", "--host", f"http://127.0.0.1:{free_port()}", "--model", MODEL, "--duration", "30",
-                 "--out", str(tmp_path / "report")])
-    assert code == 2 and time.monotonic() - started < 6
-    assert "nothing answers at http://127.0.0.1:" in capsys.readouterr().err
-    assert not (tmp_path / "report").exists()
+    for host, model, message in ((stack.gateway_url, "no_such_model", "model no_such_model is not served at"),
+                                 (f"http://127.0.0.1:{free_port()}", MODEL, "nothing answers at http://127.0.0.1:")):
+        started = time.monotonic()
+        code = main(["run", "--host", host, "--model", model, "--duration", "30", "--out", str(tmp_path / "report")])
+        assert code == 2 and time.monotonic() - started < 6
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "report").exists()

@@ -3,7 +3,10 @@ import math
 import numpy as np
 import pytest
 
-from loadtest.report import Samples, load_samples, summarize, write_report
+from loadtest.pages import write_report
+from loadtest.report import Samples, load_samples, meets_slo, parse_slo, summarize
+
+HEADER = "end,name,latency_ms,ok,error,ttft_ms,output_tokens,prompt_tokens,itl_ms,wait_ms\n"
 
 
 def _samples(latencies_ms, ok=None, start=1000.0, spacing=0.01):
@@ -37,14 +40,16 @@ def test_warmup_longer_than_the_run_is_an_error():
 
 
 def test_report_files_and_sample_loading(tmp_path):
-    prefix = tmp_path / "samples.csv"
-    (tmp_path / "samples.csv.1").write_text("1000.010,classify,10.0,1,\n1000.020,classify,20.0,0,HTTP 503: busy\n")
-    (tmp_path / "samples.csv.2").write_text("1000.015,classify,12.0,1,\n")
-    samples = load_samples(prefix)
+    (tmp_path / "samples.csv").write_text(HEADER + "1000.010,classify,10.0,1,,,,,,\n"
+                                          "1000.020,classify,20.0,0,HTTP 503: busy,,,,,\n1000.015,classify,12.0,1,,,,,,\n")
+    samples = load_samples(tmp_path / "samples.csv")
     assert list(samples.latency_ms) == [10.0, 12.0, 20.0] and samples.errors == ["HTTP 503: busy"]
     md = write_report(summarize(samples), samples, tmp_path, "t")
     assert (tmp_path / "latency.png").read_bytes()[:4] == b"\x89PNG"
     assert "P99" in md.read_text() and (tmp_path / "report.json").exists()
+    html = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64," in html and 'src="latency.png"' not in html  # self-contained
+    assert "latency_ms.p99," in (tmp_path / "summary.csv").read_text()
 
 
 def _streamed(ttft_ms, tokens, itl_ms, latency_ms, ok=None, spacing=0.01):
@@ -81,46 +86,91 @@ def test_streaming_figures_skip_warmup_failures_and_untimed_requests():
     ok = np.ones(n, bool)
     ok[150] = False  # a failure: its figures, whatever they say, do not count
     ttft[150], tokens[150], itl[150] = 9999.0, 100.0, [9999.0]
-    ttft[200], tokens[200], itl[200] = np.nan, 1.0, []  # one token, no text: counts as tokens, has no TTFT
+    ttft[200], tokens[200], itl[200] = np.nan, 1.0, []  # an unstreamed answer: tokens, no TTFT, not a stream
     lat = np.where(np.isnan(ttft), 50.0, ttft + 30.0)
     s = summarize(_streamed(ttft, tokens, itl, lat, ok), warmup_s=1.0)
     st = s.streaming
-    assert st["requests"] == 199
+    assert st["requests"] == 198
     assert st["ttft_ms"] == {"p50": 20.0, "p90": 20.0, "p99": 20.0}
     assert st["itl_ms"] == {"p50": 10.0, "p90": 10.0, "p99": 10.0}
-    assert st["tpot_ms"]["p99"] == 10.0  # (50 - 20) / 3; the 1-token request has none
-    assert math.isclose(st["output_tokens_per_s"], (198 * 4 + 1) / s.duration_s)
-    assert math.isclose(st["mean_output_tokens"], (198 * 4 + 1) / 199)
+    assert st["tpot_ms"]["p99"] == 10.0  # (50 - 20) / 3
+    assert math.isclose(st["output_tokens_per_s"], 198 * 4 / s.duration_s)
+    assert st["mean_output_tokens"] == 4
     assert s.errors == 1
 
 
 def test_mixed_rows_load_and_a_streamed_report_shows_its_figures(tmp_path):
-    (tmp_path / "samples.csv.1").write_text(
-        "1000.010,classify,10.0,1,\n"
-        "1000.100,chat,100.0,1,,20.000,4,10.000 30.000 40.000\n"
-        "1000.200,chat,90.0,0,stream cut: no [DONE]\n"
-        "1000.300,chat,60.0,1,,,1,\n"
-        "1000.400,chat,80.0,1,,30.0")  # a row cut short when locust was stopped
-    (tmp_path / "samples.csv.2").write_text("1000.150,chat,120.0,1,,40.000,5,20.000 20.000 20.000 20.000\n")
+    (tmp_path / "samples.csv").write_text(HEADER +
+        "1000.010,classify,10.0,1,,,,,,\n"
+        "1000.100,chat,100.0,1,,20.000,4,7,10.000 30.000 40.000,\n"
+        "1000.200,chat,90.0,0,wrong answer: stream cut: no [DONE],,,,,\n"
+        "1000.300,chat,60.0,1,,,1,7,,\n"  # unstreamed: tokens, no TTFT
+        "1000.150,chat,120.0,1,,40.000,5,7,20.000 20.000 20.000 20.000,\n"
+        "1000.400,chat,80.0")  # a row cut short when locust was killed
     samples = load_samples(tmp_path / "samples.csv")
     assert list(samples.latency_ms) == [10.0, 100.0, 120.0, 90.0, 60.0]
-    assert list(samples.streamed) == [False, True, True, False, True]
+    assert list(samples.streamed) == [False, True, True, False, False]
     assert np.array_equal(samples.ttft_ms, [np.nan, 20.0, 40.0, np.nan, np.nan], equal_nan=True)
     assert [list(g) for g in samples.itl_ms] == [[], [10.0, 30.0, 40.0], [20.0] * 4, [], []]
-    assert samples.errors == ["stream cut: no [DONE]"]
+    assert samples.errors == ["wrong answer: stream cut: no [DONE]"]
     s = summarize(samples)
     assert s.streaming["ttft_ms"] == {"p50": 20.0, "p90": 40.0, "p99": 40.0}
     assert s.streaming["itl_ms"]["p50"] == 20.0 and s.streaming["itl_ms"]["p99"] == 40.0
-    assert s.streaming["mean_output_tokens"] == 10 / 3
+    assert s.streaming["mean_output_tokens"] == 4.5
     md = write_report(s, samples, tmp_path, "t").read_text()
     assert "TTFT P50 20.0 ms, P99 40.0 ms" in md and "streaming.png" in md and "inter-token gap" in md
     assert (tmp_path / "streaming.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_plain_runs_have_no_streaming_section(tmp_path):
-    (tmp_path / "samples.csv.1").write_text("1000.010,classify,10.0,1,\n")
+    (tmp_path / "samples.csv").write_text(HEADER + "1000.010,classify,10.0,1,,,,,,\n")
     samples = load_samples(tmp_path / "samples.csv")
     s = summarize(samples)
     assert samples.ttft_ms is None and s.streaming == {}
     md = write_report(s, samples, tmp_path, "t").read_text()
     assert "TTFT" not in md and not (tmp_path / "streaming.png").exists()
+
+
+def test_goodput_counts_requests_within_every_limit_where_they_have_the_figure():
+    # 4 streamed chat requests and 1 classify (no TTFT): the TTFT limit cannot apply to the classify one
+    samples = _streamed([50, 150, 50, 50, np.nan], [5, 5, 5, 1, np.nan], [[10] * 4, [10] * 4, [90] * 4, [], []],
+                        [100, 200, 400, 60, 30])
+    assert parse_slo("ttft:100,e2el:300") == {"ttft": 100.0, "e2el": 300.0}
+    assert list(meets_slo(samples, parse_slo("ttft:100,e2el:300"))) == [True, False, False, True, True]
+    assert list(meets_slo(samples, parse_slo("itl:50"))) == [True, True, False, True, True]
+    s = summarize(samples, slo=parse_slo("ttft:100,e2el:300"))
+    assert s.goodput["good_requests"] == 3 and s.goodput["fraction"] == 3 / 5
+    assert s.goodput["p99_ms"] == {"ttft": 150.0, "e2el": 400.0} and not s.goodput["p99_within_slo"]
+    assert math.isclose(s.goodput["goodput_rps"], 3 / s.duration_s)
+
+
+@pytest.mark.parametrize("bad", ["ttft", "ttft:0", "latency:5", "ttft:abc"])
+def test_a_malformed_slo_names_what_is_accepted(bad):
+    with pytest.raises(ValueError, match="e2el, ttft, tpot, itl"):
+        parse_slo(bad)
+
+
+def test_a_mixed_run_gets_figures_per_api_and_late_open_loop_arrivals_are_counted():
+    samples = _samples([10.0, 20.0, 100.0, 200.0])
+    samples.names = np.array(["classify", "classify", "chat", "chat"], dtype=object)
+    samples.wait_ms = np.array([0.5, 0.2, 40.0, np.nan])
+    s = summarize(samples)
+    assert set(s.by_name) == {"classify", "chat"}
+    assert s.by_name["classify"]["requests"] == 2 and s.by_name["chat"]["latency_ms"]["p50"] == 100.0
+    assert s.late_arrivals == {"requests": 1, "of": 3, "max_wait_ms": 40.0, "late_ms": 10.0}
+
+
+def test_compare_puts_every_figure_of_two_runs_side_by_side(tmp_path):
+    from loadtest.compare import compare
+
+    for name, latency in (("before", 20.0), ("after", 10.0)):
+        samples = _samples([latency] * 200)
+        (tmp_path / name).mkdir()
+        with open(tmp_path / name / "samples.csv", "w") as f:  # the raw samples the overlay is drawn from
+            f.write(HEADER + "".join(f"{e:.6f},classify,{l},1,,,,,,\n" for e, l in zip(samples.end, samples.latency_ms)))
+        write_report(summarize(samples), samples, tmp_path / name, name)
+    md = compare(tmp_path / "before", tmp_path / "after", tmp_path / "cmp").read_text()
+    assert "| latency_ms.p99 | 20 | 10 | -50.0% |" in md
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and (tmp_path / "cmp" / "compare.html").exists()
+    with pytest.raises(ValueError, match="neither a run"):
+        compare(tmp_path / "before", tmp_path, tmp_path / "cmp")
