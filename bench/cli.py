@@ -1,5 +1,5 @@
-"""`rtxserve bench llm|export|gateway|soak`: argument parsing only; the work is in bench/llm.py, bench/export.py,
-bench/gateway.py and bench/soak.py."""
+"""`rtxserve bench llm|export|gateway|batching|accuracy|soak`: argument parsing only; the work is in the module of
+the same name under bench/."""
 
 from __future__ import annotations
 
@@ -40,6 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
     gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
+    tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
+    tr.add_argument("--rounds", type=int, default=3)
+    tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
+    tr.add_argument("--users", type=int, default=16, help="closed-loop users")
+    tr.add_argument("--out", type=Path, help="folder (default reports/bench-batching-<time>)")
+    acc = sub.add_parser("accuracy", help="B6: rtxserve loadtest vs vllm bench serve on the same vLLM and workload")
+    acc.add_argument("--url", default="", help="a running vLLM server (default: start one on the fixture Llama)")
+    acc.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
+    acc.add_argument("--served-name", default="bench-llm")
+    acc.add_argument("--rounds", type=int, default=3)
+    acc.add_argument("--prompts", type=int, default=48, help="requests per vllm bench serve round")
+    acc.add_argument("--concurrency", type=int, default=4)
+    acc.add_argument("--input-len", type=int, default=64)
+    acc.add_argument("--output-len", type=int, default=32)
+    acc.add_argument("--out", type=Path, help="folder (default reports/bench-accuracy-<time>)")
     soak = sub.add_parser("soak", help="R18: a bounded soak of the gateway (RSS slope, open descriptors, P99 drift)")
     soak.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     soak.add_argument("--window", type=float, default=10.0, help="seconds per sample")
@@ -84,6 +99,22 @@ def main(argv: list[str]) -> int:
         bench = lambda: run(out, duration_s=args.duration, window_s=args.window, concurrency=args.concurrency,  # noqa: E731
                             workers=args.workers, progress=_progress)
         saved = ("soak.json", "soak.md", "soak.png")
+    elif args.bench == "batching":
+        from .batching import markdown, run
+
+        if args.rounds < 1 or args.duration <= 4 or args.users < 1:
+            return _fail("need --rounds >= 1, --duration > 4 and --users >= 1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, users=args.users, progress=_progress)  # noqa: E731
+        saved = ("bench-batching.json", "bench-batching.md", "b3-b5.png")
+    elif args.bench == "accuracy":
+        from .accuracy import markdown, run
+
+        if args.rounds < 1 or min(args.prompts, args.concurrency, args.input_len, args.output_len) < 1:
+            return _fail("need --rounds, --prompts, --concurrency, --input-len and --output-len >= 1")
+        bench = lambda: run(out, url=args.url.rstrip("/"), model_dir=args.model, served_name=args.served_name,  # noqa: E731
+                            rounds=args.rounds, prompts=args.prompts, concurrency=args.concurrency,
+                            input_len=args.input_len, output_len=args.output_len, progress=_progress)
+        saved = ("bench-accuracy.json", "bench-accuracy.md")
     elif args.bench == "export":
         from .export import markdown, run
 

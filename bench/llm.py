@@ -202,51 +202,19 @@ def g2(url: str, model: str, config: dict, bandwidth_gbs: float, *, max_tokens: 
             "rounds": speeds, **roofline(statistics.median(speeds), bandwidth_gbs, weight_bytes)}
 
 
-async def open_loop(url: str, model: str, rate: float, duration_s: float, max_tokens: int, prompts: list[str],
-                    seed: int = 0) -> list[Completion]:
-    """Poisson arrivals at `rate` requests/s for `duration_s` (open loop: nobody waits for answers)."""
-    rng = random.Random(seed)
-    tasks, t = [], 0.0
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=httpx.Limits(max_connections=None)) as client:
-        started = time.perf_counter()
-        while True:
-            t += rng.expovariate(rate)
-            if t >= duration_s:
-                break
-            await asyncio.sleep(max(0.0, started + t - time.perf_counter()))
-            tasks.append(asyncio.create_task(complete(client, url, model, prompts[len(tasks) % len(prompts)], max_tokens)))
-        return list(await asyncio.gather(*tasks))
+def g3(url: str, model: str, out: Path, *, slo_ttft_ms: float = 500.0, start_rate: float = 2.0,
+       duration_s: float = 30.0, max_tokens: int = 128, progress=log.info) -> dict:
+    """The highest Poisson arrival rate whose P99 TTFT meets the SLO: `rtxserve loadtest sweep` (the one load
+    generator), doubling the rate from `start_rate` until the server is over-saturated."""
+    from loadtest.runner import LoadSpec, scenario_options
+    from loadtest.sweep import sweep
 
-
-def p99(values: list[float]) -> float:
-    from loadtest.report import nearest_rank
-
-    return nearest_rank(sorted(values), 99) if values else math.inf
-
-
-def g3(url: str, model: str, *, slo_ttft_s: float = 0.5, start_rate: float = 2.0, duration_s: float = 30.0,
-       max_tokens: int = 128, progress=log.info) -> dict:
-    """Double the arrival rate until P99 TTFT breaks the SLO (or a request fails), then bisect once."""
-    prompts = prompts_for(words=(64, 256))
-    steps, rate, best = [], start_rate, 0.0
-
-    def measure(r: float) -> bool:
-        results = asyncio.run(open_loop(url, model, r, duration_s, max_tokens, prompts))
-        ttfts = [x.ttft_s for x in results if x.ok]
-        step = {"rate": r, "requests": len(results), "errors": sum(not x.ok for x in results), "p99_ttft_s": p99(ttfts),
-                "p50_ttft_s": statistics.median(ttfts) if ttfts else math.inf}
-        steps.append(step)
-        progress(f"  {r:6.1f} req/s: P50 TTFT {step['p50_ttft_s'] * 1000:7.1f} ms, P99 {step['p99_ttft_s'] * 1000:7.1f} ms, "
-                 f"{step['errors']} errors")
-        return step["errors"] == 0 and step["p99_ttft_s"] <= slo_ttft_s
-
-    while measure(rate):
-        best, rate = rate, rate * 2
-    if best:
-        middle = (best + rate) / 2
-        if measure(middle):
-            best = middle
-    return {"id": "G3", "slo_p99_ttft_ms": slo_ttft_s * 1000, "max_qps": best, "steps": steps,
+    options = scenario_options(scenario="completions", model=model, arrival="poisson", prompt_words="64,256",
+                               output_len=max_tokens, ignore_eos="on", temperature=0.0)
+    spec = LoadSpec(url, options, duration_s=duration_s, warmup_s=min(5.0, duration_s / 4), slo=f"ttft:{slo_ttft_ms:g}")
+    result = sweep(spec, out / "g3-sweep", start=start_rate, max_steps=8, log=progress)
+    return {"id": "G3", "slo_p99_ttft_ms": slo_ttft_ms, "max_rate": result.verdict["max_load_within_slo"] or 0.0,
+            "max_qps": result.verdict["max_qps_within_slo"] or 0.0, "steps": result.steps, "report": str(result.report),
             "settings": {"duration_s": duration_s, "max_tokens": max_tokens, "prompt_words": [64, 256]}}
 
 
@@ -289,9 +257,9 @@ def markdown(results: dict) -> str:
                   f"({g['bandwidth_gbs']:g} GB/s ÷ {g['weight_bytes'] / 1e9:.2f} GB) → **{g['fraction']:.2f}** (target ≥ 0.8)", ""]
     if "G3" in results:
         g = results["G3"]
-        lines += ["## G3: Poisson arrivals, P99 TTFT ≤ 500 ms", "", "| req/s | P50 TTFT ms | P99 TTFT ms | errors |",
-                  "|---|---|---|---|"]
-        lines += [f"| {s['rate']:.1f} | {s['p50_ttft_s'] * 1000:.1f} | {s['p99_ttft_s'] * 1000:.1f} | {s['errors']} |"
+        lines += ["## G3: Poisson arrivals, P99 TTFT ≤ 500 ms", "", f"(`rtxserve loadtest sweep`; report: {g['report']})", "",
+                   "| req/s | QPS | P99 TTFT ms | errors |", "|---|---|---|---|"]
+        lines += [f"| {s['load']:g} | {s['qps']:.1f} | {s['ttft_p99_ms'] or float('nan'):.1f} | {s['errors']} |"
                   for s in g["steps"]]
         lines += ["", f"**max QPS within the SLO: {g['max_qps']:.1f}**", ""]
     return "\n".join(lines) + "\n"
@@ -374,7 +342,7 @@ def run(opts: BenchOptions, progress=log.info) -> dict:
             progress(f"G2: batch-1 decode on {gpu} ({bandwidth:g} GB/s)")
             results["G2"] = g2(url, name, config, bandwidth)
             progress("G3: Poisson arrivals, doubling the rate until P99 TTFT > 500 ms")
-            results["G3"] = g3(url, name, duration_s=opts.g3_duration_s, progress=progress)
+            results["G3"] = g3(url, name, opts.out, duration_s=opts.g3_duration_s, progress=progress)
     (opts.out / "bench-llm.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     (opts.out / "bench-llm.md").write_text(markdown(results))
     return results

@@ -45,29 +45,21 @@ def test_b4_interleaves_levels_and_takes_medians(monkeypatch):
         llm.b4("http://x", "m", levels=(1, 8))
 
 
-def test_g3_doubles_until_the_slo_breaks_then_bisects(monkeypatch):
-    async def fake_open_loop(url, model, rate, duration_s, max_tokens, prompts, seed=0):
-        ttft = 0.1 if rate <= 10 else 0.9  # the server keeps up to 10 req/s
-        return [llm.Completion(True, 8, ttft, 1.0)] * 100
+def test_g3_is_a_loadtest_sweep_of_poisson_arrivals_under_a_ttft_slo(monkeypatch, tmp_path):
+    import loadtest.sweep
 
-    monkeypatch.setattr(llm, "open_loop", fake_open_loop)
-    result = llm.g3("http://x", "m", start_rate=2, progress=lambda m: None)
-    assert [s["rate"] for s in result["steps"]] == [2, 4, 8, 16, 12]
-    assert result["max_qps"] == 8
+    seen = {}
 
+    def fake_sweep(spec, out, *, start, max_steps, log):
+        seen.update(spec=spec, start=start)
+        return loadtest.sweep.SweepResult([{"load": 8, "qps": 7.9}], {"max_load_within_slo": 8, "max_qps_within_slo": 7.9},
+                                          out / "sweep.md", "h")
 
-def test_open_loop_sends_poisson_arrivals_at_the_rate(monkeypatch):
-    sent = []
-
-    async def fake_complete(client, url, model, prompt, max_tokens):
-        sent.append(asyncio.get_running_loop().time())
-        return llm.Completion(True, 1, 0.0, 0.0)
-
-    monkeypatch.setattr(llm, "complete", fake_complete)
-    results = asyncio.run(llm.open_loop("http://x", "m", rate=200, duration_s=1.0, max_tokens=1, prompts=["p"]))
-    assert 140 < len(results) < 260  # Poisson(200): 6 standard deviations either side
-    gaps = [b - a for a, b in zip(sent, sent[1:])]
-    assert max(gaps) > 3 * (sum(gaps) / len(gaps))  # exponential gaps, not a fixed beat
+    monkeypatch.setattr(loadtest.sweep, "sweep", fake_sweep)
+    result = llm.g3("http://x", "m", tmp_path, start_rate=2, progress=lambda m: None)
+    spec = seen["spec"]
+    assert spec.options["arrival"] == "poisson" and spec.options["scenario"] == "completions" and spec.slo == "ttft:500"
+    assert seen["start"] == 2 and result["max_rate"] == 8 and result["max_qps"] == 7.9
 
 
 def test_markdown_report_has_the_ratio_and_the_plot(tmp_path):
@@ -76,3 +68,12 @@ def test_markdown_report_has_the_ratio_and_the_plot(tmp_path):
     text = llm.markdown({"device": "CPU", "model": "m", "versions": {"vllm": "0.32.0"}, "B4": b4})
     assert "**B4 = 7.50x**" in text and "b4.png" in text
     assert llm.plot_b4(b4, tmp_path / "b4.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_no_bench_module_shadows_what_vllm_imports():
+    """bench/vllm_cli.py runs as a script, so bench/ is first on vLLM's sys.path: a bench/triton.py once made
+    `import triton` find it and broke `vllm bench serve`."""
+    from pathlib import Path
+
+    names = {p.stem for p in (Path(__file__).resolve().parents[2] / "bench").glob("*.py")}
+    assert not names & {"triton", "torch", "vllm", "transformers", "numpy", "aiohttp", "datasets", "openai"}

@@ -1,0 +1,76 @@
+"""`rtxserve tune`: the entry's knobs read and written through Triton's schema, and the quick search."""
+
+import pytest
+
+from rtxserve.tune import Trial, quick_search
+from serve.entry_config import Batching, copy_entry, entry_models, read_batching, write_batching
+
+ENSEMBLE = """name: "reviews" platform: "ensemble" max_batch_size: 32
+input { name: "TEXT" data_type: TYPE_STRING dims: 1 }
+output { name: "LABEL" data_type: TYPE_STRING dims: 1 }
+parameters { key: "rtxserve_task" value { string_value: "text-classification" } }
+ensemble_scheduling {
+  step { model_name: "reviews_tokenizer" model_version: -1 input_map { key: "TEXT" value: "TEXT" } output_map { key: "IDS" value: "ids" } }
+  step { model_name: "reviews_model" model_version: -1 input_map { key: "IDS" value: "ids" } output_map { key: "LABEL" value: "LABEL" } }
+}"""
+STEP = """name: "{name}" backend: "python" max_batch_size: 32
+instance_group {{ count: 1 kind: KIND_CPU }}
+dynamic_batching {{ max_queue_delay_microseconds: 500 default_queue_policy {{ max_queue_size: 256 }} }}"""
+
+
+@pytest.fixture
+def repository(tmp_path):
+    repo = tmp_path / "repo"
+    for name, text in (("reviews", ENSEMBLE), ("reviews_tokenizer", STEP.format(name="reviews_tokenizer")),
+                       ("reviews_model", STEP.format(name="reviews_model"))):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(text)
+    (repo / "reviews_model" / "1" / "model.onnx").write_bytes(b"weights")
+    (repo / "other" / "1").mkdir(parents=True)
+    return repo
+
+
+def test_the_knobs_are_read_and_written_on_the_ensemble_and_its_steps(repository):
+    assert [m.name for m in entry_models(repository, "reviews")] == ["reviews", "reviews_tokenizer", "reviews_model"]
+    assert read_batching(repository, "reviews") == Batching(1, 32, 500)
+    write_batching(repository, "reviews", Batching(3, 8, 2000))
+    assert read_batching(repository, "reviews") == Batching(3, 8, 2000)
+    model = (repository / "reviews_model" / "config.pbtxt").read_text()
+    assert "count: 3" in model and "max_batch_size: 8" in model and "max_queue_size: 256" in model  # the rest stays
+    assert "max_batch_size: 8" in (repository / "reviews" / "config.pbtxt").read_text()
+
+
+def test_a_copied_entry_shares_the_weights_but_not_the_configs(repository, tmp_path):
+    copy = copy_entry(repository, "reviews", tmp_path / "copy")
+    assert sorted(p.name for p in copy.iterdir()) == ["reviews", "reviews_model", "reviews_tokenizer"]
+    write_batching(copy, "reviews", Batching(2, 4, 0))
+    assert read_batching(repository, "reviews") == Batching(1, 32, 500)  # the original is untouched
+    assert (copy / "reviews_model" / "1" / "model.onnx").stat().st_ino == (repository / "reviews_model" / "1" / "model.onnx").stat().st_ino
+
+
+def test_an_unknown_entry_is_named_with_the_ones_there(repository):
+    with pytest.raises(ValueError, match="no entry 'nope'.*reviews"):
+        entry_models(repository, "nope")
+
+
+def test_quick_search_climbs_to_the_best_neighbour_and_stops_when_none_is_better():
+    axes = {"instances": [1, 2, 3], "max_batch_size": [1, 8, 32], "max_queue_delay_us": [0, 500]}
+    # goodput peaks at 2 instances, batch 8; batch 32 breaks the SLO
+    measured = []
+
+    def measure(config):
+        measured.append(config)
+        goodput = 100 - 30 * abs(config["instances"] - 2) - 20 * abs([1, 8, 32].index(config["max_batch_size"]) - 1)
+        return Trial(config, goodput_rps=goodput, p99_ms=10, eligible=config["max_batch_size"] != 32)
+
+    trials = quick_search(axes, measure, budget=20, log=lambda m: None)
+    best = max((t for t in trials if t.eligible), key=lambda t: t.goodput_rps)
+    assert best.config["instances"] == 2 and best.config["max_batch_size"] == 8
+    assert measured[0] == {"instances": 1, "max_batch_size": 1, "max_queue_delay_us": 0}  # starts at the smallest
+    assert len(trials) < 18  # not the whole grid
+
+
+def test_quick_search_keeps_to_its_budget():
+    axes = {"instances": [1, 2, 3, 4], "max_batch_size": [1, 2, 4, 8], "max_queue_delay_us": [0, 1, 2]}
+    trials = quick_search(axes, lambda c: Trial(c, goodput_rps=sum(c.values()), eligible=True), 5, log=lambda m: None)
+    assert len(trials) == 5
