@@ -30,22 +30,24 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16
     from export.triton_entry import EntryOptions
     from loadtest.pages import versions
     from loadtest.runner import LoadSpec, scenario_options
-    from rtxserve.tune import evaluate
+    from rtxserve.tune import TritonTarget, evaluate
 
     out.mkdir(parents=True, exist_ok=True)
     repo = out / "repository"
     if not (repo / MODEL).exists():
         export_text_classification(write_text_classifier(out / "checkpoint"), EntryOptions(name=MODEL), repo)
 
-    def spec_for(stack) -> LoadSpec:
-        return LoadSpec(stack.gateway_url, scenario_options(model=MODEL), users=users, duration_s=duration_s,
-                        warmup_s=min(3.0, duration_s / 4), scrape=[stack.triton_metrics_url])
+    def spec_for(url: str, scrape: list[str]) -> LoadSpec:
+        return LoadSpec(url, scenario_options(model=MODEL), users=users, duration_s=duration_s,
+                        warmup_s=min(3.0, duration_s / 4), scrape=scrape)
+
+    target = TritonTarget(repo, MODEL)
 
     qps: dict[str, list[float]] = {name: [] for name in CONFIGS}
     for r in range(rounds):
         order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
         for name in order:
-            trial = evaluate(repo, MODEL, CONFIGS[name], spec_for, out / f"round-{r + 1}" / name.replace(" ", "-"),
+            trial = evaluate(target, CONFIGS[name], spec_for, out / f"round-{r + 1}" / name.replace(" ", "-"),
                              lambda m: None)
             if trial.failure or trial.errors:
                 raise RuntimeError(f"{name}: {trial.failure or f'{trial.errors} failed requests'}")

@@ -117,9 +117,7 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
     if png is None:
         return failed
     figures = server_metrics.summary(series, summary.warmup_s)
-    rows = [[name, f"{f['mean']:.2f}", f"{f['max']:.2f}", f["unit"]] for name, f in figures.items()
-            if f["mean"] is not None and np.isfinite(f["mean"])]
-    table = _table(rows, ["server-side figure (after warm-up)", "mean", "max", "unit"]) if rows else ""
+    table = _server_tables(series, figures)
     return f"""
 ## Where the time goes: the servers' side
 
@@ -127,10 +125,35 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
 
 Scraped from each server's Prometheus `/metrics` every second during the run, on the same time axis as
 the client's latency: the gateway's own time vs its backend calls, Triton's queue vs compute time per
-request and batch size, vLLM's running / waiting requests and KV-cache use.
+request and batch size, vLLM's running / waiting requests and KV-cache use. The tables give each figure's
+mean after the warm-up (per-request means weighted by the requests of each second).
 
 {table}
 {failed}"""
+
+
+TRITON_COLUMNS = (("rps", "requests/s"), ("queue", "queue ms"), ("compute", "compute ms"), ("batch", "batch size"),
+                  ("failures", "failures/s"))
+
+
+def _server_tables(series: dict, figures: dict) -> str:
+    """The servers' figures (means after warm-up): one row per Triton model, then everything else."""
+    fmt = lambda f: "–" if f is None or not np.isfinite(f["mean"]) else f"{f['mean']:.2f}"  # noqa: E731
+    triton: dict[str, dict] = {}
+    others = []
+    for name, s in series.items():
+        if name.startswith("triton "):
+            triton.setdefault(s.subject, {})[s.role] = figures[name]
+        elif np.isfinite(figures[name]["mean"]):
+            f = figures[name]
+            others.append([name, f"{f['mean']:.2f}", f"{f['max']:.2f}", f["unit"]])
+    text = ""
+    if triton:
+        rows = [[model, *(fmt(roles.get(role)) for role, _ in TRITON_COLUMNS)] for model, roles in sorted(triton.items())]
+        text += _table(rows, ["Triton model", *(label for _, label in TRITON_COLUMNS)]) + "\n\n"
+    if others:
+        text += _table(others, ["figure", "mean", "max", "unit"]) + "\n"
+    return text
 
 
 def _git_commit() -> str:

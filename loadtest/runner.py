@@ -119,7 +119,8 @@ class LoadSpec:
                  "warm-up (s)": self.warmup_s, "locust processes": f"{self.workers} workers + master" if self.workers else 1}
         shown |= {"rate (req/s)": o["rate"], "burstiness": o["burstiness"], "max in flight": o["max_in_flight"]} \
             if self.open_loop else {"users": self.users}
-        changed = {k: v for k, v in o.items() if v != scenario_options()[k] and k not in shown and k != "api_key"}
+        defaults = scenario_options()
+        changed = {k: v for k, v in o.items() if v != defaults[k] and k not in shown and k != "api_key"}
         return shown | changed | ({"SLO (ms)": self.slo} if self.slo else {})
 
 

@@ -146,6 +146,12 @@ def sweep(spec: LoadSpec, out: Path, *, steps: str = "", start: float = 1.0, max
         interrupted = True
         notes.append(f"Interrupted during the step at {value:g} {unit}; the report covers the {len(done)} steps done.")
         log(notes[-1])
+    except RuntimeError as exc:  # locust itself failed (the server went away...): keep what was measured
+        if not done:
+            raise
+        notes.append(f"The step at {value:g} {unit} failed ({str(exc).splitlines()[0]}); the report covers the "
+                     f"{len(done)} steps before it.")
+        log(notes[-1])
     if not done:
         raise RuntimeError("the sweep was stopped before any step ended")
     result = verdict(done, slo)

@@ -1,8 +1,11 @@
-"""`rtxserve tune triton`: search a Triton entry's instances x max_batch_size x queue delay for the most
-goodput under an SLO, each configuration served by a freshly started tritonserver + gateway and loaded
-by the same locust run; recommend the best and, with --apply, write it into the repository.
+"""`rtxserve tune triton|vllm`: search a server's knobs for the most goodput under an SLO, each configuration
+served by freshly started servers and loaded by the same locust run; recommend the best and, for Triton
+with --apply, write it into the repository.
 
-The search is Triton Model Analyzer's quick search: measure the entry as it is (the default, so that the
+- triton: one entry's instances x max_batch_size x queue delay (serve/entry_config.py);
+- vllm: the engine's --max-num-seqs x --max-num-batched-tokens.
+
+The search is Triton Model Analyzer's quick search: measure the server as it is (the default, so that the
 recommendation is compared with it in the same run), then climb from the smallest configuration, each
 time measuring the untried neighbours (one step along one axis) of the best so far, until none is better
 or the budget of configurations is spent. A configuration counts only if its P99 meets the SLO and at most
@@ -12,12 +15,12 @@ or the budget of configurations is spent. A configuration counts only if its P99
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from itertools import product
 from pathlib import Path
 
 from rtxserve import contract
@@ -25,13 +28,14 @@ from rtxserve import contract
 # The load scenario that exercises each task's route.
 SCENARIO_OF_TASK = {contract.TEXT_CLASSIFICATION: "classify", contract.IMAGE_CLASSIFICATION: "image",
                     contract.TOKEN_CLASSIFICATION: "ner", contract.FEATURE_EXTRACTION: "embeddings"}
-AXES = ("instances", "max_batch_size", "max_queue_delay_us")
 MAX_ERROR_FRACTION = 0.01
+SHORT = {"instances": "inst", "max_batch_size": "batch", "max_queue_delay_us": "delay us",
+         "max_num_seqs": "seqs", "max_num_batched_tokens": "batched tokens"}
 
 
 @dataclass
 class Trial:
-    config: dict  # the three knobs
+    config: dict  # knob -> value
     default: bool = False
     goodput_rps: float = 0.0
     qps: float = 0.0
@@ -43,8 +47,7 @@ class Trial:
     failure: str = ""  # the server did not start, or the load failed
 
     def label(self) -> str:
-        c = self.config
-        return f"{c['instances']} inst, batch {c['max_batch_size']}, delay {c['max_queue_delay_us']} us"
+        return ", ".join(f"{SHORT.get(k, k)} {'(server default)' if v is None else v}" for k, v in self.config.items())
 
 
 @dataclass
@@ -57,18 +60,88 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _values(text: str, what: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        values = []
-    if not values or values[0] < 0:
-        raise ValueError(f"--{what}: expected comma-separated whole numbers, not {text!r}")
-    return values
+class TritonTarget:
+    """One Triton entry; each configuration a copy of it (weights hard-linked) with its knobs set."""
+
+    def __init__(self, repository: Path, name: str):
+        from serve.entry_config import entry_models, read_config
+
+        self.repository, self.name = repository, name
+        config = read_config(entry_models(repository, name)[0] / "config.pbtxt")
+        task = config.parameters[contract.PARAM_TASK].string_value if contract.PARAM_TASK in config.parameters else ""
+        if task not in SCENARIO_OF_TASK:
+            raise ValueError(f"{name} is not a servable encoder entry (task {task or 'none'}); "
+                             f"tune takes {', '.join(SCENARIO_OF_TASK)}")
+        self.scenario, self.what = SCENARIO_OF_TASK[task], f"{name} ({task}) in {repository}"
+
+    def current(self) -> dict:
+        from serve.entry_config import read_batching
+
+        return asdict(read_batching(self.repository, self.name))
+
+    @contextlib.contextmanager
+    def serve(self, config: dict, folder: Path):
+        from serve.entry_config import Batching, copy_entry, write_batching
+        from serve.stack import start_stack
+
+        repo = copy_entry(self.repository, self.name, folder / "repository")
+        write_batching(repo, self.name, Batching(**config))
+        with start_stack(repo, folder / "logs") as stack:
+            yield stack.gateway_url, [stack.triton_metrics_url]
+
+    def apply(self, config: dict) -> str:
+        from serve.entry_config import Batching, write_batching
+
+        write_batching(self.repository, self.name, Batching(**config))
+        return f"written into {self.repository}/{self.name} and its steps"
+
+    def reproduce(self, config: dict) -> str:
+        return (f"rtxserve export onnx CHECKPOINT --name {self.name} --instances {config['instances']} "
+                f"--max-batch-size {config['max_batch_size']} --max-queue-delay-us {config['max_queue_delay_us']}")
+
+
+class VLLMTarget:
+    """One vLLM engine (model, adapters and options as `serve vllm` takes them), restarted per configuration."""
+
+    def __init__(self, opts):
+        self.opts, self.scenario, self.what = opts, None, f"vLLM serving {opts.served_name} from {opts.model}"
+
+    def current(self) -> dict:
+        # None: the flag is not given, and vLLM picks its own default (it depends on the platform and memory)
+        return {"max_num_seqs": None, "max_num_batched_tokens": None}
+
+    @contextlib.contextmanager
+    def serve(self, config: dict, folder: Path):
+        import dataclasses
+
+        from serve.stack import start_gateway, start_vllm
+
+        extra = list(self.opts.extra_args)
+        for knob, value in config.items():
+            if value is not None:
+                extra += [f"--{knob.replace('_', '-')}", str(value)]
+        opts = dataclasses.replace(self.opts, extra_args=extra)
+        vllm, url = start_vllm(opts, folder, timeout_s=600)
+        try:
+            gateway, gateway_url = start_gateway("", folder, vllm_url=url)
+            try:
+                yield gateway_url, [f"{url}/metrics"]
+            finally:
+                gateway.stop()
+        finally:
+            vllm.stop()
+
+    def apply(self, config: dict) -> str:
+        raise ValueError("--apply writes Triton entries; for vLLM, start it with the recommended flags")
+
+    def reproduce(self, config: dict) -> str:
+        flags = " ".join(f"--vllm-arg=--{k.replace('_', '-')}={v}" for k, v in config.items() if v is not None)
+        return f"rtxserve serve vllm {self.opts.model} {flags}".strip()
 
 
 def quick_search(axes: dict[str, list[int]], measure, budget: int, log=print) -> list[Trial]:
     """Climb from the smallest configuration to its best neighbour while that is better (see the module doc)."""
+    names = list(axes)
     tried: dict[tuple, Trial] = {}
 
     def score(t: Trial) -> tuple:
@@ -76,15 +149,15 @@ def quick_search(axes: dict[str, list[int]], measure, budget: int, log=print) ->
 
     def run(index: tuple) -> Trial:
         if index not in tried:
-            tried[index] = measure({a: axes[a][i] for a, i in zip(AXES, index)})
+            tried[index] = measure({a: axes[a][i] for a, i in zip(names, index)})
         return tried[index]
 
-    best_index = (0, 0, 0)
+    best_index = (0,) * len(names)
     best = run(best_index)
     while len(tried) < budget:
         neighbours = [tuple(i + d if k == axis else i for k, i in enumerate(best_index))
-                      for axis in range(len(AXES)) for d in (1, -1)]
-        neighbours = [n for n in neighbours if all(0 <= i < len(axes[a]) for a, i in zip(AXES, n)) and n not in tried]
+                      for axis in range(len(names)) for d in (1, -1)]
+        neighbours = [n for n in neighbours if all(0 <= i < len(axes[a]) for a, i in zip(names, n)) and n not in tried]
         if not neighbours:
             break
         for n in neighbours[: budget - len(tried)]:
@@ -97,20 +170,17 @@ def quick_search(axes: dict[str, list[int]], measure, budget: int, log=print) ->
     return list(tried.values())
 
 
-def evaluate(repository: Path, name: str, config: dict, spec_for, work: Path, log) -> Trial:
+def evaluate(target, config: dict, spec_for, work: Path, log) -> Trial:
+    """Serve `config`, load it with `spec_for(gateway_url, scrape_urls)`, and return its figures."""
     from loadtest.runner import run
-    from serve.entry_config import Batching, copy_entry, write_batching
     from serve.launcher import ServerStartError
-    from serve.stack import start_stack
 
     trial = Trial(config)
-    folder = work / f"{config['instances']}inst-b{config['max_batch_size']}-d{config['max_queue_delay_us']}"
-    repo = copy_entry(repository, name, folder / "repository")
-    write_batching(repo, name, Batching(**config))
-    log(f"config {trial.label()}: starting tritonserver and the gateway")
+    folder = work / "-".join(f"{SHORT.get(k, k).split()[0]}{'default' if v is None else v}" for k, v in config.items())
+    log(f"config {trial.label()}: starting the servers")
     try:
-        with start_stack(repo, folder / "logs") as stack:
-            result = run(spec_for(stack), folder / "load", log=lambda m: log(f"  {m}"))
+        with target.serve(config, folder) as (gateway_url, scrape):
+            result = run(spec_for(gateway_url, scrape), folder / "load", log=lambda m: log(f"  {m}"))
     except (ServerStartError, RuntimeError) as exc:
         trial.failure = str(exc)[-1500:]
         log(f"config {trial.label()} failed: {trial.failure.splitlines()[0]}")
@@ -124,38 +194,33 @@ def evaluate(repository: Path, name: str, config: dict, spec_for, work: Path, lo
     return trial
 
 
-def tune_triton(repository: Path, name: str, *, slo: str, axes: dict[str, list[int]], users: int = 16,
-                rate: float = 0.0, duration_s: float = 15.0, warmup_s: float = 3.0, budget: int = 8,
-                apply: bool = False, out: Path, log=print) -> TuneResult:
+def tune(target, *, options: dict, slo: str, axes: dict[str, list[int]], users: int = 16, duration_s: float = 15.0,
+         warmup_s: float = 3.0, budget: int = 8, apply: bool = False, out: Path, log=print) -> TuneResult:
+    """Measure the default, quick-search `axes`, write tune.md/.html/.png/.json into `out` (see the module doc).
+    `options` are the load's scenario options (loadtest.runner.scenario_options)."""
     from loadtest.report import parse_slo
-    from loadtest.runner import LoadSpec, scenario_options
-    from serve.entry_config import Batching, entry_models, read_batching, write_batching
+    from loadtest.runner import LoadSpec
 
     if not parse_slo(slo):
         raise ValueError("--slo is required: goodput is counted against it (e.g. e2el:100)")
     if budget < 2:
         raise ValueError("--budget must be at least 2 (the default and one other configuration)")
-    entry = entry_models(repository, name)[0]
-    task = _task(entry)
-    options = scenario_options(scenario=SCENARIO_OF_TASK[task], model=name,
-                               **({"arrival": "poisson", "rate": rate} if rate else {}))
 
-    def spec_for(stack) -> LoadSpec:
-        return LoadSpec(stack.gateway_url, dict(options), users=users, duration_s=duration_s, warmup_s=warmup_s,
-                        slo=slo, scrape=[stack.triton_metrics_url])
+    def spec_for(url: str, scrape: list[str]) -> LoadSpec:
+        return LoadSpec(url, dict(options), users=users, duration_s=duration_s, warmup_s=warmup_s, slo=slo, scrape=scrape)
 
-    spec_for(argparse.Namespace(gateway_url="http://127.0.0.1:1", triton_metrics_url="")).check()
+    spec_for("http://127.0.0.1:1", []).check()  # a load that cannot run is refused before any server starts
     out.mkdir(parents=True, exist_ok=True)
-    current = asdict(read_batching(repository, name))
-    log(f"tuning {name} ({task}) in {repository}: default {Trial(current).label()}; SLO {slo}")
-    default = evaluate(repository, name, current, spec_for, out, log)
+    current = target.current()
+    log(f"tuning {target.what}: default {Trial(current).label()}; SLO {slo}")
+    default = evaluate(target, current, spec_for, out, log)
     default.default = True
     measured = {tuple(current.values()): default}  # the climb may pass through the default: measure it once
 
     def measure(config: dict) -> Trial:
-        key = tuple(config[a] for a in AXES)
+        key = tuple(config.values())
         if key not in measured:
-            measured[key] = evaluate(repository, name, config, spec_for, out, log)
+            measured[key] = evaluate(target, config, spec_for, out, log)
         return measured[key]
 
     quick_search(axes, measure, budget, log)
@@ -166,22 +231,11 @@ def tune_triton(repository: Path, name: str, *, slo: str, axes: dict[str, list[i
     if best is None:
         result.notes.append("No configuration met the SLO: loosen it, lower the load, or widen the axes.")
     elif apply and best.config != current:
-        write_batching(repository, name, Batching(**best.config))
+        result.notes.append(f"Applied: {best.label()} {target.apply(best.config)}.")
         result.applied = True
-        result.notes.append(f"Applied: {best.label()} written into {repository}/{name} and its steps.")
-    _write_report(result, name, slo, out, users, rate)
+    _write_report(result, target, slo, out, f"{options['rate']:g} req/s ({options['arrival']})"
+                  if options["arrival"] != "closed" else f"{users} closed-loop users")
     return result
-
-
-def _task(entry: Path) -> str:
-    from serve.entry_config import read_config
-
-    config = read_config(entry / "config.pbtxt")
-    task = config.parameters[contract.PARAM_TASK].string_value if contract.PARAM_TASK in config.parameters else ""
-    if task not in SCENARIO_OF_TASK:
-        raise ValueError(f"{entry.name} is not a servable encoder entry (task {task or 'none'}); "
-                         f"tune takes {', '.join(SCENARIO_OF_TASK)}")
-    return task
 
 
 def _plot(result: TuneResult, path: Path) -> Path:
@@ -201,7 +255,7 @@ def _plot(result: TuneResult, path: Path) -> Path:
     return save(fig, path, "rtxserve tune: goodput per configuration")
 
 
-def _write_report(result: TuneResult, name: str, slo: str, out: Path, users: int, rate: float) -> None:
+def _write_report(result: TuneResult, target, slo: str, out: Path, load: str) -> None:
     from loadtest.pages import versions, write_html
 
     _plot(result, out / "tune.png")
@@ -213,71 +267,115 @@ def _write_report(result: TuneResult, name: str, slo: str, out: Path, users: int
     if best is None:
         verdict = "no configuration met the SLO"
     else:
-        gain = (best.goodput_rps / default.goodput_rps - 1) if default.goodput_rps else float("inf")
+        gain = f"{best.goodput_rps / default.goodput_rps - 1:+.0%}" if default.goodput_rps else "the default had none"
         verdict = (f"recommended: {best.label()}: goodput {best.goodput_rps:.1f} req/s vs {default.goodput_rps:.1f} for "
-                   f"the default ({gain:+.0%})")
-    load = f"Poisson arrivals at {rate:g} req/s" if rate else f"{users} closed-loop users"
-    command = (f"rtxserve export onnx CHECKPOINT --name {name} --instances {best.config['instances']} --max-batch-size "
-               f"{best.config['max_batch_size']} --max-queue-delay-us {best.config['max_queue_delay_us']}") if best else ""
-    md = f"""# rtxserve tune: {name}
+                   f"the default ({gain})")
+    md = f"""# rtxserve tune: {target.what}
 
 **{verdict}**
 
 {"".join(f"> {n}" + chr(10) + chr(10) for n in result.notes)}![goodput per configuration](tune.png)
 
-Each configuration: its own tritonserver and gateway, then {load}; SLO {slo}. Goodput counts the requests
-within every limit; a configuration qualifies when its P99 meets the SLO and at most {MAX_ERROR_FRACTION:.0%} of
-its requests failed. Search: Model Analyzer's quick search (climb from the smallest configuration to the best
-neighbour while it improves).
+Each configuration: its own servers, then {load}; SLO {slo}. Goodput counts the requests within every limit;
+a configuration qualifies when its P99 meets the SLO and at most {MAX_ERROR_FRACTION:.0%} of its requests failed.
+Search: Model Analyzer's quick search (climb from the smallest configuration to the best neighbour while it
+improves).
 
 | configuration | goodput req/s | QPS | P99 ms | errors | qualifies | load |
 |---|---|---|---|---|---|---|
 {rows}
 
-{f"To export with it again: `{command}`; `rtxserve tune ... --apply` writes it into the repository." if best else ""}
+{f"To serve with it: `{target.reproduce(best.config)}`." if best else ""}
 """
     (out / "tune.md").write_text(md)
-    write_html(md, out, f"rtxserve tune: {name}", "tune.html")
+    write_html(md, out, f"rtxserve tune: {target.what}", "tune.html")
     (out / "tune.json").write_text(json.dumps({"trials": [asdict(t) for t in result.trials], "applied": result.applied,
                                                "best": asdict(best) if best else None, "slo": slo,
                                                "versions": versions()}, indent=2))
 
 
+def _values(text: str, what: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 0:
+        raise ValueError(f"--{what}: expected comma-separated whole numbers, not {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from loadtest.runner import scenario_parser
+
     parser = argparse.ArgumentParser(prog="rtxserve tune", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="target", required=True)
     t = sub.add_parser("triton", help="instances x max_batch_size x queue delay of one Triton entry")
     t.add_argument("--repository", type=Path, default=Path("model_repository"))
     t.add_argument("--model", required=True, help="the entry to tune")
-    t.add_argument("--slo", required=True, metavar="NAME:MS,...", help="goodput limits, e.g. e2el:100")
     t.add_argument("--instances", default="1,2,3", help="instance counts to consider (default %(default)s)")
     t.add_argument("--max-batch-size", default="1,8,32", help="max_batch_size values (default %(default)s)")
     t.add_argument("--queue-delay-us", default="0,500,2000", help="max_queue_delay_microseconds values (default %(default)s)")
-    t.add_argument("--users", type=int, default=16, help="closed-loop users of each measurement")
-    t.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals instead of users (req/s)")
-    t.add_argument("--duration", type=float, default=15.0, help="seconds of load per configuration")
-    t.add_argument("--warmup", type=float, default=3.0)
-    t.add_argument("--budget", type=int, default=8, help="configurations measured at most, the default included")
+    t.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals instead of --users (req/s)")
+    v = sub.add_parser("vllm", parents=[scenario_parser()], help="--max-num-seqs x --max-num-batched-tokens of a vLLM engine")
+    v.add_argument("model_dir", type=Path, metavar="MODEL", help="the model folder, as for `serve vllm`")
+    v.add_argument("--served-model-name", default="", help="default: the folder's name")
+    v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="an adapter, as for `serve vllm`")
+    v.add_argument("--max-num-seqs", default="4,8,16,32", help="values to consider (default %(default)s)")
+    v.add_argument("--max-num-batched-tokens", default="512,1024,2048", help="values to consider (default %(default)s)")
+    for p in (t, v):
+        p.add_argument("--slo", required=True, metavar="NAME:MS,...", help="goodput limits, e.g. e2el:100 or ttft:500")
+        p.add_argument("--users", type=int, default=16, help="closed-loop users of each measurement")
+        p.add_argument("--duration", type=float, default=15.0, help="seconds of load per configuration")
+        p.add_argument("--warmup", type=float, default=3.0)
+        p.add_argument("--budget", type=int, default=8, help="configurations measured at most, the default included")
+        p.add_argument("--out", type=Path, help="report folder (default reports/tune-<model>-<time>)")
     t.add_argument("--apply", action="store_true", help="write the recommendation into the repository")
-    t.add_argument("--out", type=Path, help="report folder (default reports/tune-<model>-<time>)")
     return parser
+
+
+def _target_and_load(args) -> tuple[object, dict, dict]:
+    from loadtest.runner import scenario_options
+    from serve.entry_config import Batching
+
+    if args.target == "triton":
+        axes = {"instances": _values(args.instances, "instances"),
+                "max_batch_size": _values(args.max_batch_size, "max-batch-size"),
+                "max_queue_delay_us": _values(args.queue_delay_us, "queue-delay-us")}
+        Batching(*(min(v) for v in axes.values()))  # refuses an impossible corner before any server starts
+        target = TritonTarget(args.repository, args.model)
+        options = scenario_options(scenario=target.scenario, model=args.model,
+                                   **({"arrival": "poisson", "rate": args.rate} if args.rate else {}))
+        return target, options, axes
+    from serve.vllm import VLLMOptions
+
+    axes = {"max_num_seqs": _values(args.max_num_seqs, "max-num-seqs"),
+            "max_num_batched_tokens": _values(args.max_num_batched_tokens, "max-num-batched-tokens")}
+    if min(axes["max_num_seqs"]) < 1 or min(axes["max_num_batched_tokens"]) < 1:
+        raise ValueError("--max-num-seqs and --max-num-batched-tokens must be >= 1")
+    adapters = dict(item.split("=", 1) for item in args.lora if "=" in item)
+    if len(adapters) != len(args.lora):
+        raise ValueError("--lora takes NAME=PATH")
+    name = args.served_model_name or args.model_dir.name
+    opts = VLLMOptions(model=args.model_dir, served_name=name, max_model_len=args.max_model_len,
+                       adapters={k: Path(v) for k, v in adapters.items()})
+    options = {k: v for k, v in vars(args).items() if k in scenario_options()}
+    if options["scenario"] not in ("chat", "completions"):
+        options["scenario"] = "chat"
+    options["model"] = options["model"] or name
+    return VLLMTarget(opts), scenario_options(**options), axes
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    out = args.out or Path("reports") / f"tune-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = getattr(args, "model", "") if args.target == "triton" else args.model_dir.name
+    out = args.out or Path("reports") / f"tune-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        axes = {"instances": _values(args.instances, "instances"),
-                "max_batch_size": _values(args.max_batch_size, "max-batch-size"),
-                "max_queue_delay_us": _values(args.queue_delay_us, "queue-delay-us")}
-        from serve.entry_config import Batching
-
-        Batching(*(min(v) for v in axes.values()))  # refuses an impossible corner before any server starts
-        result = tune_triton(args.repository, args.model, slo=args.slo, axes=axes, users=args.users, rate=args.rate,
-                             duration_s=args.duration, warmup_s=args.warmup, budget=args.budget, apply=args.apply,
-                             out=out, log=log)
+        target, options, axes = _target_and_load(args)
+        result = tune(target, options=options, slo=args.slo, axes=axes, users=args.users, duration_s=args.duration,
+                      warmup_s=args.warmup, budget=args.budget, apply=getattr(args, "apply", False), out=out, log=log)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"rtxserve tune: error: {exc}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ def test_a_run_reports_percentiles_plots_and_the_servers_side_and_loses_no_reque
     assert "nv_inference_queue_duration_us" in scraped and "rtxserve_request_duration_seconds_sum" in scraped
     html = (folder / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "Where the time goes" in html  # latency + server plots
-    assert f"{MODEL}_model compute" in result.report.read_text()  # Triton's compute time of the model itself
+    assert f"| {MODEL}_model | " in result.report.read_text()  # Triton's own figures for the model itself
 
 
 @pytest.mark.parametrize("scenario, model", [("ner", TAGGER), ("embeddings", EMBEDDER), ("image", VISION)])

@@ -3,7 +3,8 @@ recommendation beats the entry's own configuration in goodput, in the same run, 
 
 from export.encoder import export_text_classification
 from export.triton_entry import EntryOptions
-from rtxserve.tune import tune_triton
+from loadtest.runner import scenario_options
+from rtxserve.tune import TritonTarget, tune
 from serve.entry_config import Batching, read_batching
 
 
@@ -12,8 +13,9 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     # exported without batching and with one instance: what a first export on a busy box looks like
     export_text_classification(classifier_checkpoint, EntryOptions(name="tunable", max_batch_size=1, max_queue_delay_us=0), repo)
     axes = {"instances": [1, 2], "max_batch_size": [1, 16], "max_queue_delay_us": [0, 2000]}
-    result = tune_triton(repo, "tunable", slo="e2el:2000", axes=axes, users=16, duration_s=8, warmup_s=2, budget=4,
-                         apply=True, out=tmp_path / "tune", log=print)
+    target = TritonTarget(repo, "tunable")
+    result = tune(target, options=scenario_options(model="tunable"), slo="e2el:2000", axes=axes, users=16, duration_s=8,
+                  warmup_s=2, budget=4, apply=True, out=tmp_path / "tune", log=print)
     for t in result.trials:
         print(f"{t.label()}: goodput {t.goodput_rps:.1f}, P99 {t.p99_ms}")
     assert len(result.trials) == 4 and not any(t.failure for t in result.trials)
@@ -23,3 +25,19 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     assert result.applied and read_batching(repo, "tunable") == Batching(**result.best.config)
     page = (tmp_path / "tune" / "tune.md").read_text()
     assert "recommended:" in page and (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
+
+
+def test_tune_vllm_restarts_the_engine_per_configuration_and_finds_that_one_sequence_at_a_time_loses(llm_fixtures, tmp_path):
+    from rtxserve.tune import VLLMTarget
+    from serve.vllm import VLLMOptions
+
+    target = VLLMTarget(VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512))
+    axes = {"max_num_seqs": [1, 8], "max_num_batched_tokens": [512]}
+    options = scenario_options(scenario="chat", model="tiny-llama", output_len=16)
+    result = tune(target, options=options, slo="e2el:5000", axes=axes, users=8, duration_s=8, warmup_s=2, budget=3,
+                  out=tmp_path / "tune", log=print)
+    by_seqs = {t.config["max_num_seqs"]: t for t in result.trials}
+    assert set(by_seqs) == {None, 1, 8} and not any(t.failure for t in result.trials)
+    assert by_seqs[8].goodput_rps > 1.5 * by_seqs[1].goodput_rps  # continuous batching, not one request at a time
+    assert result.best is not None and result.best.config["max_num_seqs"] != 1
+    assert "--vllm-arg=--max-num-seqs=" in (tmp_path / "tune" / "tune.md").read_text() or result.best.default

@@ -130,3 +130,16 @@ def test_knee_and_step_values():
     assert step_values("", 2, 5) is None and step_values("1,2,4", 1, 5) == [1, 2, 4]
     with pytest.raises(ValueError, match="increasing"):
         step_values("4,2", 1, 5)
+
+
+def test_a_wrong_answer_is_a_failure_that_says_why():
+    from loadtest.scenarios.apis import _check_encoded
+
+    _check_encoded("classify", [{"label": "pos"}, {"label": "neg"}], 2)
+    for api, data, message in (("classify", [{"label": "pos"}], "expected 2 results, got 1"),
+                               ("classify", [{"label": 3}, {"label": "x"}], "no label"),
+                               ("ner", [{"entities": []}, {}], "no entity list"),
+                               ("embeddings", [{"embedding": [0.1, 0.2]}, {"embedding": [0.1]}], "sizes \\[1, 2\\]"),
+                               ("classify", None, "got NoneType")):
+        with pytest.raises(WrongAnswer, match=message):
+            _check_encoded(api, data, 2)

@@ -74,3 +74,30 @@ def test_quick_search_keeps_to_its_budget():
     axes = {"instances": [1, 2, 3, 4], "max_batch_size": [1, 2, 4, 8], "max_queue_delay_us": [0, 1, 2]}
     trials = quick_search(axes, lambda c: Trial(c, goodput_rps=sum(c.values()), eligible=True), 5, log=lambda m: None)
     assert len(trials) == 5
+
+
+def test_a_configuration_whose_server_cannot_start_is_named_with_its_log_and_the_search_goes_on(tmp_path):
+    import contextlib
+
+    from loadtest.runner import scenario_options
+    from rtxserve.tune import tune
+    from serve.launcher import ServerStartError
+
+    class Refusing:
+        what, scenario = "a server that never starts", "classify"
+
+        def current(self):
+            return {"instances": 1, "max_batch_size": 1, "max_queue_delay_us": 0}
+
+        @contextlib.contextmanager
+        def serve(self, config, folder):
+            raise ServerStartError(f"tritonserver exited with code 1; end of its log:\nE1122 model {config} failed")
+            yield
+
+    logged = []
+    axes = {"instances": [1, 2], "max_batch_size": [1], "max_queue_delay_us": [0]}
+    result = tune(Refusing(), options=scenario_options(model="m"), slo="e2el:100", axes=axes, duration_s=4, warmup_s=1,
+                  budget=3, out=tmp_path, log=logged.append)
+    assert len(result.trials) == 2 and all("end of its log" in t.failure for t in result.trials)
+    assert result.best is None and "no configuration met the SLO" in (tmp_path / "tune.md").read_text()
+    assert any(m.startswith("config inst 2, batch 1, delay us 0 failed: tritonserver exited") for m in logged)
