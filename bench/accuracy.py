@@ -28,10 +28,10 @@ def _vllm_bench(url: str, model: str, tokenizer: Path, out: Path, *, prompts: in
     from serve.vllm import DEFAULT_ENV
 
     argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve",
-            "--base-url", url, "--model", model, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--base-url", url, "--model", model, "--tokenizer", str(tokenizer.resolve()), "--dataset-name", "random",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,e2el",
-            "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out), "--result-filename", "result.json"]
+            "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out.resolve()), "--result-filename", "result.json"]
     out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=out)
     (out / "vllm-bench.log").write_text(done.stdout + done.stderr)
@@ -49,7 +49,8 @@ def _ours(url: str, model: str, tokenizer: Path, out: Path, *, duration_s: float
 
     options = scenario_options(scenario="completions", model=model, workload="random", tokenizer=str(tokenizer),
                                input_len=input_len, output_len=output_len, seed=seed)
-    summary = run(LoadSpec(url, options, users=concurrency, duration_s=duration_s, warmup_s=0.0), out,
+    # No /metrics scraping: vllm bench serve does none, and on a small box serving /metrics costs the server time.
+    summary = run(LoadSpec(url, options, users=concurrency, duration_s=duration_s, warmup_s=0.0, scrape_host=False), out,
                   log=lambda m: None).summary
     if summary.errors:
         raise RuntimeError(f"rtxserve loadtest: {summary.errors} failed requests ({summary.error_kinds})")
@@ -63,7 +64,7 @@ def _pick(data: dict, path: tuple) -> float:
 
 
 def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name: str = "bench-llm", rounds: int = 3,
-        prompts: int = 48, concurrency: int = 4, input_len: int = 64, output_len: int = 32, progress=print) -> dict:
+        prompts: int = 160, concurrency: int = 4, input_len: int = 64, output_len: int = 32, progress=print) -> dict:
     """Start vLLM on the fixture Llama (or use `url` serving `model_dir`'s model), run B6, write JSON + Markdown."""
     from contextlib import ExitStack
 
@@ -109,14 +110,36 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
               "settings": {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                            "output_len": output_len, "rounds": rounds, "ignore_eos": True, "stream": True}}
     (out / "bench-accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "b6.png")
     (out / "bench-accuracy.md").write_text(markdown(result))
     return result
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(FIGURES)
+    for offset, tool, colour in ((-0.2, "vllm", "tab:blue"), (0.2, "rtxserve", "tab:orange")):
+        xs = [i + offset for i in range(len(names))]
+        ax.bar(xs, [result["medians"][tool][n] for n in names], width=0.4, color=colour, alpha=0.7,
+               label=f"{'vllm bench serve' if tool == 'vllm' else 'rtxserve loadtest'} (median)")
+        for x, n in zip(xs, names):
+            ax.scatter([x] * len(result["rounds"][tool][n]), result["rounds"][tool][n], color="black", s=10, zorder=3)
+    ax.set_xticks(range(len(names)), [f"{n}\nratio {result['ratios'][n]:.2f}" for n in names])
+    ax.set_ylabel("ms (bars: median; dots: rounds)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    return save(fig, path, "B6: the same workload measured by both tools (target: every ratio 0.9-1.1)")
 
 
 def markdown(result: dict) -> str:
     m, s = result["medians"], result["settings"]
     rows = "\n".join(f"| {k} | {m['vllm'][k]:.1f} | {m['rtxserve'][k]:.1f} | **{v:.3f}** |" for k, v in result["ratios"].items())
     return f"""# rtxserve bench accuracy (B6)
+
+![both tools' figures, round by round](b6.png)
 
 `rtxserve loadtest` vs `vllm bench serve` on the same vLLM: random-token prompts of {s['input_len']} tokens,
 {s['output_len']} output tokens (ignore_eos), {s['concurrency']} in flight, streamed completions; {s['rounds']}

@@ -3,10 +3,12 @@ benchmark's own page under the command that measured it."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,28 +38,48 @@ def machine() -> str:
 
 
 def run(out: Path, only: list[str] | None = None, log=print) -> Path:
+    """Run every benchmark (or those whose title holds one of `only`; the others keep their last pages from
+    `out`), then write BENCHMARKS.md with the plots copied next to it into bench/figures/."""
     from bench.cli import main as bench
     from loadtest.pages import versions
 
+    figures = Path("bench/figures")
+    figures.mkdir(parents=True, exist_ok=True)
+    timings_path = out / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     sections = []
     for title, (args, page) in BENCHES.items():
-        if only and not any(o in title for o in only):
-            continue
         folder = out / args[0]
         command = ["rtxserve", "bench", *args, "--out", str(folder)]
-        log(f"== {title}: {shlex.join(command)}")
-        started = time.monotonic()
-        code = bench([*args, "--out", str(folder)])
-        took = time.monotonic() - started
-        body = (folder / page).read_text() if code == 0 and (folder / page).exists() else f"**failed** (exit {code}); see the log above."
-        body = re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", lambda m: f"![{m.group(1)}]({folder / m.group(2)})", body)
-        body = re.sub(r"^#", "###", body, flags=re.M)
-        sections.append(f"## {title}\n\n`{shlex.join(command)}` ({took / 60:.1f} min)\n\n{body}")
+        if not only or any(o in title for o in only):
+            log(f"== {title}: {shlex.join(command)}")
+            started = time.monotonic()
+            code = bench([*args, "--out", str(folder)])
+            timings[title] = {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
+                              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        done = timings.get(title, {})
+        if done.get("exit") == 0 and (folder / page).exists():
+            body = (folder / page).read_text()
+        else:
+            body = f"**failed** (exit {done.get('exit')}); run the command to see why." if done else "not run yet."
+
+        def keep(match: re.Match) -> str:
+            image = folder / match.group(2)
+            if not image.exists():
+                return match.group(0)
+            shutil.copyfile(image, figures / f"{args[0]}-{image.name}")
+            return f"![{match.group(1)}](bench/figures/{args[0]}-{image.name})"
+
+        body = re.sub(r"^#", "###", re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", keep, body), flags=re.M)
+        when = f" ({done['minutes']} min, {done['when']})" if done else ""
+        sections.append(f"## {title}\n\n`{shlex.join(command)}`{when}\n\n{body}")
+    timings_path.write_text(json.dumps(timings, indent=2))
     page = f"""# Benchmarks
 
-Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {machine()}; {', '.join(f'{k} {v}' for k, v in versions().items())}.
+Measured on {machine()}; {', '.join(f'{k} {v}' for k, v in versions().items())}.
 CPU figures are ratios of two things measured side by side in one run (shared/BENCH.md); absolute times on
-this shared machine are not comparable between runs. Regenerate with `make bench`.
+this shared machine are not comparable between runs. Regenerate with `make bench`
+(`python -m bench.all reports/bench B6` reruns one and keeps the others).
 
 """ + "\n\n".join(sections) + "\n"
     path = Path("BENCHMARKS.md")

@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     acc.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
     acc.add_argument("--served-name", default="bench-llm")
     acc.add_argument("--rounds", type=int, default=3)
-    acc.add_argument("--prompts", type=int, default=48, help="requests per vllm bench serve round")
+    acc.add_argument("--prompts", type=int, default=160, help="requests per vllm bench serve round (P99 of fewer is about their maximum)")
     acc.add_argument("--concurrency", type=int, default=4)
     acc.add_argument("--input-len", type=int, default=64)
     acc.add_argument("--output-len", type=int, default=32)

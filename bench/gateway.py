@@ -165,6 +165,7 @@ def _version(name: str) -> str:
 def markdown(result: dict) -> str:
     lines = [f"# B1: gateway overhead ({result['model']}, {result['gateway_workers']} gateway worker(s), "
              f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s)", "",
+             "![latency distributions through the gateway and direct](b1.png)", "",
              "| in flight | path | P50 ms | P90 ms | P99 ms | P99.9 ms | QPS | errors | gateway CPU-ms / request |",
              "|---|---|---|---|---|---|---|---|---|"]
     for level in result["levels"]:

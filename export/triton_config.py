@@ -34,6 +34,8 @@ class TensorSpec:
     name: str
     data_type: str
     dims: tuple[int, ...]
+    # Inputs only: the dynamic batcher may group requests whose shapes differ (the model pads them itself).
+    allow_ragged_batch: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -44,7 +46,8 @@ class TensorSpec:
             raise ValueError(f"tensor {self.name}: dims must be positive or -1, got {self.dims}")
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "data_type": self.data_type, "dims": list(self.dims)}
+        d = {"name": self.name, "data_type": self.data_type, "dims": list(self.dims)}
+        return d | ({"allow_ragged_batch": True} if self.allow_ragged_batch else {})
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ instance groups, and fixed-length padding so that requests batch on the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,10 @@ def _onnx_model(opts: EntryOptions, onnx_path: Path, input_names: list[str], out
         config = gpu_model_config(opts, inputs, outputs, "onnxruntime_onnx", "model.onnx")
         files: dict[str, Path | str] = {"1/model.onnx": onnx_path}
     else:
+        # Texts of different lengths give token tensors of different lengths. Triton's dynamic batcher groups
+        # only equal shapes unless told that the model handles ragged ones, and model.py pads them to the
+        # longest: without this, requests batched only when their texts tokenized to the same length.
+        inputs = tuple(dataclasses.replace(t, allow_ragged_batch=True) if t.dims == (-1,) else t for t in inputs)
         config = ModelConfig(name=opts.step("model"), backend="python", max_batch_size=opts.max_batch_size, inputs=inputs,
                              outputs=outputs, instance_groups=(InstanceGroup(count=opts.instances),),
                              dynamic_batching=opts.batching())

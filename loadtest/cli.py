@@ -24,7 +24,9 @@ def _load_arguments(parser: argparse.ArgumentParser) -> None:
                         help="limits for goodput: e2el, ttft, tpot, itl in ms, e.g. ttft:500,e2el:2000")
     parser.add_argument("--scrape", action="append", default=[], metavar="URL",
                         help="a server's Prometheus /metrics to plot beside the latency (Triton's :8002/metrics, "
-                             "vLLM's /metrics); the gateway's is always scraped; repeatable")
+                             "vLLM's /metrics); the gateway's is scraped too unless --no-scrape; repeatable")
+    parser.add_argument("--no-scrape", action="store_true",
+                        help="scrape nothing (not even the host's /metrics): only the load touches the servers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +63,7 @@ def _spec(args):
     options = scenario_options(**{k: v for k, v in vars(args).items() if k in scenario_options()})
     return LoadSpec(host=args.host, options=options, users=args.users, spawn_rate=args.spawn_rate,
                     duration_s=args.duration, warmup_s=args.warmup, workers=args.workers, slo=args.slo,
-                    scrape=args.scrape)
+                    scrape=[] if args.no_scrape else args.scrape, scrape_host=not args.no_scrape)
 
 
 def _fail(message) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .plots import plot, plot_streaming
+from .plots import per_second, plot, plot_servers, plot_streaming
 from .report import STREAM_PERCENTILES, Samples, Summary, headline
 
 
@@ -104,7 +104,6 @@ def _warnings(summary: Summary) -> list[str]:
 def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: str, errors: dict) -> str:
     """The servers' side of the run, from the /metrics scraped during it; empty when nothing was scraped."""
     from . import server_metrics
-    from .plots import per_second
 
     path = out_dir / "server_metrics.csv"
     failed = "".join(f"\n- {url}: {message}" for url, message in (errors or {}).items())
@@ -113,7 +112,7 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
         return failed
     t0 = float(samples.start.min())
     series = server_metrics.derive(server_metrics.load(path), t0)
-    png = server_metrics.plot(series, per_second(samples), out_dir / "server.png", title, summary.warmup_s)
+    png = plot_servers(series, per_second(samples), out_dir / "server.png", title, summary.warmup_s)
     if png is None:
         return failed
     figures = server_metrics.summary(series, summary.warmup_s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import platform
 import subprocess
 import sys
@@ -58,12 +59,13 @@ class LoadSpec:
     host: str
     options: dict = field(default_factory=scenario_options)
     users: int = 8  # closed loop; an open loop runs one arrival schedule per process
-    spawn_rate: float | None = None
+    spawn_rate: float | None = None  # users started per second; None: all at once (within 10 ms, as vllm bench serve)
     duration_s: float = 30.0
     warmup_s: float = 5.0
     workers: int = 0  # 0: one locust process; N: a master and N workers
     slo: str = ""  # e.g. "ttft:500,e2el:2000" (ms): goodput counts the requests within every limit
     scrape: list[str] = field(default_factory=list)  # /metrics URLs to scrape beside the gateway's
+    scrape_host: bool = True  # the host's own /metrics too (off: nothing but the load touches the host)
 
     @property
     def open_loop(self) -> bool:
@@ -106,7 +108,7 @@ class LoadSpec:
         elif self.options["stages"]:
             files += f",{SCENARIOS / 'stages.py'}"
         argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "--only-summary", "-u", str(users),
-                "-r", f"{self.spawn_rate or users:g}", "-t", f"{self.duration:g}s", "--host", self.host,
+                "-r", f"{self.spawn_rate or 100 * users:g}", "-t", f"{math.ceil(self.duration)}s", "--host", self.host,
                 "--stop-timeout", "10", "--csv", str(out_dir / "locust"), "--loglevel", "WARNING",
                 *scenario_argv(self.options), "--samples-out", str(out_dir / "samples.csv")]
         if self.workers:
@@ -217,8 +219,8 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     (out_dir / "command.txt").write_text(shown + "\n")
     what = f"{spec.options['rate']:g} req/s ({spec.options['arrival']})" if spec.open_loop else f"{spec.users} users"
     log(f"locust: {what} on {spec.host} for {spec.duration:g}s ({spec.options['scenario']}); command: {shown}")
-    scraper = Scraper([f"{spec.host.rstrip('/')}/metrics", *spec.scrape], out_dir / "server_metrics.csv",
-                      headers=_auth(spec.options)).start()
+    urls = [f"{spec.host.rstrip('/')}/metrics"] if spec.scrape_host else []
+    scraper = Scraper([*urls, *spec.scrape], out_dir / "server_metrics.csv", headers=_auth(spec.options)).start()
     started = time.monotonic()
     progress = _Progress(out_dir / "locust_stats.csv")
     try:

@@ -2,8 +2,8 @@
 
 The client sees one latency; the servers know where it went. `Scraper` polls the gateway's, Triton's
 and vLLM's `/metrics` (and the GPUs, where there are any) while the load runs and appends the raw
-samples to a CSV. `derive` turns counters into per-interval rates and means on the client's time axis,
-`plot` draws them under the client's P50/P99, and `summary` gives the "where time goes" table.
+samples to a CSV. `derive` turns counters into per-interval rates and means on the client's time axis, and
+`summary` gives the "where time goes" table; loadtest/plots.py's `plot_servers` draws them.
 """
 
 from __future__ import annotations
@@ -335,83 +335,3 @@ def summary(series: dict[str, Series], warmup_s: float = 0.0) -> dict[str, dict]
         out[name] = {"mean": float(np.average(y, weights=w)) if len(y) else float("nan"),
                      "max": float(y.max()) if len(y) else float("nan"), "unit": s.unit}
     return out
-
-
-PANELS = {  # panel -> (left axis, right axis), top to bottom
-    "time": ("where time goes\nms per request", ""), "throughput": ("per second", "vLLM tokens/s (dashed)"),
-    "triton": ("Triton ms per request", "batch size (dotted)"), "queues": ("requests", ""),
-    "kv": ("vLLM KV cache %", ""), "gpu": ("GPU utilization %", "GPU memory GiB (dashed)"),
-}
-
-
-def _lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
-    """(x, y, label, style[, on the right axis]) per panel. Triton shows only its busiest models."""
-    of = lambda role, only=None: [(n, s) for n, s in series.items()  # noqa: E731
-                                  if s.role == role and (only is None or s.subject in only)]
-    busy = {s.subject: np.nansum(s.y) for _, s in of("rps")}
-    # Ensembles report no compute of their own: rank the models that do the work.
-    working = sorted({s.subject for _, s in of("compute") if np.nansum(s.y) > 0}, key=lambda m: -busy.get(m, 0))
-    out, dots, t = defaultdict(list), {"marker": ".", "markersize": 3, "lw": 1.1}, np.asarray(client.get("t", []))
-    for key, label, color in (("p50", "client P50", "black"), ("p99", "client P99", "tab:red"),
-                              ("qps", "client QPS", "black")):
-        if len(client.get(key, [])) == len(t) > 0:
-            out["throughput" if key == "qps" else "time"].append((t, client[key], label, {"color": color, "lw": 1.8}))
-    top = sorted(busy, key=lambda m: -busy[m])[:3]
-    for panel, roles, only in (("time", ("gateway", "backend", "vllm_queue"), None),
-                               ("time", ("queue", "compute"), working[:1]), ("throughput", ("rps",), top),
-                               ("throughput", ("failures", "shed"), None), ("kv", ("kv",), None),
-                               ("queues", ("in flight", "queued", "running", "waiting"), None)):
-        out[panel] += [(s.x, s.y, n, dots) for role in roles for n, s in of(role, only)
-                       if role != "failures" or np.nanmax(s.y) > 0]  # a line of zeros says nothing
-    out["throughput"] += [(s.x, s.y, n, {**dots, "color": "tab:gray", "ls": "--"}, True) for n, s in of("tokens")]
-    for i, model in enumerate(working[:3]):  # one colour per model: queue dashed, compute solid, batch dotted
-        for role, ls in (("queue", "--"), ("compute", "-"), ("batch", ":")):
-            out["triton"] += [(s.x, s.y, n, {**dots, "color": f"C{i}", "ls": ls}, role == "batch")
-                              for n, s in of(role, [model])]
-    for role, ls in (("util", "-"), ("memory", "--")):
-        out["gpu"] += [(s.x, s.y, n, {**dots, "color": f"C{i}", "ls": ls}, ls == "--")
-                       for i, (n, s) in enumerate(of(role))]
-    return out
-
-
-def plot(series: dict[str, Series], client: dict, path: Path, title: str, warmup_s: float = 0.0) -> Path | None:
-    """Server series under the client's latency, one panel per group with data, on one time axis.
-
-    Args:
-        series: From `derive`.
-        client: ``{"t": seconds since t0 (per-second bins), "p50": ms, "p99": ms, "qps": requests/s}``.
-        path: The PNG to write.
-        title: The figure's title.
-        warmup_s: The warm-up, shaded grey.
-
-    Returns:
-        `path`, or None when there was nothing to draw.
-    """
-    from .plots import pyplot, save
-
-    lines = _lines(series, client)
-    panels = [p for p in PANELS if lines.get(p)]
-    if not panels:
-        return None
-    fig, axes = pyplot().subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 0.9), sharex=True, squeeze=False)
-    for i, (ax, panel) in enumerate(zip(axes[:, 0], panels)):
-        twin = ax.twinx() if any(line[4:] for line in lines[panel]) else None
-        for x, y, label, style, *right in lines[panel]:
-            (twin if right and right[0] else ax).plot(x, y, label=label, **style)
-        if warmup_s > 0:
-            ax.axvspan(0, warmup_s, color="0.9", zorder=0, label="_" if i else "warm-up")
-        handles, labels = ax.get_legend_handles_labels()
-        for axis, label in ((ax, PANELS[panel][0]), (twin, PANELS[panel][1])):
-            if axis is not None:
-                axis.set_ylabel(label, fontsize=9)
-                axis.set_ylim(bottom=0)
-        if twin is not None:
-            more = twin.get_legend_handles_labels()
-            handles, labels = handles + more[0], labels + more[1]
-        ax.grid(alpha=0.3)
-        # Outside the axes, past the right-hand axis where there is one, so that no legend hides data.
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.07 if twin else 1.01, 1), fontsize=8,
-                  frameon=False)
-    axes[-1, 0].set_xlabel("seconds since the load test's start")
-    axes[-1, 0].set_xlim(left=0)
-    return save(fig, Path(path), title)

@@ -92,5 +92,7 @@ def copy_entry(repository: Path, name: str, to: Path) -> Path:
     """A repository holding only `name`'s models, with hard links for the files (weights are not copied)."""
     to.mkdir(parents=True, exist_ok=True)
     for folder in entry_models(repository, name):
-        shutil.copytree(folder, to / folder.name, copy_function=_link, dirs_exist_ok=True)
+        if (to / folder.name).exists():  # a copy left by an earlier run: made again from the source
+            shutil.rmtree(to / folder.name)
+        shutil.copytree(folder, to / folder.name, copy_function=_link)
     return to

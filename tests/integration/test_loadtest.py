@@ -42,12 +42,13 @@ def test_a_run_reports_percentiles_plots_and_the_servers_side_and_loses_no_reque
     assert f"| {MODEL}_model | " in result.report.read_text()  # Triton's own figures for the model itself
 
 
+@pytest.mark.parametrize("arrival", ["closed", "poisson"])
 @pytest.mark.parametrize("scenario, model", [("ner", TAGGER), ("embeddings", EMBEDDER), ("image", VISION)])
-def test_every_encoder_api_answers_under_closed_loop_load(stack, tmp_path, scenario, model):
-    spec = LoadSpec(stack.gateway_url, scenario_options(scenario=scenario, model=model, batch=2), users=2,
-                    duration_s=5, warmup_s=1)
-    s = run(spec, tmp_path / "report", **quiet).summary
+def test_every_encoder_api_answers_under_closed_and_open_loop_load(stack, tmp_path, scenario, model, arrival):
+    options = scenario_options(scenario=scenario, model=model, batch=2, arrival=arrival, rate=10.0)
+    s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=5, warmup_s=1), tmp_path / "report", **quiet).summary
     assert s.requests > 5 and s.errors == 0, s.error_kinds
+    assert bool(s.late_arrivals) == (arrival == "poisson")  # open-loop requests carry their lateness
 
 
 def test_open_loop_poisson_arrivals_hold_the_offered_rate(stack, tmp_path):

@@ -64,12 +64,13 @@ def test_random_token_completions_in_an_open_loop_send_what_vllm_bench_serve_sen
     assert ((prompt_tokens >= 23) & (prompt_tokens <= 42)).all() and len(set(prompt_tokens)) > 3
 
 
-def test_a_mix_of_every_api_behind_one_gateway(stack, llm_servers, tmp_path):
+def test_an_open_loop_mix_of_every_api_behind_one_gateway(stack, llm_servers, tmp_path):
     _, vllm_url, _ = llm_servers
     gateway, url = start_gateway(stack.triton_grpc_url, tmp_path, vllm_url=vllm_url)
     try:
         mix = f"classify:{MODEL}:4,ner:{TAGGER}:2,embeddings:{EMBEDDER}:2,image:{VISION}:1,chat:adapter-a:1,completions:tiny-llama:1"
-        spec = LoadSpec(url, scenario_options(scenario="mix", mix=mix, output_len=8), users=4, duration_s=10, warmup_s=1)
+        options = scenario_options(scenario="mix", mix=mix, output_len=8, arrival="poisson", rate=25)
+        spec = LoadSpec(url, options, duration_s=10, warmup_s=1)
         s = run(spec, tmp_path / "report", **quiet).summary
     finally:
         gateway.stop()

@@ -143,3 +143,9 @@ def test_a_wrong_answer_is_a_failure_that_says_why():
                                ("classify", None, "got NoneType")):
         with pytest.raises(WrongAnswer, match=message):
             _check_encoded(api, data, 2)
+
+
+def test_a_fractional_duration_becomes_whole_seconds_for_locust():
+    spec = LoadSpec("http://h:1", scenario_options(model="m"), duration_s=6.2, warmup_s=1)
+    command = spec.locust_argv(__import__("pathlib").Path("/out"))
+    assert command[command.index("-t") + 1] == "7s"  # locust takes whole seconds only

@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 
 from loadtest import server_metrics as sm
-from loadtest.server_metrics import Row, Scraper, derive, load, plot, summary
+from loadtest.plots import plot_servers as plot
+from loadtest.server_metrics import Row, Scraper, derive, load, summary
 
 T0 = 1_700_000_000.0
 

@@ -93,3 +93,13 @@ def test_dynamic_batching_queue_policy_renders():
     parsed = _parse(config)
     assert list(parsed.dynamic_batching.preferred_batch_size) == [4, 8]
     assert parsed.dynamic_batching.default_queue_policy.max_queue_size == 64
+
+
+def test_ragged_inputs_let_the_batcher_group_texts_of_different_lengths():
+    from export.triton_config import ModelConfig, TensorSpec
+
+    config = ModelConfig(name="m_model", backend="python", max_batch_size=8,
+                         inputs=(TensorSpec("input_ids", "TYPE_INT64", (-1,), allow_ragged_batch=True),),
+                         outputs=(TensorSpec("logits", "TYPE_FP32", (2,)),))
+    text = config.to_pbtxt()
+    assert "allow_ragged_batch: true" in text and text.count("allow_ragged_batch") == 1

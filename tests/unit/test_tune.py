@@ -46,6 +46,8 @@ def test_a_copied_entry_shares_the_weights_but_not_the_configs(repository, tmp_p
     write_batching(copy, "reviews", Batching(2, 4, 0))
     assert read_batching(repository, "reviews") == Batching(1, 32, 500)  # the original is untouched
     assert (copy / "reviews_model" / "1" / "model.onnx").stat().st_ino == (repository / "reviews_model" / "1" / "model.onnx").stat().st_ino
+    copy_entry(repository, "reviews", tmp_path / "copy")  # again, over the earlier copy
+    assert read_batching(copy, "reviews") == Batching(1, 32, 500)
 
 
 def test_an_unknown_entry_is_named_with_the_ones_there(repository):
