@@ -1,13 +1,12 @@
-"""Turn raw per-request samples into figures (P50/P90/P99/P99.9, QPS, errors), a plot and a report.
-
-Streamed runs (rows that carry time to first token, inter-token gaps and output tokens) also get
-TTFT / ITL / TPOT / output tokens/s figures and a second plot.
+"""Turn raw per-request samples into figures: P50/P90/P99/P99.9, QPS, errors, goodput under an SLO, figures
+per API of a mix, late open-loop arrivals. Streamed runs (rows that carry time to first token, inter-token
+gaps and output tokens) also get TTFT / ITL / TPOT / output tokens/s. (plots.py draws them, pages.py writes
+the report.)
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -42,14 +41,6 @@ class Samples:
         if self.ttft_ms is None:
             return np.zeros(len(self.end), dtype=bool)
         return np.isfinite(self.ttft_ms)
-
-    def select(self, keep: np.ndarray) -> "Samples":
-        """The requests where `keep` is true."""
-        pick = lambda a: None if a is None else a[keep]  # noqa: E731
-        return Samples(self.end[keep], self.latency_ms[keep], self.ok[keep],
-                       [e for e, k in zip(self.errors, keep[~self.ok]) if k], pick(self.ttft_ms),
-                       pick(self.output_tokens), None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, keep) if k],
-                       pick(self.names), pick(self.wait_ms))
 
 
 def _floats(rows: list[dict], column: str) -> np.ndarray:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 
 from rtxserve import lora
 from rtxserve.contract import LORA_RANKS
