@@ -125,7 +125,8 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
 Scraped from each server's Prometheus `/metrics` every second during the run, on the same time axis as
 the client's latency: the gateway's own time vs its backend calls, Triton's queue vs compute time per
 request and batch size, vLLM's running / waiting requests and KV-cache use. The tables give each figure's
-mean after the warm-up (per-request means weighted by the requests of each second).
+mean after the warm-up (per-request means weighted by the requests of each second). For streamed answers the
+gateway's backend call time ends when the stream opened, its request time when the stream ended.
 
 {table}
 {failed}"""
@@ -216,6 +217,7 @@ not from locust's rounded buckets. QPS counts successful requests.
 {settings}
 
 Errors by kind:
+
 {errors}
 
 Raw samples: `samples.csv`; every figure: `report.json`, `summary.csv`; the locust command: `command.txt`.
