@@ -6,6 +6,8 @@ Both send the same workload to the same vLLM server: random-token prompts of the
 completions, the same number of requests in flight (`--max-concurrency` / closed-loop users). They run
 interleaved, in alternating order, over several rounds; each tool's figure is its median over rounds, and
 B6 is the ratio of ours to vLLM's for TTFT P50 / P99 and end-to-end latency P50 / P99 (target 0.9-1.1 each).
+Two conventions differ and are kept: our percentiles are nearest-rank (a latency that was observed, as HDR
+histograms report), vLLM's interpolate; our end-to-end time ends with the stream, vLLM's at its last token event.
 """
 
 from __future__ import annotations

@@ -54,7 +54,11 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
         if not only or any(o in title for o in only):
             log(f"== {title}: {shlex.join(command)}")
             started = time.monotonic()
-            code = bench([*args, "--out", str(folder)])
+            try:
+                code = bench([*args, "--out", str(folder)])
+            except Exception as exc:  # noqa: BLE001 (one benchmark's crash must not lose the others' pages)
+                log(f"{title} crashed: {type(exc).__name__}: {exc}")
+                code = 1
             timings[title] = {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
                               "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         done = timings.get(title, {})

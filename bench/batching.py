@@ -3,8 +3,8 @@ BENCH.md, on the fixture classifier in the real tritonserver behind the gateway.
 
 Each configuration is a copy of one exported entry with its knobs set (serve/entry_config.py), served by
 its own tritonserver + gateway and loaded by the same closed-loop locust run (16 users, no wait), exactly
-as `rtxserve tune` measures it. The configurations run interleaved, in a different order each round; each
-figure is the median over rounds, so a noisy neighbour hits them alike.
+as `rtxserve tune` measures it. The configurations run interleaved, forward then backward in alternate rounds;
+each figure is the median over rounds, so a noisy neighbour hits them alike.
 """
 
 from __future__ import annotations

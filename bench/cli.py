@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -136,7 +137,7 @@ def main(argv: list[str]) -> int:
         saved = ("bench-llm.json", "bench-llm.md")
     try:
         result = bench()
-    except (RuntimeError, ValueError, OSError) as exc:
+    except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
         return _fail(str(exc))
     print(markdown(result))
     print("saved: " + ", ".join(str(out / name) for name in saved))

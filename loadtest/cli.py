@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", type=Path, default=None, help="report folder (default reports/sweep-<scenario>-<time>)")
     p = sub.add_parser("report", help="recompute the report from a run folder's raw samples")
     p.add_argument("folder", type=Path)
-    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=None, help="default: the run's own")
     p.add_argument("--slo", default="", help="goodput limits, as for run")
     c = sub.add_parser("compare", help="before/after: every figure of two runs (or sweeps) side by side, curves overlaid")
     c.add_argument("before", type=Path)
@@ -111,7 +111,13 @@ def _report(args) -> int:
     samples = load_samples(path)
     if not len(samples.end):
         return _fail(f"no samples in {path}")
-    summary = summarize(samples, args.warmup, {"recomputed from": str(path)}, parse_slo(args.slo))
+    import json
+
+    saved = args.folder / "report.json"
+    before = json.loads(saved.read_text()) if saved.exists() else {}
+    warmup = args.warmup if args.warmup is not None else before.get("warmup_s", 5.0)
+    settings = {**before.get("settings", {}), "recomputed from": str(path)}  # the run's settings stay
+    summary = summarize(samples, warmup, settings, parse_slo(args.slo))
     report = write_report(summary, samples, args.folder, f"rtxserve load test ({args.folder.name})")
     print(f"{headline(summary)}\nreport: {report}")
     return 0

@@ -112,6 +112,8 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
         return failed
     t0 = float(samples.start.min())
     series = server_metrics.derive(server_metrics.load(path), t0)
+    if not series:  # nothing scraped (or nothing answered): no section about the servers
+        return failed
     png = plot_servers(series, per_second(samples), out_dir / "server.png", title, summary.warmup_s)
     if png is None:
         return failed

@@ -134,6 +134,7 @@ def _streaming(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
 
 SLO_FIGURES = {"e2el": "end-to-end latency", "ttft": "time to first token", "tpot": "time per output token",
                "itl": "largest inter-token gap"}
+MAX_ERROR_FRACTION = 0.01  # a run with more failed requests does not hold its load, whatever its P99
 LATE_MS = 10.0  # an open-loop request that left this much after its arrival time is counted as late
 
 

@@ -109,7 +109,9 @@ class LoadSpec:
             files += f",{SCENARIOS / 'stages.py'}"
         argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "--only-summary", "-u", str(users),
                 "-r", f"{self.spawn_rate or 100 * users:g}", "-t", f"{math.ceil(self.duration)}s", "--host", self.host,
-                "--stop-timeout", "10", "--csv", str(out_dir / "locust"), "--loglevel", "WARNING",
+                # Requests in flight at the end finish (or time out) and are counted, never dropped unrecorded.
+                "--stop-timeout", f"{math.ceil(self.options['request_timeout'])}", "--csv", str(out_dir / "locust"),
+                "--loglevel", "WARNING",
                 *scenario_argv(self.options), "--samples-out", str(out_dir / "samples.csv")]
         if self.workers:
             argv += ["--processes", str(self.workers)]
@@ -225,7 +227,7 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     progress = _Progress(out_dir / "locust_stats.csv")
     try:
         with open(out_dir / "locust.log", "wb") as locust_log:
-            process = subprocess.Popen(command, stdout=locust_log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=locust_log, stderr=subprocess.STDOUT, start_new_session=True)
             cpu = _CpuWatch(process.pid)
             try:
                 next_line = progress_every_s
@@ -240,8 +242,7 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
                             log(f"  {min(elapsed, spec.duration):4.0f}/{spec.duration:g}s  {requests} requests, {failures} failed")
                             next_line += progress_every_s
             except KeyboardInterrupt:
-                process.terminate()  # locust stops its users and writes what it has
-                process.wait(30)
+                _stop_group(process)  # locust and its workers: nothing is left running
                 raise
     finally:
         scraper.stop()
@@ -260,6 +261,21 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     report = write_report(summary, samples, out_dir, title, scrape_errors=scraper.errors)
     log(f"done: {headline(summary)}")
     return RunResult(summary, report, out_dir)
+
+
+def _stop_group(process: subprocess.Popen) -> None:
+    import os
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(wait)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _machine() -> dict:

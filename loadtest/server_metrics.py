@@ -103,9 +103,10 @@ class Scraper:
         self._stop.set()
         for thread in self._threads:
             thread.join()
-        if self._threads:
+        if self._file is not None:
             self._client.close()
             self._file.close()
+            self._file = None
         self._threads = []
 
     def _poll(self, name: str, read) -> None:

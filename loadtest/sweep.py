@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import parse_slo
+from .report import MAX_ERROR_FRACTION, parse_slo
 from .runner import LoadSpec, run
 
-MAX_ERROR_FRACTION = 0.01  # a step with more failed requests does not "hold" the load, whatever its P99
 
 
 @dataclass
@@ -146,7 +145,7 @@ def sweep(spec: LoadSpec, out: Path, *, steps: str = "", start: float = 1.0, max
         interrupted = True
         notes.append(f"Interrupted during the step at {value:g} {unit}; the report covers the {len(done)} steps done.")
         log(notes[-1])
-    except RuntimeError as exc:  # locust itself failed (the server went away...): keep what was measured
+    except (RuntimeError, ValueError) as exc:  # locust failed, the server went away...: keep what was measured
         if not done:
             raise
         notes.append(f"The step at {value:g} {unit} failed ({str(exc).splitlines()[0]}); the report covers the "
@@ -179,7 +178,8 @@ def plot(steps: list[dict], result: dict, path: Path, title: str, unit: str) -> 
     fig, (ax_l, ax_g) = plt.subplots(1, 2, figsize=(13, 4.8))
     qps = [s["qps"] for s in steps]
     for key, colour in (("p50_ms", "tab:green"), ("p90_ms", "tab:purple"), ("p99_ms", "tab:orange")):
-        ax_l.plot(qps, [s[key] for s in steps], marker="o", color=colour, label=key.split("_")[0].upper())
+        ax_l.plot(qps, [np.nan if s[key] is None else s[key] for s in steps], marker="o", color=colour,
+                  label=key.split("_")[0].upper())
     for name, limit in result["slo_ms"].items():
         ax_l.axhline(limit, color="red", linestyle="--", linewidth=1, label=f"SLO {name} {limit:g} ms")
     if result["knee_qps"] is not None:
@@ -187,7 +187,8 @@ def plot(steps: list[dict], result: dict, path: Path, title: str, unit: str) -> 
         ax_l.scatter([knee_step["qps"]], [knee_step["p99_ms"]], s=160, facecolors="none", edgecolors="black",
                      label=f"knee ({result['knee_load']:g} {unit})", zorder=5)
     for s in steps:
-        ax_l.annotate(f"{s['load']:g}", (s["qps"], s["p99_ms"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if s["p99_ms"] is not None:  # a step where nothing succeeded has no latency to show
+            ax_l.annotate(f"{s['load']:g}", (s["qps"], s["p99_ms"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax_l.set_xlabel("achieved QPS (labels: offered load)")
     ax_l.set_ylabel("latency (ms)")
     ax_l.set_yscale("log")

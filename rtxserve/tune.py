@@ -28,7 +28,6 @@ from rtxserve import contract
 # The load scenario that exercises each task's route.
 SCENARIO_OF_TASK = {contract.TEXT_CLASSIFICATION: "classify", contract.IMAGE_CLASSIFICATION: "image",
                     contract.TOKEN_CLASSIFICATION: "ner", contract.FEATURE_EXTRACTION: "embeddings"}
-MAX_ERROR_FRACTION = 0.01
 SHORT = {"instances": "inst", "max_batch_size": "batch", "max_queue_delay_us": "delay us",
          "max_num_seqs": "seqs", "max_num_batched_tokens": "batched tokens"}
 
@@ -172,6 +171,7 @@ def quick_search(axes: dict[str, list[int]], measure, budget: int, log=print) ->
 
 def evaluate(target, config: dict, spec_for, work: Path, log) -> Trial:
     """Serve `config`, load it with `spec_for(gateway_url, scrape_urls)`, and return its figures."""
+    from loadtest.report import MAX_ERROR_FRACTION
     from loadtest.runner import run
     from serve.launcher import ServerStartError
 
@@ -181,7 +181,7 @@ def evaluate(target, config: dict, spec_for, work: Path, log) -> Trial:
     try:
         with target.serve(config, folder) as (gateway_url, scrape):
             result = run(spec_for(gateway_url, scrape), folder / "load", log=lambda m: log(f"  {m}"))
-    except (ServerStartError, RuntimeError) as exc:
+    except (ServerStartError, RuntimeError, ValueError) as exc:
         trial.failure = str(exc)[-1500:]
         log(f"config {trial.label()} failed: {trial.failure.splitlines()[0]}")
         return trial
@@ -223,7 +223,9 @@ def tune(target, *, options: dict, slo: str, axes: dict[str, list[int]], users: 
             measured[key] = evaluate(target, config, spec_for, out, log)
         return measured[key]
 
-    quick_search(axes, measure, budget, log)
+    # The default counts against the budget unless the climb can reach it (then it is measured once anyway).
+    on_grid = all(current[k] in axes[k] for k in axes)
+    quick_search(axes, measure, budget if on_grid else budget - 1, log)
     trials = list(measured.values())
     eligible = [t for t in trials if t.eligible]
     best = max(eligible, key=lambda t: t.goodput_rps) if eligible else None
@@ -255,13 +257,19 @@ def _plot(result: TuneResult, path: Path) -> Path:
     return save(fig, path, "rtxserve tune: goodput per configuration")
 
 
+def _cell(text: str) -> str:
+    """A failure's first line, fit for a Markdown table cell (the whole log tail is in tune.json)."""
+    return text.splitlines()[0].replace("|", "/")[:100] if text else ""
+
+
 def _write_report(result: TuneResult, target, slo: str, out: Path, load: str) -> None:
     from loadtest.pages import versions, write_html
+    from loadtest.report import MAX_ERROR_FRACTION
 
     _plot(result, out / "tune.png")
     rows = "\n".join(f"| {t.label()}{' (default)' if t.default else ''} | {t.goodput_rps:.1f} | {t.qps:.1f} | "
                      f"{'–' if t.p99_ms is None else f'{t.p99_ms:.1f}'} | {t.errors}/{t.requests} | "
-                     f"{'yes' if t.eligible else 'no'} | {f'[report]({t.report})' if t.report else t.failure[:80]} |"
+                     f"{'yes' if t.eligible else 'no'} | {f'[report]({t.report})' if t.report else _cell(t.failure)} |"
                      for t in result.trials)
     best, default = result.best, result.default
     if best is None:

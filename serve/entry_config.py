@@ -24,9 +24,6 @@ class Batching:
         if self.instances < 1 or not 1 <= self.max_batch_size <= 4096 or self.max_queue_delay_us < 0:
             raise ValueError(f"instances >= 1, max_batch_size in 1..4096 and max_queue_delay_us >= 0, not {self}")
 
-    def label(self) -> str:
-        return f"{self.instances} inst, batch {self.max_batch_size}, delay {self.max_queue_delay_us} us"
-
 
 def read_config(path: Path):
     from google.protobuf import text_format
@@ -41,9 +38,10 @@ def read_config(path: Path):
 def _write(path: Path, config) -> None:
     from google.protobuf import text_format
 
-    text = text_format.MessageToString(config)
-    path.unlink()  # the file may be a hard link into another repository: never write through it
-    path.write_text(text)
+    # A new file renamed over the old one: atomic, and never written through a hard link into another repository.
+    temporary = path.with_name(f".{path.name}.new")
+    temporary.write_text(text_format.MessageToString(config))
+    os.replace(temporary, path)
 
 
 def entry_models(repository: Path, name: str) -> list[Path]:

@@ -54,6 +54,11 @@ class Load:
         dataset = Path(options.dataset) if options.dataset else None
         if dataset is not None and not dataset.exists():
             raise ValueError(f"dataset {dataset} does not exist")
+        fits = dataset is None or (dataset.is_dir() and "image" in apis) or (
+            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", *GENERATION_APIS}))
+        if not fits:  # never fall back to the built-in workload behind the user's back
+            raise ValueError(f"--dataset {dataset} fits none of {', '.join(sorted(apis))}: texts and prompts come "
+                             "from a file, images from a folder")
         if options.workload == "file" and dataset is None:
             raise ValueError("--workload file needs --dataset")
         if apis & {"classify", "ner", "embeddings"}:
@@ -86,43 +91,47 @@ class Load:
         return self.entries[0] if len(self.entries) == 1 else rng.choices(self.entries, self.weights)[0]
 
 
-def call(user, api: str, model: str, rng: random.Random, context: dict | None = None) -> None:
+def call(user, api: str, model: str, rng: random.Random, context: dict | None = None) -> float:
     """One request of `api` for `model` through the user's locust client; `context` rides along to the
-    raw-sample row (e.g. how long an open-loop arrival waited for a slot)."""
+    raw-sample row (e.g. how long an open-loop arrival waited for a slot). Returns the seconds a client that
+    honours Retry-After waits before its next request (0 if none)."""
     if api in GENERATION_APIS:
-        _generate(user, api, model, rng, context or {})
-    else:
-        _encode(user, api, model, rng, context or {})
+        return _generate(user, api, model, rng, context or {})
+    return _encode(user, api, model, rng, context or {})
 
 
-def _retry_after(user, response) -> None:
+def _retry_after(user, response) -> float:
     retry_after = response.headers.get("retry-after") if response.headers else None
-    if user.load.options.honour_retry_after and response.status_code in (429, 503) and retry_after:
-        time.sleep(float(retry_after))  # cooperative: locust runs users on gevent
+    if not (user.load.options.honour_retry_after and response.status_code in (429, 503) and retry_after):
+        return 0.0
+    try:
+        return max(0.0, float(retry_after))
+    except ValueError:  # an HTTP date: our gateway sends seconds; wait a second rather than guess
+        return 1.0
 
 
-def _failed_status(user, response) -> bool:
+def _failed_status(response) -> bool:
     if response.status_code == 200:
         return False
     if response.status_code:  # 0: no answer at all; locust records the connection error itself
         response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
-    _retry_after(user, response)
     return True
 
 
-def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> None:
+def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> float:
     load = user.load
     n = load.options.batch
     inputs = ([{"image": i} for i in rng.choices(load.images, k=n)] if api == "image" else rng.choices(load.texts, k=n))
     with user.client.post(ENCODER_APIS[api], json={"model": model, "input": inputs}, name=api, headers=load.headers,
                           catch_response=True, context=context) as response:
-        if _failed_status(user, response):
-            return
+        if _failed_status(response):
+            return _retry_after(user, response)
         try:
             data = response.json().get("data")
             _check_encoded(api, data, n)
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
+    return 0.0
 
 
 def _check_encoded(api: str, data, n: int) -> None:
@@ -154,15 +163,15 @@ def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt)
     return body
 
 
-def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> None:
+def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> float:
     load = user.load
     body = _generation_body(load, api, model, rng.choice(load.prompts))
     stream = body.get("stream", False)
     started = time.perf_counter()
     with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=load.headers, stream=stream,
                           catch_response=True, context=context) as response:
-        if _failed_status(user, response):
-            return
+        if _failed_status(response):
+            return _retry_after(user, response)
         try:
             if stream:
                 # geventhttpclient's readline returns each line as it arrives (iter_content(n) would wait
@@ -179,6 +188,7 @@ def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> 
             response.failure(f"stream cut: {type(exc).__name__}")
         finally:
             response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
+    return 0.0
 
 
 def _whole_answer(answer: dict) -> dict:
@@ -204,6 +214,8 @@ def read_stream(lines, started: float) -> dict:
             chunk = json.loads(payload)
         except json.JSONDecodeError:
             raise WrongAnswer(f"unparsable event {payload[:80]!r}") from None
+        if not isinstance(chunk, dict):
+            raise WrongAnswer(f"event is not a JSON object: {payload[:80]!r}")
         if "error" in chunk:
             error = chunk["error"]
             raise WrongAnswer(f"stream error: {error.get('message') if isinstance(error, dict) else error}")

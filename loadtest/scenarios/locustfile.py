@@ -15,7 +15,7 @@ import numpy as np
 from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 from locust import FastHttpUser, constant, events, task
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
 
 from loadtest.scenarios import samples  # noqa: F401  (registers the raw-sample recorder)
 from loadtest.scenarios.apis import Load, call
@@ -50,14 +50,17 @@ class Arrivals:
         return 0.0, float("inf")
 
     def take(self) -> float:
-        """The next arrival time (seconds after start)."""
+        """The next arrival time (seconds after start). A gap that would cross into the next stage is drawn
+        again from that stage's start at its rate (for Poisson arrivals, memoryless, that is exact)."""
         while True:
             rate, ends = self.rate_at(self.next_at)
             if rate > 0:
                 b = self.options.burstiness if self.options.arrival == "gamma" else 1.0
-                self.next_at += float(self.rng.gamma(b, 1.0 / (rate * b)))
-                return self.next_at
-            if ends == float("inf"):
+                due = self.next_at + float(self.rng.gamma(b, 1.0 / (rate * b)))
+                if due < ends:
+                    self.next_at = due
+                    return due
+            elif ends == float("inf"):
                 return ends
             self.next_at = ends
 
@@ -89,12 +92,18 @@ class ApiUser(FastHttpUser):
     @task
     def step(self):
         if self.arrivals is None:
-            call(self, *self.load.pick(self.rng), self.rng)
+            pause = call(self, *self.load.pick(self.rng), self.rng)
+            if pause:
+                gevent.sleep(pause)  # Retry-After, honoured after the request was recorded
             return
-        due = self.arrivals.take()
-        gevent.sleep(max(0.0, self.arrivals.start + due - time.perf_counter()))
+        due = self.arrivals.start + self.arrivals.take()
+        # Wait in short steps: a stop during the wait must not send one more request after the run's end.
+        while (left := due - time.perf_counter()) > 0:
+            if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
+                return
+            gevent.sleep(min(left, 0.1))
         self.arrivals.slots.acquire()
-        wait_ms = (time.perf_counter() - self.arrivals.start - due) * 1000
+        wait_ms = (time.perf_counter() - due) * 1000
         self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), wait_ms)
 
     def _one(self, seed: int, wait_ms: float) -> None:
@@ -105,5 +114,5 @@ class ApiUser(FastHttpUser):
             self.arrivals.slots.release()
 
     def on_stop(self):
-        if self.arrivals is not None:
-            self.arrivals.in_flight.join(timeout=self.environment.stop_timeout or None)
+        if self.arrivals is not None:  # the requests in flight end within the stop timeout (0: not awaited)
+            self.arrivals.in_flight.join(timeout=self.environment.stop_timeout or 0)

@@ -2,7 +2,9 @@
 
 Locust's own percentiles come from rounded buckets; reports are computed from these rows instead. Workers
 send their rows to the master in batches over locust's own channel, so a run spread over several processes
-or boxes still ends in one file, and the last batch goes out before the worker reports that it stopped.
+or boxes still ends in one file. At the end of a headless run locust's master only tells its workers to
+quit and waits half a second; here it first stops them and waits until each said it stopped, which a worker
+says after its users ended and its last batch went out on the same channel.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 
 import gevent
 from locust import events
+from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 
 COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms")
@@ -60,6 +63,18 @@ def _flush_loop(runner) -> None:
     while True:
         gevent.sleep(FLUSH_EVERY_S)
         _flush(runner)
+
+
+@events.test_stopping.add_listener
+def _drain_workers(environment, **_kwargs):
+    runner = environment.runner
+    if not isinstance(runner, MasterRunner):
+        return
+    for client in runner.clients.all:
+        runner.server.send_to_client(Message("stop", None, client.id))
+    deadline = time.monotonic() + (environment.stop_timeout or 0) + 30
+    while runner.user_count and time.monotonic() < deadline:
+        gevent.sleep(0.2)
 
 
 @events.test_stop.add_listener

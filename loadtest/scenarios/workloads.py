@@ -9,8 +9,8 @@
     `vllm bench serve --dataset-name random` builds them (so the two can be compared);
   - a file: JSONL prompts ({"prompt": ..., "max_tokens"?: N} or a plain string), or ShareGPT conversations
     (JSON list or JSONL of {"conversations": [{"from": "human" | "gpt", "value": ...}, ...]}): the
-    conversation up to its last human turn is sent, and the reply that followed sets max_tokens unless
-    --output-len is given.
+    conversation up to its last human turn is sent, and the reply that followed sets max_tokens (a prompt
+    without one gets --output-len).
 """
 
 from __future__ import annotations

@@ -79,3 +79,17 @@ def test_an_open_loop_mix_of_every_api_behind_one_gateway(stack, llm_servers, tm
     counts = {name: f["requests"] for name, f in s.by_name.items()}
     assert counts["classify"] > counts["image"], counts  # weights 4 : 1
     assert s.streaming["requests"] == counts["chat"] + counts["completions"]
+
+
+def test_streams_still_running_at_the_end_of_a_two_worker_run_are_recorded(llm_gateway, tmp_path):
+    """Locust's master tells its workers to quit and waits half a second; streams of a second or more were still
+    running then. Every answer the gateway gave must have its row."""
+    from .test_loadtest import _served
+
+    route = "/v1/chat/completions"
+    before = _served(llm_gateway, route)
+    spec = LoadSpec(llm_gateway, scenario_options(scenario="chat", model="tiny-llama", output_len=256, ignore_eos="on"),
+                    users=4, duration_s=6, warmup_s=1, workers=2)
+    s = run(spec, tmp_path / "report", **quiet).summary
+    assert s.errors == 0, s.error_kinds
+    assert len(load_samples(tmp_path / "report" / "samples.csv").end) == _served(llm_gateway, route) - before

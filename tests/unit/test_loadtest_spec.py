@@ -38,6 +38,7 @@ def test_closed_loop_stages_add_the_shape_and_set_the_duration():
     ({"workload": "random", "scenario": "chat"}, "needs --tokenizer"),
     ({"workload": "file"}, "needs --dataset"),
     ({"dataset": "/nonexistent.jsonl"}, "does not exist"),
+    ({"dataset": "/tmp"}, "fits none of classify"),  # a folder is images; classify takes texts
     ({"stages": "10"}, "SECONDS:VALUE"),
     ({"prompt_words": "9,2", "scenario": "chat"}, "min <= max"),
 ])
