@@ -17,15 +17,26 @@ def _completed(vllm_url: str) -> float:
     return sum(_metric(vllm_url, "vllm:request_success_total", f'finished_reason="{r}"') for r in ("length", "stop"))
 
 
+def _settled(read, interval_s: float = 1.5, limit_s: float = 20.0) -> float:
+    """`read()` once two reads `interval_s` apart agree (or at `limit_s`)."""
+    value, deadline = read(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        value, previous = read(), value
+        if value == previous:
+            break
+    return value
+
+
 def test_client_disconnect_aborts_the_generation_in_vllm(llm_servers):
     gateway, vllm_url, _ = llm_servers
     body = {"model": "adapter-b", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 230, "temperature": 0}
     # Greedy, so the streamed run is this one: it runs to max_tokens unless something stops it.
     whole = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=60).json()
     assert whole["choices"][0]["finish_reason"] == "length"
-    time.sleep(1)  # metrics are published once a second or so
-    before = _metric(vllm_url, "vllm:generation_tokens_total")
-    completed = _completed(vllm_url)
+    # vLLM publishes its metrics about once a second, later on a loaded box: take the baseline once they settled
+    before = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total"))
+    completed = _settled(lambda: _completed(vllm_url))
     assert completed >= 1  # the greedy run above counts, so the counter does see finished requests
     chunks = 0
     body["stream"] = True
