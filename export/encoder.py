@@ -280,6 +280,10 @@ def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo:
     return export_encoder(checkpoint, "text-classification", opts, repo, **kwargs)
 
 
+DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+              "image_size", "patch_size", "num_channels")
+
+
 def _metadata(ckpt: Checkpoint, opts: EntryOptions, command, parity) -> dict:
     import onnx
     import onnxruntime
@@ -290,6 +294,8 @@ def _metadata(ckpt: Checkpoint, opts: EntryOptions, command, parity) -> dict:
         "task": ckpt.task,
         "source": str(ckpt.path.resolve()),
         "architecture": ckpt.architecture,
+        # what `rtxserve plan` needs to size activations without the checkpoint
+        "dimensions": {k: ckpt.config[k] for k in DIMENSIONS if isinstance(ckpt.config.get(k), int)},
         "target": opts.target,
         "instances": opts.instances,
         "max_batch_size": opts.max_batch_size,

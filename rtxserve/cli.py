@@ -10,7 +10,9 @@ import sys
 COMMANDS = {
     "fixtures": ("export.cli", "fixtures_main", "write small fine-tuned-style checkpoints (no model hub)"),
     "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
-    "serve": ("serve.cli", "main", "run tritonserver or the HTTP gateway"),
+    "serve": ("serve.cli", "main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
+    "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),
+    "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
     "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching for the most goodput under an SLO"),

@@ -1,7 +1,8 @@
 """`rtxserve demo` (what `make demo` runs): the whole path on CPU, end to end, with real servers.
 
-fixtures -> export (ONNX with parity; a LoRA adapter packaged for vLLM) -> tritonserver + vLLM + gateway
--> locust on /v1/classify, then streamed chat on /v1/chat/completions -> report headlines -> stop.
+fixtures -> export (ONNX with parity; a LoRA adapter packaged for vLLM) -> a deployment file, brought up
+with `serve up` (tritonserver + vLLM + gateway) -> locust on /v1/classify, then streamed chat on
+/v1/chat/completions -> report headlines -> `serve down`.
 Everything lands in one work folder (default .rtxserve/demo); rerunning replaces it.
 """
 
@@ -12,6 +13,8 @@ import logging
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 
 def _say(message: str) -> None:
@@ -37,9 +40,9 @@ def main(argv: list[str]) -> int:
     from export.triton_entry import EntryOptions
     from loadtest.report import headline
     from loadtest.runner import LoadSpec, run, scenario_options
-    from serve.launcher import ServerStartError
-    from serve.stack import start_stack
-    from serve.vllm import VLLMOptions
+    from deploy.spec import DeploymentError, load_deployment
+    from serve.box import down, up
+    from serve.launcher import ServerStartError, free_port
 
     work = args.workdir.resolve()
     name = "demo_classifier"
@@ -54,25 +57,36 @@ def main(argv: list[str]) -> int:
     _say(f"3/6 writing a tiny Llama with a LoRA adapter to {work / 'llm'}; packaging the adapter for vLLM")
     llm = write_llm_with_adapters(work / "llm")
     adapter = export_llm(llm / "adapter-a", work / "llm-package" / "demo-adapter", force=True).out
-    _say("4/6 starting tritonserver, vLLM (the base model and its adapter) and the gateway")
-    vllm_opts = VLLMOptions(model=llm / "base", served_name="demo-llm", max_model_len=512, adapters={"demo-adapter": adapter})
+    _say("4/6 writing the deployment file and bringing it up (`rtxserve serve up`): tritonserver, vLLM (the base "
+         "model and its adapter) and the gateway")
+    ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
+    spec = {"name": "demo", "ports": ports,
+            "models": [{"name": name, "kind": "encoder", "path": str(repository / name), "instances": args.instances},
+                       {"name": "demo-llm", "kind": "llm", "path": str(llm / "base"), "adapters": {"demo-adapter": str(adapter)},
+                        "max_model_len": 512}]}
+    deployment_file = work / "deployment.yaml"
+    deployment_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     try:
-        stack = start_stack(repository, work / "logs", vllm_opts=vllm_opts)
-    except (ServerStartError, ValueError) as exc:
+        deployment = load_deployment(deployment_file)
+        run_folder = up(deployment, root=work / "run", log=_say)
+    except (DeploymentError, ServerStartError) as exc:
         _say(f"error: {exc}")
         return 1
-    with stack:
-        _say(f"gateway ready at {stack.gateway_url} (tritonserver gRPC {stack.triton_grpc_url}, vLLM {stack.vllm_url})")
+    gateway_url = f"http://127.0.0.1:{ports['gateway']}"
+    try:
+        _say(f"gateway ready at {gateway_url}; `rtxserve serve status {run_folder}` shows every server")
         _say(f"5/6 load test /v1/classify: {args.users} users for {args.duration:g}s")
-        result = run(LoadSpec(stack.gateway_url, scenario_options(model=name), users=args.users,
-                              duration_s=args.duration, warmup_s=args.warmup, scrape=[stack.triton_metrics_url]),
+        result = run(LoadSpec(gateway_url, scenario_options(model=name), users=args.users, duration_s=args.duration,
+                              warmup_s=args.warmup, scrape=[f"http://127.0.0.1:{ports['triton_metrics']}/metrics"]),
                      work / "report", log=_say)
         _say(f"6/6 load test streamed /v1/chat/completions on the adapter: {args.chat_users} users for {args.chat_duration:g}s")
-        chat = run(LoadSpec(stack.gateway_url, scenario_options(scenario="chat", model="demo-adapter", output_len=32),
+        chat = run(LoadSpec(gateway_url, scenario_options(scenario="chat", model="demo-adapter", output_len=32),
                             users=args.chat_users, duration_s=args.chat_duration,
-                            warmup_s=min(args.warmup, args.chat_duration / 4), scrape=[f"{stack.vllm_url}/metrics"]),
+                            warmup_s=min(args.warmup, args.chat_duration / 4), scrape=[f"http://127.0.0.1:{ports['vllm']}/metrics"]),
                    work / "report-chat", log=_say)
-        _say("stopping servers")
+    finally:
+        _say("stopping servers (`rtxserve serve down`)")
+        down(run_folder, log=_say)
     stream = chat.summary.streaming
     print()
     print(f"rtxserve demo, classify: {headline(result.summary)}")

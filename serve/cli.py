@@ -1,4 +1,5 @@
-"""`rtxserve serve triton|gateway`: run one server in the foreground until Ctrl-C / SIGTERM."""
+"""`rtxserve serve triton|vllm|gateway`: run one server in the foreground until Ctrl-C / SIGTERM;
+`rtxserve serve up|status|down`: a whole box from its deployment file (serve/box.py)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,71 @@ def _gateway(args) -> int:
     return 0
 
 
+def _up(args) -> int:
+    from deploy.spec import DeploymentError, load_deployment
+
+    from .box import up
+    from .launcher import ServerStartError
+
+    try:
+        deployment = load_deployment(args.deployment)
+        run = up(deployment, root=args.run_root, envs={"triton": args.triton_env, "vllm": args.vllm_env},
+                 timeout_s=args.start_timeout, log=lambda m: print(m, file=sys.stderr))
+    except DeploymentError as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 2
+    except ServerStartError as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
+    return 0
+
+
+def _run_of(args) -> Path:
+    """A deployment's run folder from its name, its deployment file, or the folder itself."""
+    from .box import run_dir
+
+    target = Path(args.target)
+    if target.is_file():
+        from deploy.spec import load_deployment
+
+        return run_dir(load_deployment(target).name, args.run_root)
+    return target if (target / "state.json").exists() else run_dir(args.target, args.run_root)
+
+
+def _status(args) -> int:
+    from deploy.spec import DeploymentError
+
+    from .box import status
+
+    try:
+        servers = status(_run_of(args))
+    except DeploymentError as exc:
+        print(f"rtxserve serve status: {exc}", file=sys.stderr)
+        return 3
+    print(f"{'server':<28} {'kind':<8} {'pid':>8} {'process':<8} ready")
+    for s in servers:
+        print(f"{s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} {s['ready']} {s['url']}")
+    return 0 if all(s["alive"] and s["ready"] == "200" for s in servers) else 1
+
+
+def _down(args) -> int:
+    from deploy.spec import DeploymentError
+
+    from .box import down
+
+    try:
+        left = down(_run_of(args), grace_s=args.grace, log=lambda m: print(m, file=sys.stderr))
+    except DeploymentError as exc:
+        print(f"rtxserve serve down: {exc}", file=sys.stderr)
+        return 3
+    if left:
+        print(f"rtxserve serve down: still running: {', '.join(left)}", file=sys.stderr)
+        return 1
+    print("stopped", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground.")
     sub = parser.add_subparsers(dest="server", required=True)
@@ -164,6 +230,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
+    run_root = Path(".rtxserve/run")
+    u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
+    u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
+    u.add_argument("--run-root", type=Path, default=run_root, help="where each deployment's run folder goes")
+    u.add_argument("--triton-env", type=Path, default=Path(".envs/triton"))
+    u.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
+    u.set_defaults(run=_up)
+    for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
+                           ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("target", help="the deployment's name, its file, or its run folder")
+        c.add_argument("--run-root", type=Path, default=run_root)
+        if name == "down":
+            c.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+        c.set_defaults(run=fn)
     return parser
 
 

@@ -38,12 +38,16 @@ class TritonInstall:
         stub = root / "backends" / "python" / "triton_python_backend_stub"
         if not stub.exists():
             raise TritonNotFound(f"{stub} is missing: rerun `make setup` to install the python-backend stub")
-        return cls(
-            binary=root / "bin" / "tritonserver",
-            backend_dir=root / "backends",
-            lib_dirs=(root.parent.parent / "nvidia_pytriton.libs",),
-            python_bin=Path(env_dir).resolve() / "bin",
-        )
+        return cls.at(Path(env_dir).resolve(), root.parent.parent.parent.name)
+
+    @classmethod
+    def at(cls, env_dir: Path, python: str = "python3.11") -> "TritonInstall":
+        """Where `make setup` puts tritonserver in an environment at `env_dir` (nothing is checked: the
+        environment may be on another machine, as in rendered systemd units)."""
+        site = Path(env_dir) / "lib" / python / "site-packages"
+        root = site / "pytriton" / "tritonserver"
+        return cls(binary=root / "bin" / "tritonserver", backend_dir=root / "backends",
+                   lib_dirs=(site / "nvidia_pytriton.libs",), python_bin=Path(env_dir) / "bin")
 
     @classmethod
     def from_binary(cls, binary: Path, backend_dir: Path = Path("/opt/tritonserver/backends")) -> "TritonInstall":
@@ -63,20 +67,11 @@ class TritonOptions:
     extra_args: list[str] = field(default_factory=list)
 
 
-def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[str], dict[str, str]]:
-    """The argv and environment that start tritonserver with `opts`."""
-    repo = Path(opts.repository).resolve()
-    if not repo.is_dir():
-        raise FileNotFoundError(f"model repository not found: {repo}; export a model first (rtxserve export onnx ...)")
-    from .tensorrt_check import plan_problems  # reads files only; detects versions only if the repository has plans
-
-    problems = plan_problems(repo, install.binary.parent.parent, [*install.lib_dirs, install.backend_dir / "tensorrt"])
-    if problems:
-        raise TritonNotFound("this Triton cannot load the repository's TensorRT plans: " + " | ".join(problems))
-    argv = [
-        str(install.binary),
-        f"--model-repository={repo}",
-        f"--backend-directory={install.backend_dir}",
+def triton_args(opts: TritonOptions, repository: str | None = None) -> list[str]:
+    """The pure step: tritonserver's options for `opts` (no file is read); `repository` is where the server
+    will see the model repository (default: opts.repository as given)."""
+    return [
+        f"--model-repository={repository or opts.repository}",
         f"--http-address={opts.address}",
         f"--http-port={opts.http_port}",
         f"--grpc-address={opts.address}",
@@ -89,10 +84,31 @@ def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[st
         f"--log-verbose={opts.log_verbose}",
         *opts.extra_args,
     ]
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+
+
+def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start tritonserver with `opts`."""
+    repo = Path(opts.repository).resolve()
+    if not repo.is_dir():
+        raise FileNotFoundError(f"model repository not found: {repo}; export a model first (rtxserve export onnx ...)")
+    from .tensorrt_check import plan_problems  # reads files only; detects versions only if the repository has plans
+
+    problems = plan_problems(repo, install.binary.parent.parent, [*install.lib_dirs, install.backend_dir / "tensorrt"])
+    if problems:
+        raise TritonNotFound("this Triton cannot load the repository's TensorRT plans: " + " | ".join(problems))
+    return install_argv(install, triton_args(opts, str(repo))), install_env(install)
+
+
+def install_argv(install: TritonInstall, args: list[str]) -> list[str]:
+    return [str(install.binary), f"--backend-directory={install.backend_dir}", *args]
+
+
+def install_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment tritonserver needs from this install: its libraries, and its Python for the stubs."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
     if install.lib_dirs:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
     if install.python_bin:
         env["PATH"] = f"{install.python_bin}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(install.python_bin.parent)
-    return argv, env
+    return env

