@@ -77,3 +77,20 @@ def llm_servers(llm_fixtures, tmp_path_factory):
 @pytest.fixture(scope="session")
 def llm_gateway(llm_servers):
     return llm_servers[0]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test on the session's servers carries whether they still run, and the end of their logs."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    from serve.launcher import log_tail
+
+    stack = item.funcargs.get("stack")
+    if stack is not None:
+        for server in (stack.triton, stack.gateway):
+            code = server.process.poll() if server.process else None
+            report.sections.append((f"{server.name} (running: {server.running}, exit code: {code})",
+                                    log_tail(server.log_path, 30)))

@@ -34,7 +34,12 @@ def test_client_disconnect_aborts_the_generation_in_vllm(llm_servers):
     # Greedy, so the streamed run is this one: it runs to max_tokens unless something stops it.
     whole = httpx.post(f"{gateway}/v1/chat/completions", json=body, timeout=60).json()
     assert whole["choices"][0]["finish_reason"] == "length"
-    # vLLM publishes its metrics about once a second, later on a loaded box: take the baseline once they settled
+    # Nothing else in flight (an earlier test's stream, cut off by a proxy, may still be generating to its end),
+    # and vLLM publishes its metrics about once a second, later on a loaded box: take the baseline once both hold.
+    idle_by = time.monotonic() + 60
+    while time.monotonic() < idle_by and (_metric(vllm_url, "vllm:num_requests_running")
+                                          + _metric(vllm_url, "vllm:num_requests_waiting")) > 0:
+        time.sleep(0.2)
     before = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total"))
     completed = _settled(lambda: _completed(vllm_url))
     assert completed >= 1  # the greedy run above counts, so the counter does see finished requests
