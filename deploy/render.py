@@ -157,7 +157,7 @@ def scrape_targets(d: Deployment, services: list[Service], host_of) -> dict[str,
 
 # ---------------------------------------------------------------------------------------------- systemd
 
-def systemd_units(d: Deployment, services: list[Service], prefix: Path, models: Path, tritonserver: Path | None = None,
+def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
                   backend_directory: Path | None = None) -> dict[str, str]:
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
     makes), and a target that starts them together."""
@@ -374,9 +374,13 @@ def kustomization(d: Deployment, files: list[str]) -> dict:
 
 # ---------------------------------------------------------------------------------------------- all of it
 
-def render(d: Deployment, out: Path, *, prefix: Path | None = None, tritonserver: Path | None = None,
-           backend_directory: Path | None = None) -> list[Path]:
-    """Write every file for `d` into `out`; returns them. Refuses a deployment that does not fit."""
+def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | None = None,
+           tritonserver: Path | None = None, backend_directory: Path | None = None) -> list[Path]:
+    """Write every file for `d` into `out`; returns them. Refuses a deployment that does not fit.
+
+    `at`: where `out` will be on the box that runs it (default: `out` itself); `prefix`: where rtxserve is
+    installed there (default: the current folder). Both only matter to the systemd units, which run from
+    host paths."""
     p = plan(d)
     if not p.fits:
         raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
@@ -429,13 +433,14 @@ def render(d: Deployment, out: Path, *, prefix: Path | None = None, tritonserver
     dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
     # systemd: the same servers on one host, from an install at `prefix`, artifacts under out/models
     prefix = Path(prefix or Path.cwd()).resolve()
-    host_where = {k: str((out / "models" / Path(v).relative_to(MODELS)).resolve()) if v.startswith(MODELS) else
-                  str((out / "secrets" / "keys.json").resolve()) for k, v in where.items()}
-    host = Layout(path=lambda p: host_where[Path(p).resolve()], repository=str((out / "models" / "repository").resolve()),
-                  gateway_config=str((out / "systemd" / "gateway.yaml").resolve()))
+    at = Path(at or out).resolve()
+    host_where = {k: str(at / "models" / Path(v).relative_to(MODELS)) if v.startswith(MODELS) else
+                  str(at / "secrets" / "keys.json") for k, v in where.items()}
+    host = Layout(path=lambda p: host_where[Path(p).resolve()], repository=str(at / "models" / "repository"),
+                  gateway_config=str(at / "systemd" / "gateway.yaml"))
     host_services = build_services(d, p, host)
     dump("systemd/gateway.yaml", gateway_settings(d, host))
-    for name, text in systemd_units(d, host_services, prefix, out / "models", tritonserver, backend_directory).items():
+    for name, text in systemd_units(d, host_services, prefix, tritonserver, backend_directory).items():
         write(f"systemd/{name}", text)
     images = [TRITON_IMAGE if d.encoders else None, VLLM_IMAGE if d.llms else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
               PYTHON_IMAGE]

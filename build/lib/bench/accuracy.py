@@ -1,0 +1,155 @@
+"""`rtxserve bench accuracy`: benchmark B6 of the shared BENCH.md, whether `rtxserve loadtest` measures what
+`vllm bench serve` (the reference users trust) measures.
+
+Both send the same workload to the same vLLM server: random-token prompts of the model's tokenizer
+(`--dataset-name random` / `--workload random`, the same input and output lengths, `ignore_eos`), streamed
+completions, the same number of requests in flight (`--max-concurrency` / closed-loop users). They run
+interleaved, in alternating order, over several rounds; each tool's figure is its median over rounds, and
+B6 is the ratio of ours to vLLM's for TTFT P50 / P99 and end-to-end latency P50 / P99 (target 0.9-1.1 each).
+Two conventions differ and are kept: our percentiles are nearest-rank (a latency that was observed, as HDR
+histograms report), vLLM's interpolate; our end-to-end time ends with the stream, vLLM's at its last token event.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = {"ttft_p50": ("median_ttft_ms", ("streaming", "ttft_ms", "p50")),
+           "ttft_p99": ("p99_ttft_ms", ("streaming", "ttft_ms", "p99")),
+           "e2el_p50": ("median_e2el_ms", ("latency_ms", "p50")),
+           "e2el_p99": ("p99_e2el_ms", ("latency_ms", "p99"))}
+
+
+def _vllm_bench(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
+                output_len: int, seed: int) -> dict:
+    from serve.vllm import DEFAULT_ENV
+
+    argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve",
+            "--base-url", url, "--model", model, "--tokenizer", str(tokenizer.resolve()), "--dataset-name", "random",
+            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts", str(prompts),
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,e2el",
+            "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out.resolve()), "--result-filename", "result.json"]
+    out.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=out)
+    (out / "vllm-bench.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
+    result = json.loads((out / "result.json").read_text())
+    if result.get("failed"):
+        raise RuntimeError(f"vllm bench serve: {result['failed']} failed requests")
+    return result
+
+
+def _ours(url: str, model: str, tokenizer: Path, out: Path, *, duration_s: float, concurrency: int, input_len: int,
+          output_len: int, seed: int) -> dict:
+    from loadtest.runner import LoadSpec, run, scenario_options
+
+    options = scenario_options(scenario="completions", model=model, workload="random", tokenizer=str(tokenizer),
+                               input_len=input_len, output_len=output_len, seed=seed)
+    # No /metrics scraping: vllm bench serve does none, and on a small box serving /metrics costs the server time.
+    summary = run(LoadSpec(url, options, users=concurrency, duration_s=duration_s, warmup_s=0.0, scrape_host=False), out,
+                  log=lambda m: None).summary
+    if summary.errors:
+        raise RuntimeError(f"rtxserve loadtest: {summary.errors} failed requests ({summary.error_kinds})")
+    return summary.to_dict()
+
+
+def _pick(data: dict, path: tuple) -> float:
+    for key in path:
+        data = data[key]
+    return float(data)
+
+
+def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name: str = "bench-llm", rounds: int = 3,
+        prompts: int = 160, concurrency: int = 4, input_len: int = 64, output_len: int = 32, progress=print) -> dict:
+    """Start vLLM on the fixture Llama (or use `url` serving `model_dir`'s model), run B6, write JSON + Markdown."""
+    from contextlib import ExitStack
+
+    from loadtest.pages import versions
+
+    out.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as stack:
+        if not url:
+            from export.fixtures import write_llm
+            from serve.stack import start_vllm
+            from serve.vllm import VLLMOptions
+
+            model_dir = model_dir or write_llm(out / "small-llama", shape="small")
+            progress(f"starting vLLM for {model_dir} (log: {out / 'vllm.log'})")
+            server, url = start_vllm(VLLMOptions(model=model_dir, served_name=served_name, max_model_len=512), out, timeout_s=900)
+            stack.callback(server.stop)
+        if model_dir is None:
+            raise ValueError("--url needs --model (the served model's folder, for its tokenizer)")
+        figures: dict[str, dict[str, list[float]]] = {"vllm": {k: [] for k in FIGURES}, "rtxserve": {k: [] for k in FIGURES}}
+        duration = 10.0
+        for r in range(rounds):
+            order = ("vllm", "rtxserve") if r % 2 == 0 else ("rtxserve", "vllm")
+            for tool in order:
+                where = out / f"round-{r + 1}" / tool
+                if tool == "vllm":
+                    result = _vllm_bench(url, served_name, model_dir, where, prompts=prompts, concurrency=concurrency,
+                                         input_len=input_len, output_len=output_len, seed=r)
+                    duration = max(5.0, float(result["duration"]))  # ours runs as long as vLLM's took
+                    values = {k: float(result[v]) for k, (v, _) in FIGURES.items()}
+                else:
+                    summary = _ours(url, served_name, model_dir, where, duration_s=duration, concurrency=concurrency,
+                                    input_len=input_len, output_len=output_len, seed=r)
+                    values = {k: _pick(summary, p) for k, (_, p) in FIGURES.items()}
+                for k, v in values.items():
+                    figures[tool][k].append(v)
+                progress(f"  round {r + 1}/{rounds} {tool:<8} TTFT P50 {values['ttft_p50']:6.1f} P99 {values['ttft_p99']:6.1f} "
+                         f"E2E P50 {values['e2el_p50']:6.1f} P99 {values['e2el_p99']:6.1f} ms")
+    medians = {tool: {k: statistics.median(v) for k, v in f.items()} for tool, f in figures.items()}
+    ratios = {k: medians["rtxserve"][k] / medians["vllm"][k] for k in FIGURES}
+    result = {"id": "B6", "target": [0.9, 1.1], "ratios": ratios, "medians": medians, "rounds": figures,
+              "within_target": all(0.9 <= v <= 1.1 for v in ratios.values()), "versions": versions(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "settings": {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
+                           "output_len": output_len, "rounds": rounds, "ignore_eos": True, "stream": True}}
+    (out / "bench-accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "b6.png")
+    (out / "bench-accuracy.md").write_text(markdown(result))
+    return result
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    names = list(FIGURES)
+    for offset, tool, colour in ((-0.2, "vllm", "tab:blue"), (0.2, "rtxserve", "tab:orange")):
+        xs = [i + offset for i in range(len(names))]
+        ax.bar(xs, [result["medians"][tool][n] for n in names], width=0.4, color=colour, alpha=0.7,
+               label=f"{'vllm bench serve' if tool == 'vllm' else 'rtxserve loadtest'} (median)")
+        for x, n in zip(xs, names):
+            ax.scatter([x] * len(result["rounds"][tool][n]), result["rounds"][tool][n], color="black", s=10, zorder=3)
+    ax.set_xticks(range(len(names)), [f"{n}\nratio {result['ratios'][n]:.2f}" for n in names])
+    ax.set_ylabel("ms (bars: median; dots: rounds)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    return save(fig, path, "B6: the same workload measured by both tools (target: every ratio 0.9-1.1)")
+
+
+def markdown(result: dict) -> str:
+    m, s = result["medians"], result["settings"]
+    rows = "\n".join(f"| {k} | {m['vllm'][k]:.1f} | {m['rtxserve'][k]:.1f} | **{v:.3f}** |" for k, v in result["ratios"].items())
+    return f"""# rtxserve bench accuracy (B6)
+
+![both tools' figures, round by round](b6.png)
+
+`rtxserve loadtest` vs `vllm bench serve` on the same vLLM: random-token prompts of {s['input_len']} tokens,
+{s['output_len']} output tokens (ignore_eos), {s['concurrency']} in flight, streamed completions; {s['rounds']}
+interleaved rounds, medians (ms).
+
+| figure | vllm bench serve | rtxserve loadtest | ratio |
+|---|---|---|---|
+{rows}
+
+Target: every ratio within 0.9-1.1 ({"met" if result["within_target"] else "**not met**"}).
+"""

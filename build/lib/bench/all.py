@@ -1,0 +1,95 @@
+"""`make bench` (`rtxserve bench all`): every CPU benchmark in turn, then BENCHMARKS.md: the machine, and each
+benchmark's own page under the command that measured it."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+# name -> (arguments after `rtxserve bench`, the page it writes)
+BENCHES = {
+    "B1 gateway overhead": (["gateway"], "bench-gateway.md"),
+    "B2 exported encoder": (["export"], "bench-export.md"),
+    "B3 / B5 Triton batching and instances": (["batching"], "bench-batching.md"),
+    "B4 vLLM continuous batching": (["llm"], "bench-llm.md"),
+    "B6 measurement accuracy": (["accuracy"], "bench-accuracy.md"),
+}
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    flags = ""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        cpu = re.search(r"model name\s*:\s*(.+)", info).group(1)
+        found = sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_tile|amx_bf16)\b", info)))
+        flags = f"; {' '.join(found)}" if found else ""
+    except (OSError, AttributeError):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{cpu}{flags}; {os.cpu_count()} cores; {memory:.0f} GiB; {platform.system()} {platform.release()}; Python {platform.python_version()}"
+
+
+def run(out: Path, only: list[str] | None = None, log=print) -> Path:
+    """Run every benchmark (or those whose title holds one of `only`; the others keep their last pages from
+    `out`), then write BENCHMARKS.md with the plots copied next to it into bench/figures/."""
+    from bench.cli import main as bench
+    from loadtest.pages import versions
+
+    figures = Path("bench/figures")
+    figures.mkdir(parents=True, exist_ok=True)
+    timings_path = out / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    sections = []
+    for title, (args, page) in BENCHES.items():
+        folder = out / args[0]
+        command = ["rtxserve", "bench", *args, "--out", str(folder)]
+        if not only or any(o in title for o in only):
+            log(f"== {title}: {shlex.join(command)}")
+            started = time.monotonic()
+            try:
+                code = bench([*args, "--out", str(folder)])
+            except Exception as exc:  # noqa: BLE001 (one benchmark's crash must not lose the others' pages)
+                log(f"{title} crashed: {type(exc).__name__}: {exc}")
+                code = 1
+            timings[title] = {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
+                              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        done = timings.get(title, {})
+        if done.get("exit") == 0 and (folder / page).exists():
+            body = (folder / page).read_text()
+        else:
+            body = f"**failed** (exit {done.get('exit')}); run the command to see why." if done else "not run yet."
+
+        def keep(match: re.Match) -> str:
+            image = folder / match.group(2)
+            if not image.exists():
+                return match.group(0)
+            shutil.copyfile(image, figures / f"{args[0]}-{image.name}")
+            return f"![{match.group(1)}](bench/figures/{args[0]}-{image.name})"
+
+        body = re.sub(r"^#", "###", re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", keep, body), flags=re.M)
+        when = f" ({done['minutes']} min, {done['when']})" if done else ""
+        sections.append(f"## {title}\n\n`{shlex.join(command)}`{when}\n\n{body}")
+    timings_path.write_text(json.dumps(timings, indent=2))
+    page = f"""# Benchmarks
+
+Measured on {machine()}; {', '.join(f'{k} {v}' for k, v in versions().items())}.
+CPU figures are ratios of two things measured side by side in one run (shared/BENCH.md); absolute times on
+this shared machine are not comparable between runs. Regenerate with `make bench`
+(`python -m bench.all reports/bench B6` reruns one and keeps the others).
+
+""" + "\n\n".join(sections) + "\n"
+    path = Path("BENCHMARKS.md")
+    path.write_text(page)
+    return path
+
+
+if __name__ == "__main__":
+    print(run(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("reports/bench"), sys.argv[2:] or None))

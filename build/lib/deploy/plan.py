@@ -1,0 +1,320 @@
+"""`rtxserve plan DEPLOYMENT`: what each GPU holds, estimated from the artifacts, before anything starts.
+
+Estimates, per instance:
+- encoder (a Triton entry): its graph's weights as exported (fp32 / fp16 / int8 file), activations of one
+  forward pass at the entry's max batch and sequence (the widest layer's live tensors and the attention
+  scores, from the checkpoint's dimensions that export records), ONNX Runtime's arena rounding (x2), and a
+  per-instance runtime share; plus, once per GPU, the Triton process (CUDA context, backends).
+- LLM (a vLLM engine): weights from the safetensors headers in the serving dtype; the KV cache for
+  `max_num_seqs` x `max_model_len` from layers, KV heads, head size and the KV dtype; vLLM's profiling peak
+  (one step of `max_num_batched_tokens` through the widest layer, and the sampler's logits); LoRA slots for
+  every adapter at the padded rank on every linear layer; CUDA graphs and the CUDA context. The engine is
+  then told its share: `--gpu-memory-utilization` = that sum / the GPU's memory, so vLLM gives the KV cache
+  what was planned and leaves the rest to Triton.
+
+Packing: each vLLM engine takes a GPU of its own (the emptiest one first); encoder instances are per GPU
+(Triton's KIND_GPU `count`) on every GPU or on the ones the model names; "auto" instances are added one
+at a time, round robin, while they fit. A deployment that does not fit is refused with the per-GPU table.
+
+On a CPU deployment the same sums are held against the host's memory (CPU ONNX Runtime and vLLM's
+VLLM_CPU_KVCACHE_SPACE), and "auto" means one instance: on CPU the cores, not memory, bound instances.
+
+The constants below are first estimates; `rtxserve plan --measure` (on a GPU) prints the error against
+what NVML measures per process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .spec import Deployment, DeploymentError, EncoderModel, LLMModel, check_artifacts, encoder_metadata
+
+GIB = 1024**3
+TRITON_PROCESS_GIB = 0.75  # tritonserver on one GPU: CUDA context, cuBLAS/cuDNN handles, pinned memory pool
+ENCODER_INSTANCE_GIB = 0.15  # one ONNX Runtime CUDA session: its stream, workspaces and arena's first chunk
+ORT_ARENA_FACTOR = 2.0  # the arena grows in power-of-two chunks: up to twice the live bytes
+VLLM_CONTEXT_GIB = 0.6  # CUDA context and non-torch allocations (cuBLAS workspaces) of one engine
+VLLM_CUDA_GRAPHS_GIB = 0.5  # captured CUDA graphs at vLLM's default capture sizes
+VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's step budget when max_num_batched_tokens is not set
+CPU_ENCODER_INSTANCE_GIB = 0.35  # a python-backend stub with ONNX Runtime and NumPy loaded (RSS)
+CPU_TRITON_GIB = 0.4
+CPU_VLLM_PROCESS_GIB = 2.5  # the API server, engine core and worker processes with torch loaded (RSS)
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+SERVING_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass
+class Estimate:
+    model: str
+    kind: str  # "encoder" | "llm"
+    gib: float  # one instance / one engine
+    parts: dict[str, float]  # GiB by what it is for
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Placement:
+    model: str
+    what: str  # "instance(s)" / "engine" / "runtime"
+    count: int
+    gib_each: float
+
+    @property
+    def gib(self) -> float:
+        return self.count * self.gib_each
+
+
+@dataclass
+class Device:
+    name: str  # "GPU 0" / "CPU"
+    memory_gib: float
+    placements: list[Placement] = field(default_factory=list)
+
+    @property
+    def used_gib(self) -> float:
+        return sum(p.gib for p in self.placements)
+
+    @property
+    def free_gib(self) -> float:
+        return self.memory_gib - self.used_gib
+
+    def has_engine(self) -> bool:
+        return any(p.what == "engine" for p in self.placements)
+
+
+@dataclass
+class Plan:
+    deployment: str
+    on_gpu: bool
+    devices: list[Device]
+    estimates: dict[str, Estimate]
+    instances: dict[str, int]  # encoder -> instances per device (auto resolved)
+    engines: dict[str, list[int]]  # llm -> the GPU index of each replica
+    gpu_memory_utilization: dict[str, float]  # llm -> its engines' share of a GPU
+    more: dict[str, int]  # model -> how many more instances (encoders) or engines (LLMs) would fit
+    fits: bool = True
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for d, device in zip(out["devices"], self.devices):
+            d |= {"used_gib": round(device.used_gib, 3), "free_gib": round(device.free_gib, 3)}
+        return out
+
+
+# ---------------------------------------------------------------------------------------------- encoders
+
+def _entry_dimensions(meta: dict) -> dict:
+    dims = dict(meta.get("dimensions") or {})
+    if not dims:  # entries exported before the dimensions were recorded: the checkpoint, if it is still there
+        source = Path(meta.get("source", "")) / "config.json"
+        if source.is_file():
+            config = json.loads(source.read_text())
+            dims = {k: v for k, v in config.items() if isinstance(v, int)}
+    return dims
+
+
+def _graph_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in model_dir.glob("1/*") if f.suffix in {".onnx", ".plan", ".data", ".bin"}
+               or f.name.endswith(".onnx_data"))
+
+
+def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
+    meta = encoder_metadata(d, m)
+    path = d.resolve(m.path)
+    weights = _graph_bytes(path.parent / f"{m.name}_model") / GIB
+    dims = _entry_dimensions(meta)
+    notes = []
+    needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+    batch = m.max_batch_size or int(meta.get("max_batch_size") or 1)
+    if all(k in dims for k in needed):
+        if "image_size" in dims and "patch_size" in dims:
+            seq = (dims["image_size"] // dims["patch_size"]) ** 2 + 1
+        else:
+            seq = int(meta.get("max_length") or dims.get("max_position_embeddings") or 512)
+        h, heads, inter = dims["hidden_size"], dims["num_attention_heads"], dims["intermediate_size"]
+        act_bytes = 2 if meta.get("precision") == "fp16" else 4
+        live = batch * seq * (3 * h + inter) + 2 * batch * heads * seq * seq  # widest layer + scores and softmax
+        activations = ORT_ARENA_FACTOR * live * act_bytes / GIB
+    else:
+        activations = weights  # nothing to size them from: assume as much again as the weights
+        notes.append("no model dimensions in rtxserve.json or at its source: activations assumed equal to weights "
+                     "(export it again to record them)")
+    overhead = ENCODER_INSTANCE_GIB if d.on_gpu else CPU_ENCODER_INSTANCE_GIB
+    parts = {"weights": weights, "activations": activations, "runtime": overhead}
+    notes.append(f"max batch {batch}")
+    return Estimate(m.name, "encoder", sum(parts.values()), parts, notes)
+
+
+# ---------------------------------------------------------------------------------------------- LLMs
+
+def _safetensors_files(model: Path) -> list[Path]:
+    index = model / "model.safetensors.index.json"
+    if index.is_file():
+        return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
+    return sorted(model.glob("*.safetensors"))
+
+
+def _header_sizes(files: list[Path]) -> tuple[int, int]:
+    """(parameters, stored bytes) from safetensors headers; no tensor is read."""
+    from safetensors import safe_open
+
+    params = stored = 0
+    for file in files:
+        with safe_open(file, "np") as f:
+            for key in f.keys():
+                s = f.get_slice(key)
+                n = math.prod(s.get_shape())
+                params += n
+                stored += n * DTYPE_BYTES.get(s.get_dtype(), 4)
+    return params, stored
+
+
+def _serving_bytes(m: LLMModel, config: dict, on_gpu: bool) -> int:
+    if m.dtype != "auto":
+        return SERVING_BYTES[m.dtype]
+    stored = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    if not on_gpu:
+        return 4 if m.adapters or stored == "float32" else 2  # serve/vllm.py serves adapters in float32 on CPU
+    return 2  # vLLM's "auto" on a GPU: float16 for float32 / float16 checkpoints, bfloat16 for bfloat16 ones
+
+
+def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
+    from rtxserve.contract import LORA_RANKS
+
+    path = d.resolve(m.path)
+    config = json.loads((path / "config.json").read_text())
+    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    files = _safetensors_files(path)
+    if not files:
+        raise DeploymentError(f"models.{m.name}: no safetensors weights in {path} to size it from")
+    try:
+        params, stored = _header_sizes(files)
+    except Exception as exc:  # safetensors raises its own error types for a damaged header
+        raise DeploymentError(f"models.{m.name}: {files[0].parent} holds damaged safetensors ({exc})") from None
+    quantized = "quantization_config" in config
+    width = _serving_bytes(m, config, d.on_gpu)
+    weights = (stored if quantized else params * width) / GIB
+    h = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or h // heads)
+    inter = int(config.get("intermediate_size") or 4 * h)
+    vocab = int(config.get("vocab_size") or 32000)
+    context = m.max_model_len or int(config.get("max_position_embeddings") or 2048)
+    kv_width = 1 if m.kv_cache_dtype == "fp8" else width
+    kv_per_token = 2 * layers * kv_heads * head_dim * kv_width
+    kv = kv_per_token * m.max_num_seqs * context / GIB
+    notes = [f"KV cache {kv_per_token / 1024:.0f} KiB/token x {m.max_num_seqs} seqs x {context} tokens",
+             f"{params / 1e9:.2f} B parameters" + (" (quantised: stored size)" if quantized else f" at {width} bytes")]
+    parts = {"weights": weights}
+    if d.on_gpu:
+        tokens = m.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS
+        parts["kv_cache"] = kv
+        parts["activations"] = (tokens * (4 * h + 3 * inter) * width + 2 * m.max_num_seqs * vocab * 4) / GIB
+        if m.adapters:
+            ranks = [int(json.loads((d.resolve(a) / "adapter_config.json").read_text()).get("r", 8)) for a in m.adapters.values()]
+            rank = next((r for r in LORA_RANKS if r >= max(ranks)), LORA_RANKS[-1])
+            q, kv_out = heads * head_dim, kv_heads * head_dim
+            fans = (h + q) + 2 * (h + kv_out) + (q + h) + 2 * (h + inter) + (inter + h)  # q k v o gate up down
+            parts["lora"] = len(m.adapters) * rank * fans * layers * width / GIB
+            notes.append(f"{len(m.adapters)} LoRA slot(s) at rank {rank}")
+        parts["cuda_graphs"] = VLLM_CUDA_GRAPHS_GIB
+        parts["runtime"] = VLLM_CONTEXT_GIB
+    else:
+        parts["kv_cache"] = m.kv_cache_gib  # what VLLM_CPU_KVCACHE_SPACE reserves
+        parts["runtime"] = CPU_VLLM_PROCESS_GIB
+        if kv > m.kv_cache_gib:
+            notes.append(f"kv_cache_gib {m.kv_cache_gib:g} holds {m.kv_cache_gib * GIB / kv_per_token:.0f} tokens, "
+                         f"fewer than {m.max_num_seqs} x {context}: vLLM queues the rest")
+    return Estimate(m.name, "llm", sum(parts.values()), parts, notes)
+
+
+# ---------------------------------------------------------------------------------------------- packing
+
+def host_memory_gib() -> float:
+    import psutil
+
+    return psutil.virtual_memory().total / GIB
+
+
+def plan(d: Deployment, *, check: bool = True) -> Plan:
+    """Estimate every instance and pack them; `Plan.fits` is False (and the table says where) when they do not."""
+    if check:
+        check_artifacts(d)
+    estimates = {m.name: estimate_encoder(d, m) for m in d.encoders} | {m.name: estimate_llm(d, m) for m in d.llms}
+    if d.on_gpu:
+        devices = [Device(f"GPU {i}", d.gpus.memory_gib) for i in range(d.gpus.count)]
+    else:
+        devices = [Device("CPU", round(host_memory_gib(), 1))]
+    engines: dict[str, list[int]] = {}
+    utilization: dict[str, float] = {}
+    for m in sorted(d.llms, key=lambda m: -estimates[m.name].gib):
+        e = estimates[m.name]
+        share = e.gib
+        if d.on_gpu:  # vLLM holds exactly its share: round it up to the hundredth it is given as
+            utilization[m.name] = min(0.99, math.ceil(100 * e.gib / d.gpus.memory_gib) / 100)
+            share = max(share, utilization[m.name] * d.gpus.memory_gib)
+        engines[m.name] = []
+        for _ in range(m.replicas):
+            free = [i for i, dev in enumerate(devices) if not (d.on_gpu and dev.has_engine())]
+            i = max(free, key=lambda i: devices[i].free_gib)  # the spec allows no more engines than GPUs
+            devices[i].placements.append(Placement(m.name, "engine", 1, share))
+            engines[m.name].append(i)
+    if d.encoders:
+        runtime = TRITON_PROCESS_GIB if d.on_gpu else CPU_TRITON_GIB
+        for dev in devices:
+            dev.placements.append(Placement("tritonserver", "runtime", 1, runtime))
+    instances = {m.name: (1 if m.instances == "auto" else m.instances) for m in d.encoders}
+    for m in d.encoders:
+        for dev in devices:
+            dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
+    fits = all(dev.free_gib >= 0 for dev in devices)
+    auto = [m for m in d.encoders if m.instances == "auto"] if d.on_gpu else []
+    while fits and auto:  # round robin: one more instance of each auto model while it fits everywhere
+        grown = []
+        for m in auto:
+            gib = estimates[m.name].gib
+            if instances[m.name] < 64 and all(dev.free_gib >= gib for dev in devices):
+                instances[m.name] += 1
+                for dev in devices:
+                    next(p for p in dev.placements if p.model == m.name).count += 1
+                grown.append(m)
+        auto = grown
+    more = {}
+    for m in d.encoders:
+        gib = estimates[m.name].gib
+        more[m.name] = max(0, min(int(dev.free_gib // gib) for dev in devices)) if fits else 0
+    for m in d.llms:
+        share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
+        more[m.name] = sum(1 for dev in devices if not dev.has_engine() and dev.free_gib >= share) if d.on_gpu else 0
+    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more, fits)
+
+
+def format_plan(p: Plan) -> str:
+    lines = []
+    for dev in p.devices:
+        lines.append(f"{dev.name}: {dev.used_gib:.2f} of {dev.memory_gib:g} GiB planned, "
+                     + (f"{dev.free_gib:.2f} GiB left" if dev.free_gib >= 0 else f"OVER by {-dev.free_gib:.2f} GiB"))
+        lines.append(f"  {'model':<28} {'what':<10} {'count':>5} {'GiB each':>9} {'GiB':>7}")
+        for pl in dev.placements:
+            lines.append(f"  {pl.model:<28} {pl.what:<10} {pl.count:>5} {pl.gib_each:>9.3f} {pl.gib:>7.2f}")
+    lines.append("")
+    lines.append("estimates (GiB per instance or engine):")
+    for e in p.estimates.values():
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in e.parts.items())
+        lines.append(f"  {e.model} ({e.kind}): {e.gib:.3f} = {parts}" + (f"; {'; '.join(e.notes)}" if e.notes else ""))
+    for name, share in p.gpu_memory_utilization.items():
+        lines.append(f"  {name}: each engine runs with --gpu-memory-utilization {share:.2f}")
+    if p.fits:
+        more = [f"{n}: +{k} {'engine(s)' if n in p.engines else 'instance(s) per ' + ('GPU' if p.on_gpu else 'box')}"
+                for n, k in p.more.items()]
+        lines += ["", "would also fit: " + ", ".join(more)]
+    else:
+        over = [f"{dev.name} by {-dev.free_gib:.2f} GiB" for dev in p.devices if dev.free_gib < 0]
+        lines += ["", f"DOES NOT FIT: over on {', '.join(over)}"]
+    return "\n".join(lines)

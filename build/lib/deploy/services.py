@@ -1,0 +1,106 @@
+"""A deployment as the servers it runs: one Triton for every encoder, one vLLM engine per LLM replica, and
+the gateway wired to all of them, each as the options its program takes.
+
+This is the pure step: it reads no file but the adapters' configs (their ranks size vLLM's LoRA slots).
+A `Layout` says where the servers run: on this host (`serve up`: loopback, the artifacts where they are)
+or in containers (`deploy render`: every port on 0.0.0.0 inside its container, services reached by name,
+artifacts under /models). The same services are then started here, or written as compose services,
+systemd units or Kubernetes Deployments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plan import Plan
+from .spec import Deployment, DeploymentError, LLMModel
+
+
+@dataclass
+class Service:
+    name: str  # "triton", "vllm-<model>-<replica>", "gateway"
+    kind: str  # "triton" | "vllm" | "gateway"
+    args: list[str]  # the program's options (the program itself depends on where it runs)
+    port: int  # the port its health answers on
+    ready_path: str
+    live_path: str
+    metrics_port: int
+    env: dict[str, str] = field(default_factory=dict)
+    gpu: int | None = None  # the GPU a vLLM engine runs on
+    models: list[str] = field(default_factory=list)  # what it serves
+
+
+@dataclass
+class Layout:
+    bind: str = "127.0.0.1"  # the address servers listen on
+    host_of: Callable[[str], str] = lambda service: "127.0.0.1"  # how the gateway reaches a service
+    path: Callable[[Path], str] = lambda p: str(Path(p).resolve())  # where a server sees an artifact
+    repository: str = "model_repository"  # the assembled Triton repository, as Triton sees it
+    gateway_config: str = "gateway.yaml"  # the gateway's settings file, as the gateway sees it
+    gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
+
+
+def engine_name(m: LLMModel, replica: int) -> str:
+    return f"vllm-{m.name.lower().replace('_', '-').replace('.', '-')}-{replica}"
+
+
+def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
+    from serve.vllm import VLLMOptions
+
+    extra = ["--max-num-seqs", str(m.max_num_seqs)]
+    if m.max_num_batched_tokens:
+        extra += ["--max-num-batched-tokens", str(m.max_num_batched_tokens)]
+    if d.on_gpu:
+        extra += ["--gpu-memory-utilization", f"{p.gpu_memory_utilization[m.name]:.2f}"]
+        if m.kv_cache_dtype != "auto":
+            extra += ["--kv-cache-dtype", m.kv_cache_dtype]
+    return VLLMOptions(model=d.resolve(m.path), served_name=m.name, host=bind, port=port, max_model_len=m.max_model_len,
+                       kv_cache_gib=m.kv_cache_gib, adapters={n: d.resolve(a) for n, a in m.adapters.items()},
+                       dtype=m.dtype, tool_call_parser=m.tool_call_parser,
+                       chat_template=d.resolve(m.chat_template) if m.chat_template else None,
+                       extra_args=[*extra, *m.vllm_args])
+
+
+def gateway_settings(d: Deployment, layout: Layout) -> dict:
+    """The gateway's settings file (RTXSERVE_CONFIG): the deployment's wiring, then its own settings."""
+    settings = {"host": layout.gateway_host or d.gateway.host, "port": d.ports.gateway,
+                "workers": d.gateway.workers,
+                "triton_grpc_url": f"{layout.host_of('triton')}:{d.ports.triton_grpc}" if d.encoders else "",
+                "vllm_url": ",".join(f"http://{layout.host_of(engine_name(m, r))}:{port}" for m, r, port in d.engines()),
+                # /readyz waits for every model the deployment names, adapters included
+                "required_models": [n for m in d.models for n in (m.name, *getattr(m, "adapters", {}))]}
+    if d.gateway.keys_file is not None:
+        settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
+    return settings | d.gateway.settings
+
+
+def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_env: Path | None = None) -> list[Service]:
+    """Triton (if any encoder), the vLLM engines, then the gateway: the order they start in. Each engine's
+    model and adapters are checked (serve.vllm.check_vllm: their configs and shapes) on the way; `vllm_env` is
+    the vLLM install that will run them on this host (None: elsewhere, e.g. a container)."""
+    from serve.triton import TritonOptions, triton_args
+    from serve.vllm import VLLMConfigError, _dtype, check_vllm, vllm_args
+
+    services = []
+    if d.encoders:
+        opts = TritonOptions(repository=Path(layout.repository), http_port=d.ports.triton_http, grpc_port=d.ports.triton_grpc,
+                             metrics_port=d.ports.triton_metrics, address=layout.bind)
+        services.append(Service("triton", "triton", triton_args(opts, layout.repository), d.ports.triton_http,
+                                "/v2/health/ready", "/v2/health/live", d.ports.triton_metrics,
+                                models=[m.name for m in d.encoders]))
+    for m, replica, port in d.engines():
+        opts = vllm_options(d, p, m, port, layout.bind)
+        try:
+            adapters = check_vllm(opts, env_dir=vllm_env)
+        except VLLMConfigError as exc:
+            raise DeploymentError(f"models.{m.name}: {exc}") from None
+        dtype = _dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
+        env = {"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}
+        services.append(Service(engine_name(m, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
+                                port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
+                                gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters]))
+    services.append(Service("gateway", "gateway", ["serve", "gateway", "--log-level", "info"], d.ports.gateway,
+                            "/readyz", "/healthz", d.ports.gateway, env={"RTXSERVE_CONFIG": layout.gateway_config}))
+    return services

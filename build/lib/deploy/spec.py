@@ -1,0 +1,311 @@
+"""The deployment file: one YAML document that says what a box (or a fleet) runs.
+
+    name: demo
+    gpus: {count: 1, memory_gib: 24}        # count 0: the embedded CPU default
+    ports: {gateway: 8080}                  # the others have defaults
+    gateway: {workers: 2, keys_file: keys.yaml, settings: {max_tokens: 2048}}
+    models:
+      - {name: sentiment, kind: encoder, path: model_repository/sentiment, instances: 4, slo: "p99:100"}
+      - {name: llama, kind: llm, path: llm/merged, adapters: {support: llm/support}, replicas: 1,
+         max_model_len: 4096, max_num_seqs: 16}
+
+Everything here is checked on load (`load_deployment`), and each error names the field it is about
+(`models[1].replicas: ...`). Paths are relative to the file. `check_artifacts` then checks that each
+artifact exists and is of the kind the file says: that needs the files, so a deployment can be rendered
+for another machine without them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")  # a DNS label: compose project, k8s names, unit names
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class DeploymentError(ValueError):
+    """The deployment file, or what it points at, cannot be deployed as written."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GPUs(_Strict):
+    count: int = Field(0, ge=0, le=16, description="GPUs on the box; 0: CPU only (the embedded default)")
+    memory_gib: float = Field(24.0, gt=0, le=1024, description="memory of each GPU, GiB (an RTX 4090: 24)")
+    name: str = Field("NVIDIA GeForce RTX 4090", description="for the reports only")
+
+
+class Ports(_Strict):
+    gateway: int = Field(8080, ge=1, le=65535)
+    triton_http: int = Field(8000, ge=1, le=65535)
+    triton_grpc: int = Field(8001, ge=1, le=65535)
+    triton_metrics: int = Field(8002, ge=1, le=65535)
+    vllm: int = Field(8100, ge=1, le=65535, description="the first vLLM engine's port; engine i listens on vllm + i")
+
+
+# The gateway settings that the deployment itself decides (ports, backend addresses, workers, keys).
+_WIRED = {"host", "port", "workers", "triton_grpc_url", "vllm_url", "keys_file"}
+
+
+class Gateway(_Strict):
+    host: str = Field("127.0.0.1", description="bind address; beyond loopback a keys_file is required")
+    workers: int = Field(1, ge=1, le=64)
+    keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`)")
+    settings: dict = Field(default_factory=dict, description="any other gateway setting (limits, timeouts, "
+                           "bounds), by its RTXSERVE_ name in lower case: see serve/gateway/settings.py")
+
+    @field_validator("settings")
+    @classmethod
+    def _known_settings(cls, value: dict) -> dict:
+        from serve.gateway.settings import GatewaySettings
+
+        wired = sorted(set(value) & _WIRED)
+        if wired:
+            raise ValueError(f"{', '.join(wired)} come from the deployment itself (ports, gateway.host/workers/"
+                             "keys_file, the models), not from gateway.settings")
+        try:
+            GatewaySettings(**value, triton_grpc_url="", vllm_url="")
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+        return value
+
+
+class _Model(_Strict):
+    name: str = Field(description="the name clients use in requests")
+    path: Path = Field(description="the artifact, relative to the deployment file")
+    slo: str | None = Field(None, description='what a request must meet, as `rtxserve loadtest --slo` takes it, e.g. "p99:200"')
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not MODEL_NAME.match(value):
+            raise ValueError(f"{value!r}: use letters, digits, '.', '_' or '-' (128 at most), starting with a letter or digit")
+        return value
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, value: str | None) -> str | None:
+        if value is not None:
+            from loadtest.report import parse_slo
+
+            parse_slo(value)  # ValueError says what is wrong
+        return value
+
+
+class EncoderModel(_Model):
+    """An entry exported by `rtxserve export onnx` (classifier, NER tagger, embedder, vision): run by Triton."""
+
+    kind: Literal["encoder"]
+    instances: int | Literal["auto"] = Field(1, description='Triton instances on each GPU (or on the CPU); "auto": '
+                                              "as many as fit beside everything else")
+    max_batch_size: int | None = Field(None, ge=1, le=4096, description="default: the export's")
+
+    @field_validator("instances")
+    @classmethod
+    def _instances(cls, value):
+        if value != "auto" and not 1 <= value <= 64:
+            raise ValueError("use 1..64 or \"auto\"")
+        return value
+
+
+class LLMModel(_Model):
+    """A Hugging Face LLM folder (a full fine-tune, a merged LoRA, or a base with adapters): run by vLLM,
+    one engine per replica, each on a GPU of its own."""
+
+    kind: Literal["llm"]
+    adapters: dict[str, Path] = Field(default_factory=dict, description="LoRA adapters served beside the model: name -> folder")
+    replicas: int = Field(1, ge=1, le=16, description="vLLM engines, one per GPU")
+    max_model_len: int | None = Field(None, ge=16, description="context length; default: the model's")
+    max_num_seqs: int = Field(16, ge=1, le=1024, description="sequences an engine runs at once (its KV cache is sized for them)")
+    max_num_batched_tokens: int | None = Field(None, ge=16, description="tokens per engine step; default: vLLM's")
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    kv_cache_gib: float = Field(1.0, gt=0, le=512, description="CPU only: the KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    tool_call_parser: str | None = None
+    chat_template: Path | None = None
+    vllm_args: list[str] = Field(default_factory=list, description="any other `vllm serve` option, as given")
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_names(cls, value: dict) -> dict:
+        for name in value:
+            if not MODEL_NAME.match(name):
+                raise ValueError(f"adapter name {name!r}: use letters, digits, '.', '_' or '-'")
+        return value
+
+
+Model = Annotated[EncoderModel | LLMModel, Field(discriminator="kind")]
+
+
+class Deployment(_Strict):
+    name: str = Field(description="a DNS label: lower case letters, digits and '-'")
+    gpus: GPUs = Field(default_factory=GPUs)
+    ports: Ports = Field(default_factory=Ports)
+    gateway: Gateway = Field(default_factory=Gateway)
+    models: list[Model] = Field(min_length=1)
+    base_dir: Path = Field(Path("."), exclude=True, description="where relative paths start: the file's folder")
+
+    @field_validator("name")
+    @classmethod
+    def _dns_name(cls, value: str) -> str:
+        if not NAME.match(value):
+            raise ValueError(f"{value!r} is not a DNS label (lower case letters, digits and '-', 40 at most)")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Deployment":
+        seen: dict[str, str] = {}
+        for i, m in enumerate(self.models):
+            for served in (m.name, *(m.adapters if isinstance(m, LLMModel) else ())):
+                if served in seen:
+                    raise ValueError(f"models[{i}]: the name {served!r} is already used by {seen[served]}")
+                seen[served] = f"models[{i}]"
+            if isinstance(m, LLMModel):
+                limit = max(self.gpus.count, 1)
+                if m.replicas > limit:
+                    raise ValueError(f"models[{i}].replicas: {m.replicas} engines need {m.replicas} GPUs (one engine per GPU); "
+                                     + (f"the box has {self.gpus.count}" if self.gpus.count else "a CPU deployment runs one"))
+        engines = sum(m.replicas for m in self.llms)
+        if engines > max(self.gpus.count, 1):
+            raise ValueError(f"models: {engines} vLLM engines in all, one GPU each, but the box has {self.gpus.count} GPU(s)")
+        ports: dict[int, str] = {}
+        for port, what in self.port_list():
+            if port in ports:
+                raise ValueError(f"ports: {port} is used twice ({ports[port]} and {what})")
+            if not 1 <= port <= 65535:
+                raise ValueError(f"ports: {what} would be {port}, beyond 65535")
+            ports[port] = what
+        if self.gateway.keys_file is None and not _is_loopback(self.gateway.host):
+            raise ValueError(f"gateway.keys_file: required when gateway.host is {self.gateway.host} (beyond loopback); "
+                             "make keys with `rtxserve keys create`")
+        return self
+
+    @property
+    def encoders(self) -> list[EncoderModel]:
+        return [m for m in self.models if isinstance(m, EncoderModel)]
+
+    @property
+    def llms(self) -> list[LLMModel]:
+        return [m for m in self.models if isinstance(m, LLMModel)]
+
+    def engines(self) -> list[tuple[LLMModel, int, int]]:
+        """Every vLLM engine: (model, replica index, port), in port order."""
+        out, port = [], self.ports.vllm
+        for m in self.llms:
+            for r in range(m.replicas):
+                out.append((m, r, port))
+                port += 1
+        return out
+
+    def port_list(self) -> list[tuple[int, str]]:
+        """Every port the box listens on, with what listens there."""
+        p = self.ports
+        out = [(p.gateway, "ports.gateway")]
+        if self.encoders:
+            out += [(p.triton_http, "ports.triton_http"), (p.triton_grpc, "ports.triton_grpc"),
+                    (p.triton_metrics, "ports.triton_metrics")]
+        out += [(port, f"vLLM engine {m.name}#{r} (ports.vllm + {port - p.vllm})") for m, r, port in self.engines()]
+        return out
+
+    def resolve(self, path: Path) -> Path:
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpus.count > 0
+
+
+def _is_loopback(host: str) -> bool:
+    from serve.gateway.settings import is_loopback
+
+    return is_loopback(host)
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("encoder", "llm", "function-after", "function-before") or str(part).startswith("function-"):
+            continue  # pydantic's union / validator tags
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse_deployment(data: dict, base_dir: Path = Path(".")) -> Deployment:
+    """A Deployment from parsed YAML; DeploymentError names each field that is wrong."""
+    if not isinstance(data, dict):
+        raise DeploymentError("a deployment file is a YAML mapping (name:, gpus:, models:, ...)")
+    try:
+        deployment = Deployment(**data, base_dir=Path(base_dir).resolve())
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            message = e["msg"].removeprefix("Value error, ")
+            where = _where(e["loc"])  # a check across fields names its fields in the message
+            lines.append(f"{where}: {message}" if where else message)
+        raise DeploymentError("invalid deployment:\n  " + "\n  ".join(lines)) from None
+    return deployment
+
+
+def load_deployment(path: Path) -> Deployment:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise DeploymentError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise DeploymentError(f"{path} is not valid YAML: {exc}") from None
+    return parse_deployment(data, path.parent)
+
+
+def encoder_metadata(d: Deployment, m: EncoderModel) -> dict:
+    """The entry's rtxserve.json (what export wrote), after checking that the artifact is an exported entry."""
+    path = d.resolve(m.path)
+    if not (path / "config.pbtxt").is_file():
+        hint = " (an LLM folder: use kind: llm)" if (path / "config.json").is_file() else ""
+        raise DeploymentError(f"models.{m.name}: {path} is not a Triton entry exported by `rtxserve export onnx` "
+                              f"(no config.pbtxt){hint}")
+    if path.name != m.name:
+        raise DeploymentError(f"models.{m.name}: the entry at {path} is named {path.name!r}; Triton serves an entry by "
+                              f"its folder name, so use name: {path.name} (or export it again with --name {m.name})")
+    meta_path = path / "rtxserve.json"
+    if not meta_path.is_file():
+        raise DeploymentError(f"models.{m.name}: {meta_path} is missing: not an entry written by `rtxserve export onnx`")
+    meta = json.loads(meta_path.read_text())
+    target = "gpu" if d.on_gpu else "cpu"
+    if meta.get("target", "cpu") != target:
+        raise DeploymentError(f"models.{m.name}: {path} was exported for {meta.get('target')} but this deployment runs "
+                              f"on {target}; export it again with --target {target}")
+    from serve.entry_config import entry_models
+
+    for step in entry_models(path.parent, m.name)[1:]:
+        if not (step / "config.pbtxt").is_file():
+            raise DeploymentError(f"models.{m.name}: its step {step.name} is missing beside it in {path.parent}")
+    return meta
+
+
+def check_artifacts(d: Deployment) -> None:
+    """Every artifact exists and is of the kind the file says (DeploymentError naming the first that is not)."""
+    for m in d.encoders:
+        encoder_metadata(d, m)
+    for m in d.llms:
+        path = d.resolve(m.path)
+        if not (path / "config.json").is_file():
+            hint = " (a Triton entry: use kind: encoder)" if (path / "config.pbtxt").is_file() else ""
+            raise DeploymentError(f"models.{m.name}: {path} is not a Hugging Face model folder (no config.json){hint}")
+        for name, adapter in m.adapters.items():
+            if not (d.resolve(adapter) / "adapter_config.json").is_file():
+                raise DeploymentError(f"models.{m.name}.adapters.{name}: {d.resolve(adapter)} is not a PEFT adapter "
+                                      "folder (no adapter_config.json)")
+    if d.gateway.keys_file is not None and not d.resolve(d.gateway.keys_file).is_file():
+        raise DeploymentError(f"gateway.keys_file: {d.resolve(d.gateway.keys_file)} does not exist")

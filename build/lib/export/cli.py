@@ -1,0 +1,185 @@
+"""`rtxserve export ...` and `rtxserve fixtures`: argument parsing only; the work is in the modules."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from .exceptions import ExportError
+
+log = logging.getLogger("rtxserve.export")
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+
+def _fail(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve export", description="Export fine-tuned checkpoints for serving.")
+    sub = parser.add_subparsers(dest="format", required=True)
+    onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
+    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer), or a PEFT LoRA adapter "
+                                         "folder (adapter_config.json), merged into its base before export")
+    onnx.add_argument("--base", help="an adapter's base model folder (default: the local folder the adapter records)")
+    onnx.add_argument("--task", required=True,
+                      help="what the model does: text-classification, token-classification (NER), feature-extraction "
+                           "(embeddings; pooling and normalisation from the sentence-transformers files)")
+    onnx.add_argument("--name", required=True, help="model name clients will use")
+    onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
+                      help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")
+    onnx.add_argument("--target", default="cpu", help="cpu: python-backend ONNX Runtime; gpu: native onnxruntime_onnx "
+                                                       "(or tensorrt_plan with --tensorrt) on KIND_GPU instances")
+    onnx.add_argument("--instances", type=int, default=1, help="model instances (instance_group count; per GPU on gpu)")
+    onnx.add_argument("--gpus", default="", help="comma-separated GPU ids for --target gpu (default: all)")
+    onnx.add_argument("--max-batch-size", type=int, default=32)
+    onnx.add_argument("--max-queue-delay-us", type=int, default=500, help="dynamic batching delay (microseconds)")
+    onnx.add_argument("--max-queue-size", type=int, default=256,
+                      help="requests queued per model before Triton refuses more (0: unbounded)")
+    onnx.add_argument("--queue-timeout-us", type=int, default=30_000_000,
+                      help="a request queued longer is refused (microseconds; 0: no limit)")
+    onnx.add_argument("--max-length", type=int, default=None,
+                      help="tokens per text; longer texts are truncated (default: the model's limit)")
+    onnx.add_argument("--atol", type=float, default=1e-4, help="tolerated max abs difference from PyTorch")
+    onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol")
+    onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
+    onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
+    onnx.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusions (validated against --atol)")
+    onnx.add_argument("--precision", default="fp32", choices=("fp32", "int8", "fp16"),
+                      help="int8: dynamic quantisation for CPUs; fp16: for GPUs (both validated against --min-cosine)")
+    onnx.add_argument("--min-cosine", type=float, default=None,
+                      help="lowest cosine similarity to PyTorch, per row of every output, that int8 / fp16 may reach "
+                           "(default 0.95 for int8, 0.999 for fp16)")
+
+    onnx.add_argument("--sample-images", type=Path, help="folder of PNG / JPEG files for the parity check of an image model")
+    trt = onnx.add_argument_group("TensorRT (GPU machines with TensorRT 10; needs --target gpu)")
+    trt.add_argument("--tensorrt", action="store_true",
+                     help="build a TensorRT plan at --precision from the fp32 graph and serve it as tensorrt_plan")
+    trt.add_argument("--trt-batch", help="optimisation profile batch MIN,OPT,MAX (default 1,B,B; B = --max-batch-size)")
+    trt.add_argument("--trt-seq", help="optimisation profile tokens MIN,OPT,MAX (default 1,L,L; L = the max length)")
+    trt.add_argument("--calibration-texts", type=Path, help="INT8: file with one calibration text per line")
+    trt.add_argument("--calibration-images", type=Path, help="INT8 image models: folder of PNG / JPEG calibration images")
+    trt.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
+    onnx.add_argument("--aggregation", default="first", choices=("none", "simple", "first", "average", "max"),
+                      help="token-classification: how sub-word predictions become entities when a request names none "
+                           "(as transformers' pipeline; default: %(default)s)")
+
+    llm = sub.add_parser("llm", help="LLM fine-tune or LoRA/QLoRA adapter -> folder vLLM serves (merged on request)")
+    llm.add_argument("source", help="full fine-tune folder (config.json + weights) or adapter folder (adapter_config.json)")
+    llm.add_argument("--out", type=Path, required=True, help="folder to write the package into")
+    llm.add_argument("--base", help="base model folder of an adapter (default: the base the adapter records)")
+    llm.add_argument("--merge", action="store_true", help="merge the adapter into its base as a standalone model")
+    q = llm.add_mutually_exclusive_group()
+    q.add_argument("--qlora", dest="qlora", action="store_true", default=None,
+                   help="the adapter was trained against a 4-bit base (default: read LLaMA-Factory's training_args.yaml)")
+    q.add_argument("--no-qlora", dest="qlora", action="store_false")
+    llm.add_argument("--dtype", default="auto", help="dtype of the merged model: auto (the base's), float32, bfloat16, float16")
+    llm.add_argument("--atol", type=float, default=None,
+                     help="tolerated max abs logit difference, merged vs base+adapter (default 1e-3 for float32, 0.25 for 16-bit)")
+    llm.add_argument("--allow-drift", action="store_true", help="keep a merge that breaches --atol")
+    llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the merge parity check")
+    llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
+    llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
+    llm.add_argument("--force", action="store_true", help="replace --out if it exists")
+    return parser
+
+
+def _lines(path: Path | None) -> list[str] | None:
+    if path is None:
+        return None
+    lines = [t for t in path.read_text().splitlines() if t.strip()]
+    if not lines:
+        raise ExportError(f"{path} holds no text")
+    return lines
+
+
+def _main_llm(args, argv: list[str]) -> int:
+    from .llm import export_llm
+
+    try:
+        result = export_llm(
+            args.source, args.out, base=args.base, merge=args.merge, qlora=args.qlora, dtype=args.dtype, atol=args.atol,
+            allow_drift=args.allow_drift, sample_prompts=_lines(args.sample_prompts), chat_template=args.chat_template,
+            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
+        )
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export llm", str(exc))
+    summary = f"exported {result.kind} model to {result.out} in {result.seconds:.1f}s"
+    parity = result.metadata.get("parity")
+    if parity:
+        logits = parity["outputs"]["logits"]
+        summary += (f" (merge parity {'passed' if parity['passed'] else 'DRIFTED'}: logits max abs diff "
+                    f"{logits['max_abs_diff']:.2g}, top-1 agreement {logits['top1_agreement']:.1%} on {parity['cases']} prompts)")
+    print(f"{summary}\nserve it: {result.serve_command}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging()
+    if args.format == "llm":
+        return _main_llm(args, argv)
+    from .checkpoint import check_task
+    from .triton_entry import EntryOptions
+
+    try:
+        check_task(args.task)
+        gpus = tuple(int(g) for g in args.gpus.split(",") if g.strip())
+        opts = EntryOptions(
+            name=args.name, target=args.target, instances=args.instances, max_batch_size=args.max_batch_size,
+            max_queue_delay_us=args.max_queue_delay_us, max_queue_size=args.max_queue_size,
+            queue_timeout_us=args.queue_timeout_us, gpus=gpus,
+        )
+        texts = _lines(args.sample_texts)
+        from .encoder import TensorRTOptions, export_encoder
+        from .inputs import read_sample_images
+
+        images = read_sample_images(args.sample_images) if args.sample_images else None
+        tensorrt = None
+        if args.tensorrt:
+            calibration = (_lines(args.calibration_texts) if args.calibration_texts
+                           else read_sample_images(args.calibration_images) if args.calibration_images else None)
+            tensorrt = TensorRTOptions(batch=args.trt_batch, seq=args.trt_seq, workspace_gb=args.workspace_gb,
+                                       calibration=calibration)
+        elif args.trt_batch or args.trt_seq or args.calibration_texts or args.calibration_images:
+            raise ExportError("--trt-batch, --trt-seq and --calibration-* apply to --tensorrt builds only")
+
+        result = export_encoder(
+            args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
+            allow_drift=args.allow_drift, force=args.force, sample_texts=texts, sample_images=images,
+            optimize=args.optimize, tensorrt=tensorrt,
+            precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
+            command=shlex.join(["rtxserve", "export", *argv]),
+        )
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export", str(exc))
+    print(f"exported {args.name} to {args.repository} in {result.seconds:.1f}s "
+          f"({result.parity['variant']} parity {'passed' if result.parity['passed'] else 'DRIFTED'}: "
+          + ", ".join(f"{k} max abs diff {v['max_abs_diff']:.2g}, min cosine {v['min_cosine']:.6f}"
+                      for k, v in result.parity["outputs"].items()) + ")")
+    return 0
+
+
+def fixtures_main(argv: list[str]) -> int:
+    from .fixtures import FIXTURES, write_fixtures
+
+    parser = argparse.ArgumentParser(prog="rtxserve fixtures", description="Write small fine-tuned-style checkpoints.")
+    parser.add_argument("names", nargs="*", help=f"which (default: all): {', '.join(FIXTURES)}")
+    parser.add_argument("--out", type=Path, default=Path(".rtxserve/fixtures"), help="folder (default: %(default)s)")
+    args = parser.parse_args(argv)
+    _setup_logging()
+    try:
+        written = write_fixtures(args.out, args.names or None)
+    except (ValueError, OSError) as exc:
+        return _fail("rtxserve fixtures", str(exc))
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0

@@ -1,0 +1,312 @@
+"""Export a fine-tuned encoder: checkpoint -> validated ONNX -> Triton ensemble entry.
+
+One pipeline for every encoder task; what differs per task (which outputs the graph has, how the
+model is wrapped, which Triton models follow it) is a `TaskSpec` from export/tasks.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import onnx_export, repository
+from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, inspect_checkpoint
+from .exceptions import ExportError
+from .inputs import ImageInputs, TextInputs
+from .parity import ParityReport
+from .progress import Steps
+from .triton_entry import EntryOptions
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class TensorRTOptions:
+    """Build a TensorRT plan (GPU only) instead of serving the ONNX graph; `precision` of the export
+    chooses fp32 / fp16 / int8 (INT8 calibrates on `calibration`: texts, or encoded images)."""
+
+    batch: str | None = None  # MIN,OPT,MAX (default 1,B,B with B the max batch size)
+    seq: str | None = None  # MIN,OPT,MAX tokens (default 1,L,L with L the max length)
+    workspace_gb: float = 4.0
+    calibration: list | None = None
+    calibration_batch: int = 8
+
+
+class _PlanSession:
+    """ONNX Runtime's session.run(names, feeds) over a TensorRT plan, for the parity check."""
+
+    def __init__(self, plan: Path):
+        self.plan = plan
+
+    def run(self, names: list[str], feeds: dict) -> list:
+        from .tensorrt import run_plan
+
+        outputs = run_plan(self.plan, feeds)
+        return [outputs[n].astype(np.float32) for n in names]
+
+
+@dataclass
+class ExportResult:
+    entry: list[Path]
+    parity: dict
+    seconds: float
+
+
+def _load_models(ckpt: Checkpoint, spec, adapter) -> tuple:
+    """(the model to export, the reference its export is checked against), both wrapped for the task.
+    A plain checkpoint is its own reference; an adapter exports merged and is checked against the unmerged
+    PeftModel."""
+    import transformers
+
+    auto_class = getattr(transformers, TASKS[ckpt.task][1])
+    if adapter is not None:
+        from .encoder_adapters import load_models
+
+        merged, reference = load_models(adapter, auto_class)
+        return spec.wrap(merged, ckpt).eval(), spec.wrap(reference, ckpt).eval()
+    try:
+        # Eager attention: it exports as the MatMul-Softmax pattern ONNX Runtime fuses into its Attention op.
+        model = spec.wrap(auto_class.from_pretrained(ckpt.path, dtype="float32", attn_implementation="eager").eval(), ckpt).eval()
+    except Exception as exc:
+        raise ExportError(f"cannot load the weights in {ckpt.weights} ({type(exc).__name__}: {exc}); the file may be truncated or corrupt") from exc
+    return model, model
+
+
+def _adapter_effect(reference, feeds: dict) -> float:
+    """How far the adapter moves the first output (max abs), so the report shows the check compares different models."""
+    import torch
+
+    peft_model = reference.model if hasattr(reference, "model") and hasattr(reference.model, "disable_adapter") else reference
+    inputs = {n: torch.from_numpy(v) for n, v in feeds.items()}
+    with torch.no_grad():
+        with_adapter = reference(**inputs)
+        with peft_model.disable_adapter():
+            without = reference(**inputs)
+    first = lambda out: (out[0] if isinstance(out, tuple) else out.logits).numpy()  # noqa: E731
+    return float(np.abs(first(with_adapter) - first(without)).max())
+
+
+def _validate(model, session, cases: list[dict[str, np.ndarray]], atol: float, output_names: list[str]) -> ParityReport:
+    """Run every case through PyTorch and ONNX Runtime and fold the outputs into one report."""
+    import torch
+
+    report = ParityReport(atol=atol)
+    for feeds in cases:
+        with torch.no_grad():
+            ref = model(**{n: torch.from_numpy(v) for n, v in feeds.items()})
+        ref = ref if isinstance(ref, tuple) else (ref.logits,)
+        got = session.run(output_names, feeds)
+        report.add(dict(zip(output_names, (r.numpy() for r in ref))), dict(zip(output_names, got)))
+    return report
+
+
+def export_encoder(
+    checkpoint: str | Path,
+    task: str,
+    opts: EntryOptions,
+    repo: Path,
+    *,
+    max_length: int | None = None,
+    atol: float = 1e-4,
+    allow_drift: bool = False,
+    force: bool = False,
+    sample_texts: list[str] | None = None,
+    sample_images: list[bytes] | None = None,
+    command: str = "",
+    optimize: bool = False,
+    precision: str = "fp32",
+    min_cosine: float | None = None,
+    aggregation: str = "first",
+    base: str | Path | None = None,
+    tensorrt: TensorRTOptions | None = None,
+) -> ExportResult:
+    """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
+
+    Args:
+        checkpoint: folder written by `save_pretrained` (model + tokenizer), or a PEFT LoRA adapter folder
+            (adapter_config.json): merged into its base before export, validated against the unmerged PeftModel.
+        task: one of export.checkpoint.TASKS.
+        opts: entry name, target, instances and batching.
+        repo: the Triton model repository to write into.
+        max_length: tokenizer truncation length (default: the checkpoint's, else the model's limit).
+        atol: tolerated max abs difference of every output between ONNX Runtime and PyTorch.
+        allow_drift: keep an export that breaches `atol` (the report records the breach).
+        force: replace an existing entry of the same name.
+        sample_texts: texts for the parity check (default: a built-in varied set).
+        sample_images: encoded PNG / JPEG images for the parity check of an image model (default: synthetic
+            images of varied sizes and modes).
+        command: the command line that reproduces this export, recorded in the metadata.
+        optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
+        precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated
+            against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
+        aggregation: token-classification only: how sub-word predictions become entities when a request
+            names none (none, simple, first, average, max: as transformers' pipeline).
+        base: an adapter's base model folder (default: the local folder the adapter records).
+        tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu,
+            a machine with a GPU and TensorRT 10); the plan is validated like the ONNX variants.
+
+    Returns:
+        the written model folders, the parity report and the wall time.
+
+    Raises:
+        ExportError: bad input, a failed load, or a parity breach (nothing is written then).
+    """
+    import onnxruntime as ort
+    import torch
+
+    from .encoder_adapters import is_adapter, resolve_adapter
+    from .tasks import spec_for
+
+    from . import variants
+
+    if precision not in variants.PRECISIONS:
+        raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    if tensorrt is not None:
+        if opts.target != "gpu":
+            raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
+        if optimize:
+            raise ExportError("--optimize makes an ONNX Runtime graph, and TensorRT fuses the plain graph itself: "
+                              "drop --optimize with --tensorrt")
+        if precision == "int8" and not tensorrt.calibration:
+            raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
+                              "(--calibration-images DIR for image models)")
+    steps = Steps(5 + optimize + (precision != "fp32") + (tensorrt is not None), log)
+    adapter = None
+    if is_adapter(checkpoint):
+        adapter = resolve_adapter(checkpoint, task, base)
+        ckpt = adapter.checkpoint
+    else:
+        ckpt = inspect_checkpoint(checkpoint, task)
+    spec = spec_for(ckpt, aggregation=aggregation)
+    repository.check_free(repo, opts.model_names(), force)
+    if command:
+        log.info("reproduce with: %s", command)
+    if adapter is None:
+        steps("loading %s (%s)", ckpt.path, ckpt.architecture)
+    else:
+        steps("loading LoRA adapter %s on base %s (%s) and merging it", adapter.adapter.path, adapter.base_path, ckpt.architecture)
+    model, reference = _load_models(ckpt, spec, adapter)
+    if ckpt.task in IMAGE_TASKS:
+        inputs = ImageInputs(ckpt, sample_images)
+    else:
+        inputs = TextInputs(ckpt, model, max_length if max_length is not None else spec.max_length, sample_texts)
+
+    with repository.work_dir(repo) as work:
+        onnx_path = work / "model.onnx"
+        steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
+        sample = inputs.sample()
+        onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, onnx_path, list(spec.outputs))
+        cases = inputs.cases()
+
+        def validate(path: Path, what: str, lossy: bool) -> dict:
+            steps("validating %s against PyTorch on %d %s", what, len(cases) - 1, inputs.what)
+            session = (_PlanSession(path) if path.suffix == ".plan"
+                       else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+            report = _validate(reference, session, cases, atol, list(spec.outputs))
+            report.notes += inputs.notes
+            if adapter is not None:
+                report.notes.append("reference: the unmerged PeftModel (base + adapter); the export is the merged model")
+            report.min_cosine = (min_cosine or variants.DEFAULT_MIN_COSINE[precision]) if lossy else None
+            for out in report.outputs.values():
+                log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
+                         out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
+            report.check(allow_drift)
+            return report.to_dict()
+
+        reports = {"fp32": validate(onnx_path, "ONNX Runtime (fp32)", False)}
+        if optimize:
+            onnx_path = variants.optimize(onnx_path, work / "model.optimized.onnx", ckpt.config)
+            reports["optimized"] = validate(onnx_path, "the fused graph", False)
+        plan_info = None
+        if tensorrt is not None:
+            plan_info = _build_plan(steps, onnx_path, work, inputs, opts, precision, tensorrt)
+            onnx_path = work / "model.plan"
+            reports[f"tensorrt-{precision}"] = validate(onnx_path, f"the TensorRT {precision} plan", precision != "fp32")
+        elif precision != "fp32":
+            convert = variants.quantize_int8 if precision == "int8" else variants.to_fp16
+            onnx_path = convert(onnx_path, work / f"model.{precision}.onnx")
+            reports[precision] = validate(onnx_path, f"the {precision} graph", True)
+
+        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
+        # The served graph's figures on top, every variant's below: drift is visible step by step.
+        parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
+        if adapter is not None:
+            parity["adapter_effect_max_abs"] = _adapter_effect(reference, sample)
+        metadata = _metadata(ckpt, opts, command, parity) | inputs.metadata() | spec.metadata
+        metadata |= {"optimized": optimize, "precision": precision}
+        if adapter is not None:
+            metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
+                "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
+                "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
+        if plan_info is not None:
+            metadata["tensorrt"] = plan_info
+        models = spec.entry(opts, onnx_path=onnx_path, metadata=metadata, parity=parity, **inputs.entry_kwargs())
+        if plan_info is not None:  # the model step becomes the native tensorrt_plan model
+            from .tensorrt import tensorrt_model
+
+            i = next(i for i, m in enumerate(models) if m.config.name == opts.step("model"))
+            models[i] = tensorrt_model(opts, onnx_path, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
+        written = repository.commit(repo, models, work, force)
+    steps("done: %s", ", ".join(p.name for p in written))
+    return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
+
+
+def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, precision: str,
+                trt: TensorRTOptions) -> dict:
+    from .tensorrt import Profile, build_plan
+
+    text = isinstance(inputs, TextInputs)
+    try:
+        profile = Profile.parse(trt.batch, trt.seq, max_batch_size=opts.max_batch_size,
+                                max_length=inputs.max_length if text else None)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+    if text and profile.seq[2] != inputs.max_length:
+        # On GPUs the tokenizer pads every text to the max length: the plan must take that length.
+        raise ExportError(f"--trt-seq max {profile.seq[2]} must equal the entry's max length {inputs.max_length} "
+                          f"(GPU entries pad to it); pass --max-length {profile.seq[2]} to serve shorter texts")
+    feeds = inputs.calibration(trt.calibration, trt.calibration_batch) if precision == "int8" else None
+    steps("building the TensorRT %s plan (profile %s; this takes minutes)", precision, profile.to_dict())
+    return build_plan(onnx_path, work / "model.plan", inputs=inputs.plan_inputs(), profile=profile, precision=precision,
+                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb, log=log)
+
+
+def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path, **kwargs) -> ExportResult:
+    """`export_encoder` for task text-classification."""
+    return export_encoder(checkpoint, "text-classification", opts, repo, **kwargs)
+
+
+DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",
+              "image_size", "patch_size", "num_channels")
+
+
+def _metadata(ckpt: Checkpoint, opts: EntryOptions, command, parity) -> dict:
+    import onnx
+    import onnxruntime
+    import torch
+    import transformers
+
+    return {
+        "task": ckpt.task,
+        "source": str(ckpt.path.resolve()),
+        "architecture": ckpt.architecture,
+        # what `rtxserve plan` needs to size activations without the checkpoint
+        "dimensions": {k: ckpt.config[k] for k in DIMENSIONS if isinstance(ckpt.config.get(k), int)},
+        "target": opts.target,
+        "instances": opts.instances,
+        "max_batch_size": opts.max_batch_size,
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
+        "parity_passed": parity["passed"],
+    }

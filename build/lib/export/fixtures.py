@@ -1,0 +1,394 @@
+"""Small fine-tuned-style checkpoints, built locally (no model hub), for tests and the demo.
+
+The text classifier is a real BERT-architecture model with a WordPiece tokenizer trained on a few
+sentences, briefly trained on a toy sentiment set so that its labels mean something, and saved with
+`save_pretrained` exactly like a fine-tune would be.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+LABELS = ["negative", "neutral", "positive"]
+_WORDS = {
+    "negative": ["terrible", "awful", "broken", "hate", "worst", "disappointing", "refund", "bad"],
+    "neutral": ["arrived", "tuesday", "package", "delivered", "box", "order", "shipped", "today"],
+    "positive": ["love", "great", "excellent", "perfect", "amazing", "happy", "wonderful", "good"],
+}
+_TEMPLATES = [
+    "the product is {}", "i {} it", "{} experience overall", "this was {} and {}", "my order: {}",
+    "honestly {}", "{} {} {}", "it is {} , really {}",
+]
+
+
+def _sentences(rng: random.Random, n: int) -> list[tuple[str, int]]:
+    out = []
+    for _ in range(n):
+        label = rng.randrange(len(LABELS))
+        template = rng.choice(_TEMPLATES)
+        words = [rng.choice(_WORDS[LABELS[label]]) for _ in range(template.count("{}"))]
+        out.append((template.format(*words), label))
+    return out
+
+
+def _wordpiece_tokenizer(corpus: list[str], max_length: int, words: set[str] | None = None):
+    """A BERT-style WordPiece tokenizer whose vocabulary is built deterministically (the tokenizers trainer
+    breaks frequency ties differently from run to run): the specials, every character of `corpus` alone
+    and as a continuation ("##c"), and `words` whole (default: every word of `corpus`). Other words split
+    into characters, so sub-word handling is exercised."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    normalizer, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    pieces = {w for text in corpus for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(text))}
+    chars = sorted({c for w in pieces for c in w})
+    whole = sorted((pieces if words is None else set(words)) - set(chars))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars), *whole]
+    tok = Tokenizer(models.WordPiece(vocab={t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", model_max_length=max_length,
+    )
+
+
+def _fit(model, steps: int, lr: float, batch_loss) -> float:
+    """Train `model` for `steps` AdamW steps on `batch_loss()` (a fresh batch's loss each call); eval mode after."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = batch_loss()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return loss.item()
+
+
+def _save(out: Path, model, processor, readme: str) -> Path:
+    """save_pretrained the model and its tokenizer / image processor, as a fine-tune would be saved."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "README.md").write_text(readme)
+    return out
+
+
+def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 80) -> Path:
+    """Write a tiny fine-tuned BERT sequence classifier (3 labels) to `out`; returns `out`."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    data = _sentences(rng, 256)
+    extra = ["The package arrived on Tuesday.", "I love this product, it works perfectly.", "Terrible. It broke!"]
+    tokenizer = _wordpiece_tokenizer([s for s, _ in data] + extra, max_length=128)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)},
+        architectures=["BertForSequenceClassification"],
+    )
+    model = BertForSequenceClassification(config)
+
+    def batch_loss():
+        batch = rng.sample(data, 32)
+        enc = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
+        return model(**enc, labels=torch.tensor([y for _, y in batch])).loss
+
+    loss = _fit(model, train_steps, 2e-3, batch_loss)
+    log.info("trained the fixture classifier for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, tokenizer, "# tiny-bert-sentiment (rtxserve fixture)\n\nA 2-layer BERT sequence classifier "
+                 f"with labels {', '.join(LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n")
+
+
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+_NER_NAMES = {
+    "PER": ["anna", "johanna smithers", "bob", "maria gonzalez", "li wei", "peter"],
+    "LOC": ["paris", "new york", "berlin", "rio de janeiro", "oslo"],
+    "ORG": ["acme corp", "globex", "initech", "umbrella labs"],
+}
+_NER_TEMPLATES = [
+    "{PER} moved to {LOC} last year", "{PER} works for {ORG} in {LOC}", "the office of {ORG} is in {LOC}",
+    "yesterday {PER} met {PER}", "{ORG} hired {PER}", "we flew from {LOC} to {LOC} with {PER}",
+]
+
+
+def _ner_sentences(rng: random.Random, n: int) -> list[tuple[list[str], list[str]]]:
+    """Templated sentences as (words, BIO tags)."""
+    out = []
+    for _ in range(n):
+        words, tags = [], []
+        for part in rng.choice(_NER_TEMPLATES).split():
+            if part.startswith("{"):
+                kind = part.strip("{}")
+                name = rng.choice(_NER_NAMES[kind]).split()
+                words += name
+                tags += [f"B-{kind}"] + [f"I-{kind}"] * (len(name) - 1)
+            else:
+                words.append(part)
+                tags.append("O")
+        out.append((words, tags))
+    return out
+
+
+def write_ner_tagger(out: str | Path, *, seed: int = 0, train_steps: int = 120) -> Path:
+    """Write a tiny fine-tuned BERT token classifier (BIO tags for PER / LOC / ORG) to `out`; returns `out`.
+
+    Names are not in its WordPiece vocabulary, so they split into sub-words and aggregation has work to do."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    data = _ner_sentences(rng, 256)
+    # Names are not whole words of the vocabulary: they split into characters, as rare names do in real models.
+    tokenizer = _wordpiece_tokenizer([" ".join(w) for w, _ in data], max_length=128,
+                                     words={w for t in _NER_TEMPLATES for w in t.split() if not w.startswith("{")})
+    label2id = {l: i for i, l in enumerate(NER_LABELS)}
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id,
+        id2label=dict(enumerate(NER_LABELS)), label2id=label2id, architectures=["BertForTokenClassification"],
+    )
+    model = BertForTokenClassification(config)
+
+    def batch_loss():
+        batch = rng.sample(data, 32)
+        enc = tokenizer([w for w, _ in batch], is_split_into_words=True, padding=True, return_tensors="pt")
+        labels = torch.full(enc["input_ids"].shape, -100)
+        for row, (_, tags) in enumerate(batch):
+            for pos, word in enumerate(enc.word_ids(row)):
+                if word is not None:  # every sub-word carries its word's tag
+                    labels[row, pos] = label2id[tags[word]]
+        return model(**enc, labels=labels).loss
+
+    loss = _fit(model, train_steps, 3e-3, batch_loss)
+    log.info("trained the fixture NER tagger for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, tokenizer, "# tiny-bert-ner (rtxserve fixture)\n\nA 2-layer BERT token classifier with BIO "
+                 f"tags {', '.join(NER_LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n")
+
+
+IMAGE_LABELS = ["red", "green", "blue"]
+
+
+def _colour_images(rng: random.Random, n: int, size: int):
+    """Noisy images dominated by one colour channel, as (uint8 HWC array, label index)."""
+    import numpy as np
+
+    nrng = np.random.default_rng(rng.randrange(2**32))
+    out = []
+    for _ in range(n):
+        label = rng.randrange(3)
+        image = nrng.integers(0, 110, (size, size, 3))
+        image[..., label] += 140
+        out.append((image.astype(np.uint8), label))
+    return out
+
+
+def write_image_classifier(out: str | Path, *, arch: str = "vit", seed: int = 0, train_steps: int = 40) -> Path:
+    """Write a tiny fine-tuned image classifier (labels red / green / blue) with its image processor to `out`.
+
+    arch: vit (ViTImageProcessor: resize to 32x32), convnext or resnet (ConvNextImageProcessor:
+    shortest edge 32 at crop_pct 0.875, then a centre crop). Briefly trained on noisy colour images so
+    that its labels mean something."""
+    import torch
+    import transformers
+    from transformers import ConvNextImageProcessor, ViTImageProcessor
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    labels = {"id2label": dict(enumerate(IMAGE_LABELS)), "label2id": {l: i for i, l in enumerate(IMAGE_LABELS)}}
+    if arch == "vit":
+        config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, **labels)
+        model = transformers.ViTForImageClassification(config)
+        processor = ViTImageProcessor(size={"height": 32, "width": 32})
+    elif arch in ("convnext", "resnet"):
+        if arch == "convnext":
+            config = transformers.ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, **labels)
+            model = transformers.ConvNextForImageClassification(config)
+        else:
+            config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], **labels)
+            model = transformers.ResNetForImageClassification(config)
+        processor = ConvNextImageProcessor(size={"shortest_edge": 32}, crop_pct=0.875)
+    else:
+        raise ValueError(f"unknown arch {arch!r}; valid: vit, convnext, resnet")
+    data = _colour_images(rng, 128, 40)
+
+    def batch_loss():
+        batch = rng.sample(data, 16)
+        pixels = processor(images=[img for img, _ in batch], return_tensors="pt")["pixel_values"]
+        return model(pixel_values=pixels, labels=torch.tensor([y for _, y in batch])).loss
+
+    loss = _fit(model, train_steps, 3e-3, batch_loss)
+    log.info("trained the fixture %s image classifier for %d steps (final loss %.3f)", arch, train_steps, loss)
+    return _save(out, model, processor, f"# tiny-{arch}-colours (rtxserve fixture)\n\nLabels {', '.join(IMAGE_LABELS)}: "
+                 "the dominant colour channel. For tests only.\n")
+
+
+# A Hermes-style template: tools are listed in a system block and calls are written as
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>, which vLLM's `hermes` tool-call parser reads.
+CHAT_TEMPLATE = (
+    "{% if tools %}<|system|>\nYou may call these tools; write each call as <tool_call>{\"name\": ..., "
+    "\"arguments\": {...}}</tool_call>.\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools><|end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ call['function']['name'] }}\", "
+    "\"arguments\": {{ call['function']['arguments'] }}}</tool_call>{% endfor %}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+_LLM_CORPUS = [
+    "the model answers questions about orders, shipping and refunds",
+    "hello, how can i help you today?",
+    "your package arrived on tuesday and the invoice is attached",
+    "a fine-tuned model is served with vllm behind an openai compatible gateway",
+    "the quick brown fox jumps over the lazy dog 0123456789",
+]
+
+
+def train_chat_tokenizer(max_length: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<tool_call>", "</tool_call>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_LLM_CORPUS * 20, trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>",
+        model_max_length=max_length,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+# Llama shapes (all head_dim 64, as vLLM's CPU attention needs). "tiny" is for tests; "small" (about
+# 58M parameters) is big enough that decoding is bound by the model's weights rather than by serving
+# overhead, as with real LLMs, which is what the batching benchmark B4 needs.
+LLM_SHAPES = {
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2},
+    "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
+}
+
+
+def write_llm(out: str | Path, *, seed: int = 0, max_length: int = 512, shape: str = "tiny") -> Path:
+    """Write a Llama-architecture causal LM of `shape` (random weights) with a trained byte-level BPE
+    tokenizer and a chat template; returns `out`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = train_chat_tokenizer(max_length)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), **LLM_SHAPES[shape], num_key_value_heads=LLM_SHAPES[shape]["num_attention_heads"],
+        head_dim=64, max_position_embeddings=max_length,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
+    )
+    model = LlamaForCausalLM(config).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(f"# {shape}-llama (rtxserve fixture)\n\nRandom weights, head_dim 64. For tests only.\n")
+    return out
+
+
+def write_lora_adapter(base: str | Path, out: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
+    """Write a PEFT LoRA adapter for the tiny Llama at `base`, with non-zero weights so that it
+    changes the outputs (a freshly initialised LoRA is a no-op); returns `out`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+                        lora_dropout=0.0, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.05)
+    peft_model.save_pretrained(out)
+    return Path(out)
+
+
+def write_llm_with_adapters(out: str | Path) -> Path:
+    """The tiny Llama in `out`/base and two LoRA adapters for it in `out`/adapter-a and adapter-b."""
+    out = Path(out)
+    base = write_llm(out / "base")
+    for i, name in enumerate(("adapter-a", "adapter-b"), start=1):
+        write_lora_adapter(base, out / name, seed=i)
+    return out
+
+
+FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
+            "image-classifier": write_image_classifier, "llm": write_llm_with_adapters}
+
+
+def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
+    """Write the named fixtures (default: all) into `folder`/<name>; returns name -> path."""
+    unknown = set(names or []) - set(FIXTURES)
+    if unknown:
+        raise ValueError(f"unknown fixture(s) {sorted(unknown)}; valid: {', '.join(FIXTURES)}")
+    folder = Path(folder)
+    return {name: FIXTURES[name](folder / name) for name in (names or list(FIXTURES))}
+
+
+# task -> (Auto class, peft task_type, modules_to_save) of the encoder adapters write_encoder_adapter builds.
+_ENCODER_ADAPTER_TASKS = {
+    "text-classification": ("AutoModelForSequenceClassification", "SEQ_CLS", ["classifier"]),
+    "token-classification": ("AutoModelForTokenClassification", "TOKEN_CLS", ["classifier"]),
+    "feature-extraction": ("AutoModel", "FEATURE_EXTRACTION", None),
+}
+
+
+def write_encoder_adapter(base: str | Path, out: str | Path, *, task: str = "text-classification", seed: int = 1,
+                          rank: int = 8) -> Path:
+    """Write a PEFT LoRA adapter (query / value, plus the classifier head for classification tasks) for the
+    BERT encoder at `base`, with non-zero lora_B and a perturbed head copy so that it changes the outputs
+    measurably (the fixture classifier's logits move by about 0.2); returns `out`."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    if task not in _ENCODER_ADAPTER_TASKS:
+        raise ValueError(f"unknown task {task!r}; valid: {', '.join(_ENCODER_ADAPTER_TASKS)}")
+    auto_name, task_type, modules_to_save = _ENCODER_ADAPTER_TASKS[task]
+    torch.manual_seed(seed)
+    # peft records the model's name_or_path, here the base folder, as base_model_name_or_path.
+    model = getattr(transformers, auto_name).from_pretrained(str(base))
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["query", "value"], lora_dropout=0.0,
+                        modules_to_save=modules_to_save, task_type=task_type)
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.1)
+            elif "modules_to_save" in name:  # the adapter's own copy of the head, saved with it
+                param.add_(torch.randn_like(param) * 0.05)
+    peft_model.save_pretrained(out, safe_serialization=True)
+    return Path(out)

@@ -1,0 +1,200 @@
+"""The model inputs of an encoder export, made exactly as the entry's first Triton step will make them:
+token tensors from texts (the checkpoint's Rust tokenizer) or pixel values from encoded images (the
+checkpoint's image-processor settings). Each kind gives the ONNX export its sample, the parity check
+its cases, and the Triton entry its arguments.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .exceptions import ExportError
+
+log = logging.getLogger(__name__)
+
+# Varied lengths, punctuation, non-ASCII, and one text longer than any small model's maximum length so
+# that truncation is part of what parity covers.
+SAMPLE_TEXTS = [
+    "I love this product, it works perfectly.",
+    "Terrible. It broke after one day!",
+    "The package arrived on Tuesday.",
+    "Das Essen war großartig — très bien, 👍",
+    "ok",
+    " ".join(["a very long review that goes on and on"] * 80),
+]
+# How far the served pre-processing may be from transformers' image processor (it matches exactly today).
+PIXEL_ATOL = 1e-4
+
+
+def _load_tokenizer(ckpt: Checkpoint):
+    import transformers
+
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt.path, use_fast=True)
+    except Exception as exc:
+        raise ExportError(f"cannot load the tokenizer in {ckpt.path}: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(f"the tokenizer in {ckpt.path} has no fast (Rust) version; Triton serving needs tokenizer.json")
+    return tokenizer
+
+
+def _input_names(tokenizer, model) -> list[str]:
+    accepted = inspect.signature(model.forward).parameters
+    if hasattr(model, "model"):  # a task wrapper: the inputs the transformer inside takes
+        accepted = set(accepted) & set(inspect.signature(model.model.forward).parameters)
+    names = [n for n in tokenizer.model_input_names if n in accepted]
+    if "input_ids" not in names:
+        raise ExportError(f"tokenizer inputs {tokenizer.model_input_names} do not include input_ids")
+    return ["input_ids"] + [n for n in names if n != "input_ids"]
+
+
+def _max_length(tokenizer, config: dict, requested: int | None) -> int:
+    limit = int(config.get("max_position_embeddings") or 512)
+    # RoBERTa-style position ids start after the padding index: two positions are not usable.
+    if config.get("model_type") in {"roberta", "xlm-roberta", "camembert"}:
+        limit -= 2
+    model_max = getattr(tokenizer, "model_max_length", limit) or limit
+    default = min(limit, int(model_max) if model_max < 1e9 else limit)
+    if requested is None:
+        return default
+    if not 1 <= requested <= limit:
+        raise ExportError(f"--max-length {requested} is outside 1..{limit} (the model's position limit)")
+    return requested
+
+
+def _full_batches(items: list, batch: int) -> list[list]:
+    """`items` in batches of min(batch, len(items)), the incomplete tail dropped (calibration needs one shape)."""
+    size = min(batch, len(items))
+    return [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
+
+
+class TextInputs:
+    """Token tensors from texts, through the serving tokenizer (checked against the checkpoint's)."""
+
+    what = "texts"
+
+    def __init__(self, ckpt: Checkpoint, model, max_length: int | None, samples: list[str] | None):
+        from tokenizers import Tokenizer
+
+        self.tokenizer = _load_tokenizer(ckpt)
+        self.names = _input_names(self.tokenizer, model)
+        self.max_length = _max_length(self.tokenizer, ckpt.config, max_length)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        # The Rust tokenizer exactly as the Triton tokenizer model will configure it.
+        self.serving = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+        self.serving.enable_truncation(max_length=self.max_length)
+        self.serving.enable_padding(pad_id=self.pad_id)
+        self.samples = samples or SAMPLE_TEXTS
+        self.notes: list[str] = []
+
+    def describe(self) -> str:
+        return f"inputs {', '.join(self.names)}, max length {self.max_length}"
+
+    def sample(self) -> dict[str, np.ndarray]:
+        enc = self.tokenizer(SAMPLE_TEXTS[:2], padding=True, return_tensors="np")
+        return {n: enc[n].astype(np.int64) for n in self.names}
+
+    def cases(self) -> list[dict[str, np.ndarray]]:
+        """Each sample alone, then all together (padding inside a batch is part of what is checked)."""
+        out = []
+        for case in [[t] for t in self.samples] + [self.samples]:
+            enc = self.tokenizer(case, padding=True, truncation=True, max_length=self.max_length, return_tensors="np")
+            served = self.serving.encode_batch(case)
+            if any(list(e.ids) != list(row) for e, row in zip(served, enc["input_ids"])):
+                raise ExportError("the serving tokenizer (tokenizer.json) encodes differently from the checkpoint's tokenizer")
+            out.append({n: enc[n].astype(np.int64) for n in self.names})
+        self.notes = ["serving tokenizer matched the checkpoint tokenizer on every sample"]
+        return out
+
+    def plan_inputs(self) -> dict:
+        """Input name -> fixed non-batch dims, None for [batch, seq] token tensors (for TensorRT profiles)."""
+        return {n: None for n in self.names}
+
+    def calibration(self, texts: list[str], batch: int) -> list[dict[str, np.ndarray]]:
+        """INT8 calibration batches of one shape, as served on GPUs (padded to the max length)."""
+        out = []
+        for chunk in _full_batches(texts, batch):
+            enc = self.tokenizer(chunk, padding="max_length", truncation=True, max_length=self.max_length,
+                                 return_tensors="np")
+            out.append({n: enc[n].astype(np.int64) for n in self.names})
+        return out
+
+    def entry_kwargs(self) -> dict:
+        return {"tokenizer_json": self.serving.to_str(), "input_names": self.names, "max_length": self.max_length,
+                "pad_token_id": self.pad_id}
+
+    def metadata(self) -> dict:
+        return {"inputs": self.names, "max_length": self.max_length}
+
+
+class ImageInputs:
+    """Pixel values from encoded PNG / JPEG images, through the served pre-processing
+    (triton_models/image_preprocess/imaging.py), checked against transformers' image processor."""
+
+    what = "images"
+
+    def __init__(self, ckpt: Checkpoint, samples: list[bytes] | None):
+        from .triton_models.image_preprocess.imaging import Preprocess
+        from .vision import read_image_processor, sample_images
+
+        self.path = ckpt.path
+        self.settings = read_image_processor(ckpt.path)
+        self.preprocess = Preprocess(self.settings)
+        self.names = ["pixel_values"]
+        self.samples = samples or sample_images()
+        self.notes: list[str] = []
+
+    def describe(self) -> str:
+        return f"pixel_values {list(self.preprocess.shape)} ({self.settings['image_processor_type']} settings)"
+
+    def _pixels(self, images: list[bytes], what: str = "sample") -> np.ndarray:
+        out = []
+        for i, data in enumerate(images):
+            try:
+                out.append(self.preprocess(data))
+            except ValueError as exc:
+                raise ExportError(f"{what} image {i}: {exc}") from exc
+        return np.stack(out)
+
+    def sample(self) -> dict[str, np.ndarray]:
+        return {"pixel_values": self._pixels(self.samples[:2])}
+
+    def cases(self) -> list[dict[str, np.ndarray]]:
+        """Each sample alone, then all together; the served pre-processing is first checked against
+        transformers' image processor on the same images."""
+        from .vision import reference_pixels
+
+        served = self._pixels(self.samples)
+        diff = float(np.abs(served - reference_pixels(self.path, self.samples)).max())
+        if diff > PIXEL_ATOL:
+            raise ExportError(f"the served image pre-processing differs from transformers' image processor by {diff:.3g} "
+                              f"(max abs, tolerance {PIXEL_ATOL}); this image-processor configuration is not reproduced")
+        self.notes = [f"served pre-processing matched transformers' image processor on {len(self.samples)} images "
+                      f"(max abs diff {diff:.3g})"]
+        return [{"pixel_values": served[i:i + 1]} for i in range(len(served))] + [{"pixel_values": served}]
+
+    def plan_inputs(self) -> dict:
+        return {"pixel_values": self.preprocess.shape}
+
+    def calibration(self, images: list[bytes], batch: int) -> list[dict[str, np.ndarray]]:
+        """INT8 calibration batches of one shape."""
+        return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in _full_batches(images, batch)]
+
+    def entry_kwargs(self) -> dict:
+        return {"image_processor": self.settings, "pixel_shape": self.preprocess.shape}
+
+    def metadata(self) -> dict:
+        return {"inputs": self.names, "image_processor": self.settings}
+
+
+def read_sample_images(folder: Path) -> list[bytes]:
+    """Every PNG / JPEG file in `folder` (sorted by name), for parity checks."""
+    files = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in {".png", ".jpg", ".jpeg"})
+    if not files:
+        raise ExportError(f"{folder} holds no .png / .jpg / .jpeg files")
+    return [p.read_bytes() for p in files]

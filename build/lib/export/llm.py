@@ -1,0 +1,433 @@
+"""`rtxserve export llm`: LLaMA-Factory (and plain Hugging Face) LLM outputs -> folders vLLM serves.
+
+Three kinds of source:
+- a full fine-tune (config.json + weights): checked (architecture, every weight file's integrity,
+  tokenizer, chat template, dtype) and packaged;
+- a LoRA / QLoRA adapter (adapter_config.json) packaged as a vLLM LoRA module: checked against its
+  base (every LoRA tensor's shape against the base's layer, target modules vLLM can serve);
+- the same adapter with `merge=True`: merged into its base (peft `merge_and_unload`) as a standalone
+  model; the merged model, reloaded from disk, is compared with base+adapter on sample prompts and the
+  figures are saved as parity.json. QLoRA adapters merge into the full-precision base with a warning.
+
+Every package is built in a work folder beside the output and renamed into place at the end, so a
+failure leaves nothing half-written; each carries rtxserve.json (what it is, from what, how made).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rtxserve import lora
+
+from . import repository
+from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
+from .exceptions import ExportError
+from .parity import ParityReport
+from .progress import Steps
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
+                        "added_tokens.json", "merges.txt", "generation_config.json")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+# Largest rank vLLM's --max-lora-rank accepts.
+SAMPLE_PROMPTS = [
+    "Hello, how can I help you today?",
+    "Summarise the refund policy in one sentence.",
+    "the quick brown fox",
+    "Écris une phrase en français, s'il te plaît.",
+    "1 2 3 4 5 6 7 8 9 10 " * 6,
+]
+# Default tolerance on logits, by the dtype the merged model is saved in: merging rounds W + BA to it.
+DEFAULT_ATOL = {"float32": 1e-3, "float16": 0.25, "bfloat16": 0.25}
+
+
+@dataclass(frozen=True)
+class LLMCheckpoint:
+    path: Path
+    config: dict
+    architecture: str
+    weights: tuple[Path, ...]
+    dtype: str
+    chat_template: bool
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.config.get("max_position_embeddings")
+
+
+@dataclass
+class LLMExport:
+    kind: str  # "full", "lora" or "merged"
+    out: Path
+    metadata: dict
+    serve_command: str
+    seconds: float
+
+
+def _weight_files(path: Path) -> tuple[Path, ...]:
+    """Every weight file of a checkpoint (shards included), each checked for truncation."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(read_json(index, "checkpoint").get("weight_map", {}).values()))
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise ExportError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        files = tuple(path / s for s in shards)
+    elif (path / "model.safetensors").is_file():
+        files = (path / "model.safetensors",)
+    elif (path / "pytorch_model.bin").is_file() or (path / "pytorch_model.bin.index.json").is_file():
+        raise ExportError(f"{path} holds pickled pytorch_model.bin weights; save them as safetensors "
+                          "(model.save_pretrained(out, safe_serialization=True)): vLLM and rtxserve load only safetensors")
+    else:
+        raise ExportError(f"no model weights in {path}: expected model.safetensors or model.safetensors.index.json")
+    for file in files:
+        check_safetensors(file)
+    return files
+
+
+def has_chat_template(path: Path) -> bool:
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    config = path / "tokenizer_config.json"
+    return config.is_file() and bool(read_json(config, "tokenizer").get("chat_template"))
+
+
+def inspect_llm(path: str | Path) -> LLMCheckpoint:
+    """Check that `path` is a causal-LM checkpoint vLLM can serve (no weights are loaded)."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        raise ExportError(f"model folder not found: {path}" if not path.exists() else f"{path} is not a directory")
+    if not (path / "config.json").is_file():
+        raise ExportError(f"{path} is not a Hugging Face model folder: no config.json "
+                          "(pass the folder written by save_pretrained(), or an adapter folder with adapter_config.json)")
+    config = read_json(path / "config.json", "checkpoint")
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    causal = [a for a in architectures if a.endswith("ForCausalLM")]
+    if not causal:
+        raise ExportError(f"{path / 'config.json'} names architectures {', '.join(architectures) or '(none)'}; "
+                          "an LLM export needs a *ForCausalLM model")
+    quant = config.get("quantization_config")
+    if quant and (quant.get("load_in_4bit") or quant.get("bnb_4bit_quant_type")):
+        raise ExportError(f"{path} is a bitsandbytes 4-bit model; pass the full-precision base model instead")
+    weights = _weight_files(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return LLMCheckpoint(path, config, causal[0], weights, dtype, has_chat_template(path))
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    path: Path
+    config: dict
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+    recorded_base: str
+    weights: Path
+    shapes: dict[str, list[int]]
+
+
+def read_lora(path: Path) -> AdapterInfo:
+    config = read_json(path / "adapter_config.json", "adapter")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ExportError(f"{path} is a {config.get('peft_type')} adapter; only LoRA / QLoRA adapters are supported")
+    weights = next((path / w for w in ADAPTER_WEIGHTS if (path / w).is_file()), None)
+    if weights is None:
+        raise ExportError(f"no adapter weights in {path}: expected {' or '.join(ADAPTER_WEIGHTS)}")
+    if weights.suffix != ".safetensors":
+        raise ExportError(f"{weights} is pickled; save the adapter with safe_serialization=True (adapter_model.safetensors)")
+    shapes = check_safetensors(weights)
+    targets = config.get("target_modules") or []
+    rank = int(config.get("r", 8))
+    return AdapterInfo(path, config, rank, float(config.get("lora_alpha", rank)),
+                       tuple([targets] if isinstance(targets, str) else targets),
+                       str(config.get("base_model_name_or_path") or ""), weights, shapes)
+
+
+def raise_misfit(adapter: AdapterInfo, base: Path, mismatch: list[str]) -> None:
+    if mismatch:
+        raise ExportError(lora.misfit_message(adapter.path, adapter.recorded_base, base, mismatch) + " (--base)")
+
+
+def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vllm: bool) -> None:
+    """Every LoRA tensor must fit a layer of the base: a wrong base fails here with both names."""
+    mismatch, adapted = lora.misfits(adapter.shapes, lora.layers_from_weights(lora.tensor_shapes(base.weights), base.config))
+    raise_misfit(adapter, base.path, mismatch)
+    if not adapted:
+        raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
+    problem = lora.vllm_problems(adapted, adapter.config) if for_vllm else None
+    if problem:
+        raise ExportError(f"{problem} in {adapter.path}; merge the adapter into its base with --merge instead")
+    if not lora.same_base_name(adapter.recorded_base, base.path):
+        log.warning("note: the adapter records base %s, merged/served with %s; its tensor shapes fit",
+                    adapter.recorded_base, base.path)
+
+
+def detect_qlora(adapter_dir: Path) -> bool:
+    """LLaMA-Factory writes training_args.yaml beside the adapter; quantization_bit 4 means QLoRA."""
+    for name in ("training_args.yaml", "training_args.yml"):
+        path = adapter_dir / name
+        if path.is_file():
+            import yaml
+
+            try:
+                args = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError:
+                return False
+            return isinstance(args, dict) and str(args.get("quantization_bit", "")) == "4"
+    return False
+
+
+def base_folder(adapter: AdapterInfo, base: str | Path | None) -> str | Path:
+    """`base` if given, else the base the adapter records, which must be a local folder (no model hub here)."""
+    if base is None:
+        if not adapter.recorded_base:
+            raise ExportError(f"{adapter.path}/adapter_config.json records no base model; pass it with --base PATH")
+        if not Path(adapter.recorded_base).expanduser().is_dir():
+            raise ExportError(f"the adapter's base {adapter.recorded_base} is not a local folder (no model hub here); "
+                              "pass the local copy with --base PATH")
+        base = adapter.recorded_base
+    return base
+
+
+def resolve_base(adapter: AdapterInfo, base: str | Path | None) -> LLMCheckpoint:
+    return inspect_llm(base_folder(adapter, base))
+
+
+# --- packaging ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _package(out: Path) -> Iterator[Path]:
+    """A folder to build the package in, on `out`'s file system, renamed to `out` on success only."""
+    with repository.work_dir(out) as work:
+        pkg = work / "pkg"
+        pkg.mkdir()
+        yield pkg
+        if out.exists():
+            os.replace(out, work / "retired")
+        os.replace(pkg, out)
+
+
+def _copy(files: list[Path], dest: Path) -> None:
+    """Hard-link where possible (same file system, instant for 16 GB of shards), else copy; log sizes."""
+    for file in files:
+        target = dest / file.name
+        try:
+            os.link(file, target)
+        except OSError:
+            shutil.copy2(file, target)
+        log.info("    %s (%.1f MB)", file.name, file.stat().st_size / 1e6)
+
+
+def _side_files(path: Path) -> list[Path]:
+    return [path / n for n in (*TOKENIZER_FILES, *TOKENIZER_SIDE_FILES) if (path / n).is_file()]
+
+
+def _versions() -> dict:
+    import torch
+    import transformers
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import peft
+
+        versions["peft"] = peft.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+def _write_metadata(pkg: Path, metadata: dict) -> None:
+    metadata = {**metadata, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": _versions()}
+    (pkg / "rtxserve.json").write_text(json.dumps(metadata, indent=2) + "\n")
+
+
+def _add_chat_template(pkg: Path, chat_template: Path | None) -> None:
+    if chat_template is not None:
+        try:
+            text = Path(chat_template).read_text()
+        except OSError as exc:
+            raise ExportError(f"cannot read the chat template {chat_template}: {exc}") from exc
+        (pkg / "chat_template.jinja").write_text(text)
+
+
+def _warn_no_chat_template(where: Path) -> None:
+    log.warning("WARNING: %s has no chat template: /v1/completions works, /v1/chat/completions will be refused by vLLM; "
+                "add one with --chat-template FILE", where)
+
+
+def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None, command: str,
+                 steps: Steps) -> dict:
+    steps("packaging %d weight file(s) and the tokenizer into %s", len(source.weights), out)
+    with _package(out) as pkg:
+        index = source.path / "model.safetensors.index.json"
+        _copy([*source.weights, *([index] if index.is_file() else []), source.path / "config.json", *_side_files(source.path)], pkg)
+        _add_chat_template(pkg, chat_template)
+        metadata = {"kind": "full", "source": str(source.path.resolve()), "architecture": source.architecture,
+                    "dtype": source.dtype, "max_model_len": source.max_model_len,
+                    "chat_template": source.chat_template or chat_template is not None, "command": command}
+        _write_metadata(pkg, metadata)
+    return metadata
+
+
+def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, command: str,
+                 steps: Steps) -> dict:
+    steps("packaging the adapter (rank %d, targets %s) as a vLLM LoRA module into %s",
+          adapter.rank, ", ".join(adapter.targets), out)
+    with _package(out) as pkg:
+        _copy([adapter.path / "adapter_config.json", adapter.weights, *_side_files(adapter.path)], pkg)
+        metadata = {"kind": "lora", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
+                    "base_architecture": base.architecture, "rank": adapter.rank, "lora_alpha": adapter.alpha,
+                    "target_modules": list(adapter.targets), "qlora": qlora, "command": command}
+        _write_metadata(pkg, metadata)
+    return metadata
+
+
+def _prompts(tokenizer, has_template: bool, prompts: list[str]) -> list[list[int]]:
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    if has_template:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": prompts[0]}], add_generation_prompt=True,
+                                                 tokenize=True)
+        ids.append(list(rendered["input_ids"] if isinstance(rendered, dict) or hasattr(rendered, "keys") else rendered))
+    return ids
+
+
+def _logits(model, ids: list[list[int]]) -> list[np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([x])).logits.float().numpy() for x in ids]
+
+
+def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, dtype: str,
+               atol: float | None, allow_drift: bool, prompts: list[str] | None, chat_template: Path | None,
+               command: str, steps: Steps) -> dict:
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    if qlora:
+        log.warning("WARNING: %s was trained against a 4-bit (QLoRA) base; it is merged into the full-precision base "
+                    "%s, so the merged model is close to, not exactly, what training saw. Evaluate it on your own "
+                    "data before you deploy it (the parity below compares merged vs base+adapter, both in %s).",
+                    adapter.path, base.path, dtype)
+    torch_dtype = getattr(torch, dtype)
+    tok_dir = adapter.path if any((adapter.path / n).is_file() for n in TOKENIZER_FILES) else base.path
+    steps("loading base %s (%s) and adapter %s", base.path, dtype, adapter.path)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tok_dir)
+        model = transformers.AutoModelForCausalLM.from_pretrained(base.path, dtype=torch_dtype).eval()
+        model = PeftModel.from_pretrained(model, adapter.path).eval()
+    except Exception as exc:
+        raise ExportError(f"cannot load base {base.path} with adapter {adapter.path} ({type(exc).__name__}: {exc})") from exc
+    template = has_chat_template(tok_dir) or chat_template is not None
+    sample_ids = _prompts(tokenizer, has_chat_template(tok_dir), prompts or SAMPLE_PROMPTS)
+    reference = _logits(model, sample_ids)
+    with model.disable_adapter():
+        effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, _logits(model, sample_ids)))
+    with _package(out) as pkg:
+        steps("merging (merge_and_unload) and saving the standalone model")
+        merged = model.merge_and_unload()
+        merged.save_pretrained(pkg, safe_serialization=True)
+        tokenizer.save_pretrained(pkg)
+        _add_chat_template(pkg, chat_template)
+        del model, merged
+        steps("reloading the merged model from disk; comparing its logits with base+adapter on %d prompts", len(sample_ids))
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(pkg, dtype=torch_dtype).eval()
+        report = ParityReport(atol=DEFAULT_ATOL.get(dtype, 1e-3) if atol is None else atol)
+        for ids, ref, got in zip(sample_ids, reference, _logits(reloaded, sample_ids)):
+            report.add({"logits": ref}, {"logits": got})
+        # What the adapter changes, beside what merging changed: a parity figure means little if the
+        # adapter itself is a no-op.
+        report.notes.append(f"the adapter itself moves the base's logits by up to {effect:.3g} (max abs)")
+        report.check(allow_drift)
+        parity = report.to_dict()
+        (pkg / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
+        metadata = {"kind": "merged", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
+                    "architecture": base.architecture, "dtype": dtype, "rank": adapter.rank,
+                    "target_modules": list(adapter.targets), "qlora": qlora, "max_model_len": base.max_model_len,
+                    "chat_template": template, "parity_passed": parity["passed"], "adapter_effect_max_abs": effect,
+                    "command": command}
+        _write_metadata(pkg, metadata)
+    return {**metadata, "parity": parity}
+
+
+def export_llm(
+    source: str | Path,
+    out: str | Path,
+    *,
+    base: str | Path | None = None,
+    merge: bool = False,
+    qlora: bool | None = None,
+    dtype: str = "auto",
+    atol: float | None = None,
+    allow_drift: bool = False,
+    sample_prompts: list[str] | None = None,
+    chat_template: Path | None = None,
+    name: str | None = None,
+    force: bool = False,
+    command: str = "",
+) -> LLMExport:
+    """Check and package a full fine-tune, package a LoRA adapter for vLLM, or merge it (`merge=True`).
+
+    qlora: None detects it (LLaMA-Factory's training_args.yaml, quantization_bit 4); True / False say so.
+    Raises ExportError (ParityError on a merge that drifted beyond `atol` without `allow_drift`).
+    """
+    source, out = Path(source).expanduser(), Path(out).expanduser()
+    if not source.exists():
+        raise ExportError(f"not found: {source}")
+    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+        raise ExportError(f"--out {out} is inside the source {source}; choose a folder outside it")
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    name = name or out.name
+    if chat_template is not None and not Path(chat_template).is_file():
+        raise ExportError(f"chat template not found: {chat_template}")
+    if not is_adapter(source):
+        if merge or base is not None:
+            raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
+        steps = Steps(2, log)
+        steps("checking %s", source)
+        ckpt = inspect_llm(source)
+        if not ckpt.chat_template and chat_template is None:
+            _warn_no_chat_template(source)
+        metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps)
+        serve = f"rtxserve serve vllm {out} --served-model-name {name}"
+        return LLMExport("full", out, metadata, serve, steps.seconds)
+
+    steps = Steps(5 if merge else 3, log)
+    steps("checking adapter %s", source)
+    adapter = read_lora(source)
+    ckpt = resolve_base(adapter, base)
+    steps("checking every LoRA tensor against the layers of base %s", ckpt.path)
+    check_lora_against_base(adapter, ckpt, for_vllm=not merge)
+    qlora = detect_qlora(source) if qlora is None else qlora
+    if not merge:
+        if qlora:
+            log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
+                        "the 4-bit base it was trained against; evaluate it on your own data", ckpt.path)
+        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps)
+        serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
+        return LLMExport("lora", out, metadata, serve, steps.seconds)
+    dtype = ckpt.dtype if dtype == "auto" else dtype
+    if dtype not in DEFAULT_ATOL:
+        raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
+    if not (ckpt.chat_template or has_chat_template(source) or chat_template is not None):
+        _warn_no_chat_template(ckpt.path)
+    metadata = merge_lora(adapter, ckpt, out, qlora=qlora, dtype=dtype, atol=atol, allow_drift=allow_drift,
+                          prompts=sample_prompts, chat_template=chat_template, command=command, steps=steps)
+    serve = f"rtxserve serve vllm {out} --served-model-name {name}"
+    return LLMExport("merged", out, metadata, serve, steps.seconds)

@@ -1,0 +1,174 @@
+"""What each encoder task adds to the common export pipeline (export/encoder.py): how the PyTorch model
+is wrapped before export, the graph's outputs, the Triton models after it, and task metadata.
+
+feature-extraction reads the sentence-transformers layout (`modules.json`, `1_Pooling/config.json`,
+`sentence_bert_config.json`) so that pooling and normalisation match what the checkpoint was trained
+and evaluated with; both run inside the ONNX graph, so Triton serves finished vectors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checkpoint import Checkpoint, read_json
+from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
+from .exceptions import ExportError
+from .triton_entry import classification_entry, embedding_entry, image_classification_entry, token_classification_entry
+
+log = logging.getLogger(__name__)
+
+# The legacy boolean keys of 1_Pooling/config.json -> the mode names sentence-transformers uses now
+# (its newer configs hold `"pooling_mode": NAME` instead). weightedmean is not supported.
+POOLING_MODES = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+}
+SUPPORTED_POOLING = ("cls", "mean", "max", "mean_sqrt_len_tokens", "lasttoken")
+# sentence-transformers modules after the Transformer that change the vector and are not handled here.
+_UNSUPPORTED_MODULES = ("Dense", "LayerNorm", "WordWeights", "CNN", "LSTM", "WeightedLayerPooling")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    outputs: tuple[str, ...]
+    wrap: Callable  # (transformers model, Checkpoint) -> torch module whose outputs are `outputs`
+    entry: Callable  # triton_entry builder, task-specific arguments already bound
+    max_length: int | None = None  # the checkpoint's own truncation length, if it records one
+    metadata: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: str
+    normalize: bool
+    max_seq_length: int | None
+
+
+def read_pooling(path: Path) -> Pooling:
+    """Pooling and normalisation from a sentence-transformers folder; mean pooling without normalisation
+    (and a note) for a bare transformers encoder."""
+    modules_path = path / "modules.json"
+    st_config = path / "sentence_bert_config.json"
+    max_seq = read_json(st_config, "checkpoint").get("max_seq_length") if st_config.is_file() else None
+    if not modules_path.is_file():
+        log.info("note: %s has no modules.json (not a sentence-transformers folder): using mean pooling, no normalisation", path)
+        return Pooling("mean", False, max_seq)
+    try:
+        modules = json.loads(modules_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ExportError(f"{modules_path} is not valid JSON ({exc})") from exc
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    unsupported = [k for k in kinds if k in _UNSUPPORTED_MODULES]
+    if unsupported:
+        raise ExportError(f"{modules_path} has module(s) {', '.join(unsupported)} after pooling; supported pipelines are "
+                          "Transformer -> Pooling [-> Normalize]")
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith(".Pooling")), None)
+    if pooling is None:
+        raise ExportError(f"{modules_path} lists no Pooling module; cannot tell how token vectors become one vector")
+    config_path = path / pooling.get("path", "") / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ExportError(f"cannot read the pooling config {config_path}: {exc}") from exc
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        modes = [mode] if isinstance(mode, str) else list(mode)
+    else:
+        modes = [name for key, name in POOLING_MODES.items() if config.get(key)] or ["mean"]
+    if len(modes) != 1 or modes[0] not in SUPPORTED_POOLING:
+        raise ExportError(f"{config_path}: pooling {' + '.join(map(str, modes))} is not supported; one of "
+                          f"{', '.join(SUPPORTED_POOLING)} is")
+    if config.get("include_prompt") is False:
+        raise ExportError(f"{config_path}: include_prompt=false (instruction-excluding pooling) is not supported")
+    return Pooling(modes[0], "Normalize" in kinds, max_seq)
+
+
+def pooled_encoder(model, pooling: Pooling):
+    import torch
+
+    class PooledEncoder(torch.nn.Module):
+        """Transformer -> pooling -> (normalisation); also each text's token count, for usage figures."""
+
+        def __init__(self, encoder):
+            super().__init__()
+            self.model = encoder
+
+        # Explicit arguments, not **kwargs: the ONNX exporter names graph inputs from the signature.
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            lengths = mask.sum(1)
+            if pooling.mode == "cls":
+                vector = hidden[:, 0]
+            elif pooling.mode == "mean":
+                vector = (hidden * mask).sum(1) / lengths.clamp(min=1e-9)
+            elif pooling.mode == "mean_sqrt_len_tokens":
+                vector = (hidden * mask).sum(1) / lengths.clamp(min=1e-9).sqrt()
+            elif pooling.mode == "max":
+                vector = hidden.masked_fill(mask == 0, -1e9).max(1).values
+            else:  # lasttoken, right padding: the last position whose mask is 1
+                last = attention_mask.sum(1) - 1
+                vector = hidden[torch.arange(hidden.shape[0]), last]
+            if pooling.normalize:
+                vector = torch.nn.functional.normalize(vector, p=2, dim=1)
+            return vector, attention_mask.sum(1, keepdim=True)
+
+    return PooledEncoder(model)
+
+
+def tokenizer_traits(tokenizer_json: str) -> tuple[bool, int | None]:
+    """(word-aware, unknown-token id) of a Rust tokenizer, as transformers' NER pipeline tells words apart:
+    a model with a continuing-subword prefix ("##") marks sub-words itself; others need a heuristic."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tokenizer_json)
+    word_aware = bool(getattr(tok.model, "continuing_subword_prefix", None))
+    unk = getattr(tok.model, "unk_token", None)
+    return word_aware, (tok.token_to_id(unk) if unk else None)
+
+
+def _ner_entry(opts, *, tokenizer_json: str, aggregation: str, labels: list[str], **kwargs):
+    word_aware, unk_id = tokenizer_traits(tokenizer_json)
+    if not word_aware and aggregation in WORD_STRATEGIES:
+        log.warning("note: this tokenizer marks no sub-words; %s aggregation tells words apart by spaces, as the "
+                    "transformers pipeline does", aggregation)
+    return token_classification_entry(opts, tokenizer_json=tokenizer_json, aggregation=aggregation, labels=labels,
+                                      word_aware=word_aware, unk_token_id=unk_id, **kwargs)
+
+
+def spec_for(ckpt: Checkpoint, *, aggregation: str = "first") -> TaskSpec:
+    if ckpt.task == "text-classification":
+        entry = functools.partial(classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
+        return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
+    if ckpt.task == "feature-extraction":
+        pooling = read_pooling(ckpt.path)
+        dimensions = int(ckpt.config.get("hidden_size") or ckpt.config.get("d_model") or 0)
+        if not dimensions:
+            raise ExportError(f"{ckpt.path / 'config.json'} records no hidden_size; cannot size the embedding output")
+        return TaskSpec(
+            ("embeddings", "token_count"),
+            lambda model, _ckpt: pooled_encoder(model, pooling),
+            functools.partial(embedding_entry, dimensions=dimensions),
+            max_length=pooling.max_seq_length,
+            metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
+        )
+    if ckpt.task == "image-classification":
+        entry = functools.partial(image_classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
+        return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
+    if ckpt.task == "token-classification":
+        if aggregation not in STRATEGIES:
+            raise ExportError(f"unknown --aggregation {aggregation!r}; valid: {', '.join(STRATEGIES)}")
+        entry = functools.partial(_ner_entry, labels=ckpt.labels, aggregation=aggregation)
+        return TaskSpec(("logits",), lambda model, _ckpt: model, entry,
+                        metadata={"labels": ckpt.labels, "aggregation": aggregation})
+    raise ExportError(f"no export pipeline for task {ckpt.task}")

@@ -1,0 +1,123 @@
+"""`rtxserve loadtest run|sweep|report|compare`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _load_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the load goes, how long and from how many processes (the scenario's own options come from
+    scenarios/options.py, the same ones locust is given)."""
+    parser.add_argument("--host", default=os.environ.get("RTXSERVE_GATEWAY_URL", "http://127.0.0.1:8080"),
+                        help="gateway URL (env RTXSERVE_GATEWAY_URL; default %(default)s)")
+    parser.add_argument("--users", type=int, default=8, help="closed loop: concurrent users")
+    parser.add_argument("--spawn-rate", type=float, default=None, help="users started per second (default: all at once)")
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of load, warm-up included")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds excluded from the figures")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="locust worker processes under one master (0: a single process)")
+    parser.add_argument("--slo", default="", metavar="NAME:MS,...",
+                        help="limits for goodput: e2el, ttft, tpot, itl in ms, e.g. ttft:500,e2el:2000")
+    parser.add_argument("--scrape", action="append", default=[], metavar="URL",
+                        help="a server's Prometheus /metrics to plot beside the latency (Triton's :8002/metrics, "
+                             "vLLM's /metrics); the gateway's is scraped too unless --no-scrape; repeatable")
+    parser.add_argument("--no-scrape", action="store_true",
+                        help="scrape nothing (not even the host's /metrics): only the load touches the servers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .runner import scenario_parser
+
+    parser = argparse.ArgumentParser(prog="rtxserve loadtest", description="Load-test the gateway with locust.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", parents=[scenario_parser()], help="run a scenario headless and write a report")
+    _load_arguments(r)
+    r.add_argument("--out", type=Path, default=None, help="report folder (default reports/<scenario>-<time>)")
+    s = sub.add_parser("sweep", parents=[scenario_parser()],
+                       help="raise the rate (or users) step by step; report max QPS within the SLO, knee, best goodput")
+    _load_arguments(s)
+    s.add_argument("--steps", default="", metavar="V1,V2,...",
+                   help="the rates (open loop) or user counts (closed) to try, in order (default: doubling from "
+                        "--start until over-saturated)")
+    s.add_argument("--start", type=float, default=1.0, help="first rate / users when --steps is not given")
+    s.add_argument("--max-steps", type=int, default=8, help="steps at most")
+    s.add_argument("--out", type=Path, default=None, help="report folder (default reports/sweep-<scenario>-<time>)")
+    p = sub.add_parser("report", help="recompute the report from a run folder's raw samples")
+    p.add_argument("folder", type=Path)
+    p.add_argument("--warmup", type=float, default=None, help="default: the run's own")
+    p.add_argument("--slo", default="", help="goodput limits, as for run")
+    c = sub.add_parser("compare", help="before/after: every figure of two runs (or sweeps) side by side, curves overlaid")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    c.add_argument("--out", type=Path, default=None, help="folder for compare.md/.html (default: AFTER/compare)")
+    return parser
+
+
+def _spec(args):
+    from .runner import LoadSpec, scenario_options
+
+    options = scenario_options(**{k: v for k, v in vars(args).items() if k in scenario_options()})
+    return LoadSpec(host=args.host, options=options, users=args.users, spawn_rate=args.spawn_rate,
+                    duration_s=args.duration, warmup_s=args.warmup, workers=args.workers, slo=args.slo,
+                    scrape=[] if args.no_scrape else args.scrape, scrape_host=not args.no_scrape)
+
+
+def _fail(message) -> int:
+    print(f"rtxserve loadtest: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    try:
+        if args.command == "report":
+            return _report(args)
+        if args.command == "compare":
+            from .compare import compare
+
+            path = compare(args.before, args.after, args.out or args.after / "compare")
+            print(f"comparison: {path}")
+            return 0
+        spec = _spec(args)
+        if args.command == "sweep":
+            from .sweep import sweep
+
+            out = args.out or Path("reports") / f"sweep-{spec.options['scenario']}-{stamp}"
+            result = sweep(spec, out, steps=args.steps, start=args.start, max_steps=args.max_steps, log=log)
+            print(f"{result.headline}\nreport: {result.report}")
+            return 0
+        from .runner import run
+
+        result = run(spec, args.out or Path("reports") / f"{spec.options['scenario']}-{stamp}", log=log)
+    except (ValueError, RuntimeError, OSError) as exc:
+        return _fail(exc)
+    print(f"report: {result.report} (and {result.report.with_suffix('.html').name})")
+    return 0 if result.summary.errors == 0 else 1
+
+
+def _report(args) -> int:
+    from .pages import write_report
+    from .report import headline, load_samples, parse_slo, summarize
+
+    path = args.folder / "samples.csv"
+    if not path.exists():
+        return _fail(f"no samples.csv in {args.folder}")
+    samples = load_samples(path)
+    if not len(samples.end):
+        return _fail(f"no samples in {path}")
+    import json
+
+    saved = args.folder / "report.json"
+    before = json.loads(saved.read_text()) if saved.exists() else {}
+    warmup = args.warmup if args.warmup is not None else before.get("warmup_s", 5.0)
+    settings = {**before.get("settings", {}), "recomputed from": str(path)}  # the run's settings stay
+    summary = summarize(samples, warmup, settings, parse_slo(args.slo))
+    report = write_report(summary, samples, args.folder, f"rtxserve load test ({args.folder.name})")
+    print(f"{headline(summary)}\nreport: {report}")
+    return 0

@@ -1,0 +1,261 @@
+"""The run's report: report.json, summary.csv, plots, report.md and the same page as self-contained HTML
+(plots embedded, run metadata, the servers' side beside the client's)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .plots import per_second, plot, plot_servers, plot_streaming
+from .report import STREAM_PERCENTILES, Samples, Summary, headline
+
+
+def _streaming_section(streaming: dict) -> str:
+    rows = "\n".join(
+        f"| {label} | " + " | ".join(f"{streaming[key][f'p{p:g}']:.2f}" if streaming[key] else "–"
+                                      for p in STREAM_PERCENTILES) + " |"
+        for key, label in (("ttft_ms", "time to first token (ms)"), ("itl_ms", "inter-token gap (ms)"),
+                           ("tpot_ms", "time per output token (ms)"),
+                           ("output_tokens_per_s_per_request", "output tokens/s per request (P99: the fastest)"))
+    )
+    heads = " | ".join(f"P{p:g}" for p in STREAM_PERCENTILES)
+    return f"""
+## Streaming
+
+![TTFT over time, TTFT and inter-token gap distributions](streaming.png)
+
+Over the {streaming['requests']} successful streamed requests after warm-up. TTFT runs from sending the
+request to the first event with a token (as `vllm bench serve` times it); inter-token gaps are between
+successive token events, all gaps pooled; time per output token is (latency - TTFT) / (output tokens - 1), per request of 2+ tokens.
+
+| streaming | {heads} |
+|---|{'---|' * len(STREAM_PERCENTILES)}
+{rows}
+
+Output tokens/s over the measured window (all requests together): **{streaming['output_tokens_per_s']:.1f}**;
+mean output tokens per request: {streaming['mean_output_tokens']:.1f}.
+"""
+
+
+def flat(data: dict) -> dict[str, float | int | str]:
+    """Every figure of a summary (its dict, settings left out) as one level of keys (`latency_ms.p99`,
+    `streaming.ttft_ms.p50`, ...)."""
+    out = {}
+
+    def walk(value, key):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            out[key] = value
+
+    walk({k: v for k, v in data.items() if k != "settings"}, "")
+    return out
+
+
+def _table(rows: list[list], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _goodput_section(goodput: dict) -> str:
+    slo = ", ".join(f"{k} ≤ {v:g} ms" for k, v in goodput["slo_ms"].items())
+    rows = [[k, f"{v:g}", "–" if goodput["p99_ms"][k] is None else f"{goodput['p99_ms'][k]:.1f}"]
+            for k, v in goodput["slo_ms"].items()]
+    verdict = "within" if goodput["p99_within_slo"] else "**not** within"
+    return f"""
+## Goodput
+
+SLO: {slo}. **{goodput['goodput_rps']:.2f} requests/s** met every limit ({goodput['fraction']:.1%} of the requests;
+a limit applies to the requests that have its figure). P99 is {verdict} the SLO.
+
+{_table(rows, ["figure", "limit (ms)", "P99 (ms)"])}
+"""
+
+
+def _by_name_section(by_name: dict) -> str:
+    rows = [[name, f["requests"], f["errors"], f"{f['qps']:.1f}",
+             *(f"{f['latency_ms'].get(p, float('nan')):.1f}" for p in ("p50", "p90", "p99"))] for name, f in by_name.items()]
+    return "\n## Per API\n\n" + _table(rows, ["API", "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms"]) + "\n"
+
+
+def _warnings(summary: Summary) -> list[str]:
+    notes = []
+    load = summary.settings.get("load generator") or {}
+    if load.get("cpu_bound"):
+        notes.append(f"The load generator was CPU-bound (its busiest process used {load.get('busiest_process_cores')} "
+                     "cores): the figures may describe locust rather than the server. Run with more --workers.")
+    late = summary.late_arrivals
+    if late and late["requests"]:
+        notes.append(f"{late['requests']} of {late['of']} requests left more than {late['late_ms']:g} ms after their "
+                     f"arrival time (at most {late['max_wait_ms']:.0f} ms): the in-flight cap or the load generator held "
+                     "them back, so the load was not fully open.")
+    return notes
+
+
+def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: str, errors: dict) -> str:
+    """The servers' side of the run, from the /metrics scraped during it; empty when nothing was scraped."""
+    from . import server_metrics
+
+    path = out_dir / "server_metrics.csv"
+    failed = "".join(f"\n- {url}: {message}" for url, message in (errors or {}).items())
+    failed = f"\nEndpoints that did not answer:{failed}\n" if failed else ""
+    if not path.exists() or not len(samples.end):
+        return failed
+    t0 = float(samples.start.min())
+    series = server_metrics.derive(server_metrics.load(path), t0)
+    if not series:  # nothing scraped (or nothing answered): no section about the servers
+        return failed
+    png = plot_servers(series, per_second(samples), out_dir / "server.png", title, summary.warmup_s)
+    if png is None:
+        return failed
+    figures = server_metrics.summary(series, summary.warmup_s)
+    table = _server_tables(series, figures)
+    return f"""
+## Where the time goes: the servers' side
+
+![client latency beside the gateway's, Triton's and vLLM's own figures](server.png)
+
+Scraped from each server's Prometheus `/metrics` every second during the run, on the same time axis as
+the client's latency: the gateway's own time vs its backend calls, Triton's queue vs compute time per
+request and batch size, vLLM's running / waiting requests and KV-cache use. The tables give each figure's
+mean after the warm-up (per-request means weighted by the requests of each second). For streamed answers the
+gateway's backend call time ends when the stream opened, its request time when the stream ended.
+
+{table}
+{failed}"""
+
+
+TRITON_COLUMNS = (("rps", "requests/s"), ("queue", "queue ms"), ("compute", "compute ms"), ("batch", "batch size"),
+                  ("failures", "failures/s"))
+
+
+def _server_tables(series: dict, figures: dict) -> str:
+    """The servers' figures (means after warm-up): one row per Triton model, then everything else."""
+    fmt = lambda f: "–" if f is None or not np.isfinite(f["mean"]) else f"{f['mean']:.2f}"  # noqa: E731
+    triton: dict[str, dict] = {}
+    others = []
+    for name, s in series.items():
+        if name.startswith("triton "):
+            triton.setdefault(s.subject, {})[s.role] = figures[name]
+        elif np.isfinite(figures[name]["mean"]):
+            f = figures[name]
+            others.append([name, f"{f['mean']:.2f}", f"{f['max']:.2f}", f["unit"]])
+    text = ""
+    if triton:
+        rows = [[model, *(fmt(roles.get(role)) for role, _ in TRITON_COLUMNS)] for model, roles in sorted(triton.items())]
+        text += _table(rows, ["Triton model", *(label for _, label in TRITON_COLUMNS)]) + "\n\n"
+    if others:
+        text += _table(others, ["figure", "mean", "max", "unit"]) + "\n"
+    return text
+
+
+def _git_commit() -> str:
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent)
+        return done.stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("rtxserve", "locust", "numpy"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found | {"git commit": _git_commit()}
+
+
+def write_report(summary: Summary, samples: Samples, out_dir: Path, title: str, scrape_errors: dict | None = None) -> Path:
+    """Write report.json, summary.csv, latency.png (streaming.png for streamed runs, server.png when servers
+    were scraped), report.md and report.html into `out_dir`; returns the Markdown path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary.settings.setdefault("versions", versions())
+    summary.settings.setdefault("created", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    (out_dir / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=str))
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("figure", "value"), *flat(summary.to_dict()).items()])
+    plot(samples, summary, out_dir / "latency.png", title)
+    streaming = ""
+    if summary.streaming:
+        plot_streaming(samples, summary, out_dir / "streaming.png", title)
+        streaming = _streaming_section(summary.streaming)
+    lat = summary.latency_ms
+    rows = "\n".join(f"| {k.upper()} | {v:.2f} |" for k, v in lat.items())
+    settings = "\n".join(f"| {k} | {_show(v)} |" for k, v in summary.settings.items())
+    errors = "\n".join(f"- {k}: {v}" for k, v in summary.error_kinds.items()) or "- none"
+    warnings = "".join(f"\n> **Warning:** {w}\n" for w in _warnings(summary))
+    md = f"""# {title}
+
+**{headline(summary)}**
+{warnings}
+![latency over time and distribution](latency.png)
+
+Measured window: {summary.duration_s:.1f} s after a {summary.warmup_s:g} s warm-up; {summary.requests} requests,
+{summary.errors} errors. Percentiles are computed from every request's own latency (raw samples),
+not from locust's rounded buckets. QPS counts successful requests.
+
+| latency | ms |
+|---|---|
+{rows}
+{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_server_section(out_dir, samples, summary, title, scrape_errors)}
+## Run
+
+| setting | value |
+|---|---|
+{settings}
+
+Errors by kind:
+
+{errors}
+
+Raw samples: `samples.csv`; every figure: `report.json`, `summary.csv`; the locust command: `command.txt`.
+"""
+    path = out_dir / "report.md"
+    path.write_text(md)
+    write_html(md, out_dir, title)
+    return path
+
+
+def _show(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}
+th{background:#f3f3f3}img{max-width:100%;border:1px solid #eee}blockquote{background:#fff4e5;margin:1em 0;
+padding:.5em 1em;border-left:4px solid #f0a020}code{background:#f5f5f5;padding:0 .2em}"""
+
+
+def write_html(markdown_text: str, out_dir: Path, title: str, name: str = "report.html") -> Path:
+    """The Markdown page as one self-contained HTML file: its PNGs embedded as data URLs."""
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+
+    def embed(match: re.Match) -> str:
+        image = out_dir / match.group(1)
+        if not image.exists():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(image.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([^"/:]+\.png)"', embed, body)
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{CSS}</style></head><body>{body}</body></html>"
+    path = out_dir / name
+    path.write_text(page)
+    return path

@@ -1,0 +1,212 @@
+"""The run's plots: latency over time beside its distribution, streaming figures (TTFT, inter-token gaps), and
+the servers' own figures under the client's latency."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .report import Samples, Summary, measured, pooled_gaps
+from .server_metrics import Series
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _distribution(ax, values: np.ndarray, marks: dict[str, float], unit: str, limit: float) -> None:
+    """Histogram and cumulative fraction of `values` up to `limit`, with the percentiles in `marks` drawn."""
+    values = np.sort(values)
+    if not len(values):
+        return
+    # A few outliers would squash the body of the distribution: cut the axis, say what was cut.
+    shown = values <= limit
+    beyond = int((~shown).sum())
+    ax.hist(values[shown], bins=60, color="tab:blue", alpha=0.6)
+    if beyond:
+        ax.text(0.98, 0.5, f"{beyond} value(s) > {limit:.0f} {unit}\n(max {values[-1]:.0f} {unit}) not shown",
+                transform=ax.transAxes, ha="right", fontsize=8)
+    ax_c = ax.twinx()
+    ax_c.plot(values[shown], (np.arange(1, len(values) + 1) / len(values))[shown], color="black", linewidth=1)
+    ax_c.set_ylabel("cumulative fraction")
+    for name, color in (("p50", "tab:green"), ("p90", "tab:purple"), ("p99", "tab:orange")):
+        if name in marks:
+            ax.axvline(marks[name], color=color, linestyle="--", label=f"{name} {marks[name]:.1f} {unit}")
+    ax.legend(fontsize=8)
+
+
+def _time_axis(ax, summary: Summary, ylabel: str, title: str) -> None:
+    """Labels of a per-request-over-time panel, with the warm-up shaded."""
+    if summary.warmup_s:
+        ax.axvspan(0, summary.warmup_s, color="gray", alpha=0.1, label="warm-up (excluded)")
+    ax.set_xlabel("time since start (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title)
+
+
+def save(fig, path: Path, title: str) -> Path:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def per_second(samples: Samples) -> dict[str, np.ndarray]:
+    """Per-second P50 / P99 latency and QPS of the successful requests, by start time since the first one."""
+    t = samples.start - samples.start.min()
+    seconds = np.floor(t).astype(int)
+    ok = samples.ok
+    xs, p50, p99, qps = [], [], [], []
+    for s in np.unique(seconds):
+        lat = samples.latency_ms[(seconds == s) & ok]
+        if len(lat):
+            xs.append(s + 0.5)
+            p50.append(np.percentile(lat, 50))
+            p99.append(np.percentile(lat, 99))
+            qps.append(len(lat))
+    return {"t": np.array(xs), "p50": np.array(p50), "p99": np.array(p99), "qps": np.array(qps)}
+
+
+def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
+    """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution."""
+    plt = pyplot()
+    fig, (ax_t, ax_d) = plt.subplots(1, 2, figsize=(13, 4.8))
+    t = samples.start - samples.start.min() if len(samples.end) else samples.start
+    ok = samples.ok
+    ax_t.scatter(t[ok], samples.latency_ms[ok], s=3, alpha=0.25, color="tab:blue", label="request")
+    if (~ok).any():
+        ax_t.scatter(t[~ok], samples.latency_ms[~ok], s=8, color="tab:red", marker="x", label="error")
+    if len(t):
+        client = per_second(samples)
+        ax_t.plot(client["t"], client["p50"], color="tab:green", label="P50 per second")
+        ax_t.plot(client["t"], client["p99"], color="tab:orange", label="P99 per second")
+        ax_q = ax_t.twinx()
+        ax_q.plot(client["t"], client["qps"], color="gray", linestyle=":", label="QPS")
+        ax_q.set_ylabel("requests / s (dotted)")
+        ax_q.set_ylim(bottom=0)
+    _time_axis(ax_t, summary, "latency (ms)", "latency over time")
+    if len(samples.end):
+        lat = samples.latency_ms[ok & measured(samples, summary.warmup_s)]
+        if len(lat):
+            _distribution(ax_d, lat, summary.latency_ms, "ms", 1.5 * summary.latency_ms.get("p99.9", lat.max()))
+    ax_d.set_xlabel("latency (ms)")
+    ax_d.set_ylabel("requests")
+    ax_d.set_title("latency distribution (after warm-up)")
+    return save(fig, path, title)
+
+
+def plot_streaming(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
+    """TTFT of each request over time, then the TTFT and inter-token gap distributions after warm-up."""
+    plt = pyplot()
+    fig, (ax_t, ax_f, ax_i) = plt.subplots(1, 3, figsize=(16, 4.8))
+    use = samples.ok & samples.streamed & np.isfinite(samples.ttft_ms)
+    t = samples.start - samples.start.min()
+    ax_t.scatter(t[use], samples.ttft_ms[use], s=4, alpha=0.4, color="tab:blue", label="request")
+    _time_axis(ax_t, summary, "time to first token (ms)", "TTFT over time")
+    kept = use & measured(samples, summary.warmup_s)
+    for ax, values, name, what in (
+        (ax_f, samples.ttft_ms[kept], "ttft_ms", "time to first token"),
+        (ax_i, pooled_gaps(samples, kept), "itl_ms", "inter-token gap"),
+    ):
+        marks = summary.streaming.get(name, {})
+        if len(values):
+            _distribution(ax, values, marks, "ms", 1.5 * marks.get("p99", values.max()))
+        ax.set_xlabel(f"{what} (ms)")
+        ax.set_ylabel("requests" if name == "ttft_ms" else "gaps")
+        ax.set_title(f"{what} distribution (after warm-up)")
+    return save(fig, path, title)
+
+
+PANELS = {  # panel -> (left axis, right axis), top to bottom
+    "time": ("where time goes\nms per request", ""), "throughput": ("per second", "vLLM tokens/s (dashed)"),
+    "triton": ("Triton ms per request", "batch size (dotted)"), "queues": ("requests", ""),
+    "kv": ("vLLM KV cache %", ""), "gpu": ("GPU utilization %", "GPU memory GiB (dashed)"),
+}
+
+
+def _lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
+    """(x, y, label, style[, on the right axis]) per panel. Triton shows only its busiest models."""
+    of = lambda role, only=None: [(n, s) for n, s in series.items()  # noqa: E731
+                                  if s.role == role and (only is None or s.subject in only)]
+    busy = {s.subject: np.nansum(s.y) for _, s in of("rps")}
+    # Where the time goes: rank the models by the time requests spend in them (queue + compute), summed over
+    # the run. An ensemble's own figures repeat its steps', so the steps (NAME_tokenizer, NAME_model, ... as
+    # export names them) are what is ranked.
+    spent = defaultdict(float)
+    for _, s in of("queue") + of("compute"):
+        spent[s.subject] += float(np.nansum(s.y * (s.w if s.w is not None else 1.0)))
+    ensembles = {m for m in spent if any(other.startswith(f"{m}_") for other in spent)}
+    working = sorted((m for m in spent if spent[m] > 0 and m not in ensembles), key=lambda m: -spent[m])
+    out, dots, t = defaultdict(list), {"marker": ".", "markersize": 3, "lw": 1.1}, np.asarray(client.get("t", []))
+    for key, label, color in (("p50", "client P50", "black"), ("p99", "client P99", "tab:red"),
+                              ("qps", "client QPS", "black")):
+        if len(client.get(key, [])) == len(t) > 0:
+            out["throughput" if key == "qps" else "time"].append((t, client[key], label, {"color": color, "lw": 1.8}))
+    top = sorted(busy, key=lambda m: -busy[m])[:3]
+    for panel, roles, only in (("time", ("gateway", "backend", "vllm_queue"), None),
+                               ("time", ("queue", "compute"), working[:1]), ("throughput", ("rps",), top),
+                               ("throughput", ("failures", "shed"), None), ("kv", ("kv",), None),
+                               ("queues", ("in flight", "queued", "running", "waiting"), None)):
+        out[panel] += [(s.x, s.y, n, dots) for role in roles for n, s in of(role, only)
+                       if role != "failures" or np.nanmax(s.y) > 0]  # a line of zeros says nothing
+    out["throughput"] += [(s.x, s.y, n, {**dots, "color": "tab:gray", "ls": "--"}, True) for n, s in of("tokens")]
+    for i, model in enumerate(working[:3]):  # one colour per model: queue dashed, compute solid, batch dotted
+        for role, ls in (("queue", "--"), ("compute", "-"), ("batch", ":")):
+            out["triton"] += [(s.x, s.y, n, {**dots, "color": f"C{i}", "ls": ls}, role == "batch")
+                              for n, s in of(role, [model])]
+    for role, ls in (("util", "-"), ("memory", "--")):
+        out["gpu"] += [(s.x, s.y, n, {**dots, "color": f"C{i}", "ls": ls}, ls == "--")
+                       for i, (n, s) in enumerate(of(role))]
+    return out
+
+
+def plot_servers(series: dict[str, Series], client: dict, path: Path, title: str, warmup_s: float = 0.0) -> Path | None:
+    """Server series under the client's latency, one panel per group with data, on one time axis.
+
+    Args:
+        series: From `server_metrics.derive`.
+        client: ``{"t": seconds since t0 (per-second bins), "p50": ms, "p99": ms, "qps": requests/s}``.
+        path: The PNG to write.
+        title: The figure's title.
+        warmup_s: The warm-up, shaded grey.
+
+    Returns:
+        `path`, or None when there was nothing to draw.
+    """
+    lines = _lines(series, client)
+    panels = [p for p in PANELS if lines.get(p)]
+    if not panels:
+        return None
+    fig, axes = pyplot().subplots(len(panels), 1, figsize=(13, 2.6 * len(panels) + 0.9), sharex=True, squeeze=False)
+    for i, (ax, panel) in enumerate(zip(axes[:, 0], panels)):
+        twin = ax.twinx() if any(line[4:] for line in lines[panel]) else None
+        for x, y, label, style, *right in lines[panel]:
+            (twin if right and right[0] else ax).plot(x, y, label=label, **style)
+        if warmup_s > 0:
+            ax.axvspan(0, warmup_s, color="0.9", zorder=0, label="_" if i else "warm-up")
+        handles, labels = ax.get_legend_handles_labels()
+        for axis, label in ((ax, PANELS[panel][0]), (twin, PANELS[panel][1])):
+            if axis is not None:
+                axis.set_ylabel(label, fontsize=9)
+                axis.set_ylim(bottom=0)
+        if twin is not None:
+            more = twin.get_legend_handles_labels()
+            handles, labels = handles + more[0], labels + more[1]
+        ax.grid(alpha=0.3)
+        # Outside the axes, past the right-hand axis where there is one, so that no legend hides data.
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.07 if twin else 1.01, 1), fontsize=8,
+                  frameon=False)
+    axes[-1, 0].set_xlabel("seconds since the load test's start")
+    axes[-1, 0].set_xlim(left=0)
+    return save(fig, Path(path), title)

@@ -1,0 +1,251 @@
+"""Turn raw per-request samples into figures: P50/P90/P99/P99.9, QPS, errors, goodput under an SLO, figures
+per API of a mix, late open-loop arrivals. Streamed runs (rows that carry time to first token, inter-token
+gaps and output tokens) also get TTFT / ITL / TPOT / output tokens/s. (plots.py draws them, pages.py writes
+the report.)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99, 99.9)
+STREAM_PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class Samples:
+    end: np.ndarray  # epoch seconds
+    latency_ms: np.ndarray
+    ok: np.ndarray  # bool
+    errors: list[str]
+    # Streaming figures, NaN / empty where a request has none (not streamed, failed, or no text).
+    ttft_ms: np.ndarray | None = None
+    output_tokens: np.ndarray | None = None
+    itl_ms: list[np.ndarray] | None = None
+    names: np.ndarray | None = None  # the API of each request (classify, chat, ...)
+    wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
+
+    @property
+    def start(self) -> np.ndarray:
+        return self.end - self.latency_ms / 1000.0
+
+    @property
+    def streamed(self) -> np.ndarray:
+        """Which requests were streamed answers (they have a time to first token)."""
+        if self.ttft_ms is None:
+            return np.zeros(len(self.end), dtype=bool)
+        return np.isfinite(self.ttft_ms)
+
+
+def _floats(rows: list[dict], column: str) -> np.ndarray:
+    return np.array([float(r.get(column) or "nan") for r in rows])
+
+
+def load_samples(path: str | Path) -> Samples:
+    """Read the raw-sample CSV a run wrote (see loadtest/scenarios/samples.py for its columns)."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("ok") in ("0", "1")]  # a row cut short at a kill has no ok
+    rows.sort(key=lambda r: float(r["end"]))
+    ok = np.array([r["ok"] == "1" for r in rows], dtype=bool)
+    samples = Samples(
+        end=_floats(rows, "end"), latency_ms=_floats(rows, "latency_ms"), ok=ok,
+        errors=[r["error"] for r in rows if r["ok"] != "1"],
+        names=np.array([r["name"] for r in rows], dtype=object), wait_ms=_floats(rows, "wait_ms"),
+    )
+    tokens = _floats(rows, "output_tokens")
+    if np.isfinite(tokens).any():
+        samples.ttft_ms = _floats(rows, "ttft_ms")
+        samples.output_tokens = tokens
+        samples.itl_ms = [np.array((r.get("itl_ms") or "").split(), dtype=float) for r in rows]
+    return samples
+
+
+def nearest_rank(sorted_values: np.ndarray, percentile: float) -> float:
+    """The value at rank ceil(p% * n), as HDR histograms report: a latency that was observed,
+    never an interpolation. (The 1e-9 absorbs float error such as 99.9 / 100 * 1000 = 999.0000000000001.)"""
+    n = len(sorted_values)
+    rank = min(n, max(1, math.ceil(percentile / 100 * n - 1e-9)))
+    return float(sorted_values[rank - 1])
+
+
+def _ranks(values: np.ndarray, percentiles=STREAM_PERCENTILES) -> dict[str, float]:
+    ordered = np.sort(values)
+    return {f"p{p:g}": nearest_rank(ordered, p) for p in percentiles} if len(ordered) else {}
+
+
+@dataclass
+class Summary:
+    requests: int
+    errors: int
+    duration_s: float
+    qps: float  # successful requests per second in the measured window
+    sent_rps: float  # requests sent per second in the window (from their start times): the load actually offered
+    latency_ms: dict[str, float]  # p50/p90/p99/p99.9/mean/max of successful requests
+    warmup_s: float
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    streaming: dict = field(default_factory=dict)  # see _streaming; empty for runs that did not stream
+    goodput: dict = field(default_factory=dict)  # see _goodput; empty without an SLO
+    by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
+    late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measured(samples: Samples, warmup_s: float) -> np.ndarray:
+    """Requests that started after the warm-up."""
+    return samples.start >= samples.start.min() + warmup_s
+
+
+def pooled_gaps(samples: Samples, use: np.ndarray) -> np.ndarray:
+    """Every inter-token gap of the requests in `use`, in one array."""
+    gaps = [samples.itl_ms[i] for i in np.flatnonzero(use)]
+    return np.concatenate(gaps) if gaps else np.array([])
+
+
+def _streaming(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
+    """TTFT, ITL (every gap), TPOT and output tokens/s of the requests in `use` (measured and successful).
+
+    TPOT is (latency - TTFT) / (tokens - 1), so only requests of 2+ tokens with a first token have one;
+    the aggregate output tokens/s is all their output tokens over the measured window.
+    """
+    lat = samples.latency_ms[use]
+    ttft = samples.ttft_ms[use]
+    tokens = samples.output_tokens[use]
+    timed = np.isfinite(ttft)
+    decoding = timed & (tokens > 1)
+    return {
+        "requests": int(use.sum()),
+        "ttft_ms": _ranks(ttft[timed]),
+        "itl_ms": _ranks(pooled_gaps(samples, use)),
+        "tpot_ms": _ranks((lat[decoding] - ttft[decoding]) / (tokens[decoding] - 1)),
+        "output_tokens_per_s_per_request": _ranks(tokens / (lat / 1000.0)),
+        "output_tokens_per_s": float(tokens.sum() / duration_s) if duration_s > 0 else 0.0,
+        "mean_output_tokens": float(tokens.mean()),
+    }
+
+
+SLO_FIGURES = {"e2el": "end-to-end latency", "ttft": "time to first token", "tpot": "time per output token",
+               "itl": "largest inter-token gap"}
+MAX_ERROR_FRACTION = 0.01  # a run with more failed requests does not hold its load, whatever its P99
+LATE_MS = 10.0  # an open-loop request that left this much after its arrival time is counted as late
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """`ttft:500,e2el:2000` (ms, the names of `vllm bench serve --goodput` plus itl) as {figure: limit}."""
+    slo = {}
+    for item in filter(None, (i.strip() for i in text.replace(" ", ",").split(","))):
+        name, _, value = item.replace("=", ":").partition(":")
+        try:
+            limit = float(value)
+        except ValueError:
+            limit = -1.0
+        if name not in SLO_FIGURES or limit <= 0:
+            raise ValueError(f"SLO: expected NAME:MS with NAME one of {', '.join(SLO_FIGURES)} and MS > 0, not {item!r}")
+        slo[name] = limit
+    return slo
+
+
+def per_request(samples: Samples) -> dict[str, np.ndarray]:
+    """Each request's SLO figures in ms, NaN where a request has none (TTFT of an unstreamed request...)."""
+    n = len(samples.end)
+    figures = {"e2el": samples.latency_ms.astype(float)}
+    if samples.ttft_ms is None:
+        return figures | {k: np.full(n, np.nan) for k in ("ttft", "tpot", "itl")}
+    tokens = samples.output_tokens
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(tokens > 1, (samples.latency_ms - samples.ttft_ms) / (tokens - 1), np.nan)
+    itl = np.array([g.max() if len(g) else np.nan for g in samples.itl_ms])
+    return figures | {"ttft": samples.ttft_ms, "tpot": tpot, "itl": itl}
+
+
+def meets_slo(samples: Samples, slo: dict[str, float]) -> np.ndarray:
+    """Successful requests within every limit; a limit applies to the requests that have its figure."""
+    figures = per_request(samples)
+    good = samples.ok.copy()
+    for name, limit in slo.items():
+        values = figures[name]
+        good &= ~(values > limit)  # NaN compares False: no figure, no breach
+    return good
+
+
+def _goodput(samples: Samples, keep: np.ndarray, slo: dict[str, float], duration: float) -> dict:
+    """Requests per second that met the SLO, and P99 of each SLO figure over the successful requests."""
+    good = meets_slo(samples, slo) & keep
+    figures = per_request(samples)
+    ok = keep & samples.ok
+    p99 = {name: (_ranks(figures[name][ok & np.isfinite(figures[name])], (99,)) or {}).get("p99") for name in slo}
+    return {"slo_ms": slo, "good_requests": int(good.sum()), "goodput_rps": float(good.sum() / duration) if duration else 0.0,
+            "fraction": float(good.sum() / max(1, keep.sum())), "p99_ms": p99,
+            "p99_within_slo": all(v is not None and v <= slo[k] for k, v in p99.items())}
+
+
+def _latency_figures(latency_ms: np.ndarray) -> dict[str, float]:
+    lat = np.sort(latency_ms)
+    if not len(lat):
+        return {}
+    figures = {f"p{p:g}": nearest_rank(lat, p) for p in PERCENTILES}
+    return figures | {"mean": float(lat.mean()), "max": float(lat.max()), "min": float(lat.min())}
+
+
+def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = None,
+              slo: dict[str, float] | None = None) -> Summary:
+    """Figures over the window after `warmup_s`; percentiles from the sorted raw latencies."""
+    if len(samples.end) == 0:
+        return Summary(0, 0, 0.0, 0.0, 0.0, {}, warmup_s, {}, settings or {})
+    t0 = samples.start.min() + warmup_s
+    keep = measured(samples, warmup_s)
+    if not keep.any():
+        raise ValueError(f"no request started after the {warmup_s}s warm-up; run longer or shorten --warmup")
+    ok = samples.ok[keep]
+    duration = float(samples.end[keep].max() - t0)
+    kept_errors = [e for e, k in zip(samples.errors, keep[~samples.ok]) if k]
+    streamed = keep & samples.ok & samples.streamed
+    summary = Summary(
+        requests=int(keep.sum()),
+        errors=int((~ok).sum()),
+        duration_s=duration,
+        qps=float(ok.sum() / duration) if duration > 0 else 0.0,
+        sent_rps=float(keep.sum() / sending) if (sending := float(samples.start[keep].max() - t0)) > 0 else 0.0,
+        latency_ms=_latency_figures(samples.latency_ms[keep][ok]),
+        warmup_s=warmup_s,
+        error_kinds=dict(Counter(e.split(":")[0] or "unknown" for e in kept_errors).most_common(10)),
+        settings=settings or {},
+        streaming=_streaming(samples, streamed, duration) if streamed.any() else {},
+    )
+    if slo:
+        summary.goodput = _goodput(samples, keep, slo, duration)
+    if samples.names is not None and len(set(samples.names[keep])) > 1:
+        for name in sorted(set(samples.names[keep])):
+            mine = keep & (samples.names == name)
+            good = mine & samples.ok
+            summary.by_name[name] = {"requests": int(mine.sum()), "errors": int((mine & ~samples.ok).sum()),
+                                     "qps": float(good.sum() / duration) if duration > 0 else 0.0,
+                                     "latency_ms": _latency_figures(samples.latency_ms[good])}
+    if samples.wait_ms is not None and np.isfinite(samples.wait_ms[keep]).any():
+        waits = samples.wait_ms[keep & np.isfinite(samples.wait_ms)]
+        summary.late_arrivals = {"requests": int((waits > LATE_MS).sum()), "of": int(len(waits)),
+                                 "max_wait_ms": float(waits.max()), "late_ms": LATE_MS}
+    return summary
+
+
+def headline(summary: Summary) -> str:
+    lat = summary.latency_ms
+    if not lat:
+        return f"no successful request ({summary.requests} requests, {summary.errors} errors)"
+    line = (f"P50 {lat['p50']:.1f} ms, P90 {lat['p90']:.1f} ms, P99 {lat['p99']:.1f} ms, "
+              f"QPS {summary.qps:.1f}, errors {summary.errors}/{summary.requests}")
+    ttft = summary.streaming.get("ttft_ms")
+    if ttft:
+        line += (f"; TTFT P50 {ttft['p50']:.1f} ms, P99 {ttft['p99']:.1f} ms, "
+                 f"{summary.streaming['output_tokens_per_s']:.1f} output tokens/s")
+    return line
+
+

@@ -1,0 +1,236 @@
+"""One call per gateway API, each checking its answer: a wrong answer (fewer results than inputs, no
+tokens, a stream cut short) is a failure with the reason, not a success.
+
+Streams are read line by line as they arrive and timed the way `vllm bench serve` times them: time to
+first token (TTFT) is the first event that carries choices, the inter-token gaps (ITL) are between
+successive such events, output tokens come from the usage event. The request's latency is the whole
+answer, replacing locust's own time (with stream=True that stops at the response headers).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import workloads
+from .options import parse_mix, word_range
+
+ENCODER_APIS = {"classify": "/v1/classify", "image": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings"}
+GENERATION_APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+class WrongAnswer(Exception):
+    """The answer came but is not a whole, valid one; the message is what the report counts."""
+
+
+@dataclass
+class Load:
+    """What one locust process sends, built once from the command-line options."""
+
+    options: object
+    entries: list[tuple[str, str]] = field(default_factory=list)  # (api, model)
+    weights: list[float] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    prompts: list[workloads.Prompt] = field(default_factory=list)
+    headers: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, options, index: int = 0) -> "Load":
+        load = cls(options)
+        if options.scenario == "mix":
+            mix = parse_mix(options.mix)
+            load.entries, load.weights = [(a, m) for a, m, _ in mix], [w for _, _, w in mix]
+        else:
+            if not options.model:
+                raise ValueError("--model is required")
+            load.entries, load.weights = [(options.scenario, options.model)], [1.0]
+        if options.batch < 1 or options.output_len < 1:
+            raise ValueError("--batch and --output-len must be >= 1")
+        apis = {api for api, _ in load.entries}
+        dataset = Path(options.dataset) if options.dataset else None
+        if dataset is not None and not dataset.exists():
+            raise ValueError(f"dataset {dataset} does not exist")
+        fits = dataset is None or (dataset.is_dir() and "image" in apis) or (
+            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", *GENERATION_APIS}))
+        if not fits:  # never fall back to the built-in workload behind the user's back
+            raise ValueError(f"--dataset {dataset} fits none of {', '.join(sorted(apis))}: texts and prompts come "
+                             "from a file, images from a folder")
+        if options.workload == "file" and dataset is None:
+            raise ValueError("--workload file needs --dataset")
+        if apis & {"classify", "ner", "embeddings"}:
+            load.texts = workloads.read_texts(dataset) if dataset and dataset.is_file() else workloads.TEXTS
+        if "image" in apis:
+            load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
+        if apis & GENERATION_APIS.keys():
+            load.prompts = load._prompts(dataset, options.seed + index)
+        if options.api_key:
+            load.headers["Authorization"] = f"Bearer {options.api_key}"
+        return load
+
+    def _prompts(self, dataset: Path | None, seed: int) -> list[workloads.Prompt]:
+        o = self.options
+        if o.workload == "random":
+            if not o.tokenizer:
+                raise ValueError("--workload random needs --tokenizer (the model's tokenizer.json or its folder)")
+            path = Path(o.tokenizer)
+            return workloads.random_token_prompts(path / "tokenizer.json" if path.is_dir() else path, o.num_prompts,
+                                                  o.input_len, o.output_len, o.range_ratio, seed)
+        if dataset is not None and dataset.is_file():
+            return workloads.read_prompts(dataset)
+        return workloads.builtin_prompts(random.Random(seed), 256, word_range(o.prompt_words))
+
+    @property
+    def ignore_eos(self) -> bool:
+        return self.options.ignore_eos == "on" or (self.options.ignore_eos == "auto" and self.options.workload == "random")
+
+    def pick(self, rng: random.Random) -> tuple[str, str]:
+        return self.entries[0] if len(self.entries) == 1 else rng.choices(self.entries, self.weights)[0]
+
+
+def call(user, api: str, model: str, rng: random.Random, context: dict | None = None) -> float:
+    """One request of `api` for `model` through the user's locust client; `context` rides along to the
+    raw-sample row (e.g. how long an open-loop arrival waited for a slot). Returns the seconds a client that
+    honours Retry-After waits before its next request (0 if none)."""
+    if api in GENERATION_APIS:
+        return _generate(user, api, model, rng, context or {})
+    return _encode(user, api, model, rng, context or {})
+
+
+def _retry_after(user, response) -> float:
+    retry_after = response.headers.get("retry-after") if response.headers else None
+    if not (user.load.options.honour_retry_after and response.status_code in (429, 503) and retry_after):
+        return 0.0
+    try:
+        return max(0.0, float(retry_after))
+    except ValueError:  # an HTTP date: our gateway sends seconds; wait a second rather than guess
+        return 1.0
+
+
+def _failed_status(response) -> bool:
+    if response.status_code == 200:
+        return False
+    if response.status_code:  # 0: no answer at all; locust records the connection error itself
+        response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
+    return True
+
+
+def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+    load = user.load
+    n = load.options.batch
+    inputs = ([{"image": i} for i in rng.choices(load.images, k=n)] if api == "image" else rng.choices(load.texts, k=n))
+    with user.client.post(ENCODER_APIS[api], json={"model": model, "input": inputs}, name=api, headers=load.headers,
+                          catch_response=True, context=context) as response:
+        if _failed_status(response):
+            return _retry_after(user, response)
+        try:
+            data = response.json().get("data")
+            _check_encoded(api, data, n)
+        except (WrongAnswer, ValueError, AttributeError) as exc:
+            response.failure(f"wrong answer: {exc}")
+    return 0.0
+
+
+def _check_encoded(api: str, data, n: int) -> None:
+    if not isinstance(data, list) or len(data) != n:
+        raise WrongAnswer(f"expected {n} results, got {len(data) if isinstance(data, list) else type(data).__name__}")
+    if api in ("classify", "image") and not all(isinstance(d.get("label"), str) for d in data):
+        raise WrongAnswer("a result has no label")
+    if api == "ner" and not all(isinstance(d.get("entities"), list) for d in data):
+        raise WrongAnswer("a result has no entity list")
+    if api == "embeddings":
+        sizes = {len(d.get("embedding") or ()) for d in data}
+        if len(sizes) != 1 or 0 in sizes:
+            raise WrongAnswer(f"embeddings of sizes {sorted(sizes)}")
+
+
+def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt) -> dict:
+    o = load.options
+    body = {"model": model, "max_tokens": prompt.max_tokens or o.output_len}
+    if api == "chat":
+        body["messages"] = prompt.messages
+    else:
+        body["prompt"] = prompt.text
+    if not o.no_stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    if load.ignore_eos:
+        body["ignore_eos"] = True
+    if o.temperature is not None:
+        body["temperature"] = o.temperature
+    return body
+
+
+def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+    load = user.load
+    body = _generation_body(load, api, model, rng.choice(load.prompts))
+    stream = body.get("stream", False)
+    started = time.perf_counter()
+    with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=load.headers, stream=stream,
+                          catch_response=True, context=context) as response:
+        if _failed_status(response):
+            return _retry_after(user, response)
+        try:
+            if stream:
+                # geventhttpclient's readline returns each line as it arrives (iter_content(n) would wait
+                # for n bytes and batch the tokens).
+                figures = read_stream(iter(lambda: response._response.readline(b"\n"), b""), started)
+            else:
+                figures = _whole_answer(response.json())
+            if load.ignore_eos and figures["output_tokens"] != body["max_tokens"]:
+                raise WrongAnswer(f"ignore_eos: expected {body['max_tokens']} tokens, got {figures['output_tokens']}")
+            response.request_meta["context"].update(figures)  # locust copied `context` into the request
+        except (WrongAnswer, ValueError, AttributeError) as exc:
+            response.failure(f"wrong answer: {exc}")
+        except OSError as exc:  # the connection broke mid-answer
+            response.failure(f"stream cut: {type(exc).__name__}")
+        finally:
+            response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
+    return 0.0
+
+
+def _whole_answer(answer: dict) -> dict:
+    usage = answer.get("usage") or {}
+    tokens = usage.get("completion_tokens")
+    if not answer.get("choices") or not tokens:
+        raise WrongAnswer("no choices or no completion tokens")
+    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens")}
+
+
+def read_stream(lines, started: float) -> dict:
+    """Streaming figures of one SSE answer from its lines as they arrive; `started` is the send time
+    (perf_counter). Raises WrongAnswer on an error event, an unparsable event, no [DONE] or no tokens."""
+    token_times, usage = [], {}
+    for line in lines:
+        arrived = time.perf_counter()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        try:
+            chunk = json.loads(payload)
+        except json.JSONDecodeError:
+            raise WrongAnswer(f"unparsable event {payload[:80]!r}") from None
+        if not isinstance(chunk, dict):
+            raise WrongAnswer(f"event is not a JSON object: {payload[:80]!r}")
+        if "error" in chunk:
+            error = chunk["error"]
+            raise WrongAnswer(f"stream error: {error.get('message') if isinstance(error, dict) else error}")
+        if chunk.get("choices"):
+            token_times.append(arrived)
+        elif chunk.get("usage"):
+            usage = chunk["usage"]
+    else:
+        raise WrongAnswer("stream cut: no [DONE]")
+    tokens = usage.get("completion_tokens", len(token_times))
+    if not tokens or not token_times:
+        raise WrongAnswer("no output tokens")
+    return {
+        "ttft_ms": (token_times[0] - started) * 1000,
+        "itl_ms": [(b - a) * 1000 for a, b in zip(token_times, token_times[1:])],
+        "output_tokens": tokens,
+        "prompt_tokens": usage.get("prompt_tokens"),
+    }

@@ -1,0 +1,118 @@
+"""The locustfile of every scenario: `locust -f loadtest/scenarios/locustfile.py --scenario ... --model ...`.
+
+Closed loop: each user sends its next request as soon as the last was answered. Open loop (--arrival
+poisson | gamma): requests arrive at --rate whatever the answers do, from one arrival schedule per
+process (each process takes its share of the rate); an arrival that finds --max-in-flight requests
+outstanding waits for one to end, and that wait is recorded with the request, so a report can say when
+the load stopped being open.
+"""
+
+import random
+import time
+
+import gevent
+import numpy as np
+from gevent.lock import BoundedSemaphore
+from gevent.pool import Group
+from locust import FastHttpUser, constant, events, task
+from locust.runners import STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
+
+from loadtest.scenarios import samples  # noqa: F401  (registers the raw-sample recorder)
+from loadtest.scenarios.apis import Load, call
+from loadtest.scenarios.options import add_options, parse_pairs
+
+events.init_command_line_parser.add_listener(add_options)
+_process: dict = {}  # this process's Load and arrival schedule, made at test start
+
+
+class Arrivals:
+    """Open-loop arrival times for this process: Poisson, or gamma gaps with a burstiness factor as
+    `vllm bench serve` draws them (shape = burstiness, mean gap = 1 / rate), at a rate that may follow stages."""
+
+    def __init__(self, options, share: float, seed: int):
+        self.options, self.share = options, share
+        self.stages = parse_pairs(options.stages, "--stages")
+        self.rng = np.random.default_rng(seed)
+        self.slots = BoundedSemaphore(max(1, round(options.max_in_flight * share)))
+        self.in_flight = Group()
+        self.start = time.perf_counter()
+        self.next_at = 0.0  # seconds after start
+
+    def rate_at(self, t: float) -> tuple[float, float]:
+        """This process's rate at `t`, and when that rate ends (inf without stages)."""
+        if not self.stages:
+            return self.options.rate * self.share, float("inf")
+        end = 0.0
+        for seconds, rate in self.stages:
+            end += seconds
+            if t < end:
+                return rate * self.share, end
+        return 0.0, float("inf")
+
+    def take(self) -> float:
+        """The next arrival time (seconds after start). A gap that would cross into the next stage is drawn
+        again from that stage's start at its rate (for Poisson arrivals, memoryless, that is exact)."""
+        while True:
+            rate, ends = self.rate_at(self.next_at)
+            if rate > 0:
+                b = self.options.burstiness if self.options.arrival == "gamma" else 1.0
+                due = self.next_at + float(self.rng.gamma(b, 1.0 / (rate * b)))
+                if due < ends:
+                    self.next_at = due
+                    return due
+            elif ends == float("inf"):
+                return ends
+            self.next_at = ends
+
+
+@events.test_start.add_listener
+def _prepare(environment, **_kwargs):
+    runner, options = environment.runner, environment.parsed_options
+    if options is None or isinstance(runner, MasterRunner):  # the master sends nothing itself
+        return
+    index = max(0, getattr(runner, "worker_index", 0)) if isinstance(runner, WorkerRunner) else 0
+    processes = max(1, options.expect_workers) if isinstance(runner, WorkerRunner) else 1
+    _process["load"] = Load.from_options(options, index)
+    _process["seed"] = options.seed * 10_000 + index * 100
+    if options.arrival != "closed":
+        _process["arrivals"] = Arrivals(options, 1.0 / processes, _process["seed"])
+    ApiUser.network_timeout = ApiUser.connection_timeout = options.request_timeout
+
+
+class ApiUser(FastHttpUser):
+    wait_time = constant(0)
+    concurrency = 1024  # connections one user may hold: an open-loop user has many requests in flight
+    _numbers = iter(range(10**9))
+
+    def on_start(self):
+        self.load = _process["load"]
+        self.rng = random.Random(_process["seed"] + next(self._numbers))
+        self.arrivals = _process.get("arrivals")
+
+    @task
+    def step(self):
+        if self.arrivals is None:
+            pause = call(self, *self.load.pick(self.rng), self.rng)
+            if pause:
+                gevent.sleep(pause)  # Retry-After, honoured after the request was recorded
+            return
+        due = self.arrivals.start + self.arrivals.take()
+        # Wait in short steps: a stop during the wait must not send one more request after the run's end.
+        while (left := due - time.perf_counter()) > 0:
+            if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
+                return
+            gevent.sleep(min(left, 0.1))
+        self.arrivals.slots.acquire()
+        wait_ms = (time.perf_counter() - due) * 1000
+        self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), wait_ms)
+
+    def _one(self, seed: int, wait_ms: float) -> None:
+        try:
+            rng = random.Random(seed)
+            call(self, *self.load.pick(rng), rng, {"wait_ms": wait_ms})
+        finally:
+            self.arrivals.slots.release()
+
+    def on_stop(self):
+        if self.arrivals is not None:  # the requests in flight end within the stop timeout (0: not awaited)
+            self.arrivals.in_flight.join(timeout=self.environment.stop_timeout or 0)

@@ -1,0 +1,99 @@
+"""The load test's own command-line options, added to locust's (so `locust -f loadtest/scenarios/locustfile.py
+--scenario chat --model m ...` works as well as `rtxserve loadtest run`). Locust passes them on to its workers.
+
+Named so that they cannot collide with the gateway's RTXSERVE_* settings: nothing here reads the environment.
+Nothing here imports locust (which patches the standard library with gevent on import), so that the runner
+can check a run's options in its own process before it starts any load.
+"""
+
+from __future__ import annotations
+
+SCENARIOS = ("classify", "image", "ner", "embeddings", "chat", "completions", "mix")
+ARRIVALS = ("closed", "poisson", "gamma")
+WORKLOADS = ("builtin", "random", "file")
+
+
+def add_options(parser):
+    """Add the options to `parser` (locust's, through events.init_command_line_parser, or an argparse one)."""
+    group = parser.add_argument_group("rtxserve", "what each request sends and how requests arrive")
+    group.add_argument("--scenario", choices=SCENARIOS, default="classify",
+                       help="API under load: classify (texts), image (classify images), ner, embeddings, chat, "
+                            "completions, or mix (--mix)")
+    group.add_argument("--model", default="", help="model name the requests ask for")
+    group.add_argument("--mix", default="", metavar="API:MODEL:WEIGHT,...",
+                       help="--scenario mix: APIs with their model and a weight per request, e.g. "
+                            "classify:reviews:3,chat:tiny-llama:1")
+    group.add_argument("--batch", type=int, default=1, help="classify / ner / embeddings: inputs per request")
+    group.add_argument("--workload", choices=WORKLOADS, default="builtin",
+                       help="builtin texts, images and word prompts; random token prompts (needs --tokenizer); "
+                            "or --dataset")
+    group.add_argument("--dataset", default="", help="a .txt / .jsonl of texts, a .jsonl of prompts or ShareGPT "
+                                                    "conversations (.json / .jsonl), or a folder of images")
+    group.add_argument("--tokenizer", default="", help="random workload: the model's tokenizer.json (or its folder)")
+    group.add_argument("--input-len", type=int, default=128, help="random workload: prompt tokens (mean)")
+    group.add_argument("--output-len", type=int, default=64, help="max_tokens of each generation (mean for random)")
+    group.add_argument("--range-ratio", type=float, default=0.0,
+                       help="random workload: lengths drawn uniformly within ±ratio of the mean, as vLLM's")
+    group.add_argument("--prompt-words", default="4,120", metavar="MIN,MAX",
+                       help="builtin workload: words per prompt, drawn uniformly")
+    group.add_argument("--num-prompts", type=int, default=256, help="random workload: distinct prompts per process")
+    group.add_argument("--no-stream", action="store_true", help="chat / completions: ask for the whole answer at once")
+    group.add_argument("--ignore-eos", default="auto", choices=("auto", "on", "off"),
+                       help="send ignore_eos (auto: with the random workload, as vllm bench serve does)")
+    group.add_argument("--temperature", type=float, default=None, help="sent when given")
+    group.add_argument("--arrival", choices=ARRIVALS, default="closed",
+                       help="closed: users send again as soon as answered; poisson / gamma: open-loop arrivals at --rate")
+    group.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second, all processes together")
+    group.add_argument("--burstiness", type=float, default=1.0,
+                       help="gamma arrivals: shape factor (1 = Poisson, < 1 burstier, > 1 steadier), as vLLM's")
+    group.add_argument("--max-in-flight", type=int, default=256,
+                       help="open loop: requests in flight at most (all processes); an arrival past it waits")
+    group.add_argument("--stages", default="", metavar="SECONDS:VALUE,...",
+                       help="a ramp: each stage's length and its users (closed) or rate (open loop)")
+    group.add_argument("--honour-retry-after", action="store_true",
+                       help="after a 429 / 503 with Retry-After, a closed-loop user waits that long, as the openai SDK does")
+    group.add_argument("--api-key", default="", help="the gateway key, sent as Authorization: Bearer")
+    group.add_argument("--seed", type=int, default=0, help="workload and arrival seed (each process adds its index)")
+    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as failed")
+    group.add_argument("--samples-out", default="", help="CSV of raw per-request samples (written by the master)")
+
+
+def parse_pairs(text: str, what: str) -> list[tuple[float, float]]:
+    """`SECONDS:VALUE,...` as (seconds, value) pairs; every seconds > 0 and value >= 0."""
+    pairs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        left, sep, right = item.partition(":")
+        try:
+            seconds, value = float(left), float(right)
+        except ValueError:
+            seconds = value = -1.0
+        if not sep or seconds <= 0 or value < 0:
+            raise ValueError(f"{what}: expected SECONDS:VALUE with seconds > 0 and value >= 0, not {item!r}")
+        pairs.append((seconds, value))
+    return pairs
+
+
+def parse_mix(text: str) -> list[tuple[str, str, float]]:
+    """`API:MODEL:WEIGHT,...` as (api, model, weight) triples."""
+    entries = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        api = parts[0]
+        try:
+            weight = float(parts[2]) if len(parts) == 3 else -1.0
+        except ValueError:
+            weight = -1.0
+        if len(parts) != 3 or api not in SCENARIOS[:-1] or not parts[1] or weight <= 0:
+            raise ValueError(f"--mix: expected API:MODEL:WEIGHT with API one of {', '.join(SCENARIOS[:-1])} "
+                             f"and a weight > 0, not {item!r}")
+        entries.append((api, parts[1], weight))
+    if not entries:
+        raise ValueError("--scenario mix needs --mix API:MODEL:WEIGHT,...")
+    return entries
+
+
+def word_range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(",")
+    if not (low.strip().isdigit() and high.strip().isdigit() and 1 <= int(low) <= int(high)):
+        raise ValueError(f"--prompt-words must be 'min,max' with 1 <= min <= max, not {text!r}")
+    return int(low), int(high)

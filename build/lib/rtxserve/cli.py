@@ -1,0 +1,49 @@
+"""The `rtxserve` entry point. It only dispatches: each subcommand's module is imported when it runs,
+so `rtxserve loadtest` never pays for torch and the gateway never imports export code."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, function, one-line help)
+COMMANDS = {
+    "fixtures": ("export.cli", "fixtures_main", "write small fine-tuned-style checkpoints (no model hub)"),
+    "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
+    "serve": ("serve.cli", "main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
+    "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),
+    "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
+    "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
+    "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
+    "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching for the most goodput under an SLO"),
+    "bench": ("bench.cli", "main", "benchmarks (gateway: B1, export: B2, batching: B3/B5, llm: B4 (G2/G3 on a GPU), accuracy: B6, soak: R18)"),
+    "demo": ("rtxserve.demo", "main", "the whole path on CPU: fixtures, export, serve, load test, report"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: rtxserve COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "Run `rtxserve COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    if argv[0] in {"-V", "--version"}:
+        from rtxserve import __version__
+
+        print(f"rtxserve {__version__}")
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"rtxserve: error: unknown command {argv[0]!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, function, _ = COMMANDS[argv[0]]
+    return int(getattr(importlib.import_module(module_name), function)(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""What export writes and serve reads, declared once: task names, the parameters a Triton entry's config
+carries for the gateway, and vLLM's LoRA limits. Both sides import this module and nothing of each other."""
+
+from __future__ import annotations
+
+# Tasks: how an entry (or a vLLM model) says what it does, and which gateway route serves it.
+TEXT_CLASSIFICATION = "text-classification"
+IMAGE_CLASSIFICATION = "image-classification"
+TOKEN_CLASSIFICATION = "token-classification"
+FEATURE_EXTRACTION = "feature-extraction"
+TEXT_GENERATION = "text-generation"
+ENCODER_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, FEATURE_EXTRACTION, IMAGE_CLASSIFICATION)
+
+# Parameters in a servable Triton entry's config.pbtxt (string values).
+PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are internal steps
+PARAM_LABELS = "rtxserve_labels"  # JSON list, index = class id
+PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
+PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
+
+# vLLM's LoRA limits: the ranks --max-lora-rank accepts (the largest is the maximum).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORA_RANK = LORA_RANKS[-1]

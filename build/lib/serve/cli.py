@@ -1,0 +1,254 @@
+"""`rtxserve serve triton|vllm|gateway`: run one server in the foreground until Ctrl-C / SIGTERM;
+`rtxserve serve up|status|down`: a whole box from its deployment file (serve/box.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _triton(args) -> int:
+    from .launcher import ServerProcess
+    from .triton import TritonInstall, TritonNotFound, TritonOptions, triton_command
+
+    try:
+        install = (
+            TritonInstall.from_binary(args.tritonserver, args.backend_directory)
+            if args.tritonserver else TritonInstall.from_env(args.triton_env)
+        )
+        argv, env = triton_command(install, TritonOptions(
+            repository=args.repository, http_port=args.http_port, grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port, address=args.address,
+        ))
+    except (TritonNotFound, FileNotFoundError) as exc:
+        print(f"rtxserve serve triton: error: {exc}", file=sys.stderr)
+        return 2
+    server = ServerProcess("tritonserver", argv, env=env, log_path=args.log,
+                           ready_url=f"http://{args.address}:{args.http_port}/v2/health/ready")
+    print(f"starting tritonserver on {args.repository} (log: {args.log})", file=sys.stderr)
+    return _run_foreground(server, "triton", args.start_timeout,
+                           f"tritonserver ready: grpc {args.address}:{args.grpc_port}, http {args.address}:{args.http_port}, "
+                           f"metrics {args.address}:{args.metrics_port}")
+
+
+def _run_foreground(server, what: str, timeout_s: float, ready_message: str) -> int:
+    """Start `server`, report readiness, then wait for it; SIGTERM and Ctrl-C stop it cleanly."""
+    from .launcher import ServerStartError
+
+    try:
+        server.start(timeout_s=timeout_s)
+    except ServerStartError as exc:
+        print(f"rtxserve serve {what}: error: {exc}", file=sys.stderr)
+        return 1
+    print(ready_message, file=sys.stderr)
+    # Forward only: the main thread's wait() returns once the server has drained and exited.
+    signal.signal(signal.SIGTERM, lambda *_: server.signal(signal.SIGTERM))
+    try:
+        return server.wait()
+    except KeyboardInterrupt:  # the server runs in its own session, so Ctrl-C reaches only us
+        return server.stop() or 0
+
+
+def _vllm(args) -> int:
+    from .launcher import ServerProcess
+    from .vllm import VLLMConfigError, VLLMOptions, vllm_command
+
+    try:
+        adapters = {}
+        for spec in args.lora:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                raise VLLMConfigError(f"--lora {spec!r}: use NAME=PATH")
+            adapters[name] = Path(path)
+        opts = VLLMOptions(model=args.model, served_name=args.served_model_name or args.model.name, host=args.address,
+                           port=args.port, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                           adapters=adapters, dtype=args.dtype, tool_call_parser=args.tool_call_parser,
+                           chat_template=args.chat_template, extra_args=args.vllm_arg)
+        argv, env = vllm_command(opts, args.vllm_env)
+    except VLLMConfigError as exc:
+        print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
+        return 2
+    server = ServerProcess("vllm", argv, env=env, log_path=args.log, ready_url=f"http://{args.address}:{args.port}/v1/models")
+    print(f"starting vLLM for {opts.served_name} (+{len(adapters)} LoRA adapter(s)); log: {args.log}", file=sys.stderr)
+    return _run_foreground(server, "vllm", args.start_timeout,
+                           f"vLLM ready: http://{args.address}:{args.port}/v1 serving {', '.join([opts.served_name, *adapters])}")
+
+
+def _gateway(args) -> int:
+    import uvicorn
+
+    # Settings travel to the workers through the environment (each worker builds its own app).
+    for flag, key in (("host", "HOST"), ("port", "PORT"), ("workers", "WORKERS"), ("triton_grpc_url", "TRITON_GRPC_URL"),
+                      ("vllm_url", "VLLM_URL"), ("keys", "KEYS_FILE")):
+        value = getattr(args, flag)
+        if value is not None:
+            os.environ[f"RTXSERVE_{key}"] = str(value)
+    from .gateway.keys import KeyRing, KeysFileError
+    from .gateway.settings import GatewaySettings
+
+    try:
+        settings = GatewaySettings()
+        if settings.keys_file:
+            KeyRing(settings.keys_file)  # a damaged keys file stops us here, in one line, not in every worker
+        if settings.otlp_endpoint:
+            import importlib.util
+
+            if importlib.util.find_spec("opentelemetry.instrumentation.fastapi") is None:
+                raise ValueError("otlp_endpoint is set but tracing is not installed: pip install 'rtxserve[otel]'")
+    except KeysFileError as exc:
+        print(f"rtxserve serve gateway: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # pydantic ValidationError or a bad config file
+        print(f"rtxserve serve gateway: error: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    if settings.keys_file is None:
+        print(f"rtxserve serve gateway: no keys file: running open on {settings.host} (loopback only); "
+              "make keys with `rtxserve keys create` and pass --keys to require them", file=sys.stderr)
+    if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
+    if settings.workers > 1 and not settings.rate_limit_storage:  # quotas counted once for all workers
+        path = Path(tempfile.mkdtemp(prefix="rtxserve-quotas-")) / "quotas.sqlite"
+        os.environ["RTXSERVE_RATE_LIMIT_STORAGE"] = f"async+sqlite://{path}"
+    os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
+    uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/logs.py) renders uvicorn's records too
+        "serve.gateway.app:main_app", factory=True, host=settings.host, port=settings.port,
+        workers=settings.workers, log_level=args.log_level, log_config=None, access_log=False,
+        timeout_graceful_shutdown=30,
+    )
+    return 0
+
+
+def _up(args) -> int:
+    from deploy.spec import DeploymentError, load_deployment
+
+    from .box import up
+    from .launcher import ServerStartError
+
+    try:
+        deployment = load_deployment(args.deployment)
+        run = up(deployment, root=args.run_root, envs={"triton": args.triton_env, "vllm": args.vllm_env},
+                 timeout_s=args.start_timeout, log=lambda m: print(m, file=sys.stderr))
+    except DeploymentError as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 2
+    except ServerStartError as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
+    return 0
+
+
+def _run_of(args) -> Path:
+    """A deployment's run folder from its name, its deployment file, or the folder itself."""
+    from .box import run_dir
+
+    target = Path(args.target)
+    if target.is_file():
+        from deploy.spec import load_deployment
+
+        return run_dir(load_deployment(target).name, args.run_root)
+    return target if (target / "state.json").exists() else run_dir(args.target, args.run_root)
+
+
+def _status(args) -> int:
+    from deploy.spec import DeploymentError
+
+    from .box import status
+
+    try:
+        servers = status(_run_of(args))
+    except DeploymentError as exc:
+        print(f"rtxserve serve status: {exc}", file=sys.stderr)
+        return 3
+    print(f"{'server':<28} {'kind':<8} {'pid':>8} {'process':<8} ready")
+    for s in servers:
+        print(f"{s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} {s['ready']} {s['url']}")
+    return 0 if all(s["alive"] and s["ready"] == "200" for s in servers) else 1
+
+
+def _down(args) -> int:
+    from deploy.spec import DeploymentError
+
+    from .box import down
+
+    try:
+        left = down(_run_of(args), grace_s=args.grace, log=lambda m: print(m, file=sys.stderr))
+    except DeploymentError as exc:
+        print(f"rtxserve serve down: {exc}", file=sys.stderr)
+        return 3
+    if left:
+        print(f"rtxserve serve down: still running: {', '.join(left)}", file=sys.stderr)
+        return 1
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground.")
+    sub = parser.add_subparsers(dest="server", required=True)
+    t = sub.add_parser("triton", help="the real tritonserver on a model repository")
+    t.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")))
+    t.add_argument("--triton-env", type=Path, default=Path(".envs/triton"), help="environment holding nvidia-pytriton")
+    t.add_argument("--tritonserver", type=Path, help="use this tritonserver binary instead (e.g. in the NGC image)")
+    t.add_argument("--backend-directory", type=Path, default=Path("/opt/tritonserver/backends"))
+    t.add_argument("--address", default="127.0.0.1", help="bind address (default loopback: clients use the gateway)")
+    t.add_argument("--http-port", type=int, default=8000)
+    t.add_argument("--grpc-port", type=int, default=8001)
+    t.add_argument("--metrics-port", type=int, default=8002)
+    t.add_argument("--log", type=Path, default=Path(".rtxserve/logs/tritonserver.log"))
+    t.add_argument("--start-timeout", type=float, default=300.0)
+    t.set_defaults(run=_triton)
+    v = sub.add_parser("vllm", help="the real vLLM OpenAI server for a model and its LoRA adapters")
+    v.add_argument("model", type=Path, help="model folder (a full fine-tune or a base model)")
+    v.add_argument("--served-model-name", help="name clients use (default: the folder name)")
+    v.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a LoRA adapter to serve (repeatable)")
+    v.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    v.add_argument("--kv-cache-gib", type=float, default=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)),
+                   help="KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--tool-call-parser", help="vLLM's parser for the model's tool-call format (hermes, llama3_json, "
+                   "mistral, ...): enables tool_choice 'auto' (tool_choice 'required' and named tools work without it)")
+    v.add_argument("--chat-template", type=Path, help="a Jinja chat template file (e.g. one that renders tools)")
+    v.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                   help="pass an option through to vLLM as is (repeatable), e.g. --vllm-arg=--max-num-seqs=64")
+    v.add_argument("--address", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8100)
+    v.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    v.add_argument("--log", type=Path, default=Path(".rtxserve/logs/vllm.log"))
+    v.add_argument("--start-timeout", type=float, default=600.0)
+    v.set_defaults(run=_vllm)
+    g = sub.add_parser("gateway", help="the HTTP gateway (settings also from RTXSERVE_* env / RTXSERVE_CONFIG YAML)")
+    g.add_argument("--host")
+    g.add_argument("--port", type=int)
+    g.add_argument("--workers", type=int)
+    g.add_argument("--triton-grpc-url", dest="triton_grpc_url", help="Triton gRPC address ('' for none)")
+    g.add_argument("--vllm-url", dest="vllm_url", help="vLLM OpenAI server base URL")
+    g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
+    g.add_argument("--log-level", default="info")
+    g.set_defaults(run=_gateway)
+    run_root = Path(".rtxserve/run")
+    u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
+    u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
+    u.add_argument("--run-root", type=Path, default=run_root, help="where each deployment's run folder goes")
+    u.add_argument("--triton-env", type=Path, default=Path(".envs/triton"))
+    u.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
+    u.set_defaults(run=_up)
+    for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
+                           ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("target", help="the deployment's name, its file, or its run folder")
+        c.add_argument("--run-root", type=Path, default=run_root)
+        if name == "down":
+            c.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+        c.set_defaults(run=fn)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)

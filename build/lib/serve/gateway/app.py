@@ -1,0 +1,98 @@
+"""The FastAPI gateway: create_app() wires settings, backends, routes, metrics and error handling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+
+from fastapi import FastAPI
+
+from .admission import Admission
+from .backends.base import Backend
+from .backends.factory import make_backends
+from .classify.router import router as classify_router
+from .embeddings.router import router as embeddings_router
+from .exceptions import install_handlers
+from .frontdoor import FrontDoor
+from .generate.router import router as generate_router
+from .logs import configure_logging
+from .metrics import MetricsMiddleware
+from .ner.router import router as ner_router
+from .settings import GatewaySettings
+from .state import GatewayState
+from .system.router import probes
+from .system.router import router as system_router
+
+log = logging.getLogger("rtxserve.gateway")
+
+
+def _drain_on_sigterm(state: GatewayState) -> None:
+    """On SIGTERM, first go not-ready (load balancers and Kubernetes stop sending) while still serving for
+    `drain_s`; then hand the signal to uvicorn, which stops accepting and lets in-flight requests finish.
+    A second SIGTERM stops at once."""
+    stop = signal.getsignal(signal.SIGTERM)
+    if not callable(stop) or state.settings.drain_s <= 0:  # not under uvicorn's handler (e.g. in tests)
+        return
+    loop = asyncio.get_running_loop()
+
+    def on_sigterm(sig, frame):
+        if state.draining:
+            return stop(sig, frame)
+        state.draining = True
+        log.info("SIGTERM: not ready from now on; draining for %.1f s before shutting down", state.settings.drain_s)
+        loop.call_soon_threadsafe(loop.call_later, state.settings.drain_s, stop, sig, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def main_app() -> FastAPI:
+    """The factory `rtxserve serve gateway` gives uvicorn (each worker calls it): settings from the
+    environment, JSON logs."""
+    settings = GatewaySettings()
+    configure_logging(os.environ.get("RTXSERVE_LOG_LEVEL", "info"))
+    return create_app(settings)
+
+
+def create_app(settings: GatewaySettings | None = None, backends: list[Backend] | None = None) -> FastAPI:
+    """Build the gateway app. Backends default to the ones the settings name."""
+    settings = settings or GatewaySettings()
+    backends = backends if backends is not None else make_backends(settings)
+    state = GatewayState(settings, backends)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        for backend in backends:
+            await backend.start()
+        await state.refresh()  # first look before serving; a backend that is down is not fatal
+        health = asyncio.create_task(state.run_health_loop())
+        _drain_on_sigterm(state)
+        try:
+            yield
+        finally:
+            health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await health
+            for backend in backends:
+                await backend.close()
+
+    app = FastAPI(title="rtxserve gateway", version="0.1.0", lifespan=lifespan)
+    app.state.gateway = state
+    install_handlers(app)
+    app.include_router(probes)
+    app.include_router(system_router)
+    app.include_router(classify_router)
+    app.include_router(generate_router)
+    app.include_router(embeddings_router)
+    app.include_router(ner_router)
+    app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
+                       queue_timeout_s=settings.queue_timeout_s)
+    app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
+    if settings.otlp_endpoint:
+        from .tracing import install_tracing
+
+        install_tracing(app, settings.otlp_endpoint)
+    return app

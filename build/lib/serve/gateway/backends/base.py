@@ -1,0 +1,113 @@
+"""The interface every backend client implements: every call the gateway makes goes through it, so the
+gateway needs no isinstance checks and no backend-specific methods."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model the gateway can route to, as the backend describes it."""
+
+    name: str
+    task: str
+    backend: str
+    ready: bool
+    labels: tuple[str, ...] = ()
+    max_batch_size: int = 0
+    dimensions: int = 0  # embedding size of a feature-extraction model; 0: not known
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Classification:
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+@dataclass(frozen=True, eq=False)  # == on ndarrays is elementwise, so identity it is
+class Embedding:
+    """One text's vector (float32, 1-D, pooled and normalised by the model) and its token count after truncation."""
+
+    vector: np.ndarray
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Tagging:
+    """One text's entities (dicts as the NER postprocess model makes them), whether its tail was cut off,
+    and its token count."""
+
+    entities: list[dict]
+    truncated: bool
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """One event of a streamed generation: the parsed chunk and its JSON text as the backend sent it (relayed
+    without a second encoding)."""
+
+    data: dict
+    raw: str
+
+
+class StreamBroken(Exception):
+    """A stream ended before its end marker: the backend died, reset, or sent an error or garbage."""
+
+
+class Stream(ABC):
+    """A generation being streamed. Iterating yields its chunks and ends normally only at the backend's end
+    marker; otherwise StreamBroken is raised. Closing it (client gone, deadline) aborts the generation."""
+
+    @abstractmethod
+    def __aiter__(self) -> AsyncIterator[StreamChunk]: ...
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+
+class Backend(ABC):
+    kind: str = ""
+    url: str = ""
+
+    @property
+    def name(self) -> str:
+        """One replica among several of its kind: kind@address."""
+        return f"{self.kind}@{self.url}"
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections (called once, inside the event loop)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Close connections."""
+
+    @abstractmethod
+    async def discover(self) -> list[ModelInfo]:
+        """The models this backend serves, with readiness. Raises BackendUnavailable if unreachable."""
+
+    async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        raise NotImplementedError(f"{self.kind} backends do not serve text classification")
+
+    async def classify_images(self, model: ModelInfo, images: list[bytes], timeout_s: float) -> list[Classification]:
+        raise NotImplementedError(f"{self.kind} backends do not serve image classification")
+
+    async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        raise NotImplementedError(f"{self.kind} backends do not serve embeddings")
+
+    async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
+        raise NotImplementedError(f"{self.kind} backends do not serve token classification")
+
+    async def generate(self, path: str, body: dict, model: str) -> dict:
+        """An OpenAI generation request (`path` /v1/chat/completions or /v1/completions), answered whole."""
+        raise NotImplementedError(f"{self.kind} backends do not serve generation")
+
+    async def open_stream(self, path: str, body: dict, model: str) -> Stream:
+        """Start a streamed generation; errors before the first chunk raise like `generate`."""
+        raise NotImplementedError(f"{self.kind} backends do not serve generation")

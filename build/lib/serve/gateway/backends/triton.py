@@ -1,0 +1,201 @@
+"""Triton client for the gateway: gRPC (aio) on the hot path, model discovery via model configs.
+
+An entry is servable when its config carries `rtxserve_task` (written by `rtxserve export`); other
+models in the repository (the ensemble's tokenizer / model / postprocess steps) are not exposed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import (InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor,
+                                triton_to_np_dtype)
+
+from rtxserve import contract
+
+from ..exceptions import (
+    BackendConnectFailed,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+)
+from .base import Backend, Classification, Embedding, ModelInfo, Tagging
+
+log = logging.getLogger("rtxserve.gateway.triton")
+
+# Triton gRPC status -> how the gateway answers. Queue full is RESOURCE_EXHAUSTED/UNAVAILABLE: 503.
+_NOT_CONNECTED = ("failed to connect", "Connection refused")
+_CHANNEL_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+_UNAVAILABLE = {"StatusCode.UNAVAILABLE", "StatusCode.RESOURCE_EXHAUSTED", "StatusCode.NOT_FOUND", "StatusCode.CANCELLED"}
+
+
+def _raise_mapped(exc: InferenceServerException, model: str) -> None:
+    status = str(exc.status() or "")
+    log.warning("triton %s: %s %s", model, status, exc.message())
+    if status == "StatusCode.DEADLINE_EXCEEDED" or "Deadline Exceeded" in str(exc.message()):
+        raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+    if status == "StatusCode.UNAVAILABLE" and any(s in str(exc.message()) for s in _NOT_CONNECTED):
+        raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc  # nothing was sent
+    if status in _UNAVAILABLE or not status:
+        raise BackendUnavailable(f"model {model} is not available right now; retry shortly") from exc
+    if status == "StatusCode.INVALID_ARGUMENT":
+        # Our pre-processing models say what is wrong with an input (e.g. an undecodable image): pass that on.
+        detail = re.sub(r"^in ensemble '[^']*', ", "", str(exc.message() or ""))[:300]
+        raise InvalidRequest(f"model {model} rejected the input" + (f": {detail}" if detail else "")) from exc
+    raise BackendError(f"model {model} failed to process the request") from exc
+
+
+class TritonBackend(Backend):
+    kind = "triton"
+
+    def __init__(self, grpc_url: str):
+        self.url = grpc_url
+        self.client: grpcclient.InferenceServerClient | None = None
+        self._configs: dict[tuple[str, str], dict] = {}
+
+    async def start(self) -> None:
+        self.client = grpcclient.InferenceServerClient(self.url)  # discovery and configs
+        self._channel = grpc.aio.insecure_channel(self.url, options=_CHANNEL_OPTIONS)  # inference
+        self._infer = self._channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelInferResponse.FromString)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            await self._channel.close()
+
+    async def discover(self) -> list[ModelInfo]:
+        try:
+            if not await self.client.is_server_ready(client_timeout=2.0):
+                raise BackendUnavailable("Triton is not ready")
+            index = await self.client.get_model_repository_index(as_json=True, client_timeout=2.0)
+            models = []
+            for entry in index.get("models", []):
+                config = await self._config(entry)
+                info = self._model_info(entry, config)
+                if info is not None:
+                    models.append(info)
+            return models
+        except InferenceServerException as exc:
+            raise BackendUnavailable(f"Triton at {self.url} is unreachable: {exc.message()}") from exc
+
+    async def _config(self, entry: dict) -> dict | None:
+        """A model's config, fetched once per (name, version) when it is ready, cached after."""
+        key = (entry["name"], entry.get("version", ""))
+        if key not in self._configs and entry.get("state") == "READY":
+            response = await self.client.get_model_config(entry["name"], as_json=True, client_timeout=2.0)
+            self._configs[key] = response.get("config", {})
+        return self._configs.get(key)
+
+    def _model_info(self, entry: dict, config: dict | None) -> ModelInfo | None:
+        params = {k: v.get("string_value", "") for k, v in (config or {}).get("parameters", {}).items()}
+        task = params.get(contract.PARAM_TASK)
+        if not task:
+            return None
+        return ModelInfo(
+            name=entry["name"],
+            task=task,
+            backend=self.kind,
+            ready=entry.get("state") == "READY",
+            labels=tuple(json.loads(params.get(contract.PARAM_LABELS, "[]"))),
+            max_batch_size=int(config.get("max_batch_size", 0) or 0),
+            dimensions=int(params.get(contract.PARAM_DIMENSIONS) or 0),
+            extra={"aggregation": params[contract.PARAM_AGGREGATION]} if contract.PARAM_AGGREGATION in params else {},
+        )
+
+    async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
+        return await self._in_chunks(self._classify_chunk, model, texts, timeout_s)
+
+    async def classify_images(self, model: ModelInfo, images: list[bytes], timeout_s: float) -> list[Classification]:
+        return await self._in_chunks(self._classify_chunk, model, images, timeout_s, "IMAGE")
+
+    async def embed(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        return await self._in_chunks(self._embed_chunk, model, texts, timeout_s)
+
+    async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
+        return await self._in_chunks(self._tag_chunk, model, texts, timeout_s, aggregation)
+
+    async def _in_chunks(self, infer_chunk, model: ModelInfo, texts: list[str], timeout_s: float, *args) -> list:
+        """Triton rejects batches over max_batch_size: split, run the chunks concurrently, keep the order."""
+        size = model.max_batch_size or len(texts)
+        if len(texts) <= size:
+            return await infer_chunk(model, texts, timeout_s, *args)  # one call: no task to gather
+        chunks = [texts[i : i + size] for i in range(0, len(texts), size)]
+        parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s, *args) for chunk in chunks))
+        return [r for part in parts for r in part]
+
+    async def _infer_texts(self, model: ModelInfo, texts: list[str | bytes], outputs: tuple[str, ...], timeout_s: float,
+                           parameters: dict | None = None, input_name: str = "TEXT"):
+        """One batch of texts (or encoded images) as `input_name` [n, 1], errors mapped; the named outputs as
+        arrays with n rows. The request goes straight to Triton's generated gRPC stub: tritonclient's
+        wrapper objects cost a third more CPU per call (0.31 against 0.23 CPU-ms, measured side by side)."""
+        request = service_pb2.ModelInferRequest(model_name=model.name)
+        request.inputs.add(name=input_name, datatype="BYTES", shape=(len(texts), 1))
+        data = np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=np.object_)
+        request.raw_input_contents.append(serialize_byte_tensor(data).item())  # as tritonclient does
+        for name in outputs:
+            request.outputs.add(name=name)
+        for key, value in (parameters or {}).items():
+            request.parameters[key].string_param = value
+        try:
+            response = await self._infer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
+        found = {}
+        for meta, raw in zip(response.outputs, response.raw_output_contents):
+            if meta.datatype == "BYTES":
+                array = deserialize_bytes_tensor(raw)
+            else:
+                array = np.frombuffer(raw, dtype=triton_to_np_dtype(meta.datatype))
+            found[meta.name] = array.reshape(tuple(meta.shape)) if array.size == np.prod(meta.shape) else None
+        arrays = [found.get(n) for n in outputs]
+        for name, array in zip(outputs, arrays):
+            if array is None or len(array) != len(texts):
+                rows = 0 if array is None else len(array)
+                raise BackendError(f"model {model.name} returned {rows} {name} rows for {len(texts)} inputs")
+        return arrays
+
+    async def _classify_chunk(self, model: ModelInfo, texts: list[str | bytes], timeout_s: float,
+                              input_name: str = "TEXT") -> list[Classification]:
+        labels, scores, probs = await self._infer_texts(model, texts, ("LABEL", "SCORE", "PROBS"), timeout_s,
+                                                        input_name=input_name)
+        return [
+            Classification(
+                label=labels[i, 0].decode("utf-8"),
+                score=float(scores[i, 0]),
+                scores={name: float(p) for name, p in zip(model.labels, probs[i])},
+            )
+            for i in range(len(texts))
+        ]
+
+    async def _embed_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Embedding]:
+        vectors, tokens = await self._infer_texts(model, texts, ("EMBEDDINGS", "TOKENS"), timeout_s)
+        vectors = vectors.astype(np.float32, copy=False).reshape(len(texts), -1)
+        if model.dimensions and vectors.shape[1] != model.dimensions:
+            size = vectors.shape[1]
+            raise BackendError(f"model {model.name} returned vectors of size {size}, not {model.dimensions}")
+        if not np.isfinite(vectors).all():  # NaN/inf cannot be sent as JSON and is no embedding anyway
+            raise BackendError(f"model {model.name} returned non-finite values")
+        return [Embedding(vectors[i], int(n)) for i, n in enumerate(tokens.reshape(len(texts)))]
+
+    async def _tag_chunk(self, model: ModelInfo, texts: list[str], timeout_s: float, aggregation: str) -> list[Tagging]:
+        # The postprocess step reads the strategy from the request parameters (the ensemble passes them on).
+        (rows,) = await self._infer_texts(model, texts, ("ENTITIES",), timeout_s, {"aggregation": aggregation})
+        results = []
+        for row in rows.reshape(len(texts)):
+            try:
+                item = json.loads(row)
+                results.append(Tagging(list(item["entities"]), bool(item["truncated"]), int(item["tokens"])))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise BackendError(f"model {model.name} returned entities the gateway cannot read") from exc
+        return results

@@ -1,0 +1,46 @@
+"""Wire models of /v1/chat/completions and /v1/completions.
+
+The gateway is never stricter than vLLM on a valid request: only the fields that cost money or
+memory are typed here (serving.py bounds them against the settings); every other field, OpenAI's
+(tools, response_format, logit_bias, ...), vLLM's extras (top_k, min_p, ignore_eos, structured
+outputs, ...) and fields that appear later, is relayed as sent, and vLLM's own 400 comes back to
+the client in our error shape.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from ..wire import SafeInt, TokenId
+
+
+class _Generation(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    max_tokens: SafeInt | None = None
+    n: SafeInt | None = None
+    best_of: SafeInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    stream: bool | None = False
+    stream_options: dict | None = None
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatCompletionRequest(_Generation):
+    """OpenAI chat completions; messages and tools are relayed as sent, bounded in count and size."""
+
+    messages: list[dict] = Field(min_length=1)
+    max_completion_tokens: SafeInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: SafeInt | None = None
+    tools: list[dict] | None = None
+
+
+class CompletionRequest(_Generation):
+    """OpenAI text completions: a prompt as text, texts, token ids or lists of token ids."""
+
+    prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
+    logprobs: SafeInt | None = None

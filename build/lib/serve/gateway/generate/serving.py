@@ -1,0 +1,124 @@
+"""Generation: bounds checked here, then the request is relayed to the backend (streamed or not).
+
+A stream that breaks after it started ends with a terminal SSE error event and no [DONE], so that a
+client can never take a cut answer for a whole one. Token usage is counted in metrics; vLLM is always
+asked for usage on streams, and that chunk is passed on only if the client asked for it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import orjson
+
+from rtxserve.contract import TEXT_GENERATION
+
+from .. import metrics
+from ..backends.base import Stream, StreamBroken
+from ..exceptions import InvalidRequest
+from ..keys import ApiKey
+from ..settings import GatewaySettings
+from ..state import GatewayState
+from .protocol import ChatCompletionRequest, CompletionRequest
+
+log = logging.getLogger("rtxserve.gateway")
+TASK = TEXT_GENERATION
+
+
+def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
+    """Characters of text (token ids count one each) the backend will have to tokenize and prefill."""
+    if isinstance(request, CompletionRequest):
+        prompts = [request.prompt] if isinstance(request.prompt, str) or (
+            request.prompt and isinstance(request.prompt[0], int)) else request.prompt
+        return sum(len(p) for p in prompts)
+    size = 0
+    for message in request.messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return size
+
+
+def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Bound what costs money or memory; everything else is the backend's to judge."""
+    def bound(field: str, value: int | None, limit: int) -> None:
+        if value is not None and value > limit:
+            raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limit}", param=field)
+
+    bound("max_tokens", request.max_tokens, limits.max_tokens)
+    bound("n", request.n, limits.max_n)
+    bound("best_of", request.best_of, limits.max_n)
+    stops = request.stop_list()
+    if len(stops) > limits.max_stop or any(len(s) > 256 for s in stops):
+        raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters", param="stop")
+    size = _prompt_size(request)
+    if size > limits.max_prompt_chars:
+        raise InvalidRequest(f"the prompt has {size} characters; this gateway allows at most {limits.max_prompt_chars}",
+                             param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
+    if isinstance(request, CompletionRequest):
+        bound("logprobs", request.logprobs, limits.max_logprobs)
+        return
+    bound("max_completion_tokens", request.max_completion_tokens, limits.max_tokens)
+    bound("top_logprobs", request.top_logprobs, limits.max_logprobs)
+    if len(request.messages) > limits.max_messages:
+        raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
+                             param="messages")
+    if request.tools:
+        bound("tools", len(request.tools), limits.max_tools)
+        size = len(orjson.dumps(request.tools))
+        if size > limits.max_tools_bytes:
+            raise InvalidRequest(f"the tool definitions take {size} bytes; this gateway allows at most "
+                                 f"{limits.max_tools_bytes}", param="tools")
+
+
+async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
+    """Token metrics, and the key's tokens-per-minute charge."""
+    if usage:
+        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+        metrics.TOKENS.labels(model, "prompt").inc(prompt)
+        metrics.TOKENS.labels(model, "completion").inc(completion)
+        if state.quotas is not None:
+            await state.quotas.charge_tokens(key, prompt + completion)
+
+
+async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest,
+                   key: ApiKey | None = None):
+    """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
+    _check_bounds(state.settings, request)
+    info = state.resolve(request.model, TASK)
+    body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
+    if not request.stream:
+        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+        await _count_usage(state, key, info.name, answer.get("usage"))
+        return answer
+    client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
+    body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
+    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
+    return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
+
+
+def _error_event(message: str) -> str:
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": "backend_stream_error"}}
+    return f"data: {orjson.dumps(body).decode()}\n\n"
+
+
+async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[str]:
+    try:
+        async for chunk in stream:
+            if chunk.data.get("usage") and not chunk.data.get("choices"):
+                # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
+                # counting those would count each token many times.)
+                await count_usage(chunk.data["usage"])
+                if not client_wants_usage:
+                    continue
+            yield f"data: {chunk.raw}\n\n"
+    except StreamBroken as exc:
+        log.warning("%s: %s", model, exc)
+        yield _error_event(f"model {model} stopped before the answer was complete; the text above is partial")
+        return
+    finally:
+        await stream.aclose()
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,15 @@
+from fastapi import Depends, Request
+
+from ..auth import admit, authenticate
+from ..routing import gateway_router
+from .protocol import NerRequest, NerResponse
+from .serving import tag
+
+router = gateway_router(dependencies=[Depends(authenticate)])
+
+
+@router.post("/v1/ner", response_model=NerResponse, response_model_exclude_none=True, tags=["tasks"])
+async def ner_route(body: NerRequest, request: Request) -> NerResponse:
+    """Tag entities (token classification) in one text or a list of texts, with character offsets."""
+    await admit(request, body.model)
+    return await tag(request.app.state.gateway, body)

@@ -1,0 +1,29 @@
+"""POST /v1/ner logic, testable without a server."""
+
+from __future__ import annotations
+
+from rtxserve.contract import TOKEN_CLASSIFICATION
+
+from ..classify.serving import check_texts
+from ..state import GatewayState
+from .protocol import Entity, NerRequest, NerResponse, NerResult
+
+TASK = TOKEN_CLASSIFICATION
+
+
+async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
+    texts = check_texts(state, request.input)
+    info = state.resolve(request.model, TASK)
+    aggregation = request.aggregation or info.extra.get("aggregation") or "first"
+    results = await state.call(info, lambda b, m: b.tag(m, texts, aggregation, state.settings.request_timeout_s))
+    data = [
+        NerResult(
+            index=i,
+            entities=[Entity(entity=e.get("entity_group", e.get("entity")), **{k: e[k] for k in ("score", "start", "end", "word")},
+                             index=e.get("index")) for e in r.entities],
+            truncated=r.truncated,
+            tokens=r.tokens,
+        )
+        for i, r in enumerate(results)
+    ]
+    return NerResponse(model=info.name, aggregation=aggregation, data=data)

@@ -1,0 +1,109 @@
+"""Per-key requests and tokens per minute, counted by the `limits` library (fixed one-minute windows).
+
+The counters must be exact across the gateway's workers: uvicorn's workers are processes, and
+`limits`' memory storage is per process. So the default storage is a file that every worker of the
+box opens (`sqlite:///path`, the small storage class below: `limits` keeps the algorithm, SQLite's
+locking makes each increment atomic across processes), and a fleet names Redis
+(`RTXSERVE_RATE_LIMIT_STORAGE=async+redis://host:6379`, with the `redis` package installed).
+
+Requests are counted when admitted. Tokens are known only after generation: a request is admitted
+while the key's token window is not spent, and its prompt + completion tokens are charged when its
+usage arrives (as LiteLLM and OpenAI do), so one request may overshoot the quota by its own size.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import Storage
+from limits.aio.strategies import FixedWindowRateLimiter
+from limits.storage import storage_from_string
+
+from .exceptions import GatewayError
+from .keys import ApiKey
+
+
+class RateLimited(GatewayError):
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class SQLiteStorage(Storage):
+    """Fixed-window counters in one SQLite file shared by the processes of one box."""
+
+    STORAGE_SCHEME = ["async+sqlite"]
+
+    def __init__(self, uri: str, wrap_exceptions: bool = False, **options):
+        super().__init__(uri, wrap_exceptions=wrap_exceptions, **options)
+        path = uri.split("://", 1)[1]
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, which takes the write lock up front.
+        self.db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=OFF")  # counters, not records: a crash may lose the last minute
+        self.db.execute("CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, count INTEGER, expires REAL)")
+
+    @property
+    def base_exceptions(self):
+        return sqlite3.Error
+
+    async def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("DELETE FROM counters WHERE key = ? AND expires <= ?", (key, now))
+            (count,) = self.db.execute(
+                "INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET count = count + excluded.count "
+                "RETURNING count", (key, amount, now + expiry)).fetchone()
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return count
+
+    async def get(self, key: str) -> int:
+        row = self.db.execute("SELECT count FROM counters WHERE key = ? AND expires > ?", (key, time.time())).fetchone()
+        return row[0] if row else 0
+
+    async def get_expiry(self, key: str) -> float:
+        row = self.db.execute("SELECT expires FROM counters WHERE key = ?", (key,)).fetchone()
+        return row[0] if row and row[0] > time.time() else time.time()
+
+    async def check(self) -> bool:
+        return self.db.execute("SELECT 1").fetchone() == (1,)
+
+    async def reset(self) -> int | None:
+        return self.db.execute("DELETE FROM counters").rowcount
+
+    async def clear(self, key: str) -> None:
+        self.db.execute("DELETE FROM counters WHERE key = ?", (key,))
+
+
+class Quotas:
+    """Admission by the key's requests per minute, and its tokens per minute."""
+
+    def __init__(self, storage_uri: str):
+        self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri))
+
+    async def _retry_after(self, item, *ids: str) -> float:
+        reset, _ = await self.limiter.get_window_stats(item, *ids)
+        return max(1.0, reset - time.time())
+
+    async def admit(self, key: ApiKey) -> None:
+        """Count one request for `key`; 429 + Retry-After when its minute is spent."""
+        if key.tpm:
+            tokens = RateLimitItemPerMinute(key.tpm)
+            if not await self.limiter.test(tokens, "tpm", key.name):
+                raise RateLimited(f"this API key has used its {key.tpm} tokens per minute; retry later",
+                                  retry_after=await self._retry_after(tokens, "tpm", key.name))
+        if key.rpm:
+            requests = RateLimitItemPerMinute(key.rpm)
+            if not await self.limiter.hit(requests, "rpm", key.name):
+                raise RateLimited(f"this API key has used its {key.rpm} requests per minute; retry later",
+                                  retry_after=await self._retry_after(requests, "rpm", key.name))
+
+    async def charge_tokens(self, key: ApiKey | None, tokens: int) -> None:
+        if key is not None and key.tpm and tokens > 0:
+            await self.limiter.hit(RateLimitItemPerMinute(key.tpm), "tpm", key.name, cost=tokens)

@@ -1,0 +1,102 @@
+"""Gateway deployment settings: one object, from env (RTXSERVE_*) and an optional YAML file."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+
+class GatewaySettings(BaseSettings):
+    """Everything the gateway process reads at start. Env: RTXSERVE_<FIELD>; file: RTXSERVE_CONFIG (YAML)."""
+
+    model_config = SettingsConfigDict(env_prefix="RTXSERVE_", extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=1, le=65535)
+    workers: int = Field(1, ge=1, le=64)
+    triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address, or several (replicas) "
+                                 "separated by commas; empty: no Triton")
+    vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100, or several (one "
+                          "engine per GPU) separated by commas; empty: no vLLM")
+    breaker_failures: int = Field(5, ge=1, description="consecutive failures that open a replica's circuit breaker")
+    breaker_reset_s: float = Field(10.0, gt=0, description="how long an open breaker keeps traffic away")
+    keys_file: Path | None = Field(None, description="API keys file (`rtxserve keys create`); none: no auth, "
+                                   "allowed only when the gateway binds to loopback")
+    otlp_endpoint: str = Field("", description="OpenTelemetry OTLP/HTTP traces endpoint, e.g. "
+                               "http://127.0.0.1:4318/v1/traces; empty: no tracing (needs the otel extra)")
+    rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
+                                    "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
+                                    "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
+    request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one Triton call")
+    generation_timeout_s: float = Field(600.0, gt=0, le=24 * 3600,
+                                        description="deadline for one vLLM answer, or between two chunks of a stream")
+    drain_s: float = Field(5.0, ge=0, le=600, description="after SIGTERM: seconds not-ready but still serving, "
+                           "so that load balancers stop sending before the gateway stops accepting")
+    max_concurrency: int = Field(256, ge=1, description="model requests in flight per worker; more wait in the queue")
+    max_queue: int = Field(512, ge=0, description="model requests waiting per worker; more are refused at once (503)")
+    model_concurrency: dict[str, int] = Field(
+        default_factory=dict, description='model -> its requests in flight per worker (streams count until they end), '
+        'e.g. {"llm": 32}; more wait in a queue of max_queue. Models not named share only max_concurrency')
+    queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
+    health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
+    required_models: list[str] = Field(
+        default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
+    )
+    max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
+    max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
+    max_image_bytes: int = Field(16 * 1024 * 1024, ge=1, description="encoded bytes per image (after base64 decoding)")
+    # Bounds on generation parameters, checked before vLLM sees a request.
+    max_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
+    max_n: int = Field(4, ge=1, le=128)
+    max_stop: int = Field(4, ge=0, le=64, description="stop sequences per request (OpenAI allows 4)")
+    max_messages: int = Field(256, ge=1)
+    max_logprobs: int = Field(20, ge=0, description="logprobs / top_logprobs per token (vLLM's default cap)")
+    max_prompt_chars: int = Field(400_000, ge=1, description="prompt characters (or token ids) per generation request")
+    max_tools: int = Field(128, ge=0, description="tool definitions per chat request (OpenAI allows 128)")
+    max_tools_bytes: int = Field(256 * 1024, ge=0, description="JSON size of a request's tool definitions")
+    # The front door: refused before the body is read / the route runs.
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="request headers cap, names and values (431)")
+
+    @model_validator(mode="after")
+    def _no_open_door_off_loopback(self):
+        if self.keys_file is None and not is_loopback(self.host):
+            raise ValueError(f"host {self.host} is not loopback and no keys_file is set: anyone who can reach it could "
+                             "use every model. Make keys (`rtxserve keys create`) and set RTXSERVE_KEYS_FILE / --keys, "
+                             "or bind 127.0.0.1")
+        return self
+
+    def urls(self, kind: str) -> list[str]:
+        """The replicas of one backend kind ("triton" or "vllm")."""
+        value = {"triton": self.triton_grpc_url, "vllm": self.vllm_url}[kind]
+        return [u.strip() for u in value.split(",") if u.strip()]
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        path = os.environ.get("RTXSERVE_CONFIG")
+        if path:
+            if not os.path.isfile(path):
+                raise ValueError(f"RTXSERVE_CONFIG={path} does not exist")
+            sources += (YamlConfigSettingsSource(settings_cls, yaml_file=path),)
+        return sources
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,52 @@
+"""Health, readiness, metrics and the model list."""
+
+from fastapi import Depends, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+
+from .. import metrics
+from ..auth import authenticate, request_key
+from ..routing import gateway_router
+
+probes = gateway_router(tags=["system"], responses={})  # probes answer 200 (or readyz 503), nothing else
+router = gateway_router()
+
+
+class Readiness(BaseModel):
+    status: str
+    backends: dict[str, str]
+    models: dict[str, str]
+    draining: bool = False
+
+
+@probes.get("/healthz")
+@probes.get("/health")
+async def healthz() -> dict:
+    """Liveness: the gateway process answers (`/health` too: vLLM's name, which guidellm and charts probe)."""
+    return {"status": "ok"}
+
+
+@probes.get("/readyz", responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready"}})
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: every backend is up and every required model is ready (503 otherwise)."""
+    ok, detail = request.app.state.gateway.ready()
+    return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
+
+
+@probes.get("/metrics", response_class=PlainTextResponse)
+async def prometheus() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, media_type=content_type)
+
+
+@router.get("/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
+async def list_models(request: Request) -> dict:
+    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use."""
+    state, key = request.app.state.gateway, request_key(request)
+    data = [
+        {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
+         "task": info.task, "backend": info.backend, "ready": info.ready}
+        for info in sorted(state.models.values(), key=lambda m: m.name)
+        if key is None or key.allows(info.name)
+    ]
+    return {"object": "list", "data": data}

@@ -1,0 +1,111 @@
+"""Start a server process, wait until it answers ready, stop it: used by the CLI, the demo and tests.
+
+Fails fast with the tail of the process log if the process dies before it is ready.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+class ServerStartError(RuntimeError):
+    """A server did not become ready; the message carries the end of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class ServerProcess:
+    """One server child process with its own log file and process group."""
+
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        *,
+        ready_url: str,
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ):
+        self.name, self.command, self.ready_url = name, list(command), ready_url
+        self.log_path, self.env, self.cwd = Path(log_path), dict(env or os.environ), cwd
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 180.0) -> "ServerProcess":
+        """Start the process and block until `ready_url` answers 200 (or raise ServerStartError)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, cwd=self.cwd, start_new_session=True,  # own group: stop() reaches its children
+            )
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerStartError(
+                        f"{self.name} exited with code {code} before it was ready; end of {self.log_path}:\n"
+                        + log_tail(self.log_path)
+                    )
+                try:
+                    if client.get(self.ready_url).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise ServerStartError(
+                        f"{self.name} was not ready after {timeout_s:.0f}s; end of {self.log_path}:\n" + log_tail(self.log_path)
+                    )
+                time.sleep(0.25)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            os.killpg(self.process.pid, sig)
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM the process group, wait up to `grace_s`, then SIGKILL. Returns the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.process.wait(10)
+        return self.process.returncode
+
+    def wait(self) -> int:
+        assert self.process is not None
+        return self.process.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,87 @@
+"""Start Triton and the gateway together on free loopback ports (the demo and the tests use it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .launcher import ServerProcess, free_port
+from .triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
+
+
+@dataclass
+class Stack:
+    triton: ServerProcess
+    gateway: ServerProcess
+    gateway_url: str
+    triton_http_url: str
+    triton_grpc_url: str
+    triton_metrics_url: str = ""
+    vllm: ServerProcess | None = None
+    vllm_url: str = ""
+
+    def stop(self) -> None:
+        # Gateway first: it stops taking requests before its backends go away.
+        self.gateway.stop()
+        if self.vllm is not None:
+            self.vllm.stop()
+        self.triton.stop()
+
+    def __enter__(self) -> "Stack":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV, timeout_s: float = 300) -> tuple[ServerProcess, TritonOptions]:
+    opts = TritonOptions(repository=repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+    argv, env = triton_command(TritonInstall.from_env(triton_env), opts)
+    server = ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
+                           ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready")
+    return server.start(timeout_s), opts
+
+
+def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300) -> tuple[ServerProcess, str]:
+    """The real vLLM OpenAI server for `opts` (a serve.vllm.VLLMOptions; its port is replaced by a free one)."""
+    from .vllm import DEFAULT_ENV as VLLM_ENV, vllm_command
+
+    opts.port = free_port()
+    argv, env = vllm_command(opts, vllm_env or VLLM_ENV)
+    url = f"http://127.0.0.1:{opts.port}"
+    server = ServerProcess("vllm", argv, env=env, log_path=log_dir / "vllm.log", ready_url=f"{url}/v1/models")
+    return server.start(timeout_s), url
+
+
+def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", workers: int = 1, extra_env: dict | None = None,
+                  timeout_s: float = 60, wait_for: str = "/readyz") -> tuple[ServerProcess, str]:
+    """The gateway as its own process (`rtxserve serve gateway`); by default started once its models are
+    ready (`wait_for="/healthz"`: once it is live, e.g. to test it with a dead backend)."""
+    port = free_port()
+    env = {**os.environ, "RTXSERVE_TRITON_GRPC_URL": triton_grpc_url, "RTXSERVE_VLLM_URL": vllm_url, "RTXSERVE_PORT": str(port),
+           "RTXSERVE_WORKERS": str(workers), **(extra_env or {})}
+    argv = [sys.executable, "-m", "rtxserve.cli", "serve", "gateway", "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess("gateway", argv, env=env, log_path=log_dir / "gateway.log", ready_url=f"{url}{wait_for}")
+    return server.start(timeout_s), url
+
+
+def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_ENV, gateway_workers: int = 1,
+                vllm_opts=None) -> Stack:
+    """Triton on `repository`, vLLM too when `vllm_opts` (serve.vllm.VLLMOptions) is given, and the gateway."""
+    triton, opts = start_triton(repository, log_dir, triton_env)
+    grpc_url = f"127.0.0.1:{opts.grpc_port}"
+    vllm, vllm_url = None, ""
+    try:
+        if vllm_opts is not None:
+            vllm, vllm_url = start_vllm(vllm_opts, log_dir)
+        gateway, url = start_gateway(grpc_url, log_dir, workers=gateway_workers, vllm_url=vllm_url)
+    except BaseException:
+        if vllm is not None:
+            vllm.stop()
+        triton.stop()
+        raise
+    return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url,
+                 f"http://127.0.0.1:{opts.metrics_port}/metrics", vllm, vllm_url)

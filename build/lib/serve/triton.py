@@ -1,0 +1,114 @@
+"""Locate a tritonserver and build the command line that runs it on a model repository.
+
+On CPU machines it is the real tritonserver shipped in the `nvidia-pytriton` wheel, installed in its
+own environment (`.envs/triton`, see the Makefile); on a GPU box it is the NGC container's binary.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ENV = Path(".envs/triton")
+
+
+class TritonNotFound(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path
+    lib_dirs: tuple[Path, ...] = ()
+    python_bin: Path | None = None  # the python-backend stub takes the first python3 on PATH
+
+    @classmethod
+    def from_env(cls, env_dir: Path = DEFAULT_ENV) -> "TritonInstall":
+        """The tritonserver inside a Python environment that has `nvidia-pytriton` installed."""
+        hits = glob.glob(str(Path(env_dir) / "lib" / "python3*" / "site-packages" / "pytriton" / "tritonserver"))
+        if not hits:
+            raise TritonNotFound(
+                f"no tritonserver in {env_dir}: run `make setup` (it installs nvidia-pytriton there), "
+                "or pass --tritonserver with the path of a tritonserver binary"
+            )
+        root = Path(hits[0])
+        stub = root / "backends" / "python" / "triton_python_backend_stub"
+        if not stub.exists():
+            raise TritonNotFound(f"{stub} is missing: rerun `make setup` to install the python-backend stub")
+        return cls.at(Path(env_dir).resolve(), root.parent.parent.parent.name)
+
+    @classmethod
+    def at(cls, env_dir: Path, python: str = "python3.11") -> "TritonInstall":
+        """Where `make setup` puts tritonserver in an environment at `env_dir` (nothing is checked: the
+        environment may be on another machine, as in rendered systemd units)."""
+        site = Path(env_dir) / "lib" / python / "site-packages"
+        root = site / "pytriton" / "tritonserver"
+        return cls(binary=root / "bin" / "tritonserver", backend_dir=root / "backends",
+                   lib_dirs=(site / "nvidia_pytriton.libs",), python_bin=Path(env_dir) / "bin")
+
+    @classmethod
+    def from_binary(cls, binary: Path, backend_dir: Path = Path("/opt/tritonserver/backends")) -> "TritonInstall":
+        if not Path(binary).is_file():
+            raise TritonNotFound(f"tritonserver binary not found: {binary}")
+        return cls(binary=Path(binary), backend_dir=Path(backend_dir))
+
+
+@dataclass
+class TritonOptions:
+    repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"  # loopback by default: clients go through the gateway
+    log_verbose: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+def triton_args(opts: TritonOptions, repository: str | None = None) -> list[str]:
+    """The pure step: tritonserver's options for `opts` (no file is read); `repository` is where the server
+    will see the model repository (default: opts.repository as given)."""
+    return [
+        f"--model-repository={repository or opts.repository}",
+        f"--http-address={opts.address}",
+        f"--http-port={opts.http_port}",
+        f"--grpc-address={opts.address}",
+        f"--grpc-port={opts.grpc_port}",
+        f"--metrics-address={opts.address}",
+        f"--metrics-port={opts.metrics_port}",
+        "--model-control-mode=none",
+        "--strict-readiness=true",
+        "--exit-on-error=true",  # a model that fails to load stops the start, with its error in the log
+        f"--log-verbose={opts.log_verbose}",
+        *opts.extra_args,
+    ]
+
+
+def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start tritonserver with `opts`."""
+    repo = Path(opts.repository).resolve()
+    if not repo.is_dir():
+        raise FileNotFoundError(f"model repository not found: {repo}; export a model first (rtxserve export onnx ...)")
+    from .tensorrt_check import plan_problems  # reads files only; detects versions only if the repository has plans
+
+    problems = plan_problems(repo, install.binary.parent.parent, [*install.lib_dirs, install.backend_dir / "tensorrt"])
+    if problems:
+        raise TritonNotFound("this Triton cannot load the repository's TensorRT plans: " + " | ".join(problems))
+    return install_argv(install, triton_args(opts, str(repo))), install_env(install)
+
+
+def install_argv(install: TritonInstall, args: list[str]) -> list[str]:
+    return [str(install.binary), f"--backend-directory={install.backend_dir}", *args]
+
+
+def install_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment tritonserver needs from this install: its libraries, and its Python for the stubs."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    if install.lib_dirs:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, install.lib_dirs), env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    if install.python_bin:
+        env["PATH"] = f"{install.python_bin}{os.pathsep}{env.get('PATH', '')}"
+        env["VIRTUAL_ENV"] = str(install.python_bin.parent)
+    return env

