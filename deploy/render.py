@@ -31,6 +31,7 @@ from rtxserve import __version__
 from . import monitoring
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, engine_name, gateway_settings
+from .engines import TENSORRT_IMAGE, Build, build_script, plan_tensorrt
 from .spec import Deployment, DeploymentError
 
 # Pinned releases. Triton 26.07 (2.71.0) is the image the TensorRT engine build step runs in, too:
@@ -98,9 +99,14 @@ def _gpus(ids: list[int]) -> dict:
         {"driver": "nvidia", "device_ids": [str(i) for i in ids], "capabilities": ["gpu"]}]}}}
 
 
-def compose(d: Deployment, p: Plan, services: list[Service]) -> dict:
+def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
     out: dict = {"name": f"rtxserve-{d.name}", "services": {}}
     engines = [s for s in services if s.kind != "gateway"]
+    if builds:  # TensorRT plans, built on this box before Triton starts (deploy/engines.py)
+        out["services"]["build-engines"] = {
+            "image": TENSORRT_IMAGE, "command": ["sh", "/build/build-engines.sh"], "network_mode": "none",
+            "volumes": [f"../models/repository:{MODELS}/repository", "../engines:/build:ro"],
+            "deploy": _gpus([0]), "restart": "no"}
     for s in services:
         if s.kind == "triton":
             svc = {"image": TRITON_IMAGE, "command": ["tritonserver", *s.args],
@@ -109,6 +115,8 @@ def compose(d: Deployment, p: Plan, services: list[Service]) -> dict:
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "300s")}
             if d.on_gpu:
                 svc["deploy"] = _gpus(list(range(d.gpus.count)))
+            if builds:
+                svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
             svc = {"image": VLLM_IMAGE, "entrypoint": ["vllm", "serve"], "command": s.args,
                    "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
@@ -158,7 +166,7 @@ def scrape_targets(d: Deployment, services: list[Service], host_of) -> dict[str,
 # ---------------------------------------------------------------------------------------------- systemd
 
 def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
-                  backend_directory: Path | None = None) -> dict[str, str]:
+                  backend_directory: Path | None = None, build_engines: str | None = None) -> dict[str, str]:
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
     makes), and a target that starts them together."""
     from serve import triton, vllm
@@ -189,6 +197,9 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]
+        if s.kind == "triton" and build_engines:  # TensorRT plans built here first (trtexec on the box's PATH)
+            repository = next(a.split("=", 1)[1] for a in s.args if a.startswith("--model-repository="))
+            lines += [f"ExecStartPre=/bin/sh {_quote(build_engines)}", f"ReadWritePaths={_quote(repository)}"]
         lines += [f"ExecStart={' '.join(_quote(a) for a in argv)}",
                   # readiness: the unit counts as started once the server answers ready
                   f"ExecStartPost={prefix / '.venv' / 'bin' / 'python'} -m serve.wait_ready "
@@ -268,7 +279,8 @@ def _engine_policy(d: Deployment, app: str, ports: list[int]) -> dict:
                                   "ports": [{"protocol": "TCP", "port": p} for p in ports]}]}}
 
 
-def kubernetes(d: Deployment, p: Plan, services: list[Service], gateway_replicas: int = 2) -> dict[str, list[dict]]:
+def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Build],
+               gateway_replicas: int = 2) -> dict[str, list[dict]]:
     """file name -> its manifests. Each Triton or vLLM pod gets whole GPUs (Kubernetes does not share one
     between pods): Triton one, each LLM one per replica."""
     files: dict[str, list[dict]] = {}
@@ -288,8 +300,24 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], gateway_replicas
                          "readinessProbe": _probe("/v2/health/ready", d.ports.triton_http, 5),
                          "livenessProbe": _probe("/v2/health/live", d.ports.triton_http),
                          "volumeMounts": list(models_mount)}
+            volumes = list(models_volume)
+            init = []
+            if builds:  # the claim is read-only: the repository is copied where the plans can be built
+                container["args"] = [a if not a.startswith("--model-repository=") else "--model-repository=/repository"
+                                     for a in s.args]
+                container["volumeMounts"].append({"name": "repository", "mountPath": "/repository"})
+                volumes.append({"name": "repository", "emptyDir": {}})
+                init = [{"name": "build-engines", "image": TENSORRT_IMAGE,
+                         "command": ["sh", "-c", f"cp -r {MODELS}/repository/. /repository/\n"
+                                     + build_script(builds, "/repository")],
+                         "volumeMounts": [*models_mount, {"name": "repository", "mountPath": "/repository"}],
+                         "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}},
+                         "securityContext": {"allowPrivilegeEscalation": False}}]
+            deployment = _deployment(d, "triton", 1, container, gpu=1 if d.on_gpu else 0, shm="2Gi", volumes=volumes)
+            if init:
+                deployment["spec"]["template"]["spec"]["initContainers"] = init
             files["triton.yaml"] = [
-                _deployment(d, "triton", 1, container, gpu=1 if d.on_gpu else 0, shm="2Gi", volumes=models_volume),
+                deployment,
                 _service(d, "triton", {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc,
                                        "metrics": d.ports.triton_metrics}),
                 _pdb(d, "triton"), _engine_policy(d, "triton", [d.ports.triton_grpc, d.ports.triton_metrics]),
@@ -412,7 +440,10 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     services = build_services(d, p, inside)
     settings = gateway_settings(d, inside)
     dump("gateway.yaml", settings, "the gateway's settings (RTXSERVE_CONFIG) inside the containers")
-    dump("compose/compose.yaml", compose(d, p, services), f"rtxserve {d.name}: docker compose up -d (from this folder)")
+    builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
+    if builds:
+        write("engines/build-engines.sh", build_script(builds, f"{MODELS}/repository"))
+    dump("compose/compose.yaml", compose(d, p, services, builds), f"rtxserve {d.name}: docker compose up -d (from this folder)")
     dump("compose/prometheus.yml", monitoring.prometheus_config(d, scrape_targets(d, services, lambda s: s)))
     dump("monitoring/rules.yml", monitoring.alert_rules(d))
     for name, board in monitoring.dashboards(d).items():
@@ -424,7 +455,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     k8s_services = build_services(d, p, k8s_layout)
     k8s_settings = gateway_settings(d, k8s_layout)
     k8s_settings["vllm_url"] = ",".join(dict.fromkeys(k8s_settings["vllm_url"].split(","))) if k8s_settings["vllm_url"] else ""
-    manifests = kubernetes(d, p, k8s_services)
+    manifests = kubernetes(d, p, k8s_services, builds)
     for name, docs in manifests.items():
         write(f"kubernetes/{name}", "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=120) for doc in docs))
     dump("kubernetes/namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"rtxserve-{d.name}"}})
@@ -440,10 +471,13 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
                   gateway_config=str(at / "systemd" / "gateway.yaml"))
     host_services = build_services(d, p, host)
     dump("systemd/gateway.yaml", gateway_settings(d, host))
-    for name, text in systemd_units(d, host_services, prefix, tritonserver, backend_directory).items():
+    if builds:
+        write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
+    build = str(at / "systemd" / "build-engines.sh") if builds else None
+    for name, text in systemd_units(d, host_services, prefix, tritonserver, backend_directory, build).items():
         write(f"systemd/{name}", text)
-    images = [TRITON_IMAGE if d.encoders else None, VLLM_IMAGE if d.llms else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
-              PYTHON_IMAGE]
+    images = [TRITON_IMAGE if d.encoders else None, TENSORRT_IMAGE if builds else None, VLLM_IMAGE if d.llms else None,
+              PROMETHEUS_IMAGE, GRAFANA_IMAGE, PYTHON_IMAGE]
     write("images.txt", "".join(f"{i}\n" for i in images if i))
     write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
     write("plan.txt", format_plan(p) + "\n")

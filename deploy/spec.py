@@ -107,6 +107,8 @@ class EncoderModel(_Model):
     instances: int | Literal["auto"] = Field(1, description='Triton instances on each GPU (or on the CPU); "auto": '
                                               "as many as fit beside everything else")
     max_batch_size: int | None = Field(None, ge=1, le=4096, description="default: the export's")
+    tensorrt: bool = Field(False, description="GPU only: serve the entry's ONNX graph as a TensorRT plan, built on "
+                           "the box by the TensorRT release of the Triton image (deploy/engines.py)")
 
     @field_validator("instances")
     @classmethod

@@ -25,14 +25,20 @@ PROMTOOL = ROOT / ".tools" / "promtool"
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
+def rendered(classifier_checkpoint, tmp_path_factory):
+    from export.encoder import export_text_classification
+    from export.triton_entry import EntryOptions
+
     work = tmp_path_factory.mktemp("render")
     one, _ = write_boxes(work)
+    # a real GPU export (ONNX on onnxruntime_onnx), to be served as a TensorRT plan built on the box
+    export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment", target="gpu"), work / "model_repository")
     write_keys(work / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
     data = yaml.safe_load(one.read_text())
     data["gateway"] = {"host": "0.0.0.0", "keys_file": "keys.json", "workers": 2}
     data["models"][0]["slo"] = "e2el:200"
     data["models"][1]["slo"] = "ttft:500,itl:50"
+    data["models"].append({"name": "sentiment", "kind": "encoder", "path": "model_repository/sentiment", "tensorrt": True})
     path = work / "box.yaml"
     path.write_text(yaml.safe_dump(data))
     out = work / "out"
@@ -47,7 +53,7 @@ def test_compose_follows_the_compose_specification(rendered):
     errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(compose)]
     assert errors == []
     services = compose["services"]
-    assert set(services) == {"triton", "vllm-llama-3-8b-0", "gateway", "prometheus", "grafana"}
+    assert set(services) == {"build-engines", "triton", "vllm-llama-3-8b-0", "gateway", "prometheus", "grafana"}
     # engines: on the internal network only, nothing published, each on its GPU, healthy before the gateway starts
     assert compose["networks"]["engines"] == {"internal": True}
     for name in ("triton", "vllm-llama-3-8b-0"):
@@ -173,3 +179,31 @@ def test_a_deployment_without_keys_or_that_does_not_fit_is_not_rendered(tmp_path
     data["models"][1]["max_num_seqs"] = 64
     with pytest.raises(DeploymentError, match="(?s)does not fit:.*OVER by"):
         render(parse_deployment(data, tmp_path), tmp_path / "out2")
+
+
+def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_triton_image(rendered):
+    from deploy.engines import TENSORRT_IMAGE
+    from deploy.render import TRITON_IMAGE
+    from serve.entry_config import read_config
+
+    out, _ = rendered
+    assert TENSORRT_IMAGE.rsplit(":", 1)[1] == TRITON_IMAGE.rsplit(":", 1)[1]  # the same NGC release (YY.MM-py3)
+    config = read_config(out / "models" / "repository" / "sentiment_model" / "config.pbtxt")
+    assert config.platform == "tensorrt_plan" and config.default_model_filename == "model.plan"
+    assert (out / "models" / "repository" / "sentiment_model" / "1" / "model.onnx").is_file()
+    source = read_config(out.parent / "model_repository" / "sentiment_model" / "config.pbtxt")
+    assert source.platform == "onnxruntime_onnx"  # the export itself is untouched (the render hard-links files)
+    script = (out / "engines" / "build-engines.sh").read_text()
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+    assert ("trtexec --onnx=/models/repository/sentiment_model/1/model.onnx --saveEngine=/models/repository/sentiment_model/1/model.plan "
+            "--minShapes=input_ids:1x1,attention_mask:1x1 --optShapes=input_ids:32x128,attention_mask:32x128 "
+            "--maxShapes=input_ids:32x128,attention_mask:32x128") in script
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    assert compose["services"]["build-engines"]["image"] == TENSORRT_IMAGE
+    assert compose["services"]["triton"]["depends_on"]["build-engines"]["condition"] == "service_completed_successfully"
+    triton = yaml.safe_load((out / "kubernetes" / "triton.yaml").read_text().split("---\n")[1])
+    init = triton["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["image"] == TENSORRT_IMAGE and "trtexec" in init["command"][2]
+    assert "--model-repository=/repository" in triton["spec"]["template"]["spec"]["containers"][0]["args"]
+    unit = (out / "systemd" / "rtxserve-one-4090-triton.service").read_text()
+    assert "ExecStartPre=/bin/sh " in unit and "ReadWritePaths=" in unit
