@@ -13,16 +13,30 @@ def plan_main(argv: list[str]) -> int:
                                      "estimated from its artifacts; exit 2 when it does not fit.")
     parser.add_argument("deployment", type=Path)
     parser.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
+    parser.add_argument("--measure", action="store_true", help="the deployment is running (`rtxserve serve up`): "
+                        "set each server's GPU memory, measured by NVML, beside the plan")
+    parser.add_argument("--run-root", type=Path, default=Path(".rtxserve/run"), help="where `serve up` keeps its runs")
     args = parser.parse_args(argv)
     from .plan import format_plan, plan
     from .spec import DeploymentError, load_deployment
 
     try:
-        p = plan(load_deployment(args.deployment))
+        deployment = load_deployment(args.deployment)
+        p = plan(deployment)
     except DeploymentError as exc:
         print(f"rtxserve plan: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
+    if args.measure:
+        from serve.box import run_dir
+
+        from .measure import format_measured, measure
+
+        try:
+            print("\n" + format_measured(measure(p, run_dir(deployment.name, args.run_root))))
+        except (DeploymentError, RuntimeError) as exc:
+            print(f"rtxserve plan --measure: error: {exc}", file=sys.stderr)
+            return 2
     return 0 if p.fits else 2
 
 

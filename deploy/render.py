@@ -327,7 +327,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             if model.name in seen_llms:  # every replica of one LLM is one Deployment: the first engine's options
                 continue
             seen_llms.add(model.name)
-            app = engine_name(model, 0).removesuffix("-0")
+            app = engine_name(model.name, 0).removesuffix("-0")
             container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": s.args,
                          "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
                          "ports": [{"name": "http", "containerPort": s.port}],

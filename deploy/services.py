@@ -42,8 +42,9 @@ class Layout:
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
 
 
-def engine_name(m: LLMModel, replica: int) -> str:
-    return f"vllm-{m.name.lower().replace('_', '-').replace('.', '-')}-{replica}"
+def engine_name(model: str, replica: int) -> str:
+    """The server name of an LLM's engine: a DNS label, as compose services and Kubernetes names need."""
+    return f"vllm-{model.lower().replace('_', '-').replace('.', '-')}-{replica}"
 
 
 def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
@@ -68,7 +69,7 @@ def gateway_settings(d: Deployment, layout: Layout) -> dict:
     settings = {"host": layout.gateway_host or d.gateway.host, "port": d.ports.gateway,
                 "workers": d.gateway.workers,
                 "triton_grpc_url": f"{layout.host_of('triton')}:{d.ports.triton_grpc}" if d.encoders else "",
-                "vllm_url": ",".join(f"http://{layout.host_of(engine_name(m, r))}:{port}" for m, r, port in d.engines()),
+                "vllm_url": ",".join(f"http://{layout.host_of(engine_name(m.name, r))}:{port}" for m, r, port in d.engines()),
                 # /readyz waits for every model the deployment names, adapters included
                 "required_models": [n for m in d.models for n in (m.name, *getattr(m, "adapters", {}))]}
     if d.gateway.keys_file is not None:
@@ -98,7 +99,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
             raise DeploymentError(f"models.{m.name}: {exc}") from None
         dtype = _dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
         env = {"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}
-        services.append(Service(engine_name(m, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
+        services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
                                 gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters]))
     services.append(Service("gateway", "gateway", ["serve", "gateway", "--log-level", "info"], d.ports.gateway,

@@ -137,3 +137,40 @@ def test_a_taken_port_names_the_process_holding_it():
         d = parse_deployment({"name": "box", "ports": {"gateway": port}, "models": [{"name": "l", "kind": "llm", "path": "l"}]})
         with pytest.raises(DeploymentError, match=f"ports.gateway: port {port} is taken by pid {os.getpid()} "):
             check_ports(d)
+
+
+def test_measure_sets_each_servers_nvml_memory_beside_its_plan(boxes, tmp_path):
+    """NVML faked (no GPU here): pids of a running deployment's process groups, with their memory per GPU."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from deploy.measure import format_measured, measure
+
+    d = load_deployment(boxes[0])
+    p = plan(d)
+    # stand-ins for the two servers: process-group leaders with a child each, as tritonserver and vLLM have
+    leaders = [subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
+                                start_new_session=True) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while any(not psutil.Process(pr.pid).children() for pr in leaders) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = [psutil.Process(pr.pid).children()[0].pid for pr in leaders]
+        state = {"servers": [{"name": n, "pid": pr.pid} for n, pr in zip(["triton", "vllm-llama-3-8b-0"], leaders)]}
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        usage = {0: {leaders[0].pid: int(1.0 * GIB), children[0]: int(1.9 * GIB),  # Triton: server + a stub
+                     children[1]: int(20.0 * GIB), os.getpid(): 5 * GIB}}  # vLLM's worker; and a stranger
+        rows = {r.server: r for r in measure(p, tmp_path, usage)}
+    finally:
+        for pr in leaders:
+            os.killpg(pr.pid, 9)
+    assert set(rows) == {"triton", "vllm-llama-3-8b-0"}  # the stranger's memory is nobody's
+    assert rows["triton"].measured_gib == pytest.approx(2.9) and rows["triton"].planned_gib == pytest.approx(0.75 + 4 * 0.483, abs=0.01)
+    assert rows["vllm-llama-3-8b-0"].planned_gib == pytest.approx(0.86 * 24)
+    assert rows["vllm-llama-3-8b-0"].error == pytest.approx((0.86 * 24 - 20) / 20)
+    assert "within 10 %" in format_measured(list(rows.values()))
