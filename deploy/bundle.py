@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -87,8 +88,8 @@ def _wheels(name: str, requirements: list[str], to: Path, cache: Path, log) -> N
 
 
 def _top(requirement: str) -> str:
-    """A requirement as the box installs it: the project's own folder becomes its name."""
-    return "rtxserve" if requirement == str(ROOT) else requirement
+    """A requirement as the box installs it: the project's source folder becomes its name."""
+    return "rtxserve" if Path(requirement).is_dir() else requirement
 
 
 def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
@@ -149,7 +150,11 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     log(f"rendering {d.name} for {prefix}")
     render(d, stage, at=prefix, prefix=prefix)
     wheels = stage / "wheels"
-    _wheels("gateway", [str(ROOT)], wheels / "gateway", cache, log)
+    with tempfile.TemporaryDirectory() as source:  # setuptools would leave build/ in the checkout
+        shutil.copytree(ROOT, source, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+            ".git", ".venv", ".envs", ".rtxserve", ".tools", "build", "reports", "tests", "model_repository", "__pycache__",
+            "*.egg-info"))
+        _wheels("gateway", [source], wheels / "gateway", cache, log)
     if d.encoders:
         _wheels("triton", _requirements(ROOT / "deploy" / "triton" / "requirements.txt"), wheels / "triton", cache, log)
     if d.llms:

@@ -1,5 +1,0 @@
-"""Run the servers: tritonserver, (later) vLLM, and the FastAPI gateway in front of them.
-
-Reads what export wrote (the model repository and its configs), never export's code; the gateway
-never imports torch, transformers, vLLM or Triton's server code.
-"""
