@@ -58,7 +58,9 @@ if [ -d wheels/triton ]; then install_env .envs/triton wheels/triton; sh install
 if [ -d wheels/vllm ]; then install_env .envs/vllm wheels/vllm; fi
 echo "installed in $here"
 echo "start: cd $here && .venv/bin/rtxserve serve up deployment.yaml"
-echo "   or: the systemd units in systemd/ (sudo cp systemd/* /etc/systemd/system/ && sudo systemctl enable --now rtxserve-%(name)s.target)"
+echo "   or, as services (they run as the user rtxserve, who must read secrets/ and models/):"
+echo "     sudo useradd --system --home /var/lib/rtxserve rtxserve; sudo chown -R rtxserve: $here/secrets"
+echo "     sudo cp systemd/*.service systemd/*.target /etc/systemd/system/ && sudo systemctl enable --now rtxserve-%(name)s.target"
 """
 
 
@@ -106,6 +108,20 @@ def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
     return [cache / n for n in sorted(names)]
 
 
+def _image_wheels(context: Path, cache: Path, log) -> None:
+    from .render import TRITON_IMAGE, TRITON_IMAGE_PYTHON
+
+    log(f"wheels for {TRITON_IMAGE} (Python {TRITON_IMAGE_PYTHON})")
+    cache.mkdir(parents=True, exist_ok=True)
+    platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp",
+                    "--python-version", TRITON_IMAGE_PYTHON, *platforms, "--dest", str(cache),
+                    "-r", str(context / "requirements.txt")], check=True)
+    for wheel in cache.glob("*.whl"):
+        if not (context / "wheels" / wheel.name).exists():
+            os.link(wheel, context / "wheels" / wheel.name)
+
+
 def _requirements(path: Path) -> list[str]:
     return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
 
@@ -124,6 +140,16 @@ def bundle_deployment(d: Deployment) -> dict:
     if d.gateway.keys_file is not None:
         data["gateway"]["keys_file"] = "secrets/keys.json"
     return data
+
+
+def _copy_source(to: Path) -> None:
+    """The project's files as git knows them (tracked, or new and not ignored): no environments, no models."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file() and not rel.startswith("tests/"):
+            (to / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, to / rel)
 
 
 def sha256sums(folder: Path) -> str:
@@ -150,10 +176,8 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     log(f"rendering {d.name} for {prefix}")
     render(d, stage, at=prefix, prefix=prefix)
     wheels = stage / "wheels"
-    with tempfile.TemporaryDirectory() as source:  # setuptools would leave build/ in the checkout
-        shutil.copytree(ROOT, source, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".envs", ".rtxserve", ".tools", "build", "reports", "tests", "model_repository", "__pycache__",
-            "*.egg-info"))
+    with tempfile.TemporaryDirectory() as source:  # a copy: setuptools would leave build/ in the checkout
+        _copy_source(Path(source))
         _wheels("gateway", [source], wheels / "gateway", cache, log)
     if d.encoders:
         _wheels("triton", _requirements(ROOT / "deploy" / "triton" / "requirements.txt"), wheels / "triton", cache, log)
@@ -161,8 +185,9 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
         reqs = ROOT / "deploy" / "vllm" / ("requirements-cuda.txt" if d.on_gpu else "requirements-cpu.txt")
         _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log)
     for wheel in (wheels / "gateway").iterdir():  # the gateway image installs the same wheels
-        (stage / "gateway-image" / "wheels").mkdir(exist_ok=True)
         os.link(wheel, stage / "gateway-image" / "wheels" / wheel.name)
+    if d.encoders:  # the Triton image's Python steps: wheels for the image's Python, not ours
+        _image_wheels(stage / "triton-image", cache / "triton-image", log)
     (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
     (stage / "install-stub.sh").write_text((ROOT / "deploy" / "triton" / "install-stub.sh").read_text())
     python = "%d.%d" % sys.version_info[:2]

@@ -15,7 +15,7 @@ def plan_main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
     parser.add_argument("--measure", action="store_true", help="the deployment is running (`rtxserve serve up`): "
                         "set each server's GPU memory, measured by NVML, beside the plan")
-    parser.add_argument("--run-root", type=Path, default=Path(".rtxserve/run"), help="where `serve up` keeps its runs")
+    parser.add_argument("--run-root", type=Path, help="where `serve up` keeps its runs (default .rtxserve/run)")
     args = parser.parse_args(argv)
     from .plan import format_plan, plan
     from .spec import DeploymentError, load_deployment
@@ -23,18 +23,18 @@ def plan_main(argv: list[str]) -> int:
     try:
         deployment = load_deployment(args.deployment)
         p = plan(deployment)
-    except DeploymentError as exc:
+    except (DeploymentError, OSError) as exc:
         print(f"rtxserve plan: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
     if args.measure:
-        from serve.box import run_dir
+        from serve.box import RUN_ROOT, run_dir
 
         from .measure import format_measured, measure
 
         try:
-            print("\n" + format_measured(measure(p, run_dir(deployment.name, args.run_root))))
-        except (DeploymentError, RuntimeError) as exc:
+            print("\n" + format_measured(measure(p, run_dir(deployment.name, args.run_root or RUN_ROOT))))
+        except (DeploymentError, RuntimeError, OSError) as exc:
             print(f"rtxserve plan --measure: error: {exc}", file=sys.stderr)
             return 2
     return 0 if p.fits else 2
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         try:
             out = bundle(load_deployment(args.deployment), args.out, prefix=args.prefix, cache=args.wheels_cache.resolve(),
                          log=lambda m: print(m, file=sys.stderr))
-        except DeploymentError as exc:
+        except (DeploymentError, OSError) as exc:
             print(f"rtxserve deploy bundle: error: {exc}", file=sys.stderr)
             return 2
         except subprocess.CalledProcessError as exc:
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     try:
         written = render(load_deployment(args.deployment), args.out, prefix=args.prefix, tritonserver=args.tritonserver,
                          backend_directory=args.backend_directory)
-    except DeploymentError as exc:
+    except (DeploymentError, OSError) as exc:
         print(f"rtxserve deploy render: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files to {args.out}: compose/, systemd/, kubernetes/, monitoring/, images.txt", file=sys.stderr)

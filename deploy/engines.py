@@ -39,7 +39,7 @@ def plan_tensorrt(d: Deployment, repository: Path) -> list[Build]:
     """For each `tensorrt: true` encoder in the assembled `repository`: turn its ONNX model step into a
     tensorrt_plan step (the graph stays beside it, for the build) and return what to build."""
     from export.tensorrt import Profile
-    from serve.entry_config import _write, read_config
+    from serve.entry_config import read_config, write_config
 
     builds = []
     for m in d.encoders:
@@ -63,7 +63,7 @@ def plan_tensorrt(d: Deployment, repository: Path) -> list[Build]:
                             fp16=meta.get("precision") == "fp16"))
         config.platform = "tensorrt_plan"
         config.default_model_filename = "model.plan"
-        _write(folder / "config.pbtxt", config)
+        write_config(folder / "config.pbtxt", config)
     return builds
 
 

@@ -32,7 +32,10 @@ def gpu_memory_by_pid() -> dict[int, dict[int, int]]:
         import pynvml
     except ImportError:
         raise RuntimeError("measuring needs NVML's Python bindings: pip install 'rtxserve[gpu]' (nvidia-ml-py)") from None
-    pynvml.nvmlInit()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise RuntimeError(f"NVML cannot start here ({exc}): no NVIDIA driver?") from None
     try:
         out = {}
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -62,12 +65,12 @@ def planned_by_server(p: Plan) -> dict[tuple[int, str], float]:
 
 
 def measure(p: Plan, run: Path, usage: dict[int, dict[int, int]] | None = None) -> list[Measured]:
-    from serve.box import _group, read_state
+    from serve.box import process_group, read_state
 
     usage = gpu_memory_by_pid() if usage is None else usage
     owner = {}
     for server in read_state(run)["servers"]:
-        for process in _group(server["pid"]):
+        for process in process_group(server["pid"]):
             owner[process.pid] = server["name"]
         owner.setdefault(server["pid"], server["name"])
     measured: dict[tuple[int, str], int] = {}

@@ -139,7 +139,7 @@ def alert_rules(d: Deployment) -> dict:
     for m in d.models:
         for figure, limit_ms in (parse_slo(m.slo) if m.slo else {}).items():
             metric, label = SLO_HISTOGRAMS[figure]
-            names = [m.name, *getattr(m, "adapters", {})]
+            names = [n.replace(".", "\\\\.") for n in (m.name, *getattr(m, "adapters", {}))]  # "." is a regex's any
             selector = f'{label}=~"{"|".join(names)}"'
             rules.append({
                 "alert": "RtxserveSLOBreached",

@@ -16,8 +16,9 @@ Packing: each vLLM engine takes a GPU of its own (the emptiest one first); encod
 (Triton's KIND_GPU `count`) on every GPU or on the ones the model names; "auto" instances are added one
 at a time, round robin, while they fit. A deployment that does not fit is refused with the per-GPU table.
 
-On a CPU deployment the same sums are held against the host's memory (CPU ONNX Runtime and vLLM's
-VLLM_CPU_KVCACHE_SPACE), and "auto" means one instance: on CPU the cores, not memory, bound instances.
+On a CPU deployment the same sums are held against this host's memory (CPU ONNX Runtime and vLLM's
+VLLM_CPU_KVCACHE_SPACE: plan on the box that will run it), and "auto" means one instance: on CPU the cores,
+not memory, bound instances.
 
 The constants below are first estimates; `rtxserve plan --measure` (on a GPU) prints the error against
 what NVML measures per process.
@@ -33,12 +34,13 @@ from pathlib import Path
 from .spec import Deployment, DeploymentError, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
 GIB = 1024**3
-TRITON_PROCESS_GIB = 0.75  # tritonserver on one GPU: CUDA context, cuBLAS/cuDNN handles, pinned memory pool
+TRITON_PROCESS_GIB = 0.75  # tritonserver on one GPU: CUDA context, cuBLAS/cuDNN handles, the CUDA memory pool
 ENCODER_INSTANCE_GIB = 0.15  # one ONNX Runtime CUDA session: its stream, workspaces and arena's first chunk
 ORT_ARENA_FACTOR = 2.0  # the arena grows in power-of-two chunks: up to twice the live bytes
 VLLM_CONTEXT_GIB = 0.6  # CUDA context and non-torch allocations (cuBLAS workspaces) of one engine
 VLLM_CUDA_GRAPHS_GIB = 0.5  # captured CUDA graphs at vLLM's default capture sizes
-VLLM_DEFAULT_BATCHED_TOKENS = 8192  # vLLM's step budget when max_num_batched_tokens is not set
+# vLLM's step budget when max_num_batched_tokens is not set: its API server's default by GPU size (arg_utils)
+VLLM_DEFAULT_BATCHED_TOKENS = {"small": 2048, "large": 8192}  # below / from 70 GiB
 CPU_ENCODER_INSTANCE_GIB = 0.35  # a python-backend stub with ONNX Runtime and NumPy loaded (RSS)
 CPU_TRITON_GIB = 0.4
 CPU_VLLM_PROCESS_GIB = 2.5  # the API server, engine core and worker processes with torch loaded (RSS)
@@ -151,13 +153,6 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
 
 # ---------------------------------------------------------------------------------------------- LLMs
 
-def _safetensors_files(model: Path) -> list[Path]:
-    index = model / "model.safetensors.index.json"
-    if index.is_file():
-        return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
-    return sorted(model.glob("*.safetensors"))
-
-
 def _header_sizes(files: list[Path]) -> tuple[int, int]:
     """(parameters, stored bytes) from safetensors headers; no tensor is read."""
     from safetensors import safe_open
@@ -183,12 +178,17 @@ def _serving_bytes(m: LLMModel, config: dict, on_gpu: bool) -> int:
 
 
 def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
-    from rtxserve.contract import LORA_RANKS
+    from rtxserve.contract import padded_lora_rank
 
     path = d.resolve(m.path)
-    config = json.loads((path / "config.json").read_text())
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise DeploymentError(f"models.{m.name}: {path / 'config.json'} is not readable JSON ({exc})") from None
     config = config.get("text_config", config) if "num_hidden_layers" not in config else config
-    files = _safetensors_files(path)
+    from serve.vllm import base_weights
+
+    files = base_weights(path)
     if not files:
         raise DeploymentError(f"models.{m.name}: no safetensors weights in {path} to size it from")
     try:
@@ -198,6 +198,10 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     quantized = "quantization_config" in config
     width = _serving_bytes(m, config, d.on_gpu)
     weights = (stored if quantized else params * width) / GIB
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if not isinstance(config.get(k), int)]
+    if missing:
+        raise DeploymentError(f"models.{m.name}: {path / 'config.json'} has no {', '.join(missing)}: the planner sizes "
+                              "Llama-style configs (those names, as vLLM's supported decoder models write them)")
     h = int(config["hidden_size"])
     layers = int(config["num_hidden_layers"])
     heads = int(config["num_attention_heads"])
@@ -213,12 +217,12 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
              f"{params / 1e9:.2f} B parameters" + (" (quantised: stored size)" if quantized else f" at {width} bytes")]
     parts = {"weights": weights}
     if d.on_gpu:
-        tokens = m.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS
+        tokens = m.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS["large" if d.gpus.memory_gib >= 70 else "small"]
         parts["kv_cache"] = kv
         parts["activations"] = (tokens * (4 * h + 3 * inter) * width + 2 * m.max_num_seqs * vocab * 4) / GIB
         if m.adapters:
             ranks = [int(json.loads((d.resolve(a) / "adapter_config.json").read_text()).get("r", 8)) for a in m.adapters.values()]
-            rank = next((r for r in LORA_RANKS if r >= max(ranks)), LORA_RANKS[-1])
+            rank = padded_lora_rank(max(ranks))
             q, kv_out = heads * head_dim, kv_heads * head_dim
             fans = (h + q) + 2 * (h + kv_out) + (q + h) + 2 * (h + inter) + (inter + h)  # q k v o gate up down
             parts["lora"] = len(m.adapters) * rank * fans * layers * width / GIB

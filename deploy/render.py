@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import yaml
@@ -42,21 +43,34 @@ PROMETHEUS_IMAGE = "prom/prometheus:v3.14.0"
 GRAFANA_IMAGE = "grafana/grafana:13.1.2"
 PYTHON_IMAGE = "python:3.11-slim-bookworm"  # the gateway image's base
 GATEWAY_IMAGE = f"rtxserve-gateway:{__version__}"
+# The NGC image plus what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow): built
+# FROM it, offline from wheels for its Python (the bundle brings them).
+SERVING_TRITON_IMAGE = f"rtxserve-triton:{__version__}"
+TRITON_IMAGE_PYTHON = "3.12"  # Ubuntu 24.04's, in the 26.xx images
 KUBERNETES_VERSION = "1.32.0"  # the API version the manifests are validated against
 MODELS = "/models"
+KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
+
+
+# What vLLM reads from a model or adapter folder; anything else (optimizer states, `original/` consolidated
+# checkpoints, .git) stays behind.
+SERVED_FILES = ("*.json", "*.safetensors", "*.model", "*.jinja", "*.txt", "*.tiktoken")
 
 
 def _link_tree(source: Path, to: Path) -> None:
-    from serve.entry_config import _link
+    from serve.entry_config import link_file
 
     if to.exists():
         shutil.rmtree(to)
-    shutil.copytree(source, to, copy_function=_link)
+    to.mkdir(parents=True)
+    for pattern in SERVED_FILES:
+        for file in source.glob(pattern):
+            link_file(str(file), str(to / file.name))
 
 
 def stage_models(d: Deployment, p: Plan, out: Path) -> dict[Path, str]:
     """Lay the artifacts out under out/models (hard links) and return host path -> path in a container."""
-    from serve.box import assemble_repository
+    from serve.entry_config import assemble_repository
 
     where: dict[Path, str] = {}
     models = out / "models"
@@ -89,6 +103,12 @@ def _dump(path: Path, data, header: str = "") -> None:
 
 # ---------------------------------------------------------------------------------------------- compose
 
+def _serve_args(args: list[str]) -> list[str]:
+    """`vllm serve` (the image's entrypoint) takes the model as its first argument, not as --model."""
+    i = args.index("--model")
+    return [args[i + 1], *args[:i], *args[i + 2:]]
+
+
 def _health(url: str, start_period: str) -> dict:
     return {"test": ["CMD", "curl", "-fsS", url], "interval": "10s", "timeout": "5s", "retries": 3,
             "start_period": start_period}
@@ -109,7 +129,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             "deploy": _gpus([0]), "restart": "no"}
     for s in services:
         if s.kind == "triton":
-            svc = {"image": TRITON_IMAGE, "command": ["tritonserver", *s.args],
+            svc = {"image": SERVING_TRITON_IMAGE, "build": {"context": "../triton-image"}, "command": ["tritonserver", *s.args],
                    "volumes": [f"../models:{MODELS}:ro"], "shm_size": "2gb",
                    "ulimits": {"memlock": -1, "stack": 67108864},
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "300s")}
@@ -118,13 +138,16 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             if builds:
                 svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
-            svc = {"image": VLLM_IMAGE, "entrypoint": ["vllm", "serve"], "command": s.args,
+            svc = {"image": VLLM_IMAGE, "entrypoint": ["vllm", "serve"], "command": _serve_args(s.args),
                    "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
                 svc["deploy"] = _gpus([s.gpu])
         else:
-            host = "127.0.0.1:" if d.gateway.host in ("127.0.0.1", "localhost") else ""
+            from serve.gateway.settings import is_loopback
+
+            host = d.gateway.host
+            host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
             svc = {"image": GATEWAY_IMAGE, "build": {"context": "../gateway-image"}, "command": ["rtxserve", *s.args],
                    "environment": s.env, "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro"],
@@ -133,7 +156,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                                             f"urllib.request.urlopen('http://localhost:{s.port}/readyz', timeout=3)"],
                                    "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"}}
             if d.gateway.keys_file is not None:
-                svc["secrets"] = [{"source": "api_keys", "target": "/run/secrets/api_keys.json"}]
+                svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
         svc["restart"] = "unless-stopped"
         svc["networks"] = ["engines", "front"] if s.kind == "gateway" else ["engines"]
         out["services"][s.name] = svc
@@ -177,7 +200,7 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
     for s in services:
         if s.kind == "triton":
             install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
-                       if tritonserver else triton.TritonInstall.at(prefix / ".envs" / "triton"))
+                       if tritonserver else triton.TritonInstall.at(prefix / ".envs" / "triton", "python%d.%d" % sys.version_info[:2]))
             argv, env = triton.install_argv(install, s.args), triton.install_env(install, base={"PATH": "/usr/bin:/bin"})
         elif s.kind == "vllm":
             argv = vllm.install_argv(prefix / ".envs" / "vllm", s.args)
@@ -197,16 +220,18 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]
-        if s.kind == "triton" and build_engines:  # TensorRT plans built here first (trtexec on the box's PATH)
+        building = s.kind == "triton" and build_engines
+        if building:  # TensorRT plans built here first, with the box's TensorRT (trtexec where its packages put it)
             repository = next(a.split("=", 1)[1] for a in s.args if a.startswith("--model-repository="))
-            lines += [f"ExecStartPre=/bin/sh {_quote(build_engines)}", f"ReadWritePaths={_quote(repository)}"]
+            lines += [f"ExecStartPre=/usr/bin/env PATH=/usr/src/tensorrt/bin:/usr/bin:/bin /bin/sh {_quote(build_engines)}",
+                      f"ReadWritePaths={_quote(repository)}"]
         lines += [f"ExecStart={' '.join(_quote(a) for a in argv)}",
                   # readiness: the unit counts as started once the server answers ready
                   f"ExecStartPost={prefix / '.venv' / 'bin' / 'python'} -m serve.wait_ready "
                   f"http://127.0.0.1:{s.port}{s.ready_path} --timeout {600 if s.kind == 'vllm' else 300}",
-                  f"TimeoutStartSec={660 if s.kind == 'vllm' else 360}",
+                  f"TimeoutStartSec={3600 if building else 660 if s.kind == 'vllm' else 360}",
                   "KillMode=control-group", "KillSignal=SIGTERM", "TimeoutStopSec=60", "Restart=on-failure",
-                  "RestartSec=5", "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=yes",
+                  "RestartSec=5", "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=read-only",
                   "", "[Install]", f"WantedBy={target}", ""]
         units[name] = "\n".join(lines)
     units[target] = "\n".join(["[Unit]", f"Description=rtxserve deployment {d.name}",
@@ -236,20 +261,31 @@ def _probe(path: str, port: int, period: int = 10, failures: int = 3) -> dict:
 
 def _deployment(d: Deployment, app: str, replicas: int, container: dict, *, gpu: int = 0, shm: str | None = None,
                 volumes: list[dict] | None = None) -> dict:
-    if gpu:
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpu}, "requests": {"nvidia.com/gpu": gpu}}
+    if gpu:  # requests too: without them GPU pods are BestEffort and evicted first
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpu},
+                                  "requests": {"nvidia.com/gpu": gpu, "cpu": "2", "memory": "16Gi"}}
     pod_volumes = list(volumes or [])
     mounts = container.setdefault("volumeMounts", [])
     if shm:  # PyTorch and the python backend pass tensors through /dev/shm
         pod_volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-    container["securityContext"] = {"allowPrivilegeEscalation": False}
-    spec = {"containers": [container], "volumes": pod_volumes}
+    container["securityContext"] = _security(non_root=not gpu and app == "gateway")
+    spec = {"automountServiceAccountToken": False, "containers": [container], "volumes": pod_volumes}
     if not pod_volumes:
         del spec["volumes"]
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": _labels(app, d)},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": _labels(app, d)},
-                     "template": {"metadata": {"labels": _labels(app, d)}, "spec": spec}}}
+    out = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": _labels(app, d)},
+           "spec": {"replicas": replicas, "selector": {"matchLabels": _labels(app, d)},
+                    "template": {"metadata": {"labels": _labels(app, d)}, "spec": spec}}}
+    if gpu:  # a rolling update would need a spare GPU for the surge pod: replace pods instead
+        out["spec"]["strategy"] = {"type": "Recreate"}
+    return out
+
+
+def _security(non_root: bool = False) -> dict:
+    """No privilege escalation, no capabilities, the runtime's seccomp profile; the gateway image runs as uid
+    1000 (the NGC and vLLM images run as root and write their caches under it)."""
+    out = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return out | ({"runAsNonRoot": True, "runAsUser": 1000} if non_root else {})
 
 
 def _service(d: Deployment, app: str, ports: dict[str, int]) -> dict:
@@ -263,11 +299,13 @@ def _pdb(d: Deployment, app: str, max_unavailable: int = 1) -> dict:
             "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": _labels(app, d)}}}
 
 
-def _service_monitor(d: Deployment, app: str, port: str) -> dict:
+def _service_monitor(d: Deployment, app: str, port: str, kind: str) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
             "metadata": {"name": app, "labels": _labels(app, d)},
             "spec": {"selector": {"matchLabels": _labels(app, d)},
-                     "endpoints": [{"port": port, "path": "/metrics", "interval": "15s"}]}}
+                     # the job label of the compose scrape config, so that one set of rules serves both
+                     "endpoints": [{"port": port, "path": "/metrics", "interval": "15s", "relabelings": [
+                         {"targetLabel": "job", "replacement": f"rtxserve-{kind}"}]}]}}
 
 
 def _engine_policy(d: Deployment, app: str, ports: list[int]) -> dict:
@@ -292,7 +330,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
     seen_llms = set()
     for s in services:
         if s.kind == "triton":
-            container = {"name": "tritonserver", "image": TRITON_IMAGE, "command": ["tritonserver"], "args": s.args,
+            container = {"name": "tritonserver", "image": SERVING_TRITON_IMAGE, "args": ["tritonserver", *s.args],
                          "ports": [{"name": "http", "containerPort": d.ports.triton_http},
                                    {"name": "grpc", "containerPort": d.ports.triton_grpc},
                                    {"name": "metrics", "containerPort": d.ports.triton_metrics}],
@@ -303,8 +341,8 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             volumes = list(models_volume)
             init = []
             if builds:  # the claim is read-only: the repository is copied where the plans can be built
-                container["args"] = [a if not a.startswith("--model-repository=") else "--model-repository=/repository"
-                                     for a in s.args]
+                container["args"] = ["tritonserver", *(a if not a.startswith("--model-repository=")
+                                                       else "--model-repository=/repository" for a in s.args)]
                 container["volumeMounts"].append({"name": "repository", "mountPath": "/repository"})
                 volumes.append({"name": "repository", "emptyDir": {}})
                 init = [{"name": "build-engines", "image": TENSORRT_IMAGE,
@@ -312,7 +350,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
                                      + build_script(builds, "/repository")],
                          "volumeMounts": [*models_mount, {"name": "repository", "mountPath": "/repository"}],
                          "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}},
-                         "securityContext": {"allowPrivilegeEscalation": False}}]
+                         "securityContext": _security()}]
             deployment = _deployment(d, "triton", 1, container, gpu=1 if d.on_gpu else 0, shm="2Gi", volumes=volumes)
             if init:
                 deployment["spec"]["template"]["spec"]["initContainers"] = init
@@ -321,14 +359,18 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
                 _service(d, "triton", {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc,
                                        "metrics": d.ports.triton_metrics}),
                 _pdb(d, "triton"), _engine_policy(d, "triton", [d.ports.triton_grpc, d.ports.triton_metrics]),
-                _service_monitor(d, "triton", "metrics")]
+                _service_monitor(d, "triton", "metrics", "triton")]
         elif s.kind == "vllm":
             model = next(m for m in d.llms if m.name == s.models[0])
             if model.name in seen_llms:  # every replica of one LLM is one Deployment: the first engine's options
                 continue
             seen_llms.add(model.name)
             app = engine_name(model.name, 0).removesuffix("-0")
-            container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": s.args,
+            args = _serve_args(s.args)
+            if "--gpu-memory-utilization" in args:  # the pod owns its GPU: vLLM's own default share (0.9)
+                i = args.index("--gpu-memory-utilization")
+                del args[i:i + 2]
+            container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": args,
                          "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
                          "ports": [{"name": "http", "containerPort": s.port}],
                          "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
@@ -336,12 +378,12 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             files[f"{app}.yaml"] = [
                 _deployment(d, app, model.replicas, container, gpu=1 if d.on_gpu else 0, shm="8Gi", volumes=models_volume),
                 _service(d, app, {"http": s.port}), _pdb(d, app), _engine_policy(d, app, [s.port]),
-                _service_monitor(d, app, "http")]
+                _service_monitor(d, app, "http", "vllm")]
     gateway = next(s for s in services if s.kind == "gateway")
     mounts = [{"name": "config", "mountPath": "/etc/rtxserve", "readOnly": True}]
     volumes: list[dict] = [{"name": "config", "configMap": {"name": "rtxserve-gateway"}}]
     if d.gateway.keys_file is not None:
-        mounts.append({"name": "keys", "mountPath": "/run/secrets", "readOnly": True})
+        mounts.append({"name": "keys", "mountPath": str(Path(KEYS_IN_CONTAINER).parent), "readOnly": True})
         volumes.append({"name": "keys", "secret": {"secretName": "rtxserve-api-keys"}})
     container = {"name": "gateway", "image": GATEWAY_IMAGE, "command": ["rtxserve"], "args": gateway.args,
                  "env": [{"name": k, "value": v} for k, v in sorted(gateway.env.items())],
@@ -357,7 +399,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
                   "minReplicas": gateway_replicas, "maxReplicas": max(10, gateway_replicas),
                   "metrics": [{"type": "Resource", "resource": {"name": "cpu",
                                                                 "target": {"type": "Utilization", "averageUtilization": 70}}}]}},
-        _service_monitor(d, "gateway", "http")]
+        _service_monitor(d, "gateway", "http", "gateway")]
     files["prometheus-rules.yaml"] = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
                                        "metadata": {"name": f"rtxserve-{d.name}", "labels": _labels("rules", d)},
                                        "spec": monitoring.alert_rules(d)}]
@@ -375,10 +417,15 @@ def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     master = (f"{common} --master --headless --expect-workers {workers} -u 32 -r 32 -t 5m "
               f"--host http://gateway:{d.ports.gateway} --csv /tmp/locust --only-summary")
     worker = f"{common} --worker --master-host locust-master"
+    master += " --api-key \"$RTXSERVE_API_KEY\""
 
     def job(name: str, command: str, parallelism: int) -> dict:
         container = {"name": "locust", "image": GATEWAY_IMAGE, "command": ["sh", "-c", command],
-                     "securityContext": {"allowPrivilegeEscalation": False}}
+                     # a key of the gateway's, as plain text: create it with
+                     # kubectl create secret generic rtxserve-loadtest-key --from-literal=api-key=rtx-...
+                     "env": [{"name": "RTXSERVE_API_KEY", "valueFrom": {"secretKeyRef": {
+                         "name": "rtxserve-loadtest-key", "key": "api-key"}}}],
+                     "securityContext": _security(non_root=True)}
         if name == "locust-master":
             container["ports"] = [{"name": "master", "containerPort": 5557}]
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": _labels(name, d)},
@@ -415,6 +462,9 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if d.gateway.keys_file is None:
         raise DeploymentError("gateway.keys_file: rendered deployments listen beyond loopback inside their containers, "
                               "so the gateway needs keys: make them with `rtxserve keys create` and name the file here")
+    if d.llms and not d.on_gpu:
+        raise DeploymentError("models: vLLM's images need a GPU, and this deployment has none (gpus.count 0): run a "
+                              "CPU box with `rtxserve serve up`, or render it with its GPUs")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     where = stage_models(d, p, out)
@@ -422,7 +472,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     keys.parent.mkdir(exist_ok=True)
     shutil.copy2(d.resolve(d.gateway.keys_file), keys)
     os.chmod(keys, 0o600)
-    where[d.resolve(d.gateway.keys_file)] = "/run/secrets/api_keys.json"
+    where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
     written = []
 
     def write(rel: str, text: str) -> None:
@@ -450,11 +500,12 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
         write(f"monitoring/dashboards/{name}", board)
     dump("monitoring/grafana/datasources/prometheus.yaml", monitoring.GRAFANA_DATASOURCES)
     dump("monitoring/grafana/providers/rtxserve.yaml", monitoring.GRAFANA_DASHBOARDS)
-    # Kubernetes: one Service per LLM in front of its replicas
-    k8s_layout = container_layout(d, where, host_of=lambda s: s.rsplit("-", 1)[0] if s.startswith("vllm-") else s)
+    # Kubernetes: one Deployment and Service per LLM in front of its replicas (all on its first engine's port)
+    k8s_layout = container_layout(d, where)
     k8s_services = build_services(d, p, k8s_layout)
     k8s_settings = gateway_settings(d, k8s_layout)
-    k8s_settings["vllm_url"] = ",".join(dict.fromkeys(k8s_settings["vllm_url"].split(","))) if k8s_settings["vllm_url"] else ""
+    k8s_settings["vllm_url"] = ",".join(f"http://{engine_name(s.models[0], 0).removesuffix('-0')}:{s.port}"
+                                        for s in k8s_services if s.kind == "vllm" and s.name.endswith("-0"))
     manifests = kubernetes(d, p, k8s_services, builds)
     for name, docs in manifests.items():
         write(f"kubernetes/{name}", "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=120) for doc in docs))
@@ -479,7 +530,13 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     images = [TRITON_IMAGE if d.encoders else None, TENSORRT_IMAGE if builds else None, VLLM_IMAGE if d.llms else None,
               PROMETHEUS_IMAGE, GRAFANA_IMAGE, PYTHON_IMAGE]
     write("images.txt", "".join(f"{i}\n" for i in images if i))
+    wheels_note = "Wheels the image installs offline: `rtxserve deploy bundle` puts them here.\n"
     write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
+    write("gateway-image/wheels/README", wheels_note)
+    if d.encoders:
+        write("triton-image/Dockerfile", TRITON_DOCKERFILE)
+        write("triton-image/requirements.txt", (Path(__file__).parent / "triton" / "requirements-image.txt").read_text())
+        write("triton-image/wheels/README", wheels_note)
     write("plan.txt", format_plan(p) + "\n")
     write("plan.json", json.dumps(p.to_json(), indent=2) + "\n")
     return written
@@ -494,4 +551,15 @@ RUN pip install --no-index --find-links=/wheels rtxserve && rm -rf /wheels \\
 USER rtxserve
 ENTRYPOINT []
 CMD ["rtxserve", "serve", "gateway"]
+"""
+
+
+TRITON_DOCKERFILE = f"""# Triton with what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), installed
+# from wheels/ for the image's Python {TRITON_IMAGE_PYTHON} (`rtxserve deploy bundle` puts them there; online,
+# build with --build-arg PIP_ARGS= to take them from the index instead): docker build -t {SERVING_TRITON_IMAGE} .
+FROM {TRITON_IMAGE}
+ARG PIP_ARGS="--no-index --find-links=/wheels"
+COPY requirements.txt /requirements.txt
+COPY wheels/ /wheels/
+RUN pip install --no-cache-dir $PIP_ARGS -r /requirements.txt && rm -rf /wheels
 """

@@ -82,7 +82,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
     model and adapters are checked (serve.vllm.check_vllm: their configs and shapes) on the way; `vllm_env` is
     the vLLM install that will run them on this host (None: elsewhere, e.g. a container)."""
     from serve.triton import TritonOptions, triton_args
-    from serve.vllm import VLLMConfigError, _dtype, check_vllm, vllm_args
+    from serve.vllm import VLLMConfigError, check_vllm, serving_dtype, vllm_args
 
     services = []
     if d.encoders:
@@ -97,7 +97,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
             adapters = check_vllm(opts, env_dir=vllm_env)
         except VLLMConfigError as exc:
             raise DeploymentError(f"models.{m.name}: {exc}") from None
-        dtype = _dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
+        dtype = serving_dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
         env = {"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},

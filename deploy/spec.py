@@ -5,7 +5,7 @@
     ports: {gateway: 8080}                  # the others have defaults
     gateway: {workers: 2, keys_file: keys.yaml, settings: {max_tokens: 2048}}
     models:
-      - {name: sentiment, kind: encoder, path: model_repository/sentiment, instances: 4, slo: "p99:100"}
+      - {name: sentiment, kind: encoder, path: model_repository/sentiment, instances: 4, slo: "e2el:100"}
       - {name: llama, kind: llm, path: llm/merged, adapters: {support: llm/support}, replicas: 1,
          max_model_len: 4096, max_num_seqs: 16}
 
@@ -39,7 +39,8 @@ class _Strict(BaseModel):
 
 class GPUs(_Strict):
     count: int = Field(0, ge=0, le=16, description="GPUs on the box; 0: CPU only (the embedded default)")
-    memory_gib: float = Field(24.0, gt=0, le=1024, description="memory of each GPU, GiB (an RTX 4090: 24)")
+    memory_gib: float = Field(23.6, gt=0, le=1024, description="memory of each GPU that CUDA can hand out, GiB: "
+                              "an RTX 4090's 24 GiB less what the driver keeps (about 23.6; less with a display on it)")
     name: str = Field("NVIDIA GeForce RTX 4090", description="for the reports only")
 
 
@@ -52,7 +53,7 @@ class Ports(_Strict):
 
 
 # The gateway settings that the deployment itself decides (ports, backend addresses, workers, keys).
-_WIRED = {"host", "port", "workers", "triton_grpc_url", "vllm_url", "keys_file"}
+_WIRED = {"host", "port", "workers", "triton_grpc_url", "vllm_url", "keys_file", "required_models"}
 
 
 class Gateway(_Strict):
@@ -71,8 +72,8 @@ class Gateway(_Strict):
         if wired:
             raise ValueError(f"{', '.join(wired)} come from the deployment itself (ports, gateway.host/workers/"
                              "keys_file, the models), not from gateway.settings")
-        try:
-            GatewaySettings(**value, triton_grpc_url="", vllm_url="")
+        try:  # model_validate: the fields alone, not this machine's RTXSERVE_* environment
+            GatewaySettings.model_validate({**value, "triton_grpc_url": "", "vllm_url": ""})
         except ValidationError as exc:
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
         return value
@@ -175,6 +176,20 @@ class Deployment(_Strict):
                 if m.replicas > limit:
                     raise ValueError(f"models[{i}].replicas: {m.replicas} engines need {m.replicas} GPUs (one engine per GPU); "
                                      + (f"the box has {self.gpus.count}" if self.gpus.count else "a CPU deployment runs one"))
+            if isinstance(m, EncoderModel) and m.tensorrt and not self.gpus.count:
+                raise ValueError(f"models[{i}].tensorrt: TensorRT plans run on GPUs; this deployment has none (gpus.count 0)")
+        from .services import engine_name
+
+        names: dict[str, str] = {}
+        for m in self.llms:
+            name = engine_name(m.name, m.replicas - 1)
+            if len(name) > 63:
+                raise ValueError(f"models.{m.name}: its engines would be named {name}, longer than the 63 characters "
+                                 "a Kubernetes or compose name may have; use a shorter model name")
+            if name in names:
+                raise ValueError(f"models.{m.name}: its engines would have the same names as those of {names[name]} "
+                                 f"({name}); rename one of them")
+            names[name] = m.name
         engines = sum(m.replicas for m in self.llms)
         if engines > max(self.gpus.count, 1):
             raise ValueError(f"models: {engines} vLLM engines in all, one GPU each, but the box has {self.gpus.count} GPU(s)")
@@ -218,7 +233,7 @@ class Deployment(_Strict):
         return out
 
     def resolve(self, path: Path) -> Path:
-        return path if path.is_absolute() else (self.base_dir / path).resolve()
+        return (self.base_dir / Path(path).expanduser()).resolve()  # an absolute path stays itself, links resolved
 
     @property
     def on_gpu(self) -> bool:
@@ -245,10 +260,12 @@ def _where(loc: tuple) -> str:
 
 def parse_deployment(data: dict, base_dir: Path = Path(".")) -> Deployment:
     """A Deployment from parsed YAML; DeploymentError names each field that is wrong."""
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise DeploymentError("a deployment file is a YAML mapping (name:, gpus:, models:, ...)")
+    if "base_dir" in data:
+        raise DeploymentError("base_dir: not a field of the deployment file (paths are relative to the file)")
     try:
-        deployment = Deployment(**data, base_dir=Path(base_dir).resolve())
+        deployment = Deployment.model_validate({**data, "base_dir": Path(base_dir).resolve()})
     except ValidationError as exc:
         lines = []
         for e in exc.errors():
@@ -283,14 +300,21 @@ def encoder_metadata(d: Deployment, m: EncoderModel) -> dict:
     meta_path = path / "rtxserve.json"
     if not meta_path.is_file():
         raise DeploymentError(f"models.{m.name}: {meta_path} is missing: not an entry written by `rtxserve export onnx`")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DeploymentError(f"models.{m.name}: {meta_path} is not readable JSON ({exc})") from None
     target = "gpu" if d.on_gpu else "cpu"
     if meta.get("target", "cpu") != target:
         raise DeploymentError(f"models.{m.name}: {path} was exported for {meta.get('target')} but this deployment runs "
                               f"on {target}; export it again with --target {target}")
     from serve.entry_config import entry_models
 
-    for step in entry_models(path.parent, m.name)[1:]:
+    try:
+        steps = entry_models(path.parent, m.name)[1:]
+    except ValueError as exc:  # a config.pbtxt Triton's schema cannot read
+        raise DeploymentError(f"models.{m.name}: {exc}") from None
+    for step in steps:
         if not (step / "config.pbtxt").is_file():
             raise DeploymentError(f"models.{m.name}: its step {step.name} is missing beside it in {path.parent}")
     return meta

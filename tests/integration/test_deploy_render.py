@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
-from deploy.render import KUBERNETES_VERSION, render
+from deploy.render import KUBERNETES_VERSION, TRITON_IMAGE, render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from serve.gateway.keys import ApiKey, hash_key, write_keys
 from tests.plan_fixtures import write_boxes
@@ -60,8 +60,12 @@ def test_compose_follows_the_compose_specification(rendered):
         assert services[name]["networks"] == ["engines"] and "ports" not in services[name]
         assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
         assert services["gateway"]["depends_on"][name]["condition"] == "service_healthy"
-    assert services["triton"]["image"].startswith("nvcr.io/nvidia/tritonserver:") and "--gpu-memory-utilization" in \
-        services["vllm-llama-3-8b-0"]["command"]
+    # Triton: the pinned NGC image plus what the python-backend steps import; vLLM: `vllm serve MODEL ...`
+    assert services["triton"]["build"] == {"context": "../triton-image"}
+    assert (out / "triton-image" / "Dockerfile").read_text().count(f"FROM {TRITON_IMAGE}\n") == 1
+    assert "tokenizers" in (out / "triton-image" / "requirements.txt").read_text()
+    engine = services["vllm-llama-3-8b-0"]["command"]
+    assert engine[0] == "/models/llm/llama-3-8b" and "--model" not in engine and "--gpu-memory-utilization" in engine
     assert services["gateway"]["ports"] == ["8080:8080"]
 
 
@@ -206,4 +210,34 @@ def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_tri
     assert init["image"] == TENSORRT_IMAGE and "trtexec" in init["command"][2]
     assert "--model-repository=/repository" in triton["spec"]["template"]["spec"]["containers"][0]["args"]
     unit = (out / "systemd" / "rtxserve-one-4090-triton.service").read_text()
-    assert "ExecStartPre=/bin/sh " in unit and "ReadWritePaths=" in unit
+    assert "ExecStartPre=/usr/bin/env PATH=/usr/src/tensorrt/bin:/usr/bin:/bin /bin/sh " in unit and "ReadWritePaths=" in unit
+    assert "TimeoutStartSec=3600" in unit  # the build counts in the start
+
+
+def test_kubernetes_runs_each_llm_as_one_deployment_of_its_replicas_behind_one_service(tmp_path):
+    """Four engines of one LLM on a 4-GPU box: one Deployment of 4 pods, each owning its GPU and vLLM's own
+    memory share, one Service, and one URL in the gateway's settings."""
+    _, four = write_boxes(tmp_path)
+    write_keys(tmp_path / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
+    data = yaml.safe_load(four.read_text()) | {"gateway": {"keys_file": "keys.json"}}
+    render(parse_deployment(data, tmp_path), tmp_path / "out")
+    docs = [d for d in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / "vllm-llama-3-8b.yaml").read_text()) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 4 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "/models/llm/llama-3-8b" and "--gpu-memory-utilization" not in container["args"]
+    assert "--port" in container["args"] and container["args"][container["args"].index("--port") + 1] == "8100"
+    settings = yaml.safe_load((tmp_path / "out" / "kubernetes" / "gateway-config.yaml").read_text())
+    assert settings["vllm_url"] == "http://vllm-llama-3-8b:8100"
+    compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())  # on one box: 4 containers
+    assert [compose["services"][f"vllm-llama-3-8b-{i}"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+            for i in range(4)] == [["0"], ["1"], ["2"], ["3"]]
+
+
+def test_a_cpu_deployment_with_an_llm_is_not_rendered_for_gpu_images(tmp_path):
+    one, _ = write_boxes(tmp_path)
+    write_keys(tmp_path / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
+    data = yaml.safe_load(one.read_text()) | {"gpus": {"count": 0}, "gateway": {"keys_file": "keys.json"}}
+    data["models"] = [data["models"][1]]
+    with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
+        render(parse_deployment(data, tmp_path), tmp_path / "out")

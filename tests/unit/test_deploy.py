@@ -161,7 +161,9 @@ def test_measure_sets_each_servers_nvml_memory_beside_its_plan(boxes, tmp_path):
         while any(not psutil.Process(pr.pid).children() for pr in leaders) and time.monotonic() < deadline:
             time.sleep(0.05)
         children = [psutil.Process(pr.pid).children()[0].pid for pr in leaders]
-        state = {"servers": [{"name": n, "pid": pr.pid} for n, pr in zip(["triton", "vllm-llama-3-8b-0"], leaders)]}
+        state = {"name": "one-4090", "servers": [
+            {"name": n, "kind": n.split("-")[0], "pid": pr.pid, "started": psutil.Process(pr.pid).create_time(), "url": ""}
+            for n, pr in zip(["triton", "vllm-llama-3-8b-0"], leaders)]}
         (tmp_path / "state.json").write_text(json.dumps(state))
         usage = {0: {leaders[0].pid: int(1.0 * GIB), children[0]: int(1.9 * GIB),  # Triton: server + a stub
                      children[1]: int(20.0 * GIB), os.getpid(): 5 * GIB}}  # vLLM's worker; and a stranger
@@ -173,4 +175,32 @@ def test_measure_sets_each_servers_nvml_memory_beside_its_plan(boxes, tmp_path):
     assert rows["triton"].measured_gib == pytest.approx(2.9) and rows["triton"].planned_gib == pytest.approx(0.75 + 4 * 0.483, abs=0.01)
     assert rows["vllm-llama-3-8b-0"].planned_gib == pytest.approx(0.86 * 24)
     assert rows["vllm-llama-3-8b-0"].error == pytest.approx((0.86 * 24 - 20) / 20)
-    assert "within 10 %" in format_measured(list(rows.values()))
+    assert format_measured(list(rows.values())).endswith("2 of 2 within 10 %")  # -7.6 % and +3.2 %
+
+
+def test_down_stops_a_servers_group_even_when_its_leader_died(tmp_path):
+    """vLLM's engine core or Triton's stubs can outlive the process `serve up` started: down still stops them."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from serve.box import down, status
+
+    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],
+                              start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = psutil.Process(leader.pid).children()[0]
+    state = {"name": "box", "servers": [{"name": "vllm-x-0", "kind": "vllm", "pid": leader.pid,
+                                         "started": psutil.Process(leader.pid).create_time(), "url": "http://127.0.0.1:9/health"}]}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    os.kill(leader.pid, 9)
+    leader.wait()
+    assert child.is_running() and status(tmp_path)[0]["alive"] is False and status(tmp_path)[0]["processes"] == 1
+    assert down(tmp_path, grace_s=5, log=lambda m: None) == []
+    assert not child.is_running() and not (tmp_path / "state.json").exists()
