@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_ENV = Path(".envs/triton")
+PYTHON_SHM_BYTES = 64 * 1024 * 1024  # per python-backend stub; tmpfs pages count only once touched
 
 
 class TritonNotFound(RuntimeError):
@@ -81,6 +82,12 @@ def triton_args(opts: TritonOptions, repository: str | None = None) -> list[str]
         "--model-control-mode=none",
         "--strict-readiness=true",
         "--exit-on-error=true",  # a model that fails to load stops the start, with its error in the log
+        # Each python-backend stub talks to the server through a shared-memory region that starts at 1 MB and
+        # grows under load; growing it while requests run concurrently can abort the whole server with
+        # boost::interprocess::lock_exception (triton-inference-server/server#8882, seen here under locust).
+        # Regions sized for a full batch from the start do not grow.
+        f"--backend-config=python,shm-default-byte-size={PYTHON_SHM_BYTES}",
+        f"--backend-config=python,shm-growth-byte-size={PYTHON_SHM_BYTES}",
         f"--log-verbose={opts.log_verbose}",
         *opts.extra_args,
     ]

@@ -1,6 +1,8 @@
 """Real servers, one of each per session: the fixture classifier, a LoRA adapter on it (merged), the real
 MiniLM embedder, the fixture NER tagger and the fixture ViT behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
 
+import time
+
 import pytest
 
 from export.encoder import export_encoder, export_text_classification
@@ -46,6 +48,30 @@ def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, classifier_adap
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def _triton_alive(request):
+    """The session's tritonserver, restarted (with a warning carrying its log) if an earlier test left it dead:
+    under concurrent load its python backend can abort the whole server (triton-inference-server/server#8882,
+    seen in CI despite pre-sized shared memory). Tests that use the stack test what they name, on a live one."""
+    if "stack" not in request.fixturenames:
+        return
+    running = request.getfixturevalue("stack")
+    if running.triton.running:
+        return
+    import warnings
+
+    import httpx
+
+    from serve.launcher import log_tail
+
+    warnings.warn(f"tritonserver had exited (code {running.triton.process.returncode}); restarting it. End of its log:\n"
+                  + log_tail(running.triton.log_path, 12))
+    running.triton.start(300)
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{running.gateway_url}/readyz", timeout=5).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="session")
