@@ -27,10 +27,10 @@ $(VENV)/.installed: pyproject.toml
 
 # Triton runs in its own environment (NumPy < 2 for its python backend). The python-backend stub
 # for this Python version has to sit beside libtriton_python.so.
-$(TRITON_ENV)/.installed: deploy/triton/requirements.txt
+$(TRITON_ENV)/.installed: deploy/triton/requirements.txt deploy/triton/requirements-diffusion.txt
 	$(PYTHON) -m venv $(TRITON_ENV)
 	$(TRITON_ENV)/bin/pip install -q --upgrade pip
-	$(TRITON_ENV)/bin/pip install -q -r deploy/triton/requirements.txt
+	$(TRITON_ENV)/bin/pip install -q -r deploy/triton/requirements.txt -r deploy/triton/requirements-diffusion.txt
 	sh deploy/triton/install-stub.sh $(TRITON_ENV)
 	touch $@
 

@@ -89,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
     llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
     llm.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    dif = sub.add_parser("diffusion", help="Stable Diffusion pipeline (+ LoRA) -> Triton entry for /v1/images/generations")
+    dif.add_argument("pipeline", help="a diffusers pipeline folder (save_pretrained: model_index.json, unet/, vae/, ...)")
+    dif.add_argument("--name", required=True, help="model name clients use (the Triton entry's name)")
+    dif.add_argument("--repository", type=Path, default=Path("model_repository"))
+    dif.add_argument("--lora", type=Path, help="LoRA weights (save_lora_weights' file, or its folder)")
+    dif.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's strength unless a request names one")
+    dif.add_argument("--steps", type=int, default=25, help="denoising steps unless a request names them")
+    dif.add_argument("--guidance", type=float, default=7.5, help="guidance scale unless a request names one")
+    dif.add_argument("--size", type=int, help="image side in pixels unless a request names one (default: the UNet's)")
+    dif.add_argument("--instances", type=int, default=1, help="pipelines loaded at once (requests run in parallel)")
+    dif.add_argument("--target", choices=("cpu", "gpu"), default="cpu", help="gpu: fp16 on KIND_GPU instances")
+    dif.add_argument("--force", action="store_true", help="replace the entry if it exists")
     return parser
 
 
@@ -122,11 +135,29 @@ def _main_llm(args, argv: list[str]) -> int:
     return 0
 
 
+def _main_diffusion(args, argv: list[str]) -> int:
+    from .diffusion import DiffusionDefaults, export_diffusion
+    from .triton_entry import EntryOptions
+
+    try:
+        written = export_diffusion(
+            args.pipeline, EntryOptions(name=args.name, target=args.target, instances=args.instances), args.repository,
+            lora_path=args.lora, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
+            defaults=DiffusionDefaults(steps=args.steps, guidance=args.guidance, size=args.size, lora_scale=args.lora_scale))
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export diffusion", str(exc))
+    print(f"exported {args.name} to {written[0]}: serve it with `rtxserve serve triton --repository {args.repository}` "
+          "and the gateway; clients call POST /v1/images/generations")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging()
     if args.format == "llm":
         return _main_llm(args, argv)
+    if args.format == "diffusion":
+        return _main_diffusion(args, argv)
     from .checkpoint import check_task
     from .triton_entry import EntryOptions
 

@@ -9,6 +9,7 @@ IMAGE_CLASSIFICATION = "image-classification"
 TOKEN_CLASSIFICATION = "token-classification"
 FEATURE_EXTRACTION = "feature-extraction"
 TEXT_GENERATION = "text-generation"
+TEXT_TO_IMAGE = "text-to-image"
 ENCODER_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, FEATURE_EXTRACTION, IMAGE_CLASSIFICATION)
 
 # Parameters in a servable Triton entry's config.pbtxt (string values).
@@ -16,6 +17,8 @@ PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are i
 PARAM_LABELS = "rtxserve_labels"  # JSON list, index = class id
 PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
 PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
+PARAM_IMAGE_SIZE = "rtxserve_image_size"  # a diffusion pipeline's native resolution (pixels a side)
+PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a generation request gets when it names no value
 
 # vLLM's LoRA limits: the ranks --max-lora-rank accepts (the largest is the maximum).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -6,8 +6,10 @@ own environment (`.envs/triton`, see the Makefile); on a GPU box it is the NGC c
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +41,13 @@ class TritonInstall:
         stub = root / "backends" / "python" / "triton_python_backend_stub"
         if not stub.exists():
             raise TritonNotFound(f"{stub} is missing: rerun `make setup` to install the python-backend stub")
-        return cls.at(Path(env_dir).resolve(), root.parent.parent.parent.name)
+        install = cls.at(Path(env_dir).resolve(), root.parent.parent.parent.name)
+        # The python-backend stub links a libpython, but the standard library it imports is this environment's
+        # interpreter's: its LIBDIR first, or a stub that imports ssl (diffusers does) fails with an undefined symbol.
+        libdir = subprocess.run([str(install.python_bin / "python"), "-c",
+                                 "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
+                                capture_output=True, text=True).stdout.strip()
+        return dataclasses.replace(install, lib_dirs=(Path(libdir), *install.lib_dirs)) if libdir else install
 
     @classmethod
     def at(cls, env_dir: Path, python: str = "python3.11") -> "TritonInstall":

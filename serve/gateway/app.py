@@ -18,6 +18,7 @@ from .embeddings.router import router as embeddings_router
 from .exceptions import install_handlers
 from .frontdoor import FrontDoor
 from .generate.router import router as generate_router
+from .images.router import router as images_router
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import router as ner_router
@@ -87,6 +88,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(generate_router)
     app.include_router(embeddings_router)
     app.include_router(ner_router)
+    app.include_router(images_router)
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
                        queue_timeout_s=settings.queue_timeout_s)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)

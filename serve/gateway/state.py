@@ -63,6 +63,10 @@ _CANARIES = {
     contract.TOKEN_CLASSIFICATION: lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
     contract.TEXT_GENERATION: lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
                                                   m.name),
+    # one denoising step on a 64x64 image (an 8x8 latent: the smallest that every SD-shaped UNet takes)
+    contract.TEXT_TO_IMAGE: lambda b, m, t: b.generate_images(m, {
+        "prompt": "ok", "negative_prompt": "", "steps": 1, "guidance": 1.0, "seed": 0, "width": 64, "height": 64, "n": 1,
+        "scheduler": "", "lora_scale": -1.0}, t),
 }
 
 

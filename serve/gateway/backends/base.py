@@ -104,6 +104,11 @@ class Backend(ABC):
     async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
         raise NotImplementedError(f"{self.kind} backends do not serve token classification")
 
+    async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
+        """PNG images for a text-to-image request (`params` as images/serving.py makes them), and the count of
+        prompt tokens the text encoder could not take."""
+        raise NotImplementedError(f"{self.kind} backends do not serve image generation")
+
     async def generate(self, path: str, body: dict, model: str) -> dict:
         """An OpenAI generation request (`path` /v1/chat/completions or /v1/completions), answered whole."""
         raise NotImplementedError(f"{self.kind} backends do not serve generation")

@@ -110,7 +110,8 @@ class TritonBackend(Backend):
             labels=tuple(json.loads(params.get(contract.PARAM_LABELS, "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
             dimensions=int(params.get(contract.PARAM_DIMENSIONS) or 0),
-            extra={"aggregation": params[contract.PARAM_AGGREGATION]} if contract.PARAM_AGGREGATION in params else {},
+            extra={k: params[p] for k, p in (("aggregation", contract.PARAM_AGGREGATION), ("defaults", contract.PARAM_DEFAULTS))
+                   if p in params},
         )
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
@@ -199,3 +200,32 @@ class TritonBackend(Backend):
             except (ValueError, KeyError, TypeError) as exc:
                 raise BackendError(f"model {model.name} returned entities the gateway cannot read") from exc
         return results
+
+    async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
+        request = service_pb2.ModelInferRequest(model_name=model.name)
+        tensors = (("PROMPT", "BYTES", params["prompt"]), ("NEGATIVE_PROMPT", "BYTES", params["negative_prompt"]),
+                   ("STEPS", "INT32", params["steps"]), ("GUIDANCE", "FP32", params["guidance"]),
+                   ("SEED", "INT64", params["seed"]), ("WIDTH", "INT32", params["width"]),
+                   ("HEIGHT", "INT32", params["height"]), ("N", "INT32", params["n"]),
+                   ("SCHEDULER", "BYTES", params["scheduler"]), ("LORA_SCALE", "FP32", params["lora_scale"]))
+        for name, datatype, value in tensors:
+            request.inputs.add(name=name, datatype=datatype, shape=(1,))
+            if datatype == "BYTES":
+                raw = serialize_byte_tensor(np.array([value.encode("utf-8")], dtype=np.object_)).item()
+            else:
+                raw = np.array([value], dtype=triton_to_np_dtype(datatype)).tobytes()
+            request.raw_input_contents.append(raw)
+        for name in ("IMAGES", "PROMPT_TRUNCATED"):
+            request.outputs.add(name=name)
+        try:
+            response = await self._infer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
+        found = {meta.name: (meta, raw) for meta, raw in zip(response.outputs, response.raw_output_contents)}
+        if "IMAGES" not in found:
+            raise BackendError(f"model {model.name} returned no images")
+        images = [bytes(b) for b in deserialize_bytes_tensor(found["IMAGES"][1]).reshape(-1)]
+        if len(images) != params["n"] or not all(i.startswith(b"\x89PNG") for i in images):
+            raise BackendError(f"model {model.name} returned {len(images)} images (not all PNG) for {params['n']} asked")
+        truncated = int(np.frombuffer(found["PROMPT_TRUNCATED"][1], dtype=np.int32)[0]) if "PROMPT_TRUNCATED" in found else 0
+        return images, truncated

@@ -1,0 +1,168 @@
+"""`rtxserve export diffusion PIPELINE [--lora PATH]`: a fine-tuned Stable Diffusion pipeline (a diffusers
+folder) as a Triton entry that the gateway serves on POST /v1/images/generations.
+
+The pipeline folder is checked before anything is written: model_index.json and every component it names
+(UNet, VAE, text encoder, tokenizer, scheduler config). A LoRA (diffusers' `save_lora_weights` file, as its
+training scripts write) is checked tensor by tensor against the UNet's and text encoder's layers from their
+safetensors headers (rtxserve/lora.py, the check the LLM and encoder exports use); a LoRA for another base is
+refused with the tensors that do not fit. The entry is one python-backend model that loads the pipeline
+(and the LoRA, at the scale set here or one a request chooses) and answers PNG bytes; the same seed and
+parameters give the same image, the image `reference_image` makes in-process (the integration tests hold
+the served bytes against it).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rtxserve import contract, lora
+
+from . import repository
+from .exceptions import ExportError
+from .triton_config import InstanceGroup, ModelConfig, TensorSpec
+from .triton_entry import PYTHON_MODELS, EntryOptions, ModelDir
+
+log = logging.getLogger(__name__)
+
+COMPONENTS = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
+SCHEDULERS = {  # request name -> diffusers class
+    "ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",
+    "dpm++": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler",
+}
+INPUTS = (("PROMPT", "TYPE_STRING"), ("NEGATIVE_PROMPT", "TYPE_STRING"), ("STEPS", "TYPE_INT32"),
+          ("GUIDANCE", "TYPE_FP32"), ("SEED", "TYPE_INT64"), ("WIDTH", "TYPE_INT32"), ("HEIGHT", "TYPE_INT32"),
+          ("N", "TYPE_INT32"), ("SCHEDULER", "TYPE_STRING"), ("LORA_SCALE", "TYPE_FP32"))
+
+
+@dataclass
+class DiffusionDefaults:
+    """What a request gets when it names no value; `size` is the UNet's native resolution unless given."""
+
+    steps: int = 25
+    guidance: float = 7.5
+    size: int | None = None
+    lora_scale: float = 1.0
+
+
+def check_pipeline(path: Path) -> dict:
+    """model_index.json, with every component present; raises ExportError naming what is missing."""
+    index_path = path / "model_index.json"
+    if not index_path.is_file():
+        raise ExportError(f"{path} is not a diffusers pipeline folder (no model_index.json)")
+    index = json.loads(index_path.read_text())
+    missing = [c for c in COMPONENTS if c not in index or not (path / c).is_dir()]
+    if missing:
+        raise ExportError(f"{path}: the pipeline lacks {', '.join(missing)} (model_index.json and its folders)")
+    if not list((path / "scheduler").glob("scheduler_config.json")):
+        raise ExportError(f"{path}/scheduler has no scheduler_config.json")
+    for c in ("unet", "vae", "text_encoder"):
+        if not list((path / c).glob("*.safetensors")):
+            raise ExportError(f"{path}/{c} has no safetensors weights (save the pipeline with safe_serialization=True)")
+    return index
+
+
+def check_lora(pipeline: Path, lora_path: Path) -> list[str]:
+    """The components a LoRA adapts; ExportError naming the tensors that do not fit its layers."""
+    files = [lora_path] if lora_path.is_file() else sorted(lora_path.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"no LoRA safetensors at {lora_path} (diffusers' save_lora_weights writes "
+                          "pytorch_lora_weights.safetensors)")
+    try:
+        shapes = lora.tensor_shapes(files)
+    except Exception as exc:  # safetensors' own error types for a damaged file
+        raise ExportError(f"{files[0]} is damaged or not safetensors ({exc})") from None
+    adapted = []
+    for component in ("unet", "text_encoder"):
+        prefix = f"{component}."
+        mine = {k.removeprefix(prefix): s for k, s in shapes.items() if k.startswith(prefix)}
+        if not mine:
+            continue
+        config = json.loads((pipeline / component / "config.json").read_text())
+        layers = lora.layers_from_weights(lora.tensor_shapes(sorted((pipeline / component).glob("*.safetensors"))), config)
+        mismatch, modules = lora.misfits(mine, layers)
+        if mismatch:
+            raise ExportError(f"the LoRA {lora_path} does not fit the {component} of {pipeline}: "
+                              + "; ".join(mismatch[:3]) + (f" and {len(mismatch) - 3} more" if len(mismatch) > 3 else ""))
+        if modules:
+            adapted.append(component)
+    if not adapted:
+        raise ExportError(f"{lora_path} holds no LoRA tensors for the UNet or the text encoder")
+    return adapted
+
+
+def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, defaults: DiffusionDefaults,
+                    native_size: int, metadata: dict) -> ModelDir:
+    kind = "KIND_GPU" if opts.target == "gpu" else "KIND_CPU"
+    config = ModelConfig(
+        name=opts.name, backend="python", max_batch_size=0,
+        inputs=tuple(TensorSpec(n, t, (1,)) for n, t in INPUTS),
+        outputs=(TensorSpec("IMAGES", "TYPE_STRING", (-1,)), TensorSpec("PROMPT_TRUNCATED", "TYPE_INT32", (1,))),
+        instance_groups=(InstanceGroup(count=opts.instances, kind=kind, gpus=opts.gpus if kind == "KIND_GPU" else ()),),
+        parameters={contract.PARAM_TASK: contract.TEXT_TO_IMAGE, contract.PARAM_IMAGE_SIZE: str(native_size),
+                    contract.PARAM_DEFAULTS: json.dumps({"steps": defaults.steps, "guidance": defaults.guidance,
+                                                         "size": defaults.size or native_size,
+                                                         "lora_scale": defaults.lora_scale if lora_path else None})},
+    )
+    files: dict[str, Path | str] = {"1/model.py": PYTHON_MODELS / "diffusion" / "model.py",
+                                    "rtxserve.json": json.dumps(metadata, indent=2)}
+    for f in pipeline.rglob("*"):
+        if f.is_file() and f.name != "README.md":
+            files[f"1/pipeline/{f.relative_to(pipeline)}"] = f
+    if lora_path is not None:
+        for f in ([lora_path] if lora_path.is_file() else sorted(lora_path.glob("*.safetensors"))):
+            files[f"1/lora/{f.name}"] = f
+    files["1/diffusion.json"] = json.dumps({"device": "cuda" if opts.target == "gpu" else "cpu",
+                                            "dtype": "float16" if opts.target == "gpu" else "float32",
+                                            "lora_scale": defaults.lora_scale, "schedulers": SCHEDULERS}, indent=2)
+    return ModelDir(config, files)
+
+
+def reference_image(pipeline: Path, lora_path: Path | None, lora_scale: float, prompt: str, seed: int, steps: int,
+                    size: int, guidance: float) -> bytes:
+    """The first image of the pipeline run in-process, as PNG: what the entry must serve for these settings."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(pipeline, torch_dtype=torch.float32, safety_checker=None)
+    pipe.set_progress_bar_config(disable=True)
+    if lora_path is not None:
+        pipe.load_lora_weights(lora_path, adapter_name="lora")
+        pipe.set_adapters(["lora"], adapter_weights=[lora_scale])
+    image = pipe(prompt, num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
+                 generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def export_diffusion(pipeline: str | Path, opts: EntryOptions, repo: str | Path, *, lora_path: str | Path | None = None,
+                     defaults: DiffusionDefaults | None = None, force: bool = False, command: str = "") -> list[Path]:
+    """Check the pipeline (and LoRA) and write the entry into `repo`; returns the folders written."""
+    pipeline, repo = Path(pipeline), Path(repo)
+    defaults = defaults or DiffusionDefaults()
+    lora_file = Path(lora_path) if lora_path else None
+    repository.check_free(repo, [opts.name], force)
+    index = check_pipeline(pipeline)
+    adapted = check_lora(pipeline, lora_file) if lora_file else []
+    unet = json.loads((pipeline / "unet" / "config.json").read_text())
+    vae = json.loads((pipeline / "vae" / "config.json").read_text())
+    scale = 2 ** (len(vae.get("block_out_channels", [0])) - 1)
+    native = int(unet.get("sample_size", 64)) * scale
+    size = defaults.size or native
+    if size % 8:
+        raise ExportError(f"--size {size}: the VAE works in multiples of 8 pixels")
+    log.info("pipeline %s (%s), native %dx%d%s", pipeline, index.get("_class_name"), native, native,
+             f", LoRA on {', '.join(adapted)}" if adapted else "")
+    metadata = {"task": contract.TEXT_TO_IMAGE, "source": str(pipeline.resolve()), "pipeline": index.get("_class_name"),
+                "target": opts.target, "instances": opts.instances, "native_size": native, "command": command,
+                "lora": {"path": str(lora_file.resolve()), "adapts": adapted, "scale": defaults.lora_scale} if lora_file else None,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    models = [diffusion_entry(opts, pipeline, lora_file, defaults, native, metadata)]
+    with repository.work_dir(repo) as work:
+        written = repository.commit(repo, models, work, force)
+    return written

@@ -1,0 +1,60 @@
+"""POST /v1/images/generations logic, testable without a server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+
+from rtxserve.contract import PARAM_DEFAULTS, TEXT_TO_IMAGE
+
+from ..exceptions import InvalidRequest
+from ..state import GatewayState
+from .protocol import ImageData, ImageGenerationRequest, ImageGenerationResponse
+
+TASK = TEXT_TO_IMAGE
+
+
+def generation_parameters(state: GatewayState, request: ImageGenerationRequest, defaults: dict) -> dict:
+    """The request's parameters with the model's defaults, each within the gateway's bounds (400 naming the
+    limit otherwise), before Triton sees them."""
+    limits = state.settings
+    if request.response_format == "url":
+        raise InvalidRequest("response_format url is not served: the gateway keeps no images to link to; use b64_json",
+                             param="response_format")
+    if len(request.prompt) > limits.max_prompt_chars:
+        raise InvalidRequest(f"the prompt has {len(request.prompt)} characters; the limit is {limits.max_prompt_chars}",
+                             param="prompt")
+    if request.n > limits.max_images:
+        raise InvalidRequest(f"n is {request.n}; the limit is {limits.max_images} images per request", param="n")
+    size = int(defaults.get("size") or 512)
+    width = height = size
+    if request.size is not None:
+        width, height = (int(v) for v in request.size.split("x"))
+    for what, value in (("width", width), ("height", height)):
+        if value % 8 or value < 8:
+            raise InvalidRequest(f"size {width}x{height}: the {what} must be a positive multiple of 8", param="size")
+        if value > limits.max_image_size:
+            raise InvalidRequest(f"size {width}x{height}: the {what} is over the limit of {limits.max_image_size} pixels",
+                                 param="size")
+    steps = request.num_inference_steps or int(defaults.get("steps") or 25)
+    if steps > limits.max_image_steps:
+        raise InvalidRequest(f"num_inference_steps is {steps}; the limit is {limits.max_image_steps}",
+                             param="num_inference_steps")
+    if request.lora_scale is not None and defaults.get("lora_scale") is None:
+        raise InvalidRequest("this model has no LoRA: lora_scale does not apply", param="lora_scale")
+    return {"prompt": request.prompt, "negative_prompt": request.negative_prompt or "", "steps": steps,
+            "guidance": request.guidance_scale if request.guidance_scale is not None else float(defaults.get("guidance", 7.5)),
+            "seed": request.seed if request.seed is not None else secrets.randbelow(2**31),
+            "width": width, "height": height, "n": request.n, "scheduler": request.scheduler or "",
+            "lora_scale": request.lora_scale if request.lora_scale is not None else -1.0}
+
+
+async def generate_images(state: GatewayState, request: ImageGenerationRequest) -> ImageGenerationResponse:
+    info = state.resolve(request.model, TASK)
+    params = generation_parameters(state, request, json.loads(info.extra.get("defaults") or "{}"))
+    timeout = state.settings.image_timeout_s
+    images, truncated = await state.call(info, lambda b, m: b.generate_images(m, params, timeout))
+    return ImageGenerationResponse(created=int(time.time()), seed=params["seed"], prompt_truncated_tokens=truncated,
+                                   data=[ImageData(b64_json=base64.b64encode(png).decode("ascii")) for png in images])
