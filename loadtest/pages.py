@@ -44,6 +44,21 @@ mean output tokens per request: {streaming['mean_output_tokens']:.1f}.
 """
 
 
+def _images_section(images: dict) -> str:
+    heads = " | ".join(f"P{p:g}" for p in STREAM_PERCENTILES)
+    values = " | ".join(f"{images['per_image_ms'][f'p{p:g}']:.0f}" for p in STREAM_PERCENTILES)
+    return f"""
+## Images
+
+{images['images']} images in {images['requests']} successful requests after warm-up: **{images['images_per_s']:.2f}
+images/s**. Per-image latency is each request's latency divided by the images it asked for.
+
+| per image | {heads} |
+|---|{'---|' * len(STREAM_PERCENTILES)}
+| latency (ms) | {values} |
+"""
+
+
 def flat(data: dict) -> dict[str, float | int | str]:
     """Every figure of a summary (its dict, settings left out) as one level of keys (`latency_ms.p99`,
     `streaming.ttft_ms.p50`, ...)."""
@@ -211,7 +226,7 @@ not from locust's rounded buckets. QPS counts successful requests.
 | latency | ms |
 |---|---|
 {rows}
-{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_server_section(out_dir, samples, summary, title, scrape_errors)}
+{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
 ## Run
 
 | setting | value |

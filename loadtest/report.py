@@ -30,6 +30,7 @@ class Samples:
     itl_ms: list[np.ndarray] | None = None
     names: np.ndarray | None = None  # the API of each request (classify, chat, ...)
     wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
+    images: np.ndarray | None = None  # image generation: images asked per request (NaN for other APIs)
 
     @property
     def start(self) -> np.ndarray:
@@ -58,6 +59,9 @@ def load_samples(path: str | Path) -> Samples:
         errors=[r["error"] for r in rows if r["ok"] != "1"],
         names=np.array([r["name"] for r in rows], dtype=object), wait_ms=_floats(rows, "wait_ms"),
     )
+    images = _floats(rows, "images")
+    if np.isfinite(images).any():
+        samples.images = images
     tokens = _floats(rows, "output_tokens")
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
@@ -94,6 +98,7 @@ class Summary:
     goodput: dict = field(default_factory=dict)  # see _goodput; empty without an SLO
     by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
     late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
+    images: dict = field(default_factory=dict)  # image generation: images/s and per-image latency; see _images
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,6 +135,14 @@ def _streaming(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
         "output_tokens_per_s": float(tokens.sum() / duration_s) if duration_s > 0 else 0.0,
         "mean_output_tokens": float(tokens.mean()),
     }
+
+
+def _images(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
+    """Images per second over the measured window, and each request's latency divided by its images."""
+    count = samples.images[use]
+    return {"requests": int(use.sum()), "images": int(count.sum()),
+            "images_per_s": float(count.sum() / duration_s) if duration_s > 0 else 0.0,
+            "per_image_ms": _ranks(samples.latency_ms[use] / count)}
 
 
 SLO_FIGURES = {"e2el": "end-to-end latency", "ttft": "time to first token", "tpot": "time per output token",
@@ -222,6 +235,10 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
     )
     if slo:
         summary.goodput = _goodput(samples, keep, slo, duration)
+    if samples.images is not None:
+        made = keep & samples.ok & np.isfinite(samples.images)
+        if made.any():
+            summary.images = _images(samples, made, duration)
     if samples.names is not None and len(set(samples.names[keep])) > 1:
         for name in sorted(set(samples.names[keep])):
             mine = keep & (samples.names == name)
@@ -242,6 +259,9 @@ def headline(summary: Summary) -> str:
         return f"no successful request ({summary.requests} requests, {summary.errors} errors)"
     line = (f"P50 {lat['p50']:.1f} ms, P90 {lat['p90']:.1f} ms, P99 {lat['p99']:.1f} ms, "
               f"QPS {summary.qps:.1f}, errors {summary.errors}/{summary.requests}")
+    per_image = summary.images.get("per_image_ms")
+    if per_image:
+        line += f"; {summary.images['images_per_s']:.2f} images/s, per image P50 {per_image['p50']:.0f} ms, P99 {per_image['p99']:.0f} ms"
     ttft = summary.streaming.get("ttft_ms")
     if ttft:
         line += (f"; TTFT P50 {ttft['p50']:.1f} ms, P99 {ttft['p99']:.1f} ms, "

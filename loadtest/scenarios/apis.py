@@ -20,6 +20,7 @@ from .options import parse_mix, word_range
 
 ENCODER_APIS = {"classify": "/v1/classify", "image": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings"}
 GENERATION_APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+IMAGES_API = "/v1/images/generations"
 
 
 class WrongAnswer(Exception):
@@ -55,13 +56,13 @@ class Load:
         if dataset is not None and not dataset.exists():
             raise ValueError(f"dataset {dataset} does not exist")
         fits = dataset is None or (dataset.is_dir() and "image" in apis) or (
-            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", *GENERATION_APIS}))
+            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", "images", *GENERATION_APIS}))
         if not fits:  # never fall back to the built-in workload behind the user's back
             raise ValueError(f"--dataset {dataset} fits none of {', '.join(sorted(apis))}: texts and prompts come "
                              "from a file, images from a folder")
         if options.workload == "file" and dataset is None:
             raise ValueError("--workload file needs --dataset")
-        if apis & {"classify", "ner", "embeddings"}:
+        if apis & {"classify", "ner", "embeddings", "images"}:  # texts; for images, the prompts
             load.texts = workloads.read_texts(dataset) if dataset and dataset.is_file() else workloads.TEXTS
         if "image" in apis:
             load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
@@ -97,6 +98,8 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
     honours Retry-After waits before its next request (0 if none)."""
     if api in GENERATION_APIS:
         return _generate(user, api, model, rng, context or {})
+    if api == "images":
+        return _images(user, model, rng, context or {})
     return _encode(user, api, model, rng, context or {})
 
 
@@ -130,6 +133,35 @@ def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> fl
             data = response.json().get("data")
             _check_encoded(api, data, n)
         except (WrongAnswer, ValueError, AttributeError) as exc:
+            response.failure(f"wrong answer: {exc}")
+    return 0.0
+
+
+def _images(user, model: str, rng: random.Random, context: dict) -> float:
+    """One image generation of --batch images: a whole, decodable PNG for each, or a failure saying which."""
+    import base64
+    import binascii
+
+    load = user.load
+    n = load.options.batch
+    body = {"model": model, "prompt": rng.choice(load.texts), "n": n, "response_format": "b64_json",
+            "seed": rng.randrange(2**31)}
+    if load.options.image_size:
+        body["size"] = load.options.image_size
+    if load.options.image_steps:
+        body["num_inference_steps"] = load.options.image_steps
+    context["images"] = n
+    with user.client.post(IMAGES_API, json=body, name="images", headers=load.headers, catch_response=True,
+                          context=context) as response:
+        if _failed_status(response):
+            return _retry_after(user, response)
+        try:
+            data = response.json().get("data")
+            if not isinstance(data, list) or len(data) != n:
+                raise WrongAnswer(f"expected {n} images, got {len(data) if isinstance(data, list) else type(data).__name__}")
+            if not all(base64.b64decode(d.get("b64_json") or "", validate=True).startswith(b"\x89PNG") for d in data):
+                raise WrongAnswer("an image is not a PNG")
+        except (WrongAnswer, ValueError, AttributeError, binascii.Error) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
 

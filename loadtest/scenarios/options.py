@@ -8,7 +8,7 @@ can check a run's options in its own process before it starts any load.
 
 from __future__ import annotations
 
-SCENARIOS = ("classify", "image", "ner", "embeddings", "chat", "completions", "mix")
+SCENARIOS = ("classify", "image", "ner", "embeddings", "chat", "completions", "images", "mix")
 ARRIVALS = ("closed", "poisson", "gamma")
 WORKLOADS = ("builtin", "random", "file")
 
@@ -18,12 +18,15 @@ def add_options(parser):
     group = parser.add_argument_group("rtxserve", "what each request sends and how requests arrive")
     group.add_argument("--scenario", choices=SCENARIOS, default="classify",
                        help="API under load: classify (texts), image (classify images), ner, embeddings, chat, "
-                            "completions, or mix (--mix)")
+                            "completions, images (generations), or mix (--mix)")
     group.add_argument("--model", default="", help="model name the requests ask for")
     group.add_argument("--mix", default="", metavar="API:MODEL:WEIGHT,...",
                        help="--scenario mix: APIs with their model and a weight per request, e.g. "
                             "classify:reviews:3,chat:tiny-llama:1")
-    group.add_argument("--batch", type=int, default=1, help="classify / ner / embeddings: inputs per request")
+    group.add_argument("--batch", type=int, default=1, help="classify / ner / embeddings: inputs per request; "
+                       "images: images per request (n)")
+    group.add_argument("--image-size", default="", metavar="WxH", help="images: the size asked (default: the model's)")
+    group.add_argument("--image-steps", type=int, default=0, help="images: denoising steps (default: the model's)")
     group.add_argument("--workload", choices=WORKLOADS, default="builtin",
                        help="builtin texts, images and word prompts; random token prompts (needs --tokenizer); "
                             "or --dataset")

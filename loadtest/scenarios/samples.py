@@ -17,7 +17,8 @@ from locust import events
 from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 
-COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms")
+COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms",
+           "images")
 MESSAGE = "rtxserve_samples"
 FLUSH_EVERY_S = 1.0
 
@@ -33,7 +34,8 @@ def row(name: str, response_time: float, exception, context: dict | None, end: f
     error = "" if exception is None else str(exception).replace("\n", " ")[:160]
     return [f"{end:.6f}", name, f"{response_time:.3f}", 0 if exception else 1, error, _fmt(context.get("ttft_ms")),
             _fmt(context.get("output_tokens")), _fmt(context.get("prompt_tokens")),
-            " ".join(f"{gap:.3f}" for gap in context.get("itl_ms", ())), _fmt(context.get("wait_ms"))]
+            " ".join(f"{gap:.3f}" for gap in context.get("itl_ms", ())), _fmt(context.get("wait_ms")),
+            _fmt(context.get("images"))]
 
 
 @events.init.add_listener

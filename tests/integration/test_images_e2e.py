@@ -96,3 +96,17 @@ def test_out_of_bounds_requests_are_400s_that_name_the_limit(sd, body, message):
     *_, url = sd
     r = httpx.post(f"{url}/v1/images/generations", json={"model": "tiny_sd", "prompt": "x", **body}, timeout=30)
     assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_the_images_scenario_reports_images_per_second_and_per_image_latency(sd, tmp_path):
+    from loadtest.runner import LoadSpec, run, scenario_options
+
+    *_, url = sd
+    options = scenario_options(scenario="images", model="tiny_sd", batch=2, image_size="64x64", image_steps=2)
+    result = run(LoadSpec(url, options, users=2, duration_s=8, warmup_s=2), tmp_path / "load", log=print)
+    images = result.summary.images
+    assert result.summary.errors == 0 and images["images"] == 2 * images["requests"] > 0
+    assert images["images_per_s"] == pytest.approx(2 * result.summary.qps, rel=0.01)
+    assert images["per_image_ms"]["p50"] == pytest.approx(result.summary.latency_ms["p50"] / 2, rel=0.01)
+    page = result.report.read_text()
+    assert "## Images" in page and "images/s" in page
