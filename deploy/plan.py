@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .spec import Deployment, DeploymentError, EncoderModel, LLMModel, check_artifacts, encoder_metadata
+from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
 GIB = 1024**3
 TRITON_PROCESS_GIB = 0.75  # tritonserver on one GPU: CUDA context, cuBLAS/cuDNN handles, the CUDA memory pool
@@ -44,6 +44,14 @@ VLLM_DEFAULT_BATCHED_TOKENS = {"small": 2048, "large": 8192}  # below / from 70 
 CPU_ENCODER_INSTANCE_GIB = 0.35  # a python-backend stub with ONNX Runtime and NumPy loaded (RSS)
 CPU_TRITON_GIB = 0.4
 CPU_VLLM_PROCESS_GIB = 2.5  # the API server, engine core and worker processes with torch loaded (RSS)
+# A diffusion instance is a python-backend process of its own: its own CUDA context and PyTorch allocator.
+DIFFUSION_PROCESS_GIB = 0.5  # on a GPU: CUDA context, cuBLAS / cuDNN workspaces
+CPU_DIFFUSION_PROCESS_GIB = 0.4  # on CPU: the stub with torch and diffusers imported (RSS: 0.37 measured, tiny fixture)
+# UNet activations, in values per latent pixel and channel of its first block and per image of a classifier-
+# free-guidance pair: skip connections at every resolution and the working tensors, attention through PyTorch's
+# SDPA (no score matrix kept). 300 gives about 1.5 GiB for SD-1.5 at 512x512 in fp16, the peak reported for
+# diffusers with SDPA; not yet measured here (no GPU was lent).
+UNET_ACTIVATION_VALUES = 300
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
 SERVING_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -151,6 +159,30 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
     return Estimate(m.name, "encoder", sum(parts.values()), parts, notes)
 
 
+def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
+    """The pipeline's weights in the serving dtype (fp16 on a GPU, fp32 on CPU), the UNet's activations at the
+    planned resolution for `max_images` images with classifier-free guidance, and the VAE decoding them."""
+    meta = encoder_metadata(d, m)
+    pipeline = d.resolve(m.path) / "1" / "pipeline"
+    width = 2 if d.on_gpu else 4
+    params = 0
+    for component in ("unet", "vae", "text_encoder"):
+        files = sorted((pipeline / component).glob("*.safetensors"))
+        if not files:
+            raise DeploymentError(f"models.{m.name}: {pipeline / component} has no safetensors weights")
+        params += _header_sizes(files)[0]
+    unet = json.loads((pipeline / "unet" / "config.json").read_text())
+    size = m.size or int(meta.get("native_size") or 512)
+    latent = (size // 8) ** 2
+    channels = int((unet.get("block_out_channels") or [320])[0])
+    activations = 2 * m.max_images * latent * channels * UNET_ACTIVATION_VALUES * width
+    vae = m.max_images * size * size * 128 * width  # the decoder's widest feature map at full resolution
+    parts = {"weights": params * width / GIB, "activations": (activations + vae) / GIB,
+             "runtime": DIFFUSION_PROCESS_GIB if d.on_gpu else CPU_DIFFUSION_PROCESS_GIB}
+    notes = [f"{params / 1e9:.2f} B parameters at {width} bytes", f"{m.max_images} image(s) of {size}x{size}"]
+    return Estimate(m.name, "diffusion", sum(parts.values()), parts, notes)
+
+
 # ---------------------------------------------------------------------------------------------- LLMs
 
 def _header_sizes(files: list[Path]) -> tuple[int, int]:
@@ -250,7 +282,8 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     """Estimate every instance and pack them; `Plan.fits` is False (and the table says where) when they do not."""
     if check:
         check_artifacts(d)
-    estimates = {m.name: estimate_encoder(d, m) for m in d.encoders} | {m.name: estimate_llm(d, m) for m in d.llms}
+    estimates = {m.name: estimate_diffusion(d, m) if isinstance(m, DiffusionModel) else estimate_encoder(d, m)
+                 for m in d.encoders} | {m.name: estimate_llm(d, m) for m in d.llms}
     if d.on_gpu:
         devices = [Device(f"GPU {i}", d.gpus.memory_gib) for i in range(d.gpus.count)]
     else:

@@ -119,6 +119,22 @@ class EncoderModel(_Model):
         return value
 
 
+class DiffusionModel(EncoderModel):
+    """An entry exported by `rtxserve export diffusion` (a Stable Diffusion pipeline, its LoRA): run by Triton
+    beside the encoders, one pipeline per instance."""
+
+    kind: Literal["diffusion"]  # type: ignore[assignment]
+    size: int | None = Field(None, ge=64, le=4096, description="the resolution planned for (default: the export's)")
+    max_images: int = Field(1, ge=1, le=64, description="images one request makes at most (the gateway's max_images)")
+
+    @field_validator("tensorrt")
+    @classmethod
+    def _no_tensorrt(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("diffusion entries run their pipeline in PyTorch; tensorrt applies to encoders")
+        return value
+
+
 class LLMModel(_Model):
     """A Hugging Face LLM folder (a full fine-tune, a merged LoRA, or a base with adapters): run by vLLM,
     one engine per replica, each on a GPU of its own."""
@@ -145,7 +161,7 @@ class LLMModel(_Model):
         return value
 
 
-Model = Annotated[EncoderModel | LLMModel, Field(discriminator="kind")]
+Model = Annotated[EncoderModel | DiffusionModel | LLMModel, Field(discriminator="kind")]
 
 
 class Deployment(_Strict):
@@ -207,6 +223,7 @@ class Deployment(_Strict):
 
     @property
     def encoders(self) -> list[EncoderModel]:
+        """Every model Triton serves: encoders and diffusion pipelines."""
         return [m for m in self.models if isinstance(m, EncoderModel)]
 
     @property
@@ -251,7 +268,7 @@ def _where(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("encoder", "llm", "function-after", "function-before") or str(part).startswith("function-"):
+        elif part in ("encoder", "diffusion", "llm") or str(part).startswith("function-"):
             continue  # pydantic's union / validator tags
         else:
             out += f".{part}" if out else str(part)

@@ -21,8 +21,9 @@ class Batching:
     max_queue_delay_us: int
 
     def __post_init__(self) -> None:
-        if self.instances < 1 or not 1 <= self.max_batch_size <= 4096 or self.max_queue_delay_us < 0:
-            raise ValueError(f"instances >= 1, max_batch_size in 1..4096 and max_queue_delay_us >= 0, not {self}")
+        # max_batch_size 0: a model that takes whole requests, unbatched (a diffusion pipeline)
+        if self.instances < 1 or not 0 <= self.max_batch_size <= 4096 or self.max_queue_delay_us < 0:
+            raise ValueError(f"instances >= 1, max_batch_size in 0..4096 and max_queue_delay_us >= 0, not {self}")
 
 
 def read_config(path: Path):
@@ -67,10 +68,17 @@ def read_batching(repository: Path, name: str) -> Batching:
 
 
 def write_batching(repository: Path, name: str, batching: Batching) -> None:
-    """Set the entry's knobs in place."""
-    for folder in entry_models(repository, name):
+    """Set the entry's knobs in place (a single-model entry without dynamic batching, as a diffusion pipeline,
+    takes its instance count and keeps its max_batch_size)."""
+    folders = entry_models(repository, name)
+    for folder in folders:
         path = folder / "config.pbtxt"
         config = read_config(path)
+        if len(folders) == 1 and not config.HasField("dynamic_batching"):
+            for group in config.instance_group:
+                group.count = batching.instances
+            write_config(path, config)
+            continue
         config.max_batch_size = batching.max_batch_size
         if config.HasField("dynamic_batching"):
             config.dynamic_batching.max_queue_delay_microseconds = batching.max_queue_delay_us

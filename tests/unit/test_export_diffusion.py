@@ -52,3 +52,19 @@ def test_the_entry_holds_the_pipeline_the_lora_and_the_defaults(pipeline, tmp_pa
     assert json.loads(params["rtxserve_defaults"]) == {"steps": 25, "guidance": 7.5, "size": 16, "lora_scale": 1.0}
     assert (entry / "1" / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
     assert (entry / "1" / "lora" / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_a_deployment_plans_the_pipeline_at_its_resolution(pipeline, tmp_path):
+    from deploy.plan import plan
+    from deploy.spec import parse_deployment
+
+    pipe, lora = pipeline
+    export_diffusion(pipe, EntryOptions(name="sd"), tmp_path / "repo", lora_path=lora)
+    small = parse_deployment({"name": "box", "models": [{"name": "sd", "kind": "diffusion", "path": "repo/sd",
+                                                         "instances": 2}]}, tmp_path)
+    large = parse_deployment({"name": "box", "models": [{"name": "sd", "kind": "diffusion", "path": "repo/sd", "size": 512,
+                                                         "max_images": 4}]}, tmp_path)
+    p, q = plan(small), plan(large)
+    assert p.fits and p.instances == {"sd": 2} and p.estimates["sd"].kind == "diffusion"
+    assert q.estimates["sd"].parts["activations"] > 100 * p.estimates["sd"].parts["activations"]  # 32x the pixels, 4 images
+    assert p.estimates["sd"].parts["weights"] == q.estimates["sd"].parts["weights"] > 0
