@@ -62,6 +62,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     from export.encoder import export_encoder
     from export.tasks import pooled_encoder, read_pooling
     from export.triton_entry import EntryOptions
+    from rtxserve.tasks import FEATURE_EXTRACTION
 
     model_dir = Path(model_dir) if model_dir else _default_model()
     threads = threads or os.cpu_count() or 1
@@ -95,7 +96,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
         for name, (optimize, precision) in FORMS.items():
             progress(f"exporting {name} with the export pipeline")
             repo = Path(work) / name.replace(" ", "-")
-            export_encoder(model_dir, "feature-extraction", EntryOptions(name="m"), repo, optimize=optimize, precision=precision)
+            export_encoder(model_dir, FEATURE_EXTRACTION, EntryOptions(name="m"), repo, optimize=optimize, precision=precision)
             session = ort.InferenceSession(str(repo / "m_model" / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
             calls[name] = lambda s=session: s.run(["embeddings"], feeds)
             got = session.run(["embeddings"], sentence_feeds)[0]

@@ -6,22 +6,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rtxserve import tasks as registry
+
 from .exceptions import ExportError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 IMAGE_PROCESSOR_FILE = "preprocessor_config.json"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 
-# task -> (architecture suffix it needs, transformers Auto class that loads it)
-TASKS = {
-    "text-classification": ("ForSequenceClassification", "AutoModelForSequenceClassification"),
-    # A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
-    "feature-extraction": ("Model", "AutoModel"),
-    "token-classification": ("ForTokenClassification", "AutoModelForTokenClassification"),
-    # ViT, DeiT, BEiT, ConvNeXt, ResNet, ... with their image processor's preprocessor_config.json.
-    "image-classification": ("ForImageClassification", "AutoModelForImageClassification"),
-}
-IMAGE_TASKS = ("image-classification",)
+# encoder task -> (architecture suffix it needs, transformers Auto class that loads it), from the registry
+TASKS = {name: (t.arch_suffix, t.auto_class) for name, t in registry.TASKS.items() if t.kind == "encoder"}
+IMAGE_TASKS = tuple(name for name in TASKS if registry.TASKS[name].inputs == "image")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from . import onnx_export, repository
+from rtxserve.tasks import TEXT_CLASSIFICATION
+
 from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, inspect_checkpoint
 from .exceptions import ExportError
 from .inputs import ImageInputs, TextInputs
@@ -277,7 +279,7 @@ def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, 
 
 def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path, **kwargs) -> ExportResult:
     """`export_encoder` for task text-classification."""
-    return export_encoder(checkpoint, "text-classification", opts, repo, **kwargs)
+    return export_encoder(checkpoint, TEXT_CLASSIFICATION, opts, repo, **kwargs)
 
 
 DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",

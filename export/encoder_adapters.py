@@ -19,18 +19,15 @@ from rtxserve import lora
 
 from .checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
                          check_task, find_weights, is_adapter, label_names, read_json)
+from rtxserve import tasks as registry
+
 from .exceptions import ExportError
 from .llm import AdapterInfo, base_folder, raise_misfit, read_lora
 
 log = logging.getLogger(__name__)
 
 # task -> the peft task_type an adapter for it records (an adapter may also record none).
-PEFT_TASK_TYPES = {
-    "text-classification": "SEQ_CLS",
-    "token-classification": "TOKEN_CLS",
-    "feature-extraction": "FEATURE_EXTRACTION",
-    "image-classification": None,  # peft has no task type for it; such adapters record none
-}
+PEFT_TASK_TYPES = {name: registry.TASKS[name].peft_task_type for name in TASKS}
 # peft saves a modules_to_save copy as `<module>.<param>`; older versions kept the wrapper's path.
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _PREFIX = "base_model.model."

@@ -11,6 +11,8 @@ import logging
 import random
 from pathlib import Path
 
+from rtxserve.tasks import FEATURE_EXTRACTION, TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+
 log = logging.getLogger(__name__)
 
 LABELS = ["negative", "neutral", "positive"]
@@ -417,15 +419,11 @@ def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[s
     return {name: FIXTURES[name](folder / name) for name in (names or list(FIXTURES))}
 
 
-# task -> (Auto class, peft task_type, modules_to_save) of the encoder adapters write_encoder_adapter builds.
-_ENCODER_ADAPTER_TASKS = {
-    "text-classification": ("AutoModelForSequenceClassification", "SEQ_CLS", ["classifier"]),
-    "token-classification": ("AutoModelForTokenClassification", "TOKEN_CLS", ["classifier"]),
-    "feature-extraction": ("AutoModel", "FEATURE_EXTRACTION", None),
-}
+# task -> the modules_to_save of the encoder adapters write_encoder_adapter builds (the head, for classifiers)
+_ENCODER_ADAPTER_TASKS = {TEXT_CLASSIFICATION: ["classifier"], TOKEN_CLASSIFICATION: ["classifier"], FEATURE_EXTRACTION: None}
 
 
-def write_encoder_adapter(base: str | Path, out: str | Path, *, task: str = "text-classification", seed: int = 1,
+def write_encoder_adapter(base: str | Path, out: str | Path, *, task: str = TEXT_CLASSIFICATION, seed: int = 1,
                           rank: int = 8) -> Path:
     """Write a PEFT LoRA adapter (query / value, plus the classifier head for classification tasks) for the
     BERT encoder at `base`, with non-zero lora_B and a perturbed head copy so that it changes the outputs
@@ -436,7 +434,7 @@ def write_encoder_adapter(base: str | Path, out: str | Path, *, task: str = "tex
 
     if task not in _ENCODER_ADAPTER_TASKS:
         raise ValueError(f"unknown task {task!r}; valid: {', '.join(_ENCODER_ADAPTER_TASKS)}")
-    auto_name, task_type, modules_to_save = _ENCODER_ADAPTER_TASKS[task]
+    auto_name, task_type, modules_to_save = TASKS[task].auto_class, TASKS[task].peft_task_type, _ENCODER_ADAPTER_TASKS[task]
     torch.manual_seed(seed)
     # peft records the model's name_or_path, here the base folder, as base_model_name_or_path.
     model = getattr(transformers, auto_name).from_pretrained(str(base))

@@ -20,6 +20,8 @@ from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
 from .triton_entry import classification_entry, embedding_entry, image_classification_entry, token_classification_entry
 
+from rtxserve.tasks import FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+
 log = logging.getLogger(__name__)
 
 # The legacy boolean keys of 1_Pooling/config.json -> the mode names sentence-transformers uses now
@@ -146,29 +148,43 @@ def _ner_entry(opts, *, tokenizer_json: str, aggregation: str, labels: list[str]
                                       word_aware=word_aware, unk_token_id=unk_id, **kwargs)
 
 
+def _classification(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
+    entry = functools.partial(classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
+    return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
+
+
+def _embedding(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
+    pooling = read_pooling(ckpt.path)
+    dimensions = int(ckpt.config.get("hidden_size") or ckpt.config.get("d_model") or 0)
+    if not dimensions:
+        raise ExportError(f"{ckpt.path / 'config.json'} records no hidden_size; cannot size the embedding output")
+    return TaskSpec(
+        ("embeddings", "token_count"),
+        lambda model, _ckpt: pooled_encoder(model, pooling),
+        functools.partial(embedding_entry, dimensions=dimensions),
+        max_length=pooling.max_seq_length,
+        metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
+    )
+
+
+def _image_classification(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
+    entry = functools.partial(image_classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
+    return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
+
+
+def _token_classification(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
+    if aggregation not in STRATEGIES:
+        raise ExportError(f"unknown --aggregation {aggregation!r}; valid: {', '.join(STRATEGIES)}")
+    entry = functools.partial(_ner_entry, labels=ckpt.labels, aggregation=aggregation)
+    return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels, "aggregation": aggregation})
+
+
+# encoder task (rtxserve/tasks.py) -> what it adds to the common export
+SPECS = {TEXT_CLASSIFICATION: _classification, FEATURE_EXTRACTION: _embedding, IMAGE_CLASSIFICATION: _image_classification,
+         TOKEN_CLASSIFICATION: _token_classification}
+
+
 def spec_for(ckpt: Checkpoint, *, aggregation: str = "first") -> TaskSpec:
-    if ckpt.task == "text-classification":
-        entry = functools.partial(classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
-        return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
-    if ckpt.task == "feature-extraction":
-        pooling = read_pooling(ckpt.path)
-        dimensions = int(ckpt.config.get("hidden_size") or ckpt.config.get("d_model") or 0)
-        if not dimensions:
-            raise ExportError(f"{ckpt.path / 'config.json'} records no hidden_size; cannot size the embedding output")
-        return TaskSpec(
-            ("embeddings", "token_count"),
-            lambda model, _ckpt: pooled_encoder(model, pooling),
-            functools.partial(embedding_entry, dimensions=dimensions),
-            max_length=pooling.max_seq_length,
-            metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
-        )
-    if ckpt.task == "image-classification":
-        entry = functools.partial(image_classification_entry, labels=ckpt.labels, problem_type=ckpt.config.get("problem_type"))
-        return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels})
-    if ckpt.task == "token-classification":
-        if aggregation not in STRATEGIES:
-            raise ExportError(f"unknown --aggregation {aggregation!r}; valid: {', '.join(STRATEGIES)}")
-        entry = functools.partial(_ner_entry, labels=ckpt.labels, aggregation=aggregation)
-        return TaskSpec(("logits",), lambda model, _ckpt: model, entry,
-                        metadata={"labels": ckpt.labels, "aggregation": aggregation})
-    raise ExportError(f"no export pipeline for task {ckpt.task}")
+    if ckpt.task not in SPECS:
+        raise ExportError(f"no export pipeline for task {ckpt.task}")
+    return SPECS[ckpt.task](ckpt, aggregation)

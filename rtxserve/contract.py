@@ -3,14 +3,11 @@ carries for the gateway, and vLLM's LoRA limits. Both sides import this module a
 
 from __future__ import annotations
 
-# Tasks: how an entry (or a vLLM model) says what it does, and which gateway route serves it.
-TEXT_CLASSIFICATION = "text-classification"
-IMAGE_CLASSIFICATION = "image-classification"
-TOKEN_CLASSIFICATION = "token-classification"
-FEATURE_EXTRACTION = "feature-extraction"
-TEXT_GENERATION = "text-generation"
-TEXT_TO_IMAGE = "text-to-image"
-ENCODER_TASKS = (TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, FEATURE_EXTRACTION, IMAGE_CLASSIFICATION)
+# Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (rtxserve/tasks.py).
+from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TEXT_GENERATION,  # noqa: F401
+                    TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, of_kind)
+
+ENCODER_TASKS = of_kind("encoder")
 
 # Parameters in a servable Triton entry's config.pbtxt (string values).
 PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are internal steps

@@ -15,12 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rtxserve.tasks import routes_by_scenario
+
 from . import workloads
 from .options import parse_mix, word_range
 
-ENCODER_APIS = {"classify": "/v1/classify", "image": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings"}
-GENERATION_APIS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-IMAGES_API = "/v1/images/generations"
+# scenario -> the gateway route it calls (rtxserve/tasks.py)
+ENCODER_APIS = routes_by_scenario("encoder")
+GENERATION_APIS = routes_by_scenario("llm")
+IMAGES_API = routes_by_scenario("diffusion")["images"]
 
 
 class WrongAnswer(Exception):

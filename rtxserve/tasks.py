@@ -1,0 +1,70 @@
+"""The task registry: every task rtxserve serves, declared once, with what export, the gateway and the load
+tests need to know of it. Nothing here imports torch: the gateway and the load tests read it too.
+
+A task's name is spelled only here (the constants below are the names); export builds it with the module
+`kind` names (export/encoder.py, export/llm.py, export/diffusion.py), the gateway serves it on `routes`, and
+`rtxserve loadtest --scenario` drives it with the scenarios in `loadtest`. Adding a task is one entry here
+plus its own module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # which export builds it: "encoder" (ONNX + Triton ensemble), "llm" (vLLM), "diffusion" (Triton)
+    inputs: str  # what a request carries: "text", "image" or "prompt"
+    routes: tuple[str, ...]  # the gateway routes that serve it
+    loadtest: tuple[str, ...]  # the load-test scenarios that drive it, one per route
+    parity: str  # what export (or its tests) holds the served model to
+    arch_suffix: str | None = None  # encoders: how the checkpoint's architecture name ends
+    auto_class: str | None = None  # the transformers Auto class that loads the checkpoint
+    peft_task_type: str | None = None  # the task_type a PEFT adapter for it records (None: it may record none)
+
+
+TASKS: dict[str, Task] = {}
+
+
+def _task(name: str, **fields) -> str:
+    TASKS[name] = Task(name, **fields)
+    return name
+
+
+TEXT_CLASSIFICATION = _task(
+    "text-classification", kind="encoder", inputs="text", routes=("/v1/classify",), loadtest=("classify",),
+    parity="logits within atol of PyTorch", arch_suffix="ForSequenceClassification",
+    auto_class="AutoModelForSequenceClassification", peft_task_type="SEQ_CLS")
+TOKEN_CLASSIFICATION = _task(
+    "token-classification", kind="encoder", inputs="text", routes=("/v1/ner",), loadtest=("ner",),
+    parity="logits within atol; entities as transformers' pipeline", arch_suffix="ForTokenClassification",
+    auto_class="AutoModelForTokenClassification", peft_task_type="TOKEN_CLS")
+# A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
+FEATURE_EXTRACTION = _task(
+    "feature-extraction", kind="encoder", inputs="text", routes=("/v1/embeddings",), loadtest=("embeddings",),
+    parity="vectors within atol of sentence-transformers", arch_suffix="Model", auto_class="AutoModel",
+    peft_task_type="FEATURE_EXTRACTION")
+# ViT, DeiT, BEiT, ConvNeXt, ResNet, ... with their image processor's preprocessor_config.json; peft has no
+# task type for it, so such adapters record none.
+IMAGE_CLASSIFICATION = _task(
+    "image-classification", kind="encoder", inputs="image", routes=("/v1/classify",), loadtest=("image",),
+    parity="logits within atol; labels as transformers' pipeline", arch_suffix="ForImageClassification",
+    auto_class="AutoModelForImageClassification")
+TEXT_GENERATION = _task(
+    "text-generation", kind="llm", inputs="prompt", routes=("/v1/chat/completions", "/v1/completions"),
+    loadtest=("chat", "completions"), parity="merged logits within atol of base + adapter",
+    auto_class="AutoModelForCausalLM", peft_task_type="CAUSAL_LM")
+TEXT_TO_IMAGE = _task(
+    "text-to-image", kind="diffusion", inputs="prompt", routes=("/v1/images/generations",), loadtest=("images",),
+    parity="the served PNG equals the pipeline run in-process, same seed")
+
+
+def of_kind(kind: str) -> tuple[str, ...]:
+    return tuple(name for name, t in TASKS.items() if t.kind == kind)
+
+
+def routes_by_scenario(*kinds: str) -> dict[str, str]:
+    """Load-test scenario -> the route it calls, for the tasks of these kinds."""
+    return {scenario: route for t in TASKS.values() if t.kind in kinds for scenario, route in zip(t.loadtest, t.routes)}

@@ -1,0 +1,29 @@
+"""The task registry is what export, the gateway and the load tests read: every task it declares has a
+builder in export, its routes in the gateway's app and its scenarios in the load tester."""
+
+from rtxserve import tasks
+
+
+def test_every_task_is_served_built_and_load_tested():
+    from export.checkpoint import TASKS as ENCODER_CHECKPOINTS
+    from export.tasks import SPECS
+    from loadtest.scenarios.options import SCENARIOS
+    from serve.gateway.app import create_app
+    from serve.gateway.settings import GatewaySettings
+
+    routes = set(create_app(GatewaySettings(triton_grpc_url="", vllm_url="")).openapi()["paths"])
+    for task in tasks.TASKS.values():
+        assert set(task.routes) <= routes, task.name
+        assert set(task.loadtest) <= set(SCENARIOS) and len(task.loadtest) == len(task.routes), task.name
+        assert task.kind in ("encoder", "llm", "diffusion")
+    encoders = set(tasks.of_kind("encoder"))
+    assert encoders == set(SPECS) == set(ENCODER_CHECKPOINTS)
+
+
+def test_scenarios_call_their_tasks_routes():
+    from loadtest.scenarios import apis
+
+    assert apis.ENCODER_APIS == {"classify": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings",
+                                 "image": "/v1/classify"}
+    assert apis.GENERATION_APIS == {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    assert apis.IMAGES_API == "/v1/images/generations"
