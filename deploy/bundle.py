@@ -180,7 +180,10 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
         _copy_source(Path(source))
         _wheels("gateway", [source], wheels / "gateway", cache, log)
     if d.encoders:
-        _wheels("triton", _requirements(ROOT / "deploy" / "triton" / "requirements.txt"), wheels / "triton", cache, log)
+        requirements = _requirements(ROOT / "deploy" / "triton" / "requirements.txt")
+        if d.diffusion:
+            requirements += _requirements(ROOT / "deploy" / "triton" / "requirements-diffusion.txt")
+        _wheels("triton", requirements, wheels / "triton", cache, log)
     if d.llms:
         reqs = ROOT / "deploy" / "vllm" / ("requirements-cuda.txt" if d.on_gpu else "requirements-cpu.txt")
         _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log)

@@ -535,7 +535,13 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     write("gateway-image/wheels/README", wheels_note)
     if d.encoders:
         write("triton-image/Dockerfile", TRITON_DOCKERFILE)
-        write("triton-image/requirements.txt", (Path(__file__).parent / "triton" / "requirements-image.txt").read_text())
+        triton_reqs = Path(__file__).parent / "triton"
+        requirements = (triton_reqs / "requirements-image.txt").read_text()
+        if d.diffusion:  # PyTorch (the image's CUDA build from its index), diffusers and what pipelines import
+            requirements += "".join(line.replace("torch==2.13.0", "torch") + "\n" for line in
+                                    (triton_reqs / "requirements-diffusion.txt").read_text().splitlines()
+                                    if line and not line.startswith("#"))
+        write("triton-image/requirements.txt", requirements)
         write("triton-image/wheels/README", wheels_note)
     write("plan.txt", format_plan(p) + "\n")
     write("plan.json", json.dumps(p.to_json(), indent=2) + "\n")

@@ -227,6 +227,10 @@ class Deployment(_Strict):
         return [m for m in self.models if isinstance(m, EncoderModel)]
 
     @property
+    def diffusion(self) -> list[DiffusionModel]:
+        return [m for m in self.models if isinstance(m, DiffusionModel)]
+
+    @property
     def llms(self) -> list[LLMModel]:
         return [m for m in self.models if isinstance(m, LLMModel)]
 
