@@ -112,9 +112,9 @@ def write_boxes(out: Path) -> tuple[Path, Path]:
                  "max_num_batched_tokens": 2048, "dtype": "float16"}
     bert = {"name": "bert_classifier", "kind": "encoder", "path": str(out / "model_repository" / "bert_classifier"),
             "instances": 4}
-    one = {"name": "one-4090", "gpus": {"count": 1, "memory_gib": 24},
+    one = {"name": "one-4090", "gpus": {"count": 1},
            "models": [bert, {**llm_model, "adapters": {k: str(v) for k, v in adapters.items()}}]}
-    four = {"name": "four-4090", "gpus": {"count": 4, "memory_gib": 24},
+    four = {"name": "four-4090", "gpus": {"count": 4},
             "models": [{**bert, "instances": "auto"}, {**llm_model, "replicas": 4}]}
     paths = (out / "one-4090.yaml", out / "four-4090.yaml")
     for path, data in zip(paths, (one, four)):
