@@ -130,7 +130,7 @@ def bundle_deployment(d: Deployment) -> dict:
     """The deployment as written into the bundle: its paths pointing into the bundle's folders."""
     data = d.model_dump(mode="json", exclude_none=True)
     for m in data["models"]:
-        if m["kind"] == "encoder":
+        if m["kind"] in ("encoder", "diffusion"):  # Triton entries: in the assembled repository
             m["path"] = f"models/repository/{m['name']}"
         else:
             m["path"] = f"models/llm/{m['name']}"

@@ -162,18 +162,26 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
 def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
     """The pipeline's weights in the serving dtype (fp16 on a GPU, fp32 on CPU), the UNet's activations at the
     planned resolution for `max_images` images with classifier-free guidance, and the VAE decoding them."""
+    from export.diffusion import component_weights
+    from export.exceptions import ExportError
+
     meta = encoder_metadata(d, m)
     pipeline = d.resolve(m.path) / "1" / "pipeline"
     width = 2 if d.on_gpu else 4
     params = 0
-    for component in ("unet", "vae", "text_encoder"):
-        files = sorted((pipeline / component).glob("*.safetensors"))
-        if not files:
-            raise DeploymentError(f"models.{m.name}: {pipeline / component} has no safetensors weights")
-        params += _header_sizes(files)[0]
-    unet = json.loads((pipeline / "unet" / "config.json").read_text())
-    size = m.size or int(meta.get("native_size") or 512)
-    latent = (size // 8) ** 2
+    try:
+        for component in ("unet", "vae", "text_encoder"):
+            files = component_weights(pipeline / component)
+            if not files:
+                raise DeploymentError(f"models.{m.name}: {pipeline / component} has no weights")
+            params += _header_sizes(files)[0]
+        unet = json.loads((pipeline / "unet" / "config.json").read_text())
+    except (OSError, ValueError, ExportError) as exc:
+        raise DeploymentError(f"models.{m.name}: {pipeline} cannot be read ({exc})") from None
+    except Exception as exc:  # safetensors' own error types for a damaged header
+        raise DeploymentError(f"models.{m.name}: {pipeline} holds damaged safetensors ({exc})") from None
+    size = m.size or int(meta.get("default_size") or meta.get("native_size") or 512)
+    latent = (size // int(meta.get("vae_scale") or 8)) ** 2
     channels = int((unet.get("block_out_channels") or [320])[0])
     activations = 2 * m.max_images * latent * channels * UNET_ACTIVATION_VALUES * width
     vae = m.max_images * size * size * 128 * width  # the decoder's widest feature map at full resolution

@@ -410,8 +410,11 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     """A locust master and its workers as Jobs (the gateway image holds locust and the scenarios), suspended:
     set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster."""
+    from rtxserve.tasks import TASKS
+
     first = d.models[0]
-    scenario = "chat" if first.kind == "llm" else "classify"
+    task = {"llm": "text-generation", "diffusion": "text-to-image"}.get(first.kind)
+    scenario = TASKS[task].loadtest[0] if task else "classify"
     locustfile = "$(python -c 'import loadtest, os; print(os.path.dirname(loadtest.__file__))')/scenarios/locustfile.py"
     common = f"locust -f {locustfile} --scenario {scenario} --model {first.name}"
     master = (f"{common} --master --headless --expect-workers {workers} -u 32 -r 32 -t 5m "

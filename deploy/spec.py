@@ -325,6 +325,11 @@ def encoder_metadata(d: Deployment, m: EncoderModel) -> dict:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as exc:
         raise DeploymentError(f"models.{m.name}: {meta_path} is not readable JSON ({exc})") from None
+    from rtxserve.tasks import TASKS
+
+    kind = TASKS[meta["task"]].kind if meta.get("task") in TASKS else None
+    if kind != m.kind:
+        raise DeploymentError(f"models.{m.name}: {path} holds a {meta.get('task')} entry; use kind: {kind}")
     target = "gpu" if d.on_gpu else "cpu"
     if meta.get("target", "cpu") != target:
         raise DeploymentError(f"models.{m.name}: {path} was exported for {meta.get('target')} but this deployment runs "

@@ -30,13 +30,15 @@ from .triton_entry import PYTHON_MODELS, EntryOptions, ModelDir
 log = logging.getLogger(__name__)
 
 COMPONENTS = ("unet", "vae", "text_encoder", "tokenizer", "scheduler")
-SCHEDULERS = {  # request name -> diffusers class
-    "ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",
-    "dpm++": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler",
-}
+# What the entry serves: text-to-image pipelines whose UNet denoises 4-channel latents (not inpainting's 9)
+PIPELINES = ("StableDiffusionPipeline",)
+# The weights a pipeline folder's components load by default (not their .fp16 / .non_ema variants)
+WEIGHTS = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+LORA_FILE = "pytorch_lora_weights.safetensors"  # the name diffusers' load_lora_weights looks for
+# FP64 for the floats: an explicit 0.8 and the export's 0.8 are the same value, so the same image
 INPUTS = (("PROMPT", "TYPE_STRING"), ("NEGATIVE_PROMPT", "TYPE_STRING"), ("STEPS", "TYPE_INT32"),
-          ("GUIDANCE", "TYPE_FP32"), ("SEED", "TYPE_INT64"), ("WIDTH", "TYPE_INT32"), ("HEIGHT", "TYPE_INT32"),
-          ("N", "TYPE_INT32"), ("SCHEDULER", "TYPE_STRING"), ("LORA_SCALE", "TYPE_FP32"))
+          ("GUIDANCE", "TYPE_FP64"), ("SEED", "TYPE_INT64"), ("WIDTH", "TYPE_INT32"), ("HEIGHT", "TYPE_INT32"),
+          ("N", "TYPE_INT32"), ("SCHEDULER", "TYPE_STRING"), ("LORA_SCALE", "TYPE_FP64"))
 
 
 @dataclass
@@ -54,24 +56,70 @@ def check_pipeline(path: Path) -> dict:
     index_path = path / "model_index.json"
     if not index_path.is_file():
         raise ExportError(f"{path} is not a diffusers pipeline folder (no model_index.json)")
-    index = json.loads(index_path.read_text())
+    try:
+        index = json.loads(index_path.read_text())
+    except ValueError as exc:
+        raise ExportError(f"{index_path} is not valid JSON ({exc})") from None
+    if index.get("_class_name") not in PIPELINES:
+        raise ExportError(f"{path} is a {index.get('_class_name')}; the entry serves {', '.join(PIPELINES)} "
+                          "(text to image: not inpainting, image to image or SDXL's two text encoders)")
     missing = [c for c in COMPONENTS if c not in index or not (path / c).is_dir()]
     if missing:
         raise ExportError(f"{path}: the pipeline lacks {', '.join(missing)} (model_index.json and its folders)")
-    if not list((path / "scheduler").glob("scheduler_config.json")):
+    if not (path / "scheduler" / "scheduler_config.json").is_file():
         raise ExportError(f"{path}/scheduler has no scheduler_config.json")
     for c in ("unet", "vae", "text_encoder"):
-        if not list((path / c).glob("*.safetensors")):
-            raise ExportError(f"{path}/{c} has no safetensors weights (save the pipeline with safe_serialization=True)")
+        if not component_weights(path / c):
+            raise ExportError(f"{path}/{c} has no {' or '.join(WEIGHTS)} (save the pipeline with safe_serialization=True)")
+    if int(_config(path / "unet").get("in_channels", 4)) != 4:
+        raise ExportError(f"{path}/unet takes {_config(path / 'unet').get('in_channels')} input channels: an inpainting "
+                          "UNet; the entry serves text to image (4)")
     return index
+
+
+def _config(component: Path) -> dict:
+    try:
+        return json.loads((component / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{component / 'config.json'} is missing or not JSON ({exc})") from None
+
+
+def component_weights(component: Path) -> list[Path]:
+    """The weights file(s) a component loads by default: one file, or the shards its index names."""
+    for name in WEIGHTS:
+        if (component / name).is_file():
+            return [component / name]
+        index = component / f"{name}.index.json"
+        if index.is_file():
+            return [component / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
+    return []
+
+
+def native_size(pipeline: Path) -> int:
+    """The resolution the UNet was trained at: its sample size times the VAE's scale factor."""
+    sample = _config(pipeline / "unet").get("sample_size", 64)
+    sample = int(sample[0] if isinstance(sample, (list, tuple)) else sample)
+    return sample * vae_scale(pipeline)
+
+
+def vae_scale(pipeline: Path) -> int:
+    return 2 ** (len(_config(pipeline / "vae").get("block_out_channels", [0])) - 1)
+
+
+def lora_file(lora_path: Path) -> Path:
+    """The one LoRA file a path names: the file, or the only safetensors file of a folder."""
+    files = [lora_path] if lora_path.is_file() else sorted(lora_path.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"no LoRA safetensors at {lora_path} (diffusers' save_lora_weights writes {LORA_FILE})")
+    if len(files) > 1:
+        raise ExportError(f"{lora_path} holds {len(files)} safetensors files ({', '.join(f.name for f in files)}); "
+                          "name the LoRA file itself")
+    return files[0]
 
 
 def check_lora(pipeline: Path, lora_path: Path) -> list[str]:
     """The components a LoRA adapts; ExportError naming the tensors that do not fit its layers."""
-    files = [lora_path] if lora_path.is_file() else sorted(lora_path.glob("*.safetensors"))
-    if not files:
-        raise ExportError(f"no LoRA safetensors at {lora_path} (diffusers' save_lora_weights writes "
-                          "pytorch_lora_weights.safetensors)")
+    files = [lora_file(lora_path)]
     try:
         shapes = lora.tensor_shapes(files)
     except Exception as exc:  # safetensors' own error types for a damaged file
@@ -82,8 +130,11 @@ def check_lora(pipeline: Path, lora_path: Path) -> list[str]:
         mine = {k.removeprefix(prefix): s for k, s in shapes.items() if k.startswith(prefix)}
         if not mine:
             continue
-        config = json.loads((pipeline / component / "config.json").read_text())
-        layers = lora.layers_from_weights(lora.tensor_shapes(sorted((pipeline / component).glob("*.safetensors"))), config)
+        try:
+            base = lora.tensor_shapes(component_weights(pipeline / component))
+        except Exception as exc:  # safetensors' own error types for a damaged file
+            raise ExportError(f"{pipeline / component} holds damaged safetensors ({exc})") from None
+        layers = lora.layers_from_weights(base, _config(pipeline / component))
         mismatch, modules = lora.misfits(mine, layers)
         if mismatch:
             raise ExportError(f"the LoRA {lora_path} does not fit the {component} of {pipeline}: "
@@ -96,29 +147,34 @@ def check_lora(pipeline: Path, lora_path: Path) -> list[str]:
 
 
 def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, defaults: DiffusionDefaults,
-                    native_size: int, metadata: dict) -> ModelDir:
+                    size: int, metadata: dict) -> ModelDir:
     kind = "KIND_GPU" if opts.target == "gpu" else "KIND_CPU"
     config = ModelConfig(
         name=opts.name, backend="python", max_batch_size=0,
         inputs=tuple(TensorSpec(n, t, (1,)) for n, t in INPUTS),
         outputs=(TensorSpec("IMAGES", "TYPE_STRING", (-1,)), TensorSpec("PROMPT_TRUNCATED", "TYPE_INT32", (1,))),
         instance_groups=(InstanceGroup(count=opts.instances, kind=kind, gpus=opts.gpus if kind == "KIND_GPU" else ()),),
-        parameters={contract.PARAM_TASK: contract.TEXT_TO_IMAGE, contract.PARAM_IMAGE_SIZE: str(native_size),
+        parameters={contract.PARAM_TASK: contract.TEXT_TO_IMAGE,
                     contract.PARAM_DEFAULTS: json.dumps({"steps": defaults.steps, "guidance": defaults.guidance,
-                                                         "size": defaults.size or native_size,
+                                                         "size": size,
                                                          "lora_scale": defaults.lora_scale if lora_path else None})},
     )
     files: dict[str, Path | str] = {"1/model.py": PYTHON_MODELS / "diffusion" / "model.py",
-                                    "rtxserve.json": json.dumps(metadata, indent=2)}
-    for f in pipeline.rglob("*"):
-        if f.is_file() and f.name != "README.md":
-            files[f"1/pipeline/{f.relative_to(pipeline)}"] = f
+                                    "rtxserve.json": json.dumps(metadata, indent=2),
+                                    "1/pipeline/model_index.json": pipeline / "model_index.json"}
+    for component in COMPONENTS:  # what the pipeline loads: configs, tokenizer files, default weights
+        for f in (pipeline / component).iterdir():
+            if f.is_file() and (f.suffix != ".safetensors" and not f.name.endswith(".bin")
+                                or f in component_weights(pipeline / component)):
+                files[f"1/pipeline/{component}/{f.name}"] = f
+            elif f.name.endswith(".index.json"):
+                files[f"1/pipeline/{component}/{f.name}"] = f
     if lora_path is not None:
-        for f in ([lora_path] if lora_path.is_file() else sorted(lora_path.glob("*.safetensors"))):
-            files[f"1/lora/{f.name}"] = f
+        files[f"1/lora/{LORA_FILE}"] = lora_file(lora_path)
     files["1/diffusion.json"] = json.dumps({"device": "cuda" if opts.target == "gpu" else "cpu",
                                             "dtype": "float16" if opts.target == "gpu" else "float32",
-                                            "lora_scale": defaults.lora_scale, "schedulers": SCHEDULERS}, indent=2)
+                                            "lora_scale": defaults.lora_scale, "lora_file": LORA_FILE,
+                                            "schedulers": contract.SCHEDULERS}, indent=2)
     return ModelDir(config, files)
 
 
@@ -131,10 +187,11 @@ def reference_image(pipeline: Path, lora_path: Path | None, lora_scale: float, p
     pipe = DiffusionPipeline.from_pretrained(pipeline, torch_dtype=torch.float32, safety_checker=None)
     pipe.set_progress_bar_config(disable=True)
     if lora_path is not None:
-        pipe.load_lora_weights(lora_path, adapter_name="lora")
+        lora = lora_file(Path(lora_path))
+        pipe.load_lora_weights(lora.parent, weight_name=lora.name, adapter_name="lora")
         pipe.set_adapters(["lora"], adapter_weights=[lora_scale])
     image = pipe(prompt, num_inference_steps=steps, guidance_scale=guidance, width=size, height=size,
-                 generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+                 generator=[torch.Generator("cpu").manual_seed(seed)]).images[0]
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return buffer.getvalue()
@@ -145,24 +202,24 @@ def export_diffusion(pipeline: str | Path, opts: EntryOptions, repo: str | Path,
     """Check the pipeline (and LoRA) and write the entry into `repo`; returns the folders written."""
     pipeline, repo = Path(pipeline), Path(repo)
     defaults = defaults or DiffusionDefaults()
-    lora_file = Path(lora_path) if lora_path else None
+    if defaults.steps < 1 or defaults.guidance < 0 or not 0 <= defaults.lora_scale <= 4:
+        raise ExportError(f"--steps must be >= 1, --guidance >= 0 and --lora-scale within 0..4, not {defaults}")
+    lora_path = Path(lora_path) if lora_path else None
     repository.check_free(repo, [opts.name], force)
     index = check_pipeline(pipeline)
-    adapted = check_lora(pipeline, lora_file) if lora_file else []
-    unet = json.loads((pipeline / "unet" / "config.json").read_text())
-    vae = json.loads((pipeline / "vae" / "config.json").read_text())
-    scale = 2 ** (len(vae.get("block_out_channels", [0])) - 1)
-    native = int(unet.get("sample_size", 64)) * scale
+    adapted = check_lora(pipeline, lora_path) if lora_path else []
+    native = native_size(pipeline)
     size = defaults.size or native
-    if size % 8:
-        raise ExportError(f"--size {size}: the VAE works in multiples of 8 pixels")
+    if size < 8 or size % 8:
+        raise ExportError(f"--size {size}: a positive multiple of 8 pixels")
     log.info("pipeline %s (%s), native %dx%d%s", pipeline, index.get("_class_name"), native, native,
              f", LoRA on {', '.join(adapted)}" if adapted else "")
     metadata = {"task": contract.TEXT_TO_IMAGE, "source": str(pipeline.resolve()), "pipeline": index.get("_class_name"),
-                "target": opts.target, "instances": opts.instances, "native_size": native, "command": command,
-                "lora": {"path": str(lora_file.resolve()), "adapts": adapted, "scale": defaults.lora_scale} if lora_file else None,
+                "target": opts.target, "instances": opts.instances, "native_size": native, "default_size": size,
+                "vae_scale": vae_scale(pipeline), "command": command,
+                "lora": {"path": str(lora_path.resolve()), "adapts": adapted, "scale": defaults.lora_scale} if lora_path else None,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    models = [diffusion_entry(opts, pipeline, lora_file, defaults, native, metadata)]
+    models = [diffusion_entry(opts, pipeline, lora_path, defaults, size, metadata)]
     with repository.work_dir(repo) as work:
         written = repository.commit(repo, models, work, force)
     return written

@@ -14,8 +14,11 @@ PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are i
 PARAM_LABELS = "rtxserve_labels"  # JSON list, index = class id
 PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
 PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
-PARAM_IMAGE_SIZE = "rtxserve_image_size"  # a diffusion pipeline's native resolution (pixels a side)
 PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a generation request gets when it names no value
+
+# Diffusion schedulers a request may choose: name -> diffusers class.
+SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",
+              "dpm++": "DPMSolverMultistepScheduler", "pndm": "PNDMScheduler", "lms": "LMSDiscreteScheduler"}
 
 # vLLM's LoRA limits: the ranks --max-lora-rank accepts (the largest is the maximum).
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

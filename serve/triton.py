@@ -44,9 +44,12 @@ class TritonInstall:
         install = cls.at(Path(env_dir).resolve(), root.parent.parent.parent.name)
         # The python-backend stub links a libpython, but the standard library it imports is this environment's
         # interpreter's: its LIBDIR first, or a stub that imports ssl (diffusers does) fails with an undefined symbol.
-        libdir = subprocess.run([str(install.python_bin / "python"), "-c",
-                                 "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
-                                capture_output=True, text=True).stdout.strip()
+        try:
+            libdir = subprocess.run([str(install.python_bin / "python"), "-c",
+                                     "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"],
+                                    capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise TritonNotFound(f"the Python of {env_dir} does not run ({exc}): rerun `make setup`") from None
         return dataclasses.replace(install, lib_dirs=(Path(libdir), *install.lib_dirs)) if libdir else install
 
     @classmethod

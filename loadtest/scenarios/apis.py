@@ -144,6 +144,9 @@ def _images(user, model: str, rng: random.Random, context: dict) -> float:
     """One image generation of --batch images: a whole, decodable PNG for each, or a failure saying which."""
     import base64
     import binascii
+    import io
+
+    from PIL import Image
 
     load = user.load
     n = load.options.batch
@@ -162,9 +165,12 @@ def _images(user, model: str, rng: random.Random, context: dict) -> float:
             data = response.json().get("data")
             if not isinstance(data, list) or len(data) != n:
                 raise WrongAnswer(f"expected {n} images, got {len(data) if isinstance(data, list) else type(data).__name__}")
-            if not all(base64.b64decode(d.get("b64_json") or "", validate=True).startswith(b"\x89PNG") for d in data):
-                raise WrongAnswer("an image is not a PNG")
-        except (WrongAnswer, ValueError, AttributeError, binascii.Error) as exc:
+            for i, item in enumerate(data):
+                with Image.open(io.BytesIO(base64.b64decode(item.get("b64_json") or "", validate=True))) as image:
+                    if image.format != "PNG":
+                        raise WrongAnswer(f"image {i} is {image.format}, not PNG")
+                    image.verify()  # a truncated or corrupt file fails here
+        except (WrongAnswer, ValueError, AttributeError, binascii.Error, OSError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
 

@@ -64,9 +64,13 @@ class GatewaySettings(BaseSettings):
     max_tools: int = Field(128, ge=0, description="tool definitions per chat request (OpenAI allows 128)")
     max_tools_bytes: int = Field(256 * 1024, ge=0, description="JSON size of a request's tool definitions")
     # Bounds on image generation, checked before Triton sees a request.
-    max_images: int = Field(4, ge=1, le=64, description="images per generation request (n)")
+    max_images: int = Field(4, ge=1, le=16, description="images per generation request (n)")
     max_image_size: int = Field(1024, ge=8, le=8192, description="pixels a side of a generated image")
     max_image_steps: int = Field(100, ge=1, le=1000, description="denoising steps per generation request")
+    max_image_pixels: int = Field(4 * 1024 * 1024, ge=64, le=16 * 1024 * 1024,
+                                  description="pixels of all the images of one request (n x width x height)")
+    max_image_prompt_chars: int = Field(4000, ge=1, description="characters of a prompt (and of its negative prompt) "
+                                        "for image generation: the text encoder takes 77 tokens")
     image_timeout_s: float = Field(300.0, gt=0, le=3600, description="deadline for one image generation request")
     # The front door: refused before the body is read / the route runs.
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")

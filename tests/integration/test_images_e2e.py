@@ -110,3 +110,13 @@ def test_the_images_scenario_reports_images_per_second_and_per_image_latency(sd,
     assert images["per_image_ms"]["p50"] == pytest.approx(result.summary.latency_ms["p50"] / 2, rel=0.01)
     page = result.report.read_text()
     assert "## Images" in page and "images/s" in page
+
+
+def test_the_export_lora_scale_comes_back_after_a_request_that_chose_another(sd):
+    sdk, *_ = sd
+    kwargs = {"model": "tiny_sd_lora", "prompt": "a dog", "size": "64x64"}
+    first = _pngs(sdk.images.generate(**kwargs, extra_body={"seed": 9}))[0]
+    sdk.images.generate(**kwargs, extra_body={"seed": 9, "lora_scale": 0.0})
+    assert _pngs(sdk.images.generate(**kwargs, extra_body={"seed": 9}))[0] == first
+    explicit = _pngs(sdk.images.generate(**kwargs, extra_body={"seed": 9, "lora_scale": 0.8}))[0]
+    assert explicit == first  # the export's 0.8, named or not

@@ -204,3 +204,16 @@ def test_down_stops_a_servers_group_even_when_its_leader_died(tmp_path):
     assert child.is_running() and status(tmp_path)[0]["alive"] is False and status(tmp_path)[0]["processes"] == 1
     assert down(tmp_path, grace_s=5, log=lambda m: None) == []
     assert not child.is_running() and not (tmp_path / "state.json").exists()
+
+
+def test_the_bundled_deployment_points_into_the_bundle():
+    from deploy.bundle import bundle_deployment
+
+    d = parse_deployment({"name": "box", "gateway": {"keys_file": "k.json"}, "models": [
+        {"name": "enc", "kind": "encoder", "path": "/x/enc"}, {"name": "sd", "kind": "diffusion", "path": "/x/sd"},
+        {"name": "llm", "kind": "llm", "path": "/x/llm", "adapters": {"a": "/x/a"}}]})
+    models = {m["name"]: m for m in bundle_deployment(d)["models"]}
+    assert models["enc"]["path"] == "models/repository/enc" and models["sd"]["path"] == "models/repository/sd"
+    assert models["llm"]["path"] == "models/llm/llm" and models["llm"]["adapters"] == {"a": "models/adapters/a"}
+    assert "adapters" not in models["sd"]
+    parse_deployment(bundle_deployment(d))  # and it is a valid deployment

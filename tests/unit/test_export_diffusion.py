@@ -5,7 +5,9 @@ import shutil
 
 import pytest
 
-from export.diffusion import check_lora, check_pipeline, export_diffusion
+from deploy.plan import GIB
+from export.diffusion import check_lora, check_pipeline, component_weights, export_diffusion
+from rtxserve.lora import tensor_shapes
 from export.exceptions import ExportError
 from export.fixtures import write_diffusion_lora, write_diffusion_pipeline
 from export.triton_entry import EntryOptions
@@ -26,6 +28,19 @@ def test_a_pipeline_missing_a_component_is_named(pipeline, tmp_path):
         check_pipeline(broken)
     with pytest.raises(ExportError, match="not a diffusers pipeline folder"):
         check_pipeline(tmp_path)
+    inpainting = shutil.copytree(pipe, tmp_path / "inpaint")
+    index = (inpainting / "model_index.json").read_text().replace("StableDiffusionPipeline", "StableDiffusionInpaintPipeline")
+    (inpainting / "model_index.json").write_text(index)
+    with pytest.raises(ExportError, match="is a StableDiffusionInpaintPipeline; the entry serves StableDiffusionPipeline"):
+        check_pipeline(inpainting)
+
+
+def test_a_lora_folder_of_several_files_is_refused_rather_than_guessed(pipeline, tmp_path):
+    _, lora = pipeline
+    two = shutil.copytree(lora, tmp_path / "two")
+    shutil.copy(two / "pytorch_lora_weights.safetensors", two / "checkpoint-500.safetensors")
+    with pytest.raises(ExportError, match="holds 2 safetensors files .*name the LoRA file itself"):
+        check_lora(pipeline[0], two)
 
 
 def test_a_lora_for_another_base_is_refused_with_the_tensors_that_do_not_fit(pipeline, tmp_path):
@@ -66,5 +81,11 @@ def test_a_deployment_plans_the_pipeline_at_its_resolution(pipeline, tmp_path):
                                                          "max_images": 4}]}, tmp_path)
     p, q = plan(small), plan(large)
     assert p.fits and p.instances == {"sd": 2} and p.estimates["sd"].kind == "diffusion"
-    assert q.estimates["sd"].parts["activations"] > 100 * p.estimates["sd"].parts["activations"]  # 32x the pixels, 4 images
-    assert p.estimates["sd"].parts["weights"] == q.estimates["sd"].parts["weights"] > 0
+    # the fixture: 16x16 by default, a VAE that scales by 2, UNet channels 32; values in fp32 on CPU
+    latent = (16 // 2) ** 2
+    assert p.estimates["sd"].parts["activations"] * GIB == pytest.approx(2 * latent * 32 * 300 * 4 + 16 * 16 * 128 * 4)
+    assert q.estimates["sd"].parts["activations"] * GIB == pytest.approx(
+        2 * 4 * (512 // 2) ** 2 * 32 * 300 * 4 + 4 * 512 * 512 * 128 * 4)
+    params = sum(__import__("math").prod(s) for c in ("unet", "vae", "text_encoder")
+                 for s in tensor_shapes(component_weights(pipe / c)).values())
+    assert p.estimates["sd"].parts["weights"] * GIB == pytest.approx(params * 4)

@@ -1,8 +1,9 @@
 """Triton python-backend model: a diffusers text-to-image pipeline (with an optional LoRA) answering PNG bytes.
 
-One request at a time per instance (max_batch_size 0; run more instances to run more at once). Each request
-gets its own seeded generator, so the same seed and parameters give the same image. A request that fails
-(out of memory included) fails alone: its error goes back in its response and the instance keeps serving.
+One request at a time per instance (max_batch_size 0; run more instances to run more at once). Each image
+gets its own seeded generator (seed, seed + 1, ...), so the same seed and parameters give the same images
+whatever `n` is. A request that fails (out of memory included) fails alone: its error goes back in its
+response and the instance keeps serving. A request whose client went away stops at the next step.
 """
 
 import io
@@ -15,12 +16,13 @@ import triton_python_backend_utils as pb_utils
 from diffusers import DiffusionPipeline
 
 
-def _one(request, name, default=None):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    value = tensor.as_numpy().reshape(-1)[0]
+def _one(request, name):
+    value = pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0]
     return value.decode("utf-8") if isinstance(value, bytes) else value.item()
+
+
+class Cancelled(Exception):
+    pass
 
 
 class TritonPythonModel:
@@ -28,17 +30,20 @@ class TritonPythonModel:
         here = os.path.join(args["model_repository"], args["model_version"])
         with open(os.path.join(here, "diffusion.json")) as f:
             self.settings = json.load(f)
+        config = json.loads(args["model_config"])
+        instances = sum(g.get("count", 1) for g in config.get("instance_group", [])) or 1
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // instances))  # instances share the cores
         device = self.settings["device"]
         if device == "cuda":
             device = f"cuda:{args.get('model_instance_device_id', 0)}"
-        self.device = device
         self.pipe = DiffusionPipeline.from_pretrained(os.path.join(here, "pipeline"),
                                                       torch_dtype=getattr(torch, self.settings["dtype"]),
                                                       safety_checker=None).to(device)
         self.pipe.set_progress_bar_config(disable=True)
         self.lora = os.path.isdir(os.path.join(here, "lora"))
         if self.lora:
-            self.pipe.load_lora_weights(os.path.join(here, "lora"), adapter_name="lora")
+            self.pipe.load_lora_weights(os.path.join(here, "lora"), weight_name=self.settings["lora_file"],
+                                        adapter_name="lora")
             self.lora_scale = None
         self.default_scheduler = self.pipe.scheduler
         self.max_tokens = self.pipe.tokenizer.model_max_length
@@ -48,25 +53,31 @@ class TritonPythonModel:
             return self.default_scheduler
         import diffusers
 
-        cls = getattr(diffusers, self.settings["schedulers"][name])
-        return cls.from_config(self.default_scheduler.config)
+        return getattr(diffusers, self.settings["schedulers"][name]).from_config(self.default_scheduler.config)
 
     def _generate(self, request):
         prompt = _one(request, "PROMPT")
-        negative = _one(request, "NEGATIVE_PROMPT", "") or None
-        n = int(_one(request, "N", 1))
-        scale = float(_one(request, "LORA_SCALE", -1.0))
+        negative = _one(request, "NEGATIVE_PROMPT") or None
+        n, seed = int(_one(request, "N")), int(_one(request, "SEED"))
         if self.lora:
+            scale = float(_one(request, "LORA_SCALE"))
             scale = self.settings["lora_scale"] if scale < 0 else scale
             if scale != self.lora_scale:
                 self.pipe.set_adapters(["lora"], adapter_weights=[scale])
                 self.lora_scale = scale
-        self.pipe.scheduler = self._scheduler(_one(request, "SCHEDULER", ""))
+        self.pipe.scheduler = self._scheduler(_one(request, "SCHEDULER"))
         tokens = len(self.pipe.tokenizer(prompt).input_ids)  # the pipeline truncates to the encoder's length
-        generator = torch.Generator("cpu").manual_seed(int(_one(request, "SEED")))
+
+        def stop_if_gone(pipe, step, timestep, kwargs):
+            if getattr(request, "is_cancelled", lambda: False)():
+                raise Cancelled()
+            return kwargs
+
         images = self.pipe(prompt, negative_prompt=negative, num_inference_steps=int(_one(request, "STEPS")),
                            guidance_scale=float(_one(request, "GUIDANCE")), width=int(_one(request, "WIDTH")),
-                           height=int(_one(request, "HEIGHT")), num_images_per_prompt=n, generator=generator).images
+                           height=int(_one(request, "HEIGHT")), num_images_per_prompt=n,
+                           generator=[torch.Generator("cpu").manual_seed(seed + i) for i in range(n)],
+                           callback_on_step_end=stop_if_gone).images
         pngs = []
         for image in images:
             buffer = io.BytesIO()
@@ -79,14 +90,19 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            error = None
             try:
                 responses.append(self._generate(request))
+                continue
             except torch.OutOfMemoryError:
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    "out of memory for this request: ask for fewer or smaller images", pb_utils.TritonError.UNAVAILABLE)))
+                error = pb_utils.TritonError("out of memory for this request: ask for fewer or smaller images",
+                                             pb_utils.TritonError.INVALID_ARG)
+            except Cancelled:
+                error = pb_utils.TritonError("the client went away",
+                                             getattr(pb_utils.TritonError, "CANCELLED", pb_utils.TritonError.UNAVAILABLE))
             except (ValueError, KeyError) as exc:
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    str(exc)[:300], pb_utils.TritonError.INVALID_ARG)))
+                error = pb_utils.TritonError(str(exc)[:300], pb_utils.TritonError.INVALID_ARG)
+            if torch.cuda.is_available():  # outside the except block: its traceback no longer holds the tensors
+                torch.cuda.empty_cache()
+            responses.append(pb_utils.InferenceResponse(error=error))
         return responses

@@ -204,10 +204,10 @@ class TritonBackend(Backend):
     async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
         request = service_pb2.ModelInferRequest(model_name=model.name)
         tensors = (("PROMPT", "BYTES", params["prompt"]), ("NEGATIVE_PROMPT", "BYTES", params["negative_prompt"]),
-                   ("STEPS", "INT32", params["steps"]), ("GUIDANCE", "FP32", params["guidance"]),
+                   ("STEPS", "INT32", params["steps"]), ("GUIDANCE", "FP64", params["guidance"]),
                    ("SEED", "INT64", params["seed"]), ("WIDTH", "INT32", params["width"]),
                    ("HEIGHT", "INT32", params["height"]), ("N", "INT32", params["n"]),
-                   ("SCHEDULER", "BYTES", params["scheduler"]), ("LORA_SCALE", "FP32", params["lora_scale"]))
+                   ("SCHEDULER", "BYTES", params["scheduler"]), ("LORA_SCALE", "FP64", params["lora_scale"]))
         for name, datatype, value in tensors:
             request.inputs.add(name=name, datatype=datatype, shape=(1,))
             if datatype == "BYTES":

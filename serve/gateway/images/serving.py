@@ -23,14 +23,15 @@ def generation_parameters(state: GatewayState, request: ImageGenerationRequest, 
     if request.response_format == "url":
         raise InvalidRequest("response_format url is not served: the gateway keeps no images to link to; use b64_json",
                              param="response_format")
-    if len(request.prompt) > limits.max_prompt_chars:
-        raise InvalidRequest(f"the prompt has {len(request.prompt)} characters; the limit is {limits.max_prompt_chars}",
-                             param="prompt")
-    if request.n > limits.max_images:
-        raise InvalidRequest(f"n is {request.n}; the limit is {limits.max_images} images per request", param="n")
-    size = int(defaults.get("size") or 512)
-    width = height = size
-    if request.size is not None:
+    for field, text in (("prompt", request.prompt), ("negative_prompt", request.negative_prompt or "")):
+        if len(text) > limits.max_image_prompt_chars:  # the text encoder takes 77 tokens; past this is only work
+            raise InvalidRequest(f"the {field} has {len(text)} characters; the limit is {limits.max_image_prompt_chars}",
+                                 param=field)
+    n = request.n or 1
+    if n > limits.max_images:
+        raise InvalidRequest(f"n is {n}; the limit is {limits.max_images} images per request", param="n")
+    width = height = int(defaults["size"])
+    if request.size not in (None, "auto"):
         width, height = (int(v) for v in request.size.split("x"))
     for what, value in (("width", width), ("height", height)):
         if value % 8 or value < 8:
@@ -38,22 +39,25 @@ def generation_parameters(state: GatewayState, request: ImageGenerationRequest, 
         if value > limits.max_image_size:
             raise InvalidRequest(f"size {width}x{height}: the {what} is over the limit of {limits.max_image_size} pixels",
                                  param="size")
-    steps = request.num_inference_steps or int(defaults.get("steps") or 25)
+    if n * width * height > limits.max_image_pixels:  # what one answer holds (and the model's shared memory)
+        raise InvalidRequest(f"{n} images of {width}x{height} are {n * width * height} pixels; the limit is "
+                             f"{limits.max_image_pixels} per request", param="n")
+    steps = request.num_inference_steps or int(defaults["steps"])
     if steps > limits.max_image_steps:
         raise InvalidRequest(f"num_inference_steps is {steps}; the limit is {limits.max_image_steps}",
                              param="num_inference_steps")
     if request.lora_scale is not None and defaults.get("lora_scale") is None:
         raise InvalidRequest("this model has no LoRA: lora_scale does not apply", param="lora_scale")
     return {"prompt": request.prompt, "negative_prompt": request.negative_prompt or "", "steps": steps,
-            "guidance": request.guidance_scale if request.guidance_scale is not None else float(defaults.get("guidance", 7.5)),
+            "guidance": request.guidance_scale if request.guidance_scale is not None else float(defaults["guidance"]),
             "seed": request.seed if request.seed is not None else secrets.randbelow(2**31),
-            "width": width, "height": height, "n": request.n, "scheduler": request.scheduler or "",
+            "width": width, "height": height, "n": n, "scheduler": request.scheduler or "",
             "lora_scale": request.lora_scale if request.lora_scale is not None else -1.0}
 
 
 async def generate_images(state: GatewayState, request: ImageGenerationRequest) -> ImageGenerationResponse:
     info = state.resolve(request.model, TASK)
-    params = generation_parameters(state, request, json.loads(info.extra.get("defaults") or "{}"))
+    params = generation_parameters(state, request, json.loads(info.extra["defaults"]))
     timeout = state.settings.image_timeout_s
     images, truncated = await state.call(info, lambda b, m: b.generate_images(m, params, timeout))
     return ImageGenerationResponse(created=int(time.time()), seed=params["seed"], prompt_truncated_tokens=truncated,
