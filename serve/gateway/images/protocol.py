@@ -38,7 +38,7 @@ class ImageGenerationRequest(BaseModel):
     negative_prompt: StrictStr | None = None
     num_inference_steps: SafeInt | None = Field(None, ge=1, description="default: the model's (set at export)")
     guidance_scale: float | None = Field(None, ge=0, le=50)
-    seed: SafeInt | None = Field(None, ge=0, le=2**63 - 1, description="the same seed and parameters give the same "
+    seed: SafeInt | None = Field(None, ge=0, le=2**53 - 1, description="the same seed and parameters give the same "
                                  "image; default: a random one, returned in the response")
     scheduler: Literal[tuple(SCHEDULERS)] | None = None  # type: ignore[valid-type]
     lora_scale: float | None = Field(None, ge=0, le=4, description="strength of the model's LoRA (default: the export's)")
