@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("--repository", type=Path, default=Path("model_repository"))
     dif.add_argument("--lora", type=Path, help="LoRA weights (save_lora_weights' file, or its folder)")
     dif.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's strength unless a request names one")
+    dif.add_argument("--fuse-lora", action="store_true", help="fold the LoRA into the weights at --lora-scale: faster "
+                     "steps, but requests cannot choose another scale")
     dif.add_argument("--steps", type=int, default=25, help="denoising steps unless a request names them")
     dif.add_argument("--guidance", type=float, default=7.5, help="guidance scale unless a request names one")
     dif.add_argument("--size", type=int, help="image side in pixels unless a request names one (default: the UNet's)")
@@ -143,7 +145,8 @@ def _main_diffusion(args, argv: list[str]) -> int:
         written = export_diffusion(
             args.pipeline, EntryOptions(name=args.name, target=args.target, instances=args.instances), args.repository,
             lora_path=args.lora, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
-            defaults=DiffusionDefaults(steps=args.steps, guidance=args.guidance, size=args.size, lora_scale=args.lora_scale))
+            defaults=DiffusionDefaults(steps=args.steps, guidance=args.guidance, size=args.size, lora_scale=args.lora_scale,
+                                       fuse_lora=args.fuse_lora))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export diffusion", str(exc))
     print(f"exported {args.name} to {written[0]}: serve it with `rtxserve serve triton --repository {args.repository}` "

@@ -49,6 +49,7 @@ class DiffusionDefaults:
     guidance: float = 7.5
     size: int | None = None
     lora_scale: float = 1.0
+    fuse_lora: bool = False  # fold the LoRA into the weights at lora_scale: no per-request scale, no LoRA cost per step
 
 
 def check_pipeline(path: Path) -> dict:
@@ -157,7 +158,8 @@ def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, 
         parameters={contract.PARAM_TASK: contract.TEXT_TO_IMAGE,
                     contract.PARAM_DEFAULTS: json.dumps({"steps": defaults.steps, "guidance": defaults.guidance,
                                                          "size": size,
-                                                         "lora_scale": defaults.lora_scale if lora_path else None})},
+                                                         "lora_scale": defaults.lora_scale if lora_path else None,
+                                                         "lora_fused": bool(lora_path and defaults.fuse_lora)})},
     )
     files: dict[str, Path | str] = {"1/model.py": PYTHON_MODELS / "diffusion" / "model.py",
                                     "rtxserve.json": json.dumps(metadata, indent=2),
@@ -174,6 +176,7 @@ def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, 
     files["1/diffusion.json"] = json.dumps({"device": "cuda" if opts.target == "gpu" else "cpu",
                                             "dtype": "float16" if opts.target == "gpu" else "float32",
                                             "lora_scale": defaults.lora_scale, "lora_file": LORA_FILE,
+                                            "fuse_lora": defaults.fuse_lora,
                                             "schedulers": contract.SCHEDULERS}, indent=2)
     return ModelDir(config, files)
 

@@ -25,7 +25,8 @@ def sd(tmp_path_factory):
     work = tmp_path_factory.mktemp("sd")
     pipe = write_diffusion_pipeline(work / "pipe")
     lora = write_diffusion_lora(pipe, work / "lora")
-    for name, extra in (("tiny_sd", []), ("tiny_sd_lora", ["--lora", str(lora), "--lora-scale", "0.8"])):
+    for name, extra in (("tiny_sd", []), ("tiny_sd_lora", ["--lora", str(lora), "--lora-scale", "0.8"]),
+                        ("tiny_sd_fused", ["--lora", str(lora), "--lora-scale", "0.8", "--fuse-lora"])):
         done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "export", "diffusion", str(pipe), "--name", name,
                                "--repository", str(work / "repo"), "--steps", str(STEPS), *extra],
                               capture_output=True, text=True)
@@ -120,3 +121,15 @@ def test_the_export_lora_scale_comes_back_after_a_request_that_chose_another(sd)
     assert _pngs(sdk.images.generate(**kwargs, extra_body={"seed": 9}))[0] == first
     explicit = _pngs(sdk.images.generate(**kwargs, extra_body={"seed": 9, "lora_scale": 0.8}))[0]
     assert explicit == first  # the export's 0.8, named or not
+
+
+def test_a_fused_lora_makes_the_unfused_image_and_keeps_its_scale(sd):
+    sdk, *_ = sd
+    kwargs = {"prompt": "a house", "size": "64x64", "extra_body": {"seed": 4}}
+    fused = _pixels(_pngs(sdk.images.generate(model="tiny_sd_fused", **kwargs))[0])
+    unfused = _pixels(_pngs(sdk.images.generate(model="tiny_sd_lora", **kwargs))[0])
+    diff = np.abs(fused - unfused)
+    print(f"fused vs unfused LoRA at 0.8: max pixel difference {diff.max()}, mean {diff.mean():.4f}")
+    assert diff.max() <= 2  # the same weights, summed once instead of every step: rounding only
+    with pytest.raises(openai.BadRequestError, match="fused into its weights at scale 0.8"):
+        sdk.images.generate(model="tiny_sd_fused", prompt="x", extra_body={"lora_scale": 0.3})

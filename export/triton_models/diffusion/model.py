@@ -45,6 +45,10 @@ class TritonPythonModel:
             self.pipe.load_lora_weights(os.path.join(here, "lora"), weight_name=self.settings["lora_file"],
                                         adapter_name="lora")
             self.lora_scale = None
+            if self.settings.get("fuse_lora"):  # folded in once: no LoRA work per step, one scale for every request
+                self.pipe.fuse_lora(lora_scale=self.settings["lora_scale"])
+                self.pipe.unload_lora_weights()
+                self.lora = False
         self.default_scheduler = self.pipe.scheduler
         self.max_tokens = self.pipe.tokenizer.model_max_length
 

@@ -48,6 +48,9 @@ def generation_parameters(state: GatewayState, request: ImageGenerationRequest, 
                              param="num_inference_steps")
     if request.lora_scale is not None and defaults.get("lora_scale") is None:
         raise InvalidRequest("this model has no LoRA: lora_scale does not apply", param="lora_scale")
+    if request.lora_scale is not None and defaults.get("lora_fused") and request.lora_scale != defaults["lora_scale"]:
+        raise InvalidRequest(f"this model's LoRA is fused into its weights at scale {defaults['lora_scale']:g}; "
+                             "lora_scale cannot change it", param="lora_scale")
     return {"prompt": request.prompt, "negative_prompt": request.negative_prompt or "", "steps": steps,
             "guidance": request.guidance_scale if request.guidance_scale is not None else float(defaults["guidance"]),
             "seed": request.seed if request.seed is not None else secrets.randbelow(2**31),
