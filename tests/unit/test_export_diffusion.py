@@ -64,7 +64,8 @@ def test_the_entry_holds_the_pipeline_the_lora_and_the_defaults(pipeline, tmp_pa
     config = read_config(entry / "config.pbtxt")
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params["rtxserve_task"] == "text-to-image" and config.instance_group[0].count == 2
-    assert json.loads(params["rtxserve_defaults"]) == {"steps": 25, "guidance": 7.5, "size": 16, "lora_scale": 1.0}
+    assert json.loads(params["rtxserve_defaults"]) == {"steps": 25, "guidance": 7.5, "size": 16, "lora_scale": 1.0,
+                                                       "lora_fused": False}
     assert (entry / "1" / "pipeline" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
     assert (entry / "1" / "lora" / "pytorch_lora_weights.safetensors").is_file()
 
