@@ -48,7 +48,7 @@ def gpu_memory_by_pid() -> dict[int, dict[int, int]]:
 
 def planned_by_server(p: Plan) -> dict[tuple[int, str], float]:
     """(GPU, server name as `serve up` names it) -> planned GiB."""
-    from .services import engine_name
+    from .spec import engine_name
 
     out: dict[tuple[int, str], float] = {}
     replica: dict[str, int] = {}

@@ -149,7 +149,7 @@ def alert_rules(d: Deployment) -> dict:
     return {"groups": [{"name": f"rtxserve-{d.name}", "rules": rules}]}
 
 
-def prometheus_config(d: Deployment, targets: dict[str, list[str]], rule_file: str = "/etc/prometheus/rules.yml") -> dict:
+def prometheus_config(targets: dict[str, list[str]], rule_file: str = "/etc/prometheus/rules.yml") -> dict:
     """Scrape config: job -> host:port targets (each server's /metrics), and the rules file."""
     return {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
             "rule_files": [rule_file],

@@ -31,9 +31,9 @@ from rtxserve import __version__
 
 from . import monitoring
 from .plan import Plan, format_plan, plan
-from .services import Layout, Service, build_services, engine_name, gateway_settings
+from .services import Layout, Service, build_services, gateway_settings
 from .engines import TENSORRT_IMAGE, Build, build_script, plan_tensorrt
-from .spec import Deployment, DeploymentError
+from .spec import Deployment, DeploymentError, llm_app
 
 # Pinned releases. Triton 26.07 (2.71.0) is the image the TensorRT engine build step runs in, too:
 # a plan only loads in the TensorRT it was built with.
@@ -179,7 +179,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
     return out
 
 
-def scrape_targets(d: Deployment, services: list[Service], host_of) -> dict[str, list[str]]:
+def scrape_targets(services: list[Service], host_of) -> dict[str, list[str]]:
     targets: dict[str, list[str]] = {"gateway": [], "triton": [], "vllm": []}
     for s in services:
         targets[s.kind].append(f"{host_of(s.name)}:{s.metrics_port}")
@@ -365,7 +365,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             if model.name in seen_llms:  # every replica of one LLM is one Deployment: the first engine's options
                 continue
             seen_llms.add(model.name)
-            app = engine_name(model.name, 0).removesuffix("-0")
+            app = llm_app(model.name)
             args = _serve_args(s.args)
             if "--gpu-memory-utilization" in args:  # the pod owns its GPU: vLLM's own default share (0.9)
                 i = args.index("--gpu-memory-utilization")
@@ -497,7 +497,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if builds:
         write("engines/build-engines.sh", build_script(builds, f"{MODELS}/repository"))
     dump("compose/compose.yaml", compose(d, p, services, builds), f"rtxserve {d.name}: docker compose up -d (from this folder)")
-    dump("compose/prometheus.yml", monitoring.prometheus_config(d, scrape_targets(d, services, lambda s: s)))
+    dump("compose/prometheus.yml", monitoring.prometheus_config(scrape_targets(services, lambda s: s)))
     dump("monitoring/rules.yml", monitoring.alert_rules(d))
     for name, board in monitoring.dashboards(d).items():
         write(f"monitoring/dashboards/{name}", board)
@@ -507,7 +507,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     k8s_layout = container_layout(d, where)
     k8s_services = build_services(d, p, k8s_layout)
     k8s_settings = gateway_settings(d, k8s_layout)
-    k8s_settings["vllm_url"] = ",".join(f"http://{engine_name(s.models[0], 0).removesuffix('-0')}:{s.port}"
+    k8s_settings["vllm_url"] = ",".join(f"http://{llm_app(s.models[0])}:{s.port}"
                                         for s in k8s_services if s.kind == "vllm" and s.name.endswith("-0"))
     manifests = kubernetes(d, p, k8s_services, builds)
     for name, docs in manifests.items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .plan import Plan
-from .spec import Deployment, DeploymentError, LLMModel
+from .spec import Deployment, DeploymentError, LLMModel, engine_name
 
 
 @dataclass
@@ -40,11 +40,6 @@ class Layout:
     repository: str = "model_repository"  # the assembled Triton repository, as Triton sees it
     gateway_config: str = "gateway.yaml"  # the gateway's settings file, as the gateway sees it
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
-
-
-def engine_name(model: str, replica: int) -> str:
-    """The server name of an LLM's engine: a DNS label, as compose services and Kubernetes names need."""
-    return f"vllm-{model.lower().replace('_', '-').replace('.', '-')}-{replica}"
 
 
 def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):

@@ -82,7 +82,7 @@ class Gateway(_Strict):
 class _Model(_Strict):
     name: str = Field(description="the name clients use in requests")
     path: Path = Field(description="the artifact, relative to the deployment file")
-    slo: str | None = Field(None, description='what a request must meet, as `rtxserve loadtest --slo` takes it, e.g. "p99:200"')
+    slo: str | None = Field(None, description='what a request must meet, as `rtxserve loadtest --slo` takes it, e.g. "e2el:200"')
 
     @field_validator("name")
     @classmethod
@@ -194,8 +194,6 @@ class Deployment(_Strict):
                                      + (f"the box has {self.gpus.count}" if self.gpus.count else "a CPU deployment runs one"))
             if isinstance(m, EncoderModel) and m.tensorrt and not self.gpus.count:
                 raise ValueError(f"models[{i}].tensorrt: TensorRT plans run on GPUs; this deployment has none (gpus.count 0)")
-        from .services import engine_name
-
         names: dict[str, str] = {}
         for m in self.llms:
             name = engine_name(m.name, m.replicas - 1)
@@ -259,6 +257,16 @@ class Deployment(_Strict):
     @property
     def on_gpu(self) -> bool:
         return self.gpus.count > 0
+
+
+def llm_app(model: str) -> str:
+    """The name an LLM's engines go by (compose services, Kubernetes Deployment and Service): a DNS label."""
+    return f"vllm-{model.lower().replace('_', '-').replace('.', '-')}"
+
+
+def engine_name(model: str, replica: int) -> str:
+    """The server name of one engine of an LLM."""
+    return f"{llm_app(model)}-{replica}"
 
 
 def _is_loopback(host: str) -> bool:
