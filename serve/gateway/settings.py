@@ -53,7 +53,8 @@ class GatewaySettings(BaseSettings):
     )
     max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
     max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
-    max_image_bytes: int = Field(16 * 1024 * 1024, ge=1, description="encoded bytes per image (after base64 decoding)")
+    max_image_bytes: int = Field(16 * 1024 * 1024, ge=1, description="encoded bytes per image (after base64 decoding), "
+                                 "of classify inputs and of chat image parts")
     # Bounds on generation parameters, checked before vLLM sees a request.
     max_tokens: int = Field(4096, ge=1, description="largest max_tokens a request may ask for")
     max_n: int = Field(4, ge=1, le=128)
@@ -63,6 +64,11 @@ class GatewaySettings(BaseSettings):
     max_prompt_chars: int = Field(400_000, ge=1, description="prompt characters (or token ids) per generation request")
     max_tools: int = Field(128, ge=0, description="tool definitions per chat request (OpenAI allows 128)")
     max_tools_bytes: int = Field(256 * 1024, ge=0, description="JSON size of a request's tool definitions")
+    max_chat_images: int = Field(8, ge=0, description="image parts per chat request (each within max_image_bytes)")
+    chat_image_domains: list[str] = Field(
+        default_factory=list, description='hosts whose http(s) image URLs chat requests may send, e.g. '
+        '["images.example.com"] (exact host names); give vLLM the same list as --allowed-media-domains, since vLLM '
+        'fetches them. Empty: images only inline, as base64 data URLs. Other schemes (file:, ...) are always refused')
     # Bounds on image generation, checked before Triton sees a request.
     max_images: int = Field(4, ge=1, le=16, description="images per generation request (n)")
     max_image_size: int = Field(1024, ge=8, le=8192, description="pixels a side of a generated image")

@@ -20,6 +20,7 @@ from ..exceptions import InvalidRequest
 from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
+from .media import check_chat_images
 from .protocol import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("rtxserve.gateway")
@@ -27,7 +28,8 @@ TASK = TEXT_GENERATION
 
 
 def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
-    """Characters of text (token ids count one each) the backend will have to tokenize and prefill."""
+    """Characters of text (token ids count one each) the backend will have to tokenize and prefill; images are
+    bounded apart (media.py)."""
     if isinstance(request, CompletionRequest):
         prompts = [request.prompt] if isinstance(request.prompt, str) or (
             request.prompt and isinstance(request.prompt[0], int)) else request.prompt
@@ -66,6 +68,7 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
     if len(request.messages) > limits.max_messages:
         raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
                              param="messages")
+    check_chat_images(limits, request.messages)
     if request.tools:
         bound("tools", len(request.tools), limits.max_tools)
         size = len(orjson.dumps(request.tools))

@@ -1,0 +1,88 @@
+"""Image parts of chat messages, bounded before vLLM decodes or fetches them.
+
+vLLM reads OpenAI's `{"type": "image_url", "image_url": {"url": ...}}`, the shorter `{"image_url": "..."}`
+without a type (which OpenAI takes too, undocumented) and the Responses API's `{"type": "input_image", "image_url": "..."}`. A URL may be a base64 data URL, an http(s) URL that vLLM
+fetches from its own network position, or a file: URL under its --allowed-local-media-path: the gateway lets
+through data URLs within max_image_bytes and http(s) URLs of the hosts in chat_image_domains, nothing else. Other
+part types (text, audio, video, ...) are vLLM's to judge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+from ..exceptions import InvalidRequest
+from ..settings import GatewaySettings
+
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")  # what vLLM's b64decode(validate=True) takes; matched without decoding
+# Where URL parsers disagree on the host (userinfo, backslashes, spaces), the host we check may not be the one fetched.
+_AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
+_REMOTE = ("remote image URLs are not allowed by this gateway: send the image inline as a data URL "
+           "(data:image/png;base64,...), or have the operator allow its host in chat_image_domains "
+           "(RTXSERVE_CHAT_IMAGE_DOMAINS)")
+
+
+def _image_parts(messages: list[dict]) -> Iterator[tuple[str, dict]]:
+    """Each image part of the messages, with where it is (messages[i].content[j])."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and (part.get("type") in ("image_url", "input_image")
+                                           or (part.get("type") is None and "image_url" in part)):
+                yield f"messages[{i}].content[{j}]", part
+
+
+def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
+    """Count, size and source of the images of a chat request; InvalidRequest (param "messages") when out of bounds."""
+    parts = list(_image_parts(messages))
+    if len(parts) > limits.max_chat_images:
+        raise InvalidRequest(f"{len(parts)} images; this gateway allows at most {limits.max_chat_images} per request",
+                             param="messages")
+    for where, part in parts:
+        image = part.get("image_url")
+        url = image.get("url") if isinstance(image, dict) else image
+        if url is None and part.get("uuid") is not None:
+            continue  # an image vLLM cached under this uuid: nothing to fetch or decode
+        if not isinstance(url, str):
+            raise InvalidRequest(f'{where}: image_url must be {{"url": "data:image/...;base64,..."}} or that URL '
+                                 "as a string", param="messages")
+        if url[:5].lower() == "data:":
+            _check_data_url(limits, where, url)
+        else:
+            _check_remote_url(limits, where, url)
+
+
+def _check_data_url(limits: GatewaySettings, where: str, url: str) -> None:
+    header, comma, data = url[5:].partition(",")
+    header = header.lower()
+    if not comma or not header.startswith("image/") or not header.endswith(";base64"):
+        raise InvalidRequest(f"{where}: a data URL must read data:image/<type>;base64,<data>", param="messages")
+    if len(data) % 4:
+        raise InvalidRequest(f"{where}: the image is not valid base64 (its length is not a multiple of 4)",
+                             param="messages")
+    size = len(data) // 4 * 3 - (2 if data.endswith("==") else 1 if data.endswith("=") else 0)
+    if size > limits.max_image_bytes:
+        raise InvalidRequest(f"{where}: the image has {size} bytes; this gateway allows at most "
+                             f"{limits.max_image_bytes} per image", param="messages")
+    if not _BASE64.fullmatch(data):
+        raise InvalidRequest(f"{where}: the image is not valid base64 (A-Z, a-z, 0-9, +, / and = padding only)",
+                             param="messages")
+
+
+def _check_remote_url(limits: GatewaySettings, where: str, url: str) -> None:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https"):
+        raise InvalidRequest(f"{where}: an image URL must be a base64 data URL (data:image/png;base64,...) or an "
+                             "http(s) URL; file:, ftp: and other URLs are not accepted", param="messages")
+    if "@" in parts.netloc or _AMBIGUOUS.search(url):
+        raise InvalidRequest(f"{where}: an image URL may not hold credentials, spaces or backslashes",
+                             param="messages")
+    if parts.hostname not in {d.lower() for d in limits.chat_image_domains}:
+        raise InvalidRequest(f"{where}: {_REMOTE}", param="messages")
