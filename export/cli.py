@@ -72,20 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
                       help="token-classification: how sub-word predictions become entities when a request names none "
                            "(as transformers' pipeline; default: %(default)s)")
 
-    llm = sub.add_parser("llm", help="LLM fine-tune or LoRA/QLoRA adapter -> folder vLLM serves (merged on request)")
-    llm.add_argument("source", help="full fine-tune folder (config.json + weights) or adapter folder (adapter_config.json)")
+    llm = sub.add_parser("llm", help="LLM fine-tune, LoRA/QLoRA adapter, DeepSpeed ZeRO or Megatron checkpoint -> "
+                         "folder vLLM serves (merged on request)")
+    llm.add_argument("source", help="full fine-tune folder (config.json + weights), adapter folder (adapter_config.json), "
+                     "Trainer checkpoint-N folder, LLaMA-Factory output folder, DeepSpeed ZeRO checkpoint (latest, "
+                     "global_stepN/) or Megatron torch_dist checkpoint (latest_checkpointed_iteration.txt, iter_N/)")
     llm.add_argument("--out", type=Path, required=True, help="folder to write the package into")
-    llm.add_argument("--base", help="base model folder of an adapter (default: the base the adapter records)")
+    llm.add_argument("--base", help="base model folder of an adapter (default: the base the adapter records); for a ZeRO "
+                     "or Megatron checkpoint without them, the Hugging Face folder with its config and tokenizer")
     llm.add_argument("--merge", action="store_true", help="merge the adapter into its base as a standalone model")
     q = llm.add_mutually_exclusive_group()
     q.add_argument("--qlora", dest="qlora", action="store_true", default=None,
                    help="the adapter was trained against a 4-bit base (default: read LLaMA-Factory's training_args.yaml)")
     q.add_argument("--no-qlora", dest="qlora", action="store_false")
-    llm.add_argument("--dtype", default="auto", help="dtype of the merged model: auto (the base's), float32, bfloat16, float16")
+    llm.add_argument("--dtype", default="auto", help="dtype of a merged or converted model: auto (the base's or the "
+                     "trainer's), float32, bfloat16, float16")
     llm.add_argument("--atol", type=float, default=None,
-                     help="tolerated max abs logit difference, merged vs base+adapter (default 1e-3 for float32, 0.25 for 16-bit)")
-    llm.add_argument("--allow-drift", action="store_true", help="keep a merge that breaches --atol")
-    llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the merge parity check")
+                     help="tolerated max abs logit difference, merged vs base+adapter or converted vs the trainer's "
+                          "model (default 1e-3 for float32, 0.25 for 16-bit)")
+    llm.add_argument("--allow-drift", action="store_true", help="keep a merge or conversion that breaches --atol")
+    llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the parity check")
     llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
     llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
     llm.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -131,7 +137,8 @@ def _main_llm(args, argv: list[str]) -> int:
     parity = result.metadata.get("parity")
     if parity:
         logits = parity["outputs"]["logits"]
-        summary += (f" (merge parity {'passed' if parity['passed'] else 'DRIFTED'}: logits max abs diff "
+        what = "conversion" if result.metadata.get("converted_from") else "merge"
+        summary += (f" ({what} parity {'passed' if parity['passed'] else 'DRIFTED'}: logits max abs diff "
                     f"{logits['max_abs_diff']:.2g}, top-1 agreement {logits['top1_agreement']:.1%} on {parity['cases']} prompts)")
     print(f"{summary}\nserve it: {result.serve_command}")
     return 0

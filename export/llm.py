@@ -30,7 +30,7 @@ import numpy as np
 
 from rtxserve import lora
 
-from . import repository
+from . import megatron, repository, trainers, zero
 from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
 from .exceptions import ExportError
 from .parity import ParityReport
@@ -176,21 +176,6 @@ def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vl
                     adapter.recorded_base, base.path)
 
 
-def detect_qlora(adapter_dir: Path) -> bool:
-    """LLaMA-Factory writes training_args.yaml beside the adapter; quantization_bit 4 means QLoRA."""
-    for name in ("training_args.yaml", "training_args.yml"):
-        path = adapter_dir / name
-        if path.is_file():
-            import yaml
-
-            try:
-                args = yaml.safe_load(path.read_text()) or {}
-            except yaml.YAMLError:
-                return False
-            return isinstance(args, dict) and str(args.get("quantization_bit", "")) == "4"
-    return False
-
-
 def base_folder(adapter: AdapterInfo, base: str | Path | None) -> str | Path:
     """`base` if given, else the base the adapter records, which must be a local folder (no model hub here)."""
     if base is None:
@@ -270,28 +255,30 @@ def _warn_no_chat_template(where: Path) -> None:
 
 
 def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None, command: str,
-                 steps: Steps) -> dict:
+                 steps: Steps, extra: dict | None = None, extra_files: tuple[Path, ...] = ()) -> dict:
     steps("packaging %d weight file(s) and the tokenizer into %s", len(source.weights), out)
     with _package(out) as pkg:
         index = source.path / "model.safetensors.index.json"
-        _copy([*source.weights, *([index] if index.is_file() else []), source.path / "config.json", *_side_files(source.path)], pkg)
+        _copy([*source.weights, *([index] if index.is_file() else []), source.path / "config.json",
+               *_side_files(source.path), *extra_files], pkg)
         _add_chat_template(pkg, chat_template)
         metadata = {"kind": "full", "source": str(source.path.resolve()), "architecture": source.architecture,
                     "dtype": source.dtype, "max_model_len": source.max_model_len,
-                    "chat_template": source.chat_template or chat_template is not None, "command": command}
+                    "chat_template": source.chat_template or chat_template is not None, "command": command,
+                    **(extra or {})}
         _write_metadata(pkg, metadata)
     return metadata
 
 
 def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, command: str,
-                 steps: Steps) -> dict:
+                 steps: Steps, extra: dict | None = None) -> dict:
     steps("packaging the adapter (rank %d, targets %s) as a vLLM LoRA module into %s",
           adapter.rank, ", ".join(adapter.targets), out)
     with _package(out) as pkg:
         _copy([adapter.path / "adapter_config.json", adapter.weights, *_side_files(adapter.path)], pkg)
         metadata = {"kind": "lora", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
                     "base_architecture": base.architecture, "rank": adapter.rank, "lora_alpha": adapter.alpha,
-                    "target_modules": list(adapter.targets), "qlora": qlora, "command": command}
+                    "target_modules": list(adapter.targets), "qlora": qlora, "command": command, **(extra or {})}
         _write_metadata(pkg, metadata)
     return metadata
 
@@ -314,7 +301,7 @@ def _logits(model, ids: list[list[int]]) -> list[np.ndarray]:
 
 def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, dtype: str,
                atol: float | None, allow_drift: bool, prompts: list[str] | None, chat_template: Path | None,
-               command: str, steps: Steps) -> dict:
+               command: str, steps: Steps, extra: dict | None = None) -> dict:
     import torch
     import transformers
     from peft import PeftModel
@@ -360,9 +347,80 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
                     "architecture": base.architecture, "dtype": dtype, "rank": adapter.rank,
                     "target_modules": list(adapter.targets), "qlora": qlora, "max_model_len": base.max_model_len,
                     "chat_template": template, "parity_passed": parity["passed"], "adapter_effect_max_abs": effect,
-                    "command": command}
+                    "command": command, **(extra or {})}
         _write_metadata(pkg, metadata)
     return {**metadata, "parity": parity}
+
+def export_converted(layout: str, source: Path, out: Path, *, base: Path | None, dtype: str, atol: float | None,
+                     allow_drift: bool, prompts: list[str] | None, chat_template: Path | None, command: str,
+                     extra: dict) -> dict:
+    """A ZeRO or Megatron checkpoint -> a Hugging Face folder, checked against the trainer's own model, packaged."""
+    import torch
+    import transformers
+
+    steps = Steps(5, log)
+    steps("checking the %s checkpoint %s", "DeepSpeed ZeRO" if layout == "zero" else "Megatron", source)
+    if layout == "zero":
+        ckpt = zero.inspect_zero(source)
+        config_dir = source if (source / "config.json").is_file() else base
+        if config_dir is None or not (config_dir / "config.json").is_file():
+            raise ExportError(f"{source} holds ZeRO shards but no config.json; pass the model's Hugging Face folder "
+                              "(config and tokenizer) with --base PATH")
+        tokenizer_dir = config_dir
+        source_dtype = str(transformers.AutoConfig.from_pretrained(config_dir).dtype or "float32").removeprefix("torch.")
+        origin = {"format": f"deepspeed-zero{ckpt.stage}", "tag": ckpt.tag, "world_size": ckpt.world_size}
+    else:
+        ckpt = megatron.inspect_megatron(source)
+        tokenizer_dir = megatron.tokenizer_folder(ckpt, base)
+        args = ckpt.args
+        source_dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
+        origin = {"format": "megatron-torch_dist", "iteration": ckpt.iteration, "tensor_parallel": ckpt.tp,
+                  "pipeline_parallel": ckpt.pp, "converted_by": "megatron-core dist_checkpointing + mbridge"}
+    if not any((tokenizer_dir / n).is_file() for n in TOKENIZER_FILES):
+        raise ExportError(f"no tokenizer in {tokenizer_dir}; pass the model's Hugging Face folder with --base PATH")
+    dtype = source_dtype if dtype == "auto" else dtype
+    if dtype not in DEFAULT_ATOL:
+        raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    ids = _prompts(tokenizer, has_chat_template(tokenizer_dir), prompts or SAMPLE_PROMPTS)
+    with repository.work_dir(out) as work:
+        hf = work / "hf"
+        if layout == "zero":
+            steps("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed's get_fp32_state_dict_from_zero_checkpoint",
+                  ckpt.world_size, ckpt.stage, ckpt.tag)
+            zero.consolidate(ckpt, config_dir, hf)
+            steps("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
+            reference, how = zero.reference_logits(ckpt, config_dir, ids, work)
+            reference_model = f"DeepSpeed ZeRO-{ckpt.stage} engine, world size {ckpt.world_size}, from {ckpt.shards}"
+        else:
+            steps("merging TP=%d PP=%d shards with Megatron's dist_checkpointing; mapping to %s with mbridge",
+                  ckpt.tp, ckpt.pp, megatron.ARCHITECTURES[ckpt.model_type][0])
+            reference = megatron.convert(ckpt, tokenizer_dir, hf, ids)
+            steps("reference: the Megatron GPTModel loaded from the original shards")
+            reference_model, how = f"Megatron-core GPTModel (local spec) loaded from {ckpt.path}", command
+        _copy([f for f in _side_files(tokenizer_dir) if not (hf / f.name).exists()], hf)
+        if dtype != "float32":
+            model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
+            model.to(getattr(torch, dtype)).save_pretrained(hf, safe_serialization=True)
+            del model
+        steps("reloading the converted model (%s) from disk; comparing its logits with the trainer's on %d prompts",
+              dtype, len(ids))
+        reloaded = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=getattr(torch, dtype)).eval()
+        report = ParityReport(atol=DEFAULT_ATOL[dtype] if atol is None else atol)
+        for ref, got in zip(reference, _logits(reloaded, ids)):
+            report.add({"logits": ref}, {"logits": got})
+        report.notes.append(f"reference: {reference_model}")
+        report.check(allow_drift)
+        parity = {**report.to_dict(), "reference": reference_model, "reference_command": how}
+        (work / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
+        converted = inspect_llm(hf)
+        if not converted.chat_template and chat_template is None:
+            _warn_no_chat_template(source)
+        metadata = package_full(converted, out, chat_template=chat_template, command=command, steps=steps,
+                                extra={**extra, "source": str(source.resolve()), "converted_from": origin,
+                                       "parity_passed": parity["passed"]},
+                                extra_files=(work / "parity.json",))
+    return {**metadata, "parity": parity, "seconds": steps.seconds}
 
 
 def export_llm(
@@ -383,7 +441,9 @@ def export_llm(
 ) -> LLMExport:
     """Check and package a full fine-tune, package a LoRA adapter for vLLM, or merge it (`merge=True`).
 
-    qlora: None detects it (LLaMA-Factory's training_args.yaml, quantization_bit 4); True / False say so.
+    A DeepSpeed ZeRO or Megatron checkpoint is converted into a Hugging Face model first, and its logits are
+    checked against the trainer's own model loaded from the original shards (parity.json).
+    qlora: None detects it (LLaMA-Factory's training_args.yaml, quantization_bit 4 or 8); True / False say so.
     Raises ExportError (ParityError on a merge that drifted beyond `atol` without `allow_drift`).
     """
     source, out = Path(source).expanduser(), Path(out).expanduser()
@@ -396,7 +456,19 @@ def export_llm(
     name = name or out.name
     if chat_template is not None and not Path(chat_template).is_file():
         raise ExportError(f"chat template not found: {chat_template}")
-    if not is_adapter(source):
+    layout = trainers.layout(source)
+    trained = trainers.describe(source)
+    trainers.check_finetuning_type(source, trained)
+    extra = {"trained_with": trained} if trained else {}
+    serve = f"rtxserve serve vllm {out} --served-model-name {name}"
+    if layout in ("zero", "megatron"):
+        if merge:
+            raise ExportError(f"{source} is a {layout} checkpoint of a whole model; --merge applies to adapters")
+        metadata = export_converted(layout, source, out, base=Path(base).expanduser() if base else None, dtype=dtype,
+                                    atol=atol, allow_drift=allow_drift, prompts=sample_prompts,
+                                    chat_template=chat_template, command=command, extra=extra)
+        return LLMExport("full", out, metadata, serve, metadata.pop("seconds"))
+    if layout == "hf":
         if merge or base is not None:
             raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
         steps = Steps(2, log)
@@ -404,8 +476,7 @@ def export_llm(
         ckpt = inspect_llm(source)
         if not ckpt.chat_template and chat_template is None:
             _warn_no_chat_template(source)
-        metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps)
-        serve = f"rtxserve serve vllm {out} --served-model-name {name}"
+        metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps, extra=extra)
         return LLMExport("full", out, metadata, serve, steps.seconds)
 
     steps = Steps(5 if merge else 3, log)
@@ -414,12 +485,12 @@ def export_llm(
     ckpt = resolve_base(adapter, base)
     steps("checking every LoRA tensor against the layers of base %s", ckpt.path)
     check_lora_against_base(adapter, ckpt, for_vllm=not merge)
-    qlora = detect_qlora(source) if qlora is None else qlora
+    qlora = trainers.is_quantized_lora(trained) if qlora is None else qlora
     if not merge:
         if qlora:
             log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
                         "the 4-bit base it was trained against; evaluate it on your own data", ckpt.path)
-        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps)
+        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps, extra=extra)
         serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
         return LLMExport("lora", out, metadata, serve, steps.seconds)
     dtype = ckpt.dtype if dtype == "auto" else dtype
@@ -428,6 +499,6 @@ def export_llm(
     if not (ckpt.chat_template or has_chat_template(source) or chat_template is not None):
         _warn_no_chat_template(ckpt.path)
     metadata = merge_lora(adapter, ckpt, out, qlora=qlora, dtype=dtype, atol=atol, allow_drift=allow_drift,
-                          prompts=sample_prompts, chat_template=chat_template, command=command, steps=steps)
-    serve = f"rtxserve serve vllm {out} --served-model-name {name}"
+                          prompts=sample_prompts, chat_template=chat_template, command=command, steps=steps,
+                          extra=extra)
     return LLMExport("merged", out, metadata, serve, steps.seconds)

@@ -1,0 +1,42 @@
+"""The parity reference of a ZeRO conversion: the trainer's own model, DeepSpeed's engine, loaded from the
+original ZeRO checkpoint at the world size that wrote it, run on the sample prompts.
+
+Started by export/zero.py as `torchrun --nproc-per-node W -m export.zero_reference CKPT TAG CONFIG IDS OUT`
+(gloo on CPU); rank 0 writes the logits of every prompt to OUT (.npz).
+"""
+
+import json
+import sys
+
+import numpy as np
+import torch
+
+
+def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str) -> None:
+    import deepspeed
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    world = torch.distributed.get_world_size()
+    # The engine needs an optimizer to load ZeRO-3's fp32 partitions; no step is taken.
+    ds_config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": world, "zero_optimization": {"stage": 3},
+                 "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "torch_adam": True}}}
+    config = AutoConfig.from_pretrained(config_dir)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    path, _ = engine.load_checkpoint(checkpoint, tag=tag, load_optimizer_states=False, load_lr_scheduler_states=False)
+    if path is None:
+        raise SystemExit(f"DeepSpeed could not load {checkpoint} (tag {tag})")
+    engine.eval()
+    prompts = json.loads(open(ids_file).read())
+    logits = {}
+    with torch.no_grad():
+        for i, ids in enumerate(prompts):
+            logits[f"p{i}"] = engine(input_ids=torch.tensor([ids])).logits.float().numpy()
+    if torch.distributed.get_rank() == 0:
+        np.savez(out, **logits)
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])

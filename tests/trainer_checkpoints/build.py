@@ -1,0 +1,121 @@
+"""Checkpoints written by the real trainers, for the export tests: built once, cached by the hash of this
+folder's sources and the trainers' versions (`python -m tests.trainer_checkpoints.build [ROOT]`).
+
+- `lf-lora`, `lf-full`: LLaMA-Factory's own CLI, LoRA and full SFT of the tiny Llama (`base`) for 3 steps,
+  launched the way LLaMA-Board launches it: the arguments saved as `training_args.yaml` in the output folder;
+- `lf-zero3`: the same full SFT through DeepSpeed ZeRO-3 on 2 ranks with 16-bit gathering off, so the run
+  leaves only `global_step3/` shards (and `zero_to_fp32.py`), no model weights;
+- `megatron-tp2`: Megatron-core, tensor parallelism 2, saved by its own distributed checkpointing
+  (megatron_gpt.py).
+
+LLaMA-Factory runs in its own environment (.envs/llamafactory: its transformers pin differs from ours);
+DeepSpeed and Megatron-core are in the main one (the export needs them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
+DEFAULT_ROOT = REPO / ".rtxserve" / "cache" / "trainer-checkpoints"
+NAMES = ("base", "lf-lora", "lf-full", "lf-zero3", "megatron-tp2")
+
+SFT = {
+    "stage": "sft", "do_train": True, "dataset": "orders", "template": "default", "cutoff_len": 128,
+    "overwrite_cache": True, "preprocessing_num_workers": 1, "dataloader_num_workers": 0,
+    "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "learning_rate": 1.0e-3, "max_steps": 3,
+    "save_steps": 3, "logging_steps": 1, "bf16": False, "fp16": False, "report_to": "none", "seed": 0,
+}
+RUNS = {
+    "lf-lora": {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "use_cpu": True},
+    "lf-full": {"finetuning_type": "full", "use_cpu": True},
+    # DeepSpeed on CPU needs the gloo process group; use_cpu would turn distributed training off.
+    "lf-zero3": {"finetuning_type": "full", "ddp_backend": "gloo", "deepspeed": "ds_z3_config.json"},
+}
+ZERO3 = {
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": False},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "torch_adam": True}},
+    "bf16": {"enabled": False}, "fp16": {"enabled": False},
+}
+
+
+def _key() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(HERE.glob("*.py")):
+        digest.update(path.read_bytes())
+    digest.update((REPO / "export" / "fixtures.py").read_bytes())
+    for dist in ("torch", "transformers", "deepspeed", "megatron-core"):
+        digest.update(importlib.metadata.version(dist).encode())
+    return digest.hexdigest()[:16]
+
+
+def _run(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> None:
+    with open(log, "w") as out:
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-30:])
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}); log {log}:\n{tail}")
+
+
+def _llamafactory(work: Path, name: str) -> None:
+    """Write the run's arguments as training_args.yaml in its output folder (LLaMA-Board's save_cmd) and train."""
+    out = work / name
+    out.mkdir()
+    args = {"model_name_or_path": str(work / "base"), "dataset_dir": str(work / "data"), **SFT, **RUNS[name],
+            "output_dir": str(out)}
+    if "deepspeed" in args:
+        (work / args["deepspeed"]).write_text(json.dumps(ZERO3, indent=2))
+        args["deepspeed"] = str(work / args["deepspeed"])
+    (out / "training_args.yaml").write_text(yaml.safe_dump(args, sort_keys=False))
+    env = {"PATH": f"{LLAMAFACTORY_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}", "HF_HUB_OFFLINE": "1",
+           "DISABLE_VERSION_CHECK": "1"}
+    if "deepspeed" in args:
+        env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="2")
+    _run([str(LLAMAFACTORY_ENV / "bin" / "llamafactory-cli"), "train", str(out / "training_args.yaml")],
+         work / f"{name}.log", env, cwd=work)
+
+
+def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
+    """Every checkpoint, built if the cache has none for these sources and versions."""
+    from export.fixtures import write_llm
+
+    done = root / _key()
+    if not (done / "DONE").is_file():
+        if not (LLAMAFACTORY_ENV / "bin" / "llamafactory-cli").is_file():
+            raise RuntimeError(f"no LLaMA-Factory in {LLAMAFACTORY_ENV}: run `make setup-trainers`")
+        # Built in place (the runs record absolute paths: the adapter's base, Megatron's tokenizer); DONE marks
+        # a finished build, and an unfinished one is started afresh.
+        work = done
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        write_llm(work / "base")
+        data = work / "data"
+        data.mkdir()
+        rows = [{"instruction": f"where is order {i}?", "input": "", "output": f"order {i} ships on tuesday"}
+                for i in range(16)]
+        (data / "orders.json").write_text(json.dumps(rows))
+        (data / "dataset_info.json").write_text(json.dumps({"orders": {"file_name": "orders.json"}}))
+        for name in RUNS:
+            _llamafactory(work, name)
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+              str(HERE / "megatron_gpt.py"), str(work / "megatron-tp2"), str(work / "base"), "--tp", "2"],
+             work / "megatron-tp2.log")
+        (work / "DONE").write_text("")
+    return {name: done / name for name in NAMES}
+
+
+if __name__ == "__main__":
+    for name, path in build(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_ROOT).items():
+        print(f"{name}: {path}")
