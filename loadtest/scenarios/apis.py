@@ -9,6 +9,7 @@ answer, replacing locust's own time (with stream=True that stops at the response
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
@@ -39,6 +40,7 @@ class Load:
     weights: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    chat_images: list[str] = field(default_factory=list)  # data URLs attached to chat requests (--chat-images)
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
 
@@ -71,6 +73,13 @@ class Load:
             load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
         if apis & GENERATION_APIS.keys():
             load.prompts = load._prompts(dataset, options.seed + index)
+        if options.chat_images < 0 or (options.chat_images and "chat" not in apis):
+            raise ValueError("--chat-images must be >= 0, and applies to chat requests")
+        if options.image_dir and not options.chat_images:
+            raise ValueError("--image-dir is the folder of the images --chat-images attaches; give --chat-images N")
+        if options.chat_images:
+            load.chat_images = [data_url(b) for b in (workloads.read_images(Path(options.image_dir))
+                                                      if options.image_dir else workloads.builtin_images())]
         if options.api_key:
             load.headers["Authorization"] = f"Bearer {options.api_key}"
         return load
@@ -142,7 +151,6 @@ def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> fl
 
 def _images(user, model: str, rng: random.Random, context: dict) -> float:
     """One image generation of --batch images: a whole, decodable PNG for each, or a failure saying which."""
-    import base64
     import binascii
     import io
 
@@ -188,11 +196,26 @@ def _check_encoded(api: str, data, n: int) -> None:
             raise WrongAnswer(f"embeddings of sizes {sorted(sizes)}")
 
 
-def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt) -> dict:
+def data_url(image: bytes) -> str:
+    mime = "image/png" if image[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(image).decode()}"
+
+
+def with_images(messages: list[dict], urls: list[str]) -> list[dict]:
+    """The messages with `urls` attached to the last user message, as OpenAI image_url parts after its text."""
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    content = messages[last]["content"]
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    parts += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [*messages[:last], {**messages[last], "content": parts}, *messages[last + 1:]]
+
+
+def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt, rng: random.Random) -> dict:
     o = load.options
     body = {"model": model, "max_tokens": prompt.max_tokens or o.output_len}
     if api == "chat":
-        body["messages"] = prompt.messages
+        body["messages"] = (with_images(prompt.messages, rng.choices(load.chat_images, k=o.chat_images))
+                            if load.chat_images else prompt.messages)
     else:
         body["prompt"] = prompt.text
     if not o.no_stream:
@@ -206,7 +229,7 @@ def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt)
 
 def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> float:
     load = user.load
-    body = _generation_body(load, api, model, rng.choice(load.prompts))
+    body = _generation_body(load, api, model, rng.choice(load.prompts), rng)
     stream = body.get("stream", False)
     started = time.perf_counter()
     with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=load.headers, stream=stream,

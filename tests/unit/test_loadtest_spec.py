@@ -41,6 +41,8 @@ def test_closed_loop_stages_add_the_shape_and_set_the_duration():
     ({"dataset": "/tmp"}, "fits none of classify"),  # a folder is images; classify takes texts
     ({"stages": "10"}, "SECONDS:VALUE"),
     ({"prompt_words": "9,2", "scenario": "chat"}, "min <= max"),
+    ({"chat_images": 1}, "applies to chat"),
+    ({"image_dir": "/tmp", "scenario": "chat"}, "give --chat-images"),
 ])
 def test_a_run_that_cannot_work_is_refused_before_any_load(change, message):
     spec = LoadSpec("http://h:1", scenario_options(model="m") | change, duration_s=10, warmup_s=1)
@@ -150,3 +152,15 @@ def test_a_fractional_duration_becomes_whole_seconds_for_locust():
     spec = LoadSpec("http://h:1", scenario_options(model="m"), duration_s=6.2, warmup_s=1)
     command = spec.locust_argv(__import__("pathlib").Path("/out"))
     assert command[command.index("-t") + 1] == "7s"  # locust takes whole seconds only
+
+
+def test_chat_images_are_attached_to_the_last_user_message():
+    from loadtest.scenarios.apis import data_url, with_images
+    from loadtest.scenarios.workloads import builtin_images
+
+    url = data_url(builtin_images(1)[0])
+    assert url.startswith("data:image/png;base64,")
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    sent = with_images(messages, [url, url])
+    assert sent[0] == messages[0] and messages[1]["content"] == "hi"  # the workload's prompt is left as it was
+    assert sent[1]["content"] == [{"type": "text", "text": "hi"}, *[{"type": "image_url", "image_url": {"url": url}}] * 2]
