@@ -56,6 +56,9 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
                        kv_cache_gib=m.kv_cache_gib, adapters={n: d.resolve(a) for n, a in m.adapters.items()},
                        dtype=m.dtype, tool_call_parser=m.tool_call_parser,
                        chat_template=d.resolve(m.chat_template) if m.chat_template else None,
+                       max_images=m.max_images, max_image_pixels=m.max_image_pixels,
+                       # the image hosts the gateway lets through are the ones vLLM may fetch from
+                       media_domains=list(d.gateway.settings.get("chat_image_domains") or []),
                        extra_args=[*extra, *m.vllm_args])
 
 

@@ -150,6 +150,10 @@ class LLMModel(_Model):
     kv_cache_gib: float = Field(1.0, gt=0, le=512, description="CPU only: the KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
     tool_call_parser: str | None = None
     chat_template: Path | None = None
+    max_images: int | None = Field(None, ge=0, le=64, description="vision-language models: images per prompt "
+                                   "(vLLM's --limit-mm-per-prompt)")
+    max_image_pixels: int | None = Field(None, ge=784, description="vision-language models: pixels an image is "
+                                         "resized to at most (the processor's max_pixels)")
     vllm_args: list[str] = Field(default_factory=list, description="any other `vllm serve` option, as given")
 
     @field_validator("adapters")

@@ -217,3 +217,18 @@ def test_the_bundled_deployment_points_into_the_bundle():
     assert models["llm"]["path"] == "models/llm/llm" and models["llm"]["adapters"] == {"a": "models/adapters/a"}
     assert "adapters" not in models["sd"]
     parse_deployment(bundle_deployment(d))  # and it is a valid deployment
+
+
+def test_a_vision_language_model_gets_its_image_limits_and_the_gateways_image_hosts(boxes):
+    data = yaml.safe_load(boxes[0].read_text())
+    llm = next(m for m in data["models"] if m["kind"] == "llm")
+    llm |= {"max_images": 2, "max_image_pixels": 401408}
+    data["gateway"] = {**data.get("gateway", {}), "settings": {"chat_image_domains": ["images.example.com"]}}
+    vl = boxes[0].with_name("vl.yaml")
+    vl.write_text(yaml.safe_dump(data))
+    d = load_deployment(vl)
+    local = Layout(bind="127.0.0.1", host_of=lambda s: "127.0.0.1", path=lambda path: str(path), repository="r",
+                   gateway_config="g", gateway_host="127.0.0.1")
+    args = " ".join(build_services(d, plan(d), local)[1].args)
+    assert '--limit-mm-per-prompt {"image": 2}' in args and '--mm-processor-kwargs {"max_pixels": 401408}' in args
+    assert "--allowed-media-domains images.example.com" in args
