@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import logging
 import platform
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import onnx_export, repository
+from . import onnx_export, repository, zero
 from rtxserve.tasks import TEXT_CLASSIFICATION
 
-from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, inspect_checkpoint
+from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
 from .exceptions import ExportError
-from .inputs import ImageInputs, TextInputs
+from .inputs import SAMPLE_TEXTS, ImageInputs, TextInputs
 from .parity import ParityReport
 from .progress import Steps
 from .triton_entry import EntryOptions
@@ -125,6 +126,7 @@ def export_encoder(
     aggregation: str = "first",
     base: str | Path | None = None,
     tensorrt: TensorRTOptions | None = None,
+    conversion: dict | None = None,
 ) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
@@ -147,9 +149,14 @@ def export_encoder(
             against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
         aggregation: token-classification only: how sub-word predictions become entities when a request
             names none (none, simple, first, average, max: as transformers' pipeline).
-        base: an adapter's base model folder (default: the local folder the adapter records).
+        base: an adapter's base model folder (default: the local folder the adapter records); for a DeepSpeed
+            ZeRO checkpoint without them, the folder with its config and tokenizer.
         tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu,
             a machine with a GPU and TensorRT 10); the plan is validated like the ONNX variants.
+
+        conversion: set internally: the figures of a ZeRO checkpoint's conversion (a ZeRO checkpoint, such as a
+            Trainer `checkpoint-N` with `global_stepN/` shards and no weights, is consolidated with DeepSpeed and
+            checked against DeepSpeed's engine first).
 
     Returns:
         the written model folders, the parity report and the wall time.
@@ -176,6 +183,18 @@ def export_encoder(
         if precision == "int8" and not tensorrt.calibration:
             raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
                               "(--calibration-images DIR for image models)")
+    path = Path(checkpoint).expanduser()
+    if conversion is None and path.is_dir() and find_weights(path) is None and zero.is_zero(path):
+        if task in IMAGE_TASKS:
+            raise ExportError(f"{path} is a DeepSpeed ZeRO checkpoint of an image model; consolidate it with the "
+                              "zero_to_fp32.py beside it, then export the folder that writes")
+        with tempfile.TemporaryDirectory(prefix="rtxserve-zero-") as tmp:
+            hf, conversion = zero.to_hugging_face(path, TASKS[task][1], Path(tmp), base=Path(base) if base else None,
+                                                  texts=sample_texts or SAMPLE_TEXTS, atol=atol, allow_drift=allow_drift)
+            return export_encoder(hf, task, opts, repo, max_length=max_length, atol=atol, allow_drift=allow_drift,
+                                  force=force, sample_texts=sample_texts, command=command, optimize=optimize,
+                                  precision=precision, min_cosine=min_cosine, aggregation=aggregation,
+                                  tensorrt=tensorrt, conversion=conversion)
     steps = Steps(5 + optimize + (precision != "fp32") + (tensorrt is not None), log)
     adapter = None
     if is_adapter(checkpoint):
@@ -244,6 +263,9 @@ def export_encoder(
             metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
                 "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
                 "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
+        if conversion is not None:
+            parity["conversion"] = conversion
+            metadata |= {"source": conversion["source"], "converted_from": conversion["converted_from"]}
         if plan_info is not None:
             metadata["tensorrt"] = plan_info
         models = spec.entry(opts, onnx_path=onnx_path, metadata=metadata, parity=parity, **inputs.entry_kwargs())

@@ -401,13 +401,9 @@ def export_converted(layout: str, source: Path, out: Path, *, base: Path | None,
     steps("checking the %s checkpoint %s", "DeepSpeed ZeRO" if layout == "zero" else "Megatron", source)
     if layout == "zero":
         ckpt = zero.inspect_zero(source)
-        config_dir = source if (source / "config.json").is_file() else base
-        if config_dir is None or not (config_dir / "config.json").is_file():
-            raise ExportError(f"{source} holds ZeRO shards but no config.json; pass the model's Hugging Face folder "
-                              "(config and tokenizer) with --base PATH")
-        tokenizer_dir = config_dir
+        tokenizer_dir = config_dir = zero.config_folder(ckpt, base)
         source_dtype = str(transformers.AutoConfig.from_pretrained(config_dir).dtype or "float32").removeprefix("torch.")
-        origin = {"format": f"deepspeed-zero{ckpt.stage}", "tag": ckpt.tag, "world_size": ckpt.world_size}
+        origin = zero.origin(ckpt)
     else:
         ckpt = megatron.inspect_megatron(source)
         tokenizer_dir = megatron.tokenizer_folder(ckpt, base)
@@ -430,7 +426,7 @@ def export_converted(layout: str, source: Path, out: Path, *, base: Path | None,
             zero.consolidate(ckpt, config_dir, hf)
             steps("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
             reference, how = zero.reference_logits(ckpt, config_dir, ids, work)
-            reference_model = f"DeepSpeed ZeRO-{ckpt.stage} engine, world size {ckpt.world_size}, from {ckpt.shards}"
+            reference_model = zero.reference_name(ckpt)
         else:
             steps("merging TP=%d PP=%d shards with Megatron's dist_checkpointing; mapping to %s with mbridge",
                   ckpt.tp, ckpt.pp, megatron.ARCHITECTURES[ckpt.model_type][0])

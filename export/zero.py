@@ -83,18 +83,28 @@ def inspect_zero(path: Path) -> ZeroCheckpoint:
     return ZeroCheckpoint(path, tag, world, stage)
 
 
-def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path) -> None:
+def config_folder(ckpt: ZeroCheckpoint, base: Path | None) -> Path:
+    """Where the model's config and tokenizer are: beside the shards (the Trainer writes them), else --base."""
+    folder = ckpt.path if (ckpt.path / "config.json").is_file() else base
+    if folder is None or not (folder / "config.json").is_file():
+        raise ExportError(f"{ckpt.path} holds ZeRO shards but no config.json; pass the model's Hugging Face folder "
+                          "(config and tokenizer) with --base PATH")
+    return folder
+
+
+def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path, auto_class: str = "AutoModelForCausalLM") -> None:
     """DeepSpeed's own consolidation into fp32 weights, saved as a safetensors Hugging Face model in `out`."""
     import torch
+    import transformers
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
         state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.path), tag=ckpt.tag)
     except Exception as exc:
         raise ExportError(f"DeepSpeed could not consolidate {ckpt.shards} ({type(exc).__name__}: {exc})") from exc
     config = AutoConfig.from_pretrained(config_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or {})
     missing = [k for k in missing if k not in tied]
@@ -106,16 +116,14 @@ def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
 
 
-def reference_command(ckpt: ZeroCheckpoint, config_dir: Path, ids_file: Path, logits_file: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ckpt.world_size}",
-            "-m", "export.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file)]
-
-
-def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]], work: Path) -> tuple[list[np.ndarray], str]:
-    """Logits of DeepSpeed's engine loaded from the original shards, and the command that produced them."""
+def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]], work: Path,
+                     auto_class: str = "AutoModelForCausalLM") -> tuple[list[np.ndarray], str]:
+    """Outputs of DeepSpeed's engine loaded from the original shards, and the command that produced them."""
     ids_file, logits_file = work / "parity-ids.json", work / "zero-reference.npz"
     ids_file.write_text(json.dumps(ids))
-    argv = reference_command(ckpt, config_dir, ids_file, logits_file)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ckpt.world_size}",
+            "-m", "export.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file),
+            auto_class]
     log.info("    %s", shlex.join(argv))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -125,3 +133,43 @@ def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]
         raise ExportError(f"DeepSpeed's engine could not load {ckpt.shards} for the parity check:\n{tail}")
     with np.load(logits_file) as data:
         return [data[f"p{i}"] for i in range(len(ids))], shlex.join(argv)
+
+
+def origin(ckpt: ZeroCheckpoint) -> dict:
+    return {"format": f"deepspeed-zero{ckpt.stage}", "tag": ckpt.tag, "world_size": ckpt.world_size}
+
+
+def reference_name(ckpt: ZeroCheckpoint) -> str:
+    return f"DeepSpeed ZeRO-{ckpt.stage} engine, world size {ckpt.world_size}, from {ckpt.shards}"
+
+
+def to_hugging_face(path: Path, auto_class: str, work: Path, *, base: Path | None, texts: list[str], atol: float,
+                    allow_drift: bool) -> tuple[Path, dict]:
+    """An encoder's ZeRO checkpoint as a Hugging Face folder in `work`, checked against DeepSpeed's engine on
+    `texts`; returns the folder and the conversion's parity figures (ParityError beyond `atol`)."""
+    import torch
+    import transformers
+
+    from .parity import ParityReport
+
+    ckpt = inspect_zero(path)
+    config_dir = config_folder(ckpt, base)
+    hf = work / "hf"
+    log.info("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed", ckpt.world_size, ckpt.stage, ckpt.tag)
+    consolidate(ckpt, config_dir, hf, auto_class)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(config_dir)
+    tokenizer.save_pretrained(hf)
+    ids = [tokenizer(t, truncation=True)["input_ids"] for t in texts]
+    log.info("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
+    reference, how = reference_logits(ckpt, config_dir, ids, work, auto_class)
+    model = getattr(transformers, auto_class).from_pretrained(hf, dtype=torch.float32).eval()
+    report = ParityReport(atol=atol)
+    with torch.no_grad():
+        for x, ref in zip(ids, reference):
+            out = model(input_ids=torch.tensor([x]))
+            first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+            report.add({"output": ref}, {"output": first.numpy()})
+    report.notes.append(f"reference: {reference_name(ckpt)}")
+    report.check(allow_drift)
+    return hf, {**report.to_dict(), "source": str(path.resolve()), "converted_from": origin(ckpt),
+                "reference": reference_name(ckpt), "reference_command": how}

@@ -1,8 +1,9 @@
 """The parity reference of a ZeRO conversion: the trainer's own model, DeepSpeed's engine, loaded from the
 original ZeRO checkpoint at the world size that wrote it, run on the sample prompts.
 
-Started by export/zero.py as `torchrun --nproc-per-node W -m export.zero_reference CKPT TAG CONFIG IDS OUT`
-(gloo on CPU); rank 0 writes the logits of every prompt to OUT (.npz).
+Started by export/zero.py as `torchrun --nproc-per-node W -m export.zero_reference CKPT TAG CONFIG IDS OUT AUTO_CLASS`
+(gloo on CPU); rank 0 writes the first output (logits, or the last hidden state of a bare encoder) of every
+input to OUT (.npz).
 """
 
 import json
@@ -12,9 +13,10 @@ import numpy as np
 import torch
 
 
-def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str) -> None:
+def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str, auto_class: str) -> None:
     import deepspeed
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
 
     deepspeed.init_distributed(dist_backend="gloo")
     world = torch.distributed.get_world_size()
@@ -22,7 +24,7 @@ def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str) ->
     ds_config = {"train_micro_batch_size_per_gpu": 1, "train_batch_size": world, "zero_optimization": {"stage": 3},
                  "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "torch_adam": True}}}
     config = AutoConfig.from_pretrained(config_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
     path, _ = engine.load_checkpoint(checkpoint, tag=tag, load_optimizer_states=False, load_lr_scheduler_states=False)
     if path is None:
@@ -32,11 +34,13 @@ def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str) ->
     logits = {}
     with torch.no_grad():
         for i, ids in enumerate(prompts):
-            logits[f"p{i}"] = engine(input_ids=torch.tensor([ids])).logits.float().numpy()
+            output = engine(input_ids=torch.tensor([ids]))
+            first = output.logits if getattr(output, "logits", None) is not None else output.last_hidden_state
+            logits[f"p{i}"] = first.float().numpy()
     if torch.distributed.get_rank() == 0:
         np.savez(out, **logits)
     torch.distributed.barrier()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

@@ -180,3 +180,25 @@ def test_a_run_folder_without_weights_names_its_checkpoints(runs, tmp_path):
     done = export(run / "checkpoint-3", "--out", tmp_path / "out")
     assert done.returncode == 0, done.stderr[-2000:]
     assert metadata(tmp_path / "out")["trained_with"]["global_step"] == 3
+
+
+def test_an_encoders_zero3_trainer_checkpoint_exports_to_onnx(runs, tmp_path):
+    """`export onnx` takes the Trainer's checkpoint-N of ZeRO-3 shards: DeepSpeed consolidates them, its engine
+    is the reference for the conversion, and ONNX Runtime is checked against the consolidated model."""
+    done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "export", "onnx", str(runs["bert-zero3"]),
+                           "--task", "text-classification", "--name", "zbert", "--repository", str(tmp_path / "repo")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    parity = json.loads((tmp_path / "repo" / "zbert_model" / "parity.json").read_text())
+    conversion = parity["conversion"]
+    assert conversion["passed"] and conversion["converted_from"] == {"format": "deepspeed-zero3", "tag": "global_step3",
+                                                                      "world_size": 2}
+    assert conversion["outputs"]["output"]["max_abs_diff"] <= 1e-5 and conversion["cases"] >= 5
+    assert parity["passed"] and parity["outputs"]["logits"]["max_abs_diff"] <= 1e-4
+    broken = copy(runs["bert-zero3"], tmp_path / "broken")
+    (broken / "global_step3" / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
+    done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "export", "onnx", str(broken), "--task",
+                           "text-classification", "--name", "zb2", "--repository", str(tmp_path / "repo")],
+                          capture_output=True, text=True, timeout=600)
+    failed(done, "zero_pp_rank_0_mp_rank_00_model_states.pt")
+    assert not (tmp_path / "repo" / "zb2").exists()

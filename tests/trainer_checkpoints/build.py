@@ -6,10 +6,14 @@ folder's sources and the trainers' versions (`python -m tests.trainer_checkpoint
 - `lf-zero3`: the same full SFT through DeepSpeed ZeRO-3 on 2 ranks with 16-bit gathering off, so the run
   leaves only `global_step3/` shards (and `zero_to_fp32.py`), no model weights;
 - `megatron-tp2`: Megatron-core, tensor parallelism 2, saved by its own distributed checkpointing
-  (megatron_gpt.py).
+  (megatron_gpt.py);
+- `bert-zero3`: the fixture BERT classifier fine-tuned by the Hugging Face Trainer under DeepSpeed ZeRO-3 on
+  2 ranks (hf_trainer_zero3.py): its `checkpoint-3/` holds shards, config and tokenizer, no weights.
 
-LLaMA-Factory runs in its own environment (.envs/llamafactory: its transformers pin differs from ours);
-DeepSpeed and Megatron-core are in the main one (the export needs them).
+LLaMA-Factory runs in its own environment (.envs/llamafactory: its transformers pin differs from ours), and so
+does the Trainer run (transformers 5.23's Trainer sees one process under torchrun on CPU, so DeepSpeed's batch
+check fails; LLaMA-Factory's 5.6 sees both). DeepSpeed and Megatron-core are in the main environment too
+(the export needs them).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
 DEFAULT_ROOT = REPO / ".rtxserve" / "cache" / "trainer-checkpoints"
-NAMES = ("base", "lf-lora", "lf-full", "lf-zero3", "megatron-tp2")
+NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
+         "megatron-tp2": "megatron-tp2", "bert-zero3": "bert-zero3/checkpoint-3"}
 
 SFT = {
     "stage": "sft", "do_train": True, "dataset": "orders", "template": "default", "cutoff_len": 128,
@@ -89,7 +94,7 @@ def _llamafactory(work: Path, name: str) -> None:
 
 def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
     """Every checkpoint, built if the cache has none for these sources and versions."""
-    from export.fixtures import write_llm
+    from export.fixtures import write_llm, write_text_classifier
 
     done = root / _key()
     if not (done / "DONE").is_file():
@@ -112,8 +117,12 @@ def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
         _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
               str(HERE / "megatron_gpt.py"), str(work / "megatron-tp2"), str(work / "base"), "--tp", "2"],
              work / "megatron-tp2.log")
+        write_text_classifier(work / "bert-base")
+        _run([str(LLAMAFACTORY_ENV / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
+              "--nproc-per-node=2", str(HERE / "hf_trainer_zero3.py"), str(work / "bert-base"), str(work / "bert-zero3")],
+             work / "bert-zero3.log", {"PATH": f"{LLAMAFACTORY_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}"})
         (work / "DONE").write_text("")
-    return {name: done / name for name in NAMES}
+    return {name: done / folder for name, folder in NAMES.items()}
 
 
 if __name__ == "__main__":
