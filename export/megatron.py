@@ -89,8 +89,8 @@ def _saved_tp(path: Path) -> int:
 
 
 def inspect_megatron(path: Path) -> MegatronCheckpoint:
-    legacy = sorted(p.parent.name for p in _iteration_dir(path).glob("mp_rank_*/model_optim_rng.pt"))
     folder = _iteration_dir(path)
+    legacy = sorted(p.parent.name for p in folder.glob("mp_rank_*/model_optim_rng.pt"))
     if legacy:
         raise ExportError(f"{folder} is a legacy Megatron checkpoint ({', '.join(legacy)}); save it again with "
                           "--ckpt-format torch_dist (Megatron-LM's tools/checkpoint/convert.py --saver mcore), then export that")

@@ -202,3 +202,16 @@ def test_an_encoders_zero3_trainer_checkpoint_exports_to_onnx(runs, tmp_path):
                           capture_output=True, text=True, timeout=600)
     failed(done, "zero_pp_rank_0_mp_rank_00_model_states.pt")
     assert not (tmp_path / "repo" / "zb2").exists()
+
+
+def test_a_llamafactory_qlora_run_is_recognised_and_merges_into_the_full_precision_base(runs, tmp_path):
+    done = export(runs["lf-qlora"], "--out", tmp_path / "module")
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = metadata(tmp_path / "module")
+    assert meta["qlora"] is True and meta["trained_with"]["quantization_bit"] == 4
+    assert "full-precision base" in done.stderr  # served on the unquantised base: said, not hidden
+    done = export(runs["lf-qlora"], "--out", tmp_path / "merged", "--merge")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4-bit (QLoRA) base" in done.stderr
+    parity = json.loads((tmp_path / "merged" / "parity.json").read_text())
+    assert parity["passed"] and metadata(tmp_path / "merged")["qlora"] is True

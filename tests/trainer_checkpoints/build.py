@@ -1,8 +1,9 @@
 """Checkpoints written by the real trainers, for the export tests: built once, cached by the hash of this
 folder's sources and the trainers' versions (`python -m tests.trainer_checkpoints.build [ROOT]`).
 
-- `lf-lora`, `lf-full`: LLaMA-Factory's own CLI, LoRA and full SFT of the tiny Llama (`base`) for 3 steps,
-  launched the way LLaMA-Board launches it: the arguments saved as `training_args.yaml` in the output folder;
+- `lf-lora`, `lf-qlora`, `lf-full`: LLaMA-Factory's own CLI, LoRA, QLoRA (4-bit base, bitsandbytes' CPU
+  backend) and full SFT of the tiny Llama (`base`) for 3 steps, launched the way LLaMA-Board launches it: the
+  arguments saved as `training_args.yaml` in the output folder;
 - `lf-zero3`: the same full SFT through DeepSpeed ZeRO-3 on 2 ranks with 16-bit gathering off, so the run
   leaves only `global_step3/` shards (and `zero_to_fp32.py`), no model weights;
 - `megatron-tp2`: Megatron-core, tensor parallelism 2, saved by its own distributed checkpointing
@@ -33,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
 DEFAULT_ROOT = REPO / ".rtxserve" / "cache" / "trainer-checkpoints"
-NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
+NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-qlora": "lf-qlora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
          "megatron-tp2": "megatron-tp2", "bert-zero3": "bert-zero3/checkpoint-3"}
 
 SFT = {
@@ -44,6 +45,7 @@ SFT = {
 }
 RUNS = {
     "lf-lora": {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "use_cpu": True},
+    "lf-qlora": {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all", "quantization_bit": 4, "use_cpu": True},
     "lf-full": {"finetuning_type": "full", "use_cpu": True},
     # DeepSpeed on CPU needs the gloo process group; use_cpu would turn distributed training off.
     "lf-zero3": {"finetuning_type": "full", "ddp_backend": "gloo", "deepspeed": "ds_z3_config.json"},
