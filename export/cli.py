@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("--lora-scale", type=float, default=1.0, help="the LoRA's strength unless a request names one")
     dif.add_argument("--fuse-lora", action="store_true", help="fold the LoRA into the weights at --lora-scale: faster "
                      "steps, but requests cannot choose another scale")
+    dif.add_argument("--compile", action="store_true", help="torch.compile the UNet when the entry loads (checked here "
+                     "against the eager UNet on sample latents; with a LoRA, --fuse-lora too)")
+    dif.add_argument("--min-cosine", type=float, default=0.999,
+                     help="--compile: lowest cosine of the compiled UNet's outputs against the eager one's")
     dif.add_argument("--steps", type=int, default=25, help="denoising steps unless a request names them")
     dif.add_argument("--guidance", type=float, default=7.5, help="guidance scale unless a request names one")
     dif.add_argument("--size", type=int, help="image side in pixels unless a request names one (default: the UNet's)")
@@ -153,7 +157,7 @@ def _main_diffusion(args, argv: list[str]) -> int:
             args.pipeline, EntryOptions(name=args.name, target=args.target, instances=args.instances), args.repository,
             lora_path=args.lora, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
             defaults=DiffusionDefaults(steps=args.steps, guidance=args.guidance, size=args.size, lora_scale=args.lora_scale,
-                                       fuse_lora=args.fuse_lora))
+                                       fuse_lora=args.fuse_lora, compile=args.compile, min_cosine=args.min_cosine))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export diffusion", str(exc))
     print(f"exported {args.name} to {written[0]}: serve it with `rtxserve serve triton --repository {args.repository}` "

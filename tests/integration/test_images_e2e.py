@@ -5,6 +5,7 @@ served-vs-in-process parity, truncated prompts flagged, and the bounds checked b
 
 import base64
 import io
+import json
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ def sd(tmp_path_factory):
     pipe = write_diffusion_pipeline(work / "pipe")
     lora = write_diffusion_lora(pipe, work / "lora")
     for name, extra in (("tiny_sd", []), ("tiny_sd_lora", ["--lora", str(lora), "--lora-scale", "0.8"]),
-                        ("tiny_sd_fused", ["--lora", str(lora), "--lora-scale", "0.8", "--fuse-lora"])):
+                        ("tiny_sd_fused", ["--lora", str(lora), "--lora-scale", "0.8", "--fuse-lora"]),
+                        ("tiny_sd_compiled", ["--compile"])):
         done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "export", "diffusion", str(pipe), "--name", name,
                                "--repository", str(work / "repo"), "--steps", str(STEPS), *extra],
                               capture_output=True, text=True)
@@ -65,6 +67,19 @@ def test_the_served_image_is_the_pipeline_run_in_process(sd):
         diff = np.abs(_pixels(served) - _pixels(local))
         print(f"{model}: served vs in-process max pixel difference {diff.max()}, mean {diff.mean():.4f}")
         assert diff.max() <= 1  # the same torch and diffusers, one process or another: at most a rounding step
+
+
+def test_a_compiled_unet_was_checked_at_export_and_serves_the_eager_image(sd):
+    sdk, pipe, _, _ = sd
+    meta = json.loads((pipe.parent / "repo" / "tiny_sd_compiled" / "rtxserve.json").read_text())
+    figures = meta["unet_compile"]
+    assert figures["min_cosine"] >= 0.999 and figures["cases"] == 4 and figures["compile_s"] > 0
+    served = _pngs(sdk.images.generate(model="tiny_sd_compiled", prompt="a blue circle", size="64x64",
+                                       extra_body={"seed": 3}))[0]
+    local = reference_image(pipe, None, 0.8, "a blue circle", seed=3, steps=STEPS, size=64, guidance=7.5)
+    diff = np.abs(_pixels(served) - _pixels(local))
+    print(f"compiled: served vs eager in-process max pixel difference {diff.max()}, mean {diff.mean():.4f}")
+    assert diff.max() <= 2
 
 
 def test_the_lora_changes_the_image_and_a_request_can_set_its_scale(sd):

@@ -90,3 +90,13 @@ def test_a_deployment_plans_the_pipeline_at_its_resolution(pipeline, tmp_path):
     params = sum(__import__("math").prod(s) for c in ("unet", "vae", "text_encoder")
                  for s in tensor_shapes(component_weights(pipe / c)).values())
     assert p.estimates["sd"].parts["weights"] * GIB == pytest.approx(params * 4)
+
+
+def test_compiling_a_unet_whose_lora_scale_requests_may_change_is_refused(pipeline, tmp_path):
+    from export.diffusion import DiffusionDefaults
+
+    pipe, lora = pipeline
+    with pytest.raises(ExportError, match="--fuse-lora"):
+        export_diffusion(pipe, EntryOptions(name="c"), tmp_path / "repo", lora_path=lora,
+                         defaults=DiffusionDefaults(compile=True))
+    assert not (tmp_path / "repo" / "c").exists()

@@ -1,6 +1,7 @@
 """Triton python-backend model: a diffusers text-to-image pipeline (with an optional LoRA) answering PNG bytes.
 
-One request at a time per instance (max_batch_size 0; run more instances to run more at once). Each image
+One request at a time per instance (max_batch_size 0; run more instances to run more at once). The UNet is
+compiled with torch.compile at load when the export asked for it. Each image
 gets its own seeded generator (seed, seed + 1, ...), so the same seed and parameters give the same images
 whatever `n` is. A request that fails (out of memory included) fails alone: its error goes back in its
 response and the instance keeps serving. A request whose client went away stops at the next step.
@@ -51,6 +52,17 @@ class TritonPythonModel:
                 self.lora = False
         self.default_scheduler = self.pipe.scheduler
         self.max_tokens = self.pipe.tokenizer.model_max_length
+        if self.settings.get("compile"):
+            # Compiled here, at load, and run once at the default size, so that no request waits for it. (The
+            # export checked the compiled UNet against the eager one.) Another size compiles once more. The stub's
+            # embedded Python keeps the C locale whatever the environment says, so files open as ASCII, and
+            # inductor's templates are UTF-8.
+            import locale
+
+            locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+            self.pipe.unet = torch.compile(self.pipe.unet)
+            size = self.settings["size"]
+            self.pipe("", num_inference_steps=1, width=size, height=size, output_type="latent")
 
     def _scheduler(self, name):
         if not name:
