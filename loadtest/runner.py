@@ -257,7 +257,9 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
         load_cpu["cpu_bound"] = True  # locust's own warning
     settings = spec.settings() | {"load generator": load_cpu, "machine": _machine()}
     summary = summarize(samples, spec.warmup_s, settings, parse_slo(spec.slo))
-    title = f"rtxserve load test: {spec.options['scenario']}, {what}"
+    images = spec.options.get("chat_images") or 0
+    scenario = spec.options["scenario"] + (f" with {images} image{'s' * (images > 1)} per request" if images else "")
+    title = f"rtxserve load test: {scenario}, {what}"
     report = write_report(summary, samples, out_dir, title, scrape_errors=scraper.errors)
     log(f"done: {headline(summary)}")
     return RunResult(summary, report, out_dir)

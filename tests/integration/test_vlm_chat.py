@@ -94,4 +94,5 @@ def test_chat_with_images_under_load_reports_ttft(vlm, tmp_path):
     assert set(s.streaming["ttft_ms"]) == {"p50", "p90", "p99"}
     # The same 3-word prompts: every request with an image has the Q-Former's query tokens more.
     assert prompt_tokens(tmp_path / "report") == {t + QUERY_TOKENS for t in prompt_tokens(tmp_path / "plain")}
-    assert "TTFT P50" in result.report.read_text()
+    page = result.report.read_text()
+    assert "TTFT P50" in page and "chat with 1 image per request" in page
