@@ -31,7 +31,7 @@ import numpy as np
 from rtxserve import lora
 
 from . import megatron, repository, trainers, zero
-from .checkpoint import TOKENIZER_FILES, check_safetensors, is_adapter, read_json
+from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps

@@ -84,8 +84,8 @@ def test_chat_with_images_under_load_reports_ttft(vlm, tmp_path):
     from loadtest.runner import LoadSpec, run, scenario_options
 
     gateway = str(vlm.base_url).removesuffix("/v1/").removesuffix("/v1")
-    plain = run(LoadSpec(gateway, scenario_options(scenario="chat", model="tiny-vlm", output_len=4, prompt_words="3,3"),
-                         users=2, duration_s=4, warmup_s=1), tmp_path / "plain", log=lambda m: None)
+    run(LoadSpec(gateway, scenario_options(scenario="chat", model="tiny-vlm", output_len=4, prompt_words="3,3"),
+                 users=2, duration_s=4, warmup_s=1), tmp_path / "plain", log=lambda m: None)
     spec = LoadSpec(gateway, scenario_options(scenario="chat", model="tiny-vlm", output_len=4, prompt_words="3,3",
                                               chat_images=1), users=2, duration_s=6, warmup_s=1)
     result = run(spec, tmp_path / "report", log=lambda m: None)

@@ -9,7 +9,6 @@ Megatron-core expects CUDA in two places that have no CPU path; the shims below 
 """
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
