@@ -124,6 +124,9 @@ def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
               "--nproc-per-node=2", str(HERE / "hf_trainer_zero3.py"), str(work / "bert-base"), str(work / "bert-zero3")],
              work / "bert-zero3.log", {"PATH": f"{LLAMAFACTORY_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}"})
         (work / "DONE").write_text("")
+        for stale in root.iterdir():  # builds for other sources or versions
+            if stale.is_dir() and stale != done:
+                shutil.rmtree(stale, ignore_errors=True)
     return {name: done / folder for name, folder in NAMES.items()}
 
 
