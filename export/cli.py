@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--merge", action="store_true", help="merge the adapter into its base as a standalone model")
     q = llm.add_mutually_exclusive_group()
     q.add_argument("--qlora", dest="qlora", action="store_true", default=None,
-                   help="the adapter was trained against a 4-bit base (default: read LLaMA-Factory's training_args.yaml)")
+                   help="the adapter was trained against a 4- or 8-bit base (default: read LLaMA-Factory's training_args.yaml)")
     q.add_argument("--no-qlora", dest="qlora", action="store_false")
     llm.add_argument("--dtype", default="auto", help="dtype of a merged or converted model: auto (the base's or the "
                      "trainer's), float32, bfloat16, float16")

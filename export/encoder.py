@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import platform
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +165,7 @@ def export_encoder(
     """
     import onnxruntime as ort
     import torch
+    import transformers
 
     from .encoder_adapters import is_adapter, resolve_adapter
     from .tasks import spec_for
@@ -184,13 +184,21 @@ def export_encoder(
             raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
                               "(--calibration-images DIR for image models)")
     path = Path(checkpoint).expanduser()
-    if conversion is None and path.is_dir() and find_weights(path) is None and zero.is_zero(path):
+    if conversion is None and not is_adapter(path) and path.is_dir() and find_weights(path) is None and zero.is_zero(path):
         if task in IMAGE_TASKS:
             raise ExportError(f"{path} is a DeepSpeed ZeRO checkpoint of an image model; consolidate it with the "
                               "zero_to_fp32.py beside it, then export the folder that writes")
-        with tempfile.TemporaryDirectory(prefix="rtxserve-zero-") as tmp:
-            hf, conversion = zero.to_hugging_face(path, TASKS[task][1], Path(tmp), base=Path(base) if base else None,
-                                                  texts=sample_texts or SAMPLE_TEXTS, atol=atol, allow_drift=allow_drift)
+        repository.check_free(repo, opts.model_names(), force)
+        ckpt = zero.inspect_zero(path)
+        config_dir = zero.config_folder(ckpt, Path(base) if base else None)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(zero.tokenizer_folder(config_dir, Path(base) if base else None))
+        ids = [tokenizer(t, truncation=True)["input_ids"] for t in sample_texts or SAMPLE_TEXTS]
+        with repository.work_dir(repo) as work:
+            hf, conversion = zero.to_hugging_face(ckpt, config_dir, work, auto_class=TASKS[task][1], ids=ids,
+                                                  dtype="float32", atol=atol, allow_drift=allow_drift,
+                                                  output="last_hidden_state" if TASKS[task][1] == "AutoModel" else "logits")
+            tokenizer.save_pretrained(hf)
+            conversion |= {"source": str(path.resolve()), "converted_from": zero.origin(ckpt)}
             return export_encoder(hf, task, opts, repo, max_length=max_length, atol=atol, allow_drift=allow_drift,
                                   force=force, sample_texts=sample_texts, command=command, optimize=optimize,
                                   precision=precision, min_cosine=min_cosine, aggregation=aggregation,

@@ -33,7 +33,7 @@ from rtxserve import lora
 from . import megatron, repository, trainers, zero
 from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
 from .exceptions import ExportError
-from .parity import ParityReport
+from .parity import ParityReport, compare_with_trainer, first_outputs
 from .progress import Steps
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ TOKENIZER_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "cha
                         "added_tokens.json", "merges.txt", "generation_config.json", *("processor_config.json",
                         "preprocessor_config.json", "video_preprocessor_config.json"))
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+CAUSAL_LM = "AutoModelForCausalLM"
 # Vision-language models, and how an image reaches the prompt: the chat template writes a placeholder that
 # the processor expands into image tokens (Qwen-VL), or the processor puts its query tokens in itself (None).
 VLM_ARCHITECTURES = {
@@ -331,13 +332,6 @@ def _prompts(tokenizer, has_template: bool, prompts: list[str]) -> list[list[int
     return ids
 
 
-def _logits(model, ids: list[list[int]]) -> list[np.ndarray]:
-    import torch
-
-    with torch.no_grad():
-        return [model(input_ids=torch.tensor([x])).logits.float().numpy() for x in ids]
-
-
 def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, dtype: str,
                atol: float | None, allow_drift: bool, prompts: list[str] | None, chat_template: Path | None,
                command: str, steps: Steps, extra: dict | None = None) -> dict:
@@ -346,7 +340,7 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
     from peft import PeftModel
 
     if qlora:
-        log.warning("WARNING: %s was trained against a 4-bit (QLoRA) base; it is merged into the full-precision base "
+        log.warning("WARNING: %s was trained against a quantised (QLoRA) base; it is merged into the full-precision base "
                     "%s, so the merged model is close to, not exactly, what training saw. Evaluate it on your own "
                     "data before you deploy it (the parity below compares merged vs base+adapter, both in %s).",
                     adapter.path, base.path, dtype)
@@ -361,9 +355,9 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
         raise ExportError(f"cannot load base {base.path} with adapter {adapter.path} ({type(exc).__name__}: {exc})") from exc
     template = has_chat_template(tok_dir) or chat_template is not None
     sample_ids = _prompts(tokenizer, has_chat_template(tok_dir), prompts or SAMPLE_PROMPTS)
-    reference = _logits(model, sample_ids)
+    reference = first_outputs(model, sample_ids)
     with model.disable_adapter():
-        effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, _logits(model, sample_ids)))
+        effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, first_outputs(model, sample_ids)))
     with _package(out) as pkg:
         steps("merging (merge_and_unload) and saving the standalone model")
         merged = model.merge_and_unload()
@@ -374,7 +368,7 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
         steps("reloading the merged model from disk; comparing its logits with base+adapter on %d prompts", len(sample_ids))
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(pkg, dtype=torch_dtype).eval()
         report = ParityReport(atol=DEFAULT_ATOL.get(dtype, 1e-3) if atol is None else atol)
-        for ids, ref, got in zip(sample_ids, reference, _logits(reloaded, sample_ids)):
+        for ids, ref, got in zip(sample_ids, reference, first_outputs(reloaded, sample_ids)):
             report.add({"logits": ref}, {"logits": got})
         # What the adapter changes, beside what merging changed: a parity figure means little if the
         # adapter itself is a no-op.
@@ -394,14 +388,14 @@ def export_converted(layout: str, source: Path, out: Path, *, base: Path | None,
                      allow_drift: bool, prompts: list[str] | None, chat_template: Path | None, command: str,
                      extra: dict) -> dict:
     """A ZeRO or Megatron checkpoint -> a Hugging Face folder, checked against the trainer's own model, packaged."""
-    import torch
     import transformers
 
-    steps = Steps(5, log)
+    steps = Steps(4, log)
     steps("checking the %s checkpoint %s", "DeepSpeed ZeRO" if layout == "zero" else "Megatron", source)
     if layout == "zero":
         ckpt = zero.inspect_zero(source)
-        tokenizer_dir = config_dir = zero.config_folder(ckpt, base)
+        config_dir = zero.config_folder(ckpt, base)
+        tokenizer_dir = zero.tokenizer_folder(config_dir, base)
         source_dtype = str(transformers.AutoConfig.from_pretrained(config_dir).dtype or "float32").removeprefix("torch.")
         origin = zero.origin(ckpt)
     else:
@@ -411,42 +405,26 @@ def export_converted(layout: str, source: Path, out: Path, *, base: Path | None,
         source_dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
         origin = {"format": "megatron-torch_dist", "iteration": ckpt.iteration, "tensor_parallel": ckpt.tp,
                   "pipeline_parallel": ckpt.pp, "converted_by": "megatron-core dist_checkpointing + mbridge"}
-    if not any((tokenizer_dir / n).is_file() for n in TOKENIZER_FILES):
-        raise ExportError(f"no tokenizer in {tokenizer_dir}; pass the model's Hugging Face folder with --base PATH")
     dtype = source_dtype if dtype == "auto" else dtype
     if dtype not in DEFAULT_ATOL:
         raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
+    atol = DEFAULT_ATOL[dtype] if atol is None else atol
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     ids = _prompts(tokenizer, has_chat_template(tokenizer_dir), prompts or SAMPLE_PROMPTS)
     with repository.work_dir(out) as work:
-        hf = work / "hf"
         if layout == "zero":
-            steps("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed's get_fp32_state_dict_from_zero_checkpoint",
-                  ckpt.world_size, ckpt.stage, ckpt.tag)
-            zero.consolidate(ckpt, config_dir, hf)
-            steps("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
-            reference, how = zero.reference_logits(ckpt, config_dir, ids, work)
-            reference_model = zero.reference_name(ckpt)
+            hf, parity = zero.to_hugging_face(ckpt, config_dir, work, auto_class=CAUSAL_LM, ids=ids, dtype=dtype,
+                                              atol=atol, allow_drift=allow_drift, steps=steps)
         else:
-            steps("merging TP=%d PP=%d shards with Megatron's dist_checkpointing; mapping to %s with mbridge",
-                  ckpt.tp, ckpt.pp, megatron.ARCHITECTURES[ckpt.model_type][0])
-            reference = megatron.convert(ckpt, tokenizer_dir, hf, ids)
-            steps("reference: the Megatron GPTModel loaded from the original shards")
-            reference_model, how = f"Megatron-core GPTModel (local spec) loaded from {ckpt.path}", command
+            hf = work / "hf"
+            steps("merging TP=%d PP=%d shards with Megatron's dist_checkpointing, mapping them to %s with mbridge; "
+                  "reference: the Megatron GPTModel loaded from the original shards", ckpt.tp, ckpt.pp,
+                  megatron.ARCHITECTURES[ckpt.model_type][0])
+            reference = megatron.convert(ckpt, tokenizer_dir, hf, ids, dtype)
+            parity = compare_with_trainer(reference, hf, ids, auto_class=CAUSAL_LM, dtype=dtype, atol=atol,
+                                          allow_drift=allow_drift, reference_command=command,
+                                          reference_model=f"Megatron-core GPTModel (local spec) loaded from {ckpt.path}")
         _copy([f for f in _side_files(tokenizer_dir) if not (hf / f.name).exists()], hf)
-        if dtype != "float32":
-            model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
-            model.to(getattr(torch, dtype)).save_pretrained(hf, safe_serialization=True)
-            del model
-        steps("reloading the converted model (%s) from disk; comparing its logits with the trainer's on %d prompts",
-              dtype, len(ids))
-        reloaded = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=getattr(torch, dtype)).eval()
-        report = ParityReport(atol=DEFAULT_ATOL[dtype] if atol is None else atol)
-        for ref, got in zip(reference, _logits(reloaded, ids)):
-            report.add({"logits": ref}, {"logits": got})
-        report.notes.append(f"reference: {reference_model}")
-        report.check(allow_drift)
-        parity = {**report.to_dict(), "reference": reference_model, "reference_command": how}
         (work / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
         converted = inspect_llm(hf)
         if not converted.chat_template and chat_template is None:
@@ -526,7 +504,7 @@ def export_llm(
     if not merge:
         if qlora:
             log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
-                        "the 4-bit base it was trained against; evaluate it on your own data", ckpt.path)
+                        "the quantised base it was trained against; evaluate it on your own data", ckpt.path)
         metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps, extra=extra)
         serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
         return LLMExport("lora", out, metadata, serve, steps.seconds)

@@ -42,10 +42,7 @@ class MegatronCheckpoint:
     tp: int
     pp: int
     model_type: str
-
-    @property
-    def iteration(self) -> int | None:
-        return getattr(self.args, "iteration", None)
+    iteration: int | None
 
 
 def is_megatron(path: Path) -> bool:
@@ -64,7 +61,17 @@ def _iteration_dir(path: Path) -> Path:
     return folder
 
 
+# Megatron-LM arguments that change the model in ways the Llama / Qwen2 mappings do not carry.
+UNSUPPORTED = ("qk_layernorm", "apply_layernorm_1p", "use_rope_scaling", "multi_latent_attention", "num_experts",
+               "add_bias_linear")
+
+
 def _model_type(args: argparse.Namespace) -> str:
+    on = [name for name in UNSUPPORTED if getattr(args, name, None)]
+    if on:
+        supported = "; ".join(f"{arch} ({what})" for arch, what in ARCHITECTURES.values())
+        raise ExportError(f"the converter does not know this Megatron architecture ({', '.join(f'{n}=True' for n in on)} "
+                          f"is not mapped); supported: {supported}")
     llama_like = (getattr(args, "normalization", "LayerNorm") == "RMSNorm" and getattr(args, "swiglu", False)
                   and getattr(args, "position_embedding_type", "") == "rope" and not getattr(args, "add_bias_linear", True)
                   and not getattr(args, "num_experts", None))
@@ -112,7 +119,7 @@ def inspect_megatron(path: Path) -> MegatronCheckpoint:
     if saved != tp:
         raise ExportError(f"{folder}: the shards are split {saved} ways by tensor parallelism, but the checkpoint's "
                           f"arguments say tensor_model_parallel_size={tp}; the checkpoint is inconsistent")
-    return MegatronCheckpoint(folder, args, tp, pp, _model_type(args))
+    return MegatronCheckpoint(folder, args, tp, pp, _model_type(args), common.get("iteration"))
 
 
 @contextlib.contextmanager
@@ -124,17 +131,18 @@ def _cpu_megatron() -> Iterator[None]:
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     saved = torch.cuda.synchronize, torch.cuda.current_device
-    torch.cuda.synchronize = lambda *a, **k: None
-    torch.cuda.current_device = lambda: torch.device("cpu")
     with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
         try:
+            torch.cuda.synchronize = lambda *a, **k: None
+            torch.cuda.current_device = lambda: torch.device("cpu")
+            dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
             parallel_state.initialize_model_parallel(1, 1)
             model_parallel_cuda_manual_seed(0, inference_rng_tracker=True, force_reset_rng=True)
             yield
         finally:
             parallel_state.destroy_model_parallel()
-            dist.destroy_process_group()
+            if dist.is_initialized():
+                dist.destroy_process_group()
             torch.cuda.synchronize, torch.cuda.current_device = saved
 
 
@@ -150,7 +158,6 @@ def hf_config(args: argparse.Namespace, model_type: str, tokenizer) -> dict:
         "max_position_embeddings": args.max_position_embeddings, "vocab_size": len(tokenizer),
         "tie_word_embeddings": not getattr(args, "untie_embeddings_and_output_weights", False),
         "hidden_act": "silu", "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "torch_dtype": "float32",
     }
 
 
@@ -189,8 +196,19 @@ def _logits(model, ids: list[list[int]], vocab: int) -> list[np.ndarray]:
     return out
 
 
-def convert(ckpt: MegatronCheckpoint, tokenizer_dir: Path, out: Path, ids: list[list[int]]) -> list[np.ndarray]:
-    """Write the Hugging Face model to `out`; return the Megatron model's logits on `ids` (the reference)."""
+def _model_keys_not_loaded(path: Path, requested: set[str]) -> list[str]:
+    """Model tensors in the checkpoint that the model built from its arguments does not have (optimizer state, RNG
+    state and layers' extra state are not model tensors): a sign of an architecture feature the arguments did not say."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return sorted(k for k in saved if k.split("/")[0] not in requested and "_extra_state" not in k
+                  and not k.startswith(("optimizer", "rng_state", "rerun_state")))
+
+
+def convert(ckpt: MegatronCheckpoint, tokenizer_dir: Path, out: Path, ids: list[list[int]],
+            dtype: str = "float32") -> list[np.ndarray]:
+    """Write the Hugging Face model to `out` in `dtype`; return the Megatron model's logits on `ids` (the reference)."""
     import torch
     from mbridge.core.bridge import _MODEL_REGISTRY
     from mbridge.core.parallel_states import ParallelStates
@@ -205,8 +223,13 @@ def convert(ckpt: MegatronCheckpoint, tokenizer_dir: Path, out: Path, ids: list[
                           f"{ckpt.args.padded_vocab_size}: pass the tokenizer the model was trained with (--base)")
     with _cpu_megatron():
         model = _gpt_model(ckpt.args)
+        sharded = model.sharded_state_dict()
+        extra = _model_keys_not_loaded(ckpt.path, {v.key for v in sharded.values() if hasattr(v, "key")})
+        if extra:
+            raise ExportError(f"{ckpt.path} holds model tensors the converter would drop: {', '.join(extra[:5])}; "
+                              "the architecture has features this converter does not map")
         try:
-            state = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(ckpt.path))
+            state = dist_checkpointing.load({"model": sharded}, str(ckpt.path))
         except Exception as exc:
             raise ExportError(f"Megatron could not load {ckpt.path} ({type(exc).__name__}: {exc})") from exc
         missing, unexpected = model.load_state_dict(state["model"], strict=False)
@@ -231,10 +254,13 @@ def convert(ckpt: MegatronCheckpoint, tokenizer_dir: Path, out: Path, ids: list[
             hf_state.update(zip(names, (t[:vocab] if t.shape[0] == ckpt.args.padded_vocab_size else t for t in tensors)))
     hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = hf.load_state_dict(hf_state, strict=False)
+    if config.tie_word_embeddings:  # Megatron's default: the output layer is the embedding, and not saved apart
+        hf.tie_weights()
+        missing = [k for k in missing if k not in set(hf._tied_weights_keys or {})]
     if missing or unexpected:
         raise ExportError(f"mbridge's mapping left {ckpt.model_type} weights unmatched: missing {missing[:5]}, "
                           f"unexpected {unexpected[:5]}")
-    hf.save_pretrained(out, safe_serialization=True)
+    hf.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return reference
 

@@ -96,3 +96,33 @@ class ParityReport:
             "outputs": {k: asdict(v) for k, v in self.outputs.items()},
             "notes": self.notes,
         }
+
+
+def first_outputs(model, ids: list[list[int]]) -> list[np.ndarray]:
+    """A Hugging Face model's first output (logits, or a bare encoder's last hidden state) for each token list."""
+    import torch
+
+    outputs = []
+    with torch.no_grad():
+        for x in ids:
+            out = model(input_ids=torch.tensor([x]))
+            first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+            outputs.append(first.float().numpy())
+    return outputs
+
+
+def compare_with_trainer(reference: list[np.ndarray], model_dir, ids: list[list[int]], *, auto_class: str, dtype: str,
+                         atol: float, allow_drift: bool, reference_model: str, reference_command: str,
+                         output: str = "logits") -> dict:
+    """A converted checkpoint, reloaded from `model_dir`, against the trainer's own model's outputs on `ids`: the
+    figures for parity.json (ParityError beyond `atol` unless drift is allowed)."""
+    import torch
+    import transformers
+
+    model = getattr(transformers, auto_class).from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    report = ParityReport(atol=atol)
+    for ref, got in zip(reference, first_outputs(model, ids)):
+        report.add({output: ref}, {output: got})
+    report.notes.append(f"reference: {reference_model}")
+    report.check(allow_drift)
+    return {**report.to_dict(), "reference": reference_model, "reference_command": reference_command}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .checkpoint import TOKENIZER_FILES
 from .exceptions import ExportError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ def inspect_zero(path: Path) -> ZeroCheckpoint:
     world = int(states.get("dp_world_size") or 1)
     mp = int(states.get("mp_world_size") or 1)
     stage = int((states.get("ds_config") or {}).get("zero_optimization", {}).get("stage", 0))
+    if stage == 0:
+        raise ExportError(f"{shards} is a DeepSpeed checkpoint without ZeRO partitions (stage 0): its model is whole in "
+                          f"{model_files[0].name}; load it with DeepSpeed or torch.load and save_pretrained it")
     if mp != 1:
         raise ExportError(f"{shards} was written with model parallelism {mp}; only data-parallel ZeRO checkpoints "
                           "(mp_rank_00) are supported")
@@ -84,7 +88,7 @@ def inspect_zero(path: Path) -> ZeroCheckpoint:
 
 
 def config_folder(ckpt: ZeroCheckpoint, base: Path | None) -> Path:
-    """Where the model's config and tokenizer are: beside the shards (the Trainer writes them), else --base."""
+    """Where the model's config is: beside the shards (the Trainer writes it), else --base."""
     folder = ckpt.path if (ckpt.path / "config.json").is_file() else base
     if folder is None or not (folder / "config.json").is_file():
         raise ExportError(f"{ckpt.path} holds ZeRO shards but no config.json; pass the model's Hugging Face folder "
@@ -92,8 +96,18 @@ def config_folder(ckpt: ZeroCheckpoint, base: Path | None) -> Path:
     return folder
 
 
-def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path, auto_class: str = "AutoModelForCausalLM") -> None:
-    """DeepSpeed's own consolidation into fp32 weights, saved as a safetensors Hugging Face model in `out`."""
+def tokenizer_folder(config_dir: Path, base: Path | None) -> Path:
+    """--base when it holds a tokenizer (it wins over the one beside the shards), else the config's folder."""
+    if base is not None and any((base / n).is_file() for n in TOKENIZER_FILES):
+        return base
+    if not any((config_dir / n).is_file() for n in TOKENIZER_FILES):
+        raise ExportError(f"no tokenizer in {config_dir}" + (f" or {base}" if base else "")
+                          + "; pass a folder with the model's tokenizer with --base PATH")
+    return config_dir
+
+
+def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path, auto_class: str, dtype: str) -> None:
+    """DeepSpeed's own consolidation into fp32 weights, saved in `dtype` as a safetensors Hugging Face model in `out`."""
     import torch
     import transformers
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -106,28 +120,32 @@ def consolidate(ckpt: ZeroCheckpoint, config_dir: Path, out: Path, auto_class: s
     config = AutoConfig.from_pretrained(config_dir)
     model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or {})
+    tied = set(getattr(model, "_tied_weights_keys", None) or {}) if config.tie_word_embeddings else set()
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise ExportError(f"the ZeRO weights in {ckpt.shards} do not fit {config_dir / 'config.json'}: "
                           f"missing {', '.join(missing[:5]) or 'none'}; unexpected {', '.join(unexpected[:5]) or 'none'}")
     if config.tie_word_embeddings:
         model.tie_weights()
-    model.save_pretrained(out, safe_serialization=True)
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
 
 
-def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]], work: Path,
-                     auto_class: str = "AutoModelForCausalLM") -> tuple[list[np.ndarray], str]:
+def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]], work: Path, auto_class: str,
+                     timeout_s: float = 3600) -> tuple[list[np.ndarray], str]:
     """Outputs of DeepSpeed's engine loaded from the original shards, and the command that produced them."""
     ids_file, logits_file = work / "parity-ids.json", work / "zero-reference.npz"
     ids_file.write_text(json.dumps(ids))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ckpt.world_size}",
             "-m", "export.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file),
-            auto_class]
+            auto_class, str(ckpt.stage)]
     log.info("    %s", shlex.join(argv))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    done = subprocess.run(argv, capture_output=True, text=True, env=env)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ExportError(f"DeepSpeed's engine did not load {ckpt.shards} within {timeout_s:.0f} s for the parity "
+                          f"check; rerun it by hand to see where it waits: {shlex.join(argv)}") from None
     if done.returncode != 0 or not logits_file.is_file():
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise ExportError(f"DeepSpeed's engine could not load {ckpt.shards} for the parity check:\n{tail}")
@@ -143,33 +161,17 @@ def reference_name(ckpt: ZeroCheckpoint) -> str:
     return f"DeepSpeed ZeRO-{ckpt.stage} engine, world size {ckpt.world_size}, from {ckpt.shards}"
 
 
-def to_hugging_face(path: Path, auto_class: str, work: Path, *, base: Path | None, texts: list[str], atol: float,
-                    allow_drift: bool) -> tuple[Path, dict]:
-    """An encoder's ZeRO checkpoint as a Hugging Face folder in `work`, checked against DeepSpeed's engine on
-    `texts`; returns the folder and the conversion's parity figures (ParityError beyond `atol`)."""
-    import torch
-    import transformers
+def to_hugging_face(ckpt: ZeroCheckpoint, config_dir: Path, work: Path, *, auto_class: str, ids: list[list[int]],
+                    dtype: str, atol: float, allow_drift: bool, steps=log.info, output: str = "logits") -> tuple[Path, dict]:
+    """The checkpoint as a Hugging Face folder in `work`, checked against DeepSpeed's engine on `ids`: the folder and
+    the figures for parity.json (ParityError beyond `atol` unless drift is allowed)."""
+    from .parity import compare_with_trainer
 
-    from .parity import ParityReport
-
-    ckpt = inspect_zero(path)
-    config_dir = config_folder(ckpt, base)
     hf = work / "hf"
-    log.info("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed", ckpt.world_size, ckpt.stage, ckpt.tag)
-    consolidate(ckpt, config_dir, hf, auto_class)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(config_dir)
-    tokenizer.save_pretrained(hf)
-    ids = [tokenizer(t, truncation=True)["input_ids"] for t in texts]
-    log.info("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
+    steps("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed's get_fp32_state_dict_from_zero_checkpoint",
+          ckpt.world_size, ckpt.stage, ckpt.tag)
+    consolidate(ckpt, config_dir, hf, auto_class, dtype)
+    steps("reference: DeepSpeed's engine loads the original shards at world size %d", ckpt.world_size)
     reference, how = reference_logits(ckpt, config_dir, ids, work, auto_class)
-    model = getattr(transformers, auto_class).from_pretrained(hf, dtype=torch.float32).eval()
-    report = ParityReport(atol=atol)
-    with torch.no_grad():
-        for x, ref in zip(ids, reference):
-            out = model(input_ids=torch.tensor([x]))
-            first = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
-            report.add({"output": ref}, {"output": first.numpy()})
-    report.notes.append(f"reference: {reference_name(ckpt)}")
-    report.check(allow_drift)
-    return hf, {**report.to_dict(), "source": str(path.resolve()), "converted_from": origin(ckpt),
-                "reference": reference_name(ckpt), "reference_command": how}
+    return hf, compare_with_trainer(reference, hf, ids, auto_class=auto_class, dtype=dtype, atol=atol, output=output,
+                                    allow_drift=allow_drift, reference_model=reference_name(ckpt), reference_command=how)

@@ -64,9 +64,12 @@ def test_conversions_match_the_trainers_own_model(exported, name, fmt):
     logits = parity["outputs"]["logits"]
     assert parity["passed"] and parity["cases"] == 6 and logits["max_abs_diff"] <= 1e-4
     assert logits["top1_agreement"] == 1.0
-    assert parity["reference"].startswith("DeepSpeed ZeRO-3 engine, world size 2" if name == "lf-zero3"
-                                          else "Megatron-core GPTModel")
-    assert parity["reference_command"]
+    if name == "lf-zero3":  # DeepSpeed's engine, in processes of its own at the world size that wrote the shards
+        assert parity["reference"].startswith("DeepSpeed ZeRO-3 engine, world size 2")
+        assert "export.zero_reference" in parity["reference_command"] and "--nproc-per-node=2" in parity["reference_command"]
+    else:  # the Megatron model, loaded by the export itself
+        assert parity["reference"].startswith("Megatron-core GPTModel")
+        assert "export llm" in parity["reference_command"]
 
 
 def test_zero3_conversion_holds_the_trained_weights(runs, exported):
@@ -79,6 +82,17 @@ def test_zero3_conversion_holds_the_trained_weights(runs, exported):
     name = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.allclose(trained[name], base[name])
     assert torch.allclose(trained[name], base[name], atol=0.05)
+
+
+def test_megatron_tied_embeddings_and_a_16_bit_copy(runs, tmp_path):
+    """Megatron's default shares the embedding with the output layer (no output_layer in the checkpoint); a
+    bfloat16 copy is checked at the 16-bit tolerance."""
+    done = export(runs["megatron-tp2-tied"], "--out", tmp_path / "tied", "--dtype", "bfloat16")
+    assert done.returncode == 0, done.stderr[-2000:]
+    config = json.loads((tmp_path / "tied" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True and config["dtype"] == "bfloat16"
+    parity = json.loads((tmp_path / "tied" / "parity.json").read_text())
+    assert parity["passed"] and parity["atol"] == 0.25 and parity["outputs"]["logits"]["top1_agreement"] >= 0.9
 
 
 def test_megatron_tp2_shards_are_merged(runs, exported):
@@ -154,6 +168,9 @@ def test_megatron_tp_degree_that_contradicts_its_metadata_names_both(runs, tmp_p
 def test_unknown_megatron_architecture_lists_the_supported_ones(runs, tmp_path):
     broken = _edit_megatron_args(runs, tmp_path, swiglu=False)
     failed(export(broken, "--out", tmp_path / "out"), "swiglu=False", "LlamaForCausalLM", "Qwen2ForCausalLM")
+    shutil.rmtree(broken)
+    broken = _edit_megatron_args(runs, tmp_path, qk_layernorm=True)
+    failed(export(broken, "--out", tmp_path / "out"), "qk_layernorm=True is not mapped", "LlamaForCausalLM")
 
 
 def test_drift_beyond_tolerance_writes_nothing_unless_allowed(runs, tmp_path):
@@ -193,7 +210,7 @@ def test_an_encoders_zero3_trainer_checkpoint_exports_to_onnx(runs, tmp_path):
     conversion = parity["conversion"]
     assert conversion["passed"] and conversion["converted_from"] == {"format": "deepspeed-zero3", "tag": "global_step3",
                                                                       "world_size": 2}
-    assert conversion["outputs"]["output"]["max_abs_diff"] <= 1e-5 and conversion["cases"] >= 5
+    assert conversion["outputs"]["logits"]["max_abs_diff"] <= 1e-5 and conversion["cases"] >= 5
     assert parity["passed"] and parity["outputs"]["logits"]["max_abs_diff"] <= 1e-4
     broken = copy(runs["bert-zero3"], tmp_path / "broken")
     (broken / "global_step3" / "zero_pp_rank_0_mp_rank_00_model_states.pt").unlink()
@@ -212,6 +229,6 @@ def test_a_llamafactory_qlora_run_is_recognised_and_merges_into_the_full_precisi
     assert "full-precision base" in done.stderr  # served on the unquantised base: said, not hidden
     done = export(runs["lf-qlora"], "--out", tmp_path / "merged", "--merge")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "4-bit (QLoRA) base" in done.stderr
+    assert "quantised (QLoRA) base" in done.stderr
     parity = json.loads((tmp_path / "merged" / "parity.json").read_text())
     assert parity["passed"] and metadata(tmp_path / "merged")["qlora"] is True

@@ -6,8 +6,8 @@ folder's sources and the trainers' versions (`python -m tests.trainer_checkpoint
   arguments saved as `training_args.yaml` in the output folder;
 - `lf-zero3`: the same full SFT through DeepSpeed ZeRO-3 on 2 ranks with 16-bit gathering off, so the run
   leaves only `global_step3/` shards (and `zero_to_fp32.py`), no model weights;
-- `megatron-tp2`: Megatron-core, tensor parallelism 2, saved by its own distributed checkpointing
-  (megatron_gpt.py);
+- `megatron-tp2`, `megatron-tp2-tied`: Megatron-core, tensor parallelism 2, saved by its own distributed
+  checkpointing (megatron_gpt.py); the second shares its embedding and output weights, Megatron's default;
 - `bert-zero3`: the fixture BERT classifier fine-tuned by the Hugging Face Trainer under DeepSpeed ZeRO-3 on
   2 ranks (hf_trainer_zero3.py): its `checkpoint-3/` holds shards, config and tokenizer, no weights.
 
@@ -35,7 +35,7 @@ REPO = HERE.parents[1]
 LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
 DEFAULT_ROOT = REPO / ".rtxserve" / "cache" / "trainer-checkpoints"
 NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-qlora": "lf-qlora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
-         "megatron-tp2": "megatron-tp2", "bert-zero3": "bert-zero3/checkpoint-3"}
+         "megatron-tp2": "megatron-tp2", "megatron-tp2-tied": "megatron-tp2-tied", "bert-zero3": "bert-zero3/checkpoint-3"}
 
 SFT = {
     "stage": "sft", "do_train": True, "dataset": "orders", "template": "default", "cutoff_len": 128,
@@ -116,9 +116,10 @@ def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
         (data / "dataset_info.json").write_text(json.dumps({"orders": {"file_name": "orders.json"}}))
         for name in RUNS:
             _llamafactory(work, name)
-        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-              str(HERE / "megatron_gpt.py"), str(work / "megatron-tp2"), str(work / "base"), "--tp", "2"],
-             work / "megatron-tp2.log")
+        for name, extra in (("megatron-tp2", []), ("megatron-tp2-tied", ["--tied"])):
+            _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                  str(HERE / "megatron_gpt.py"), str(work / name), str(work / "base"), "--tp", "2", *extra],
+                 work / f"{name}.log")
         write_text_classifier(work / "bert-base")
         _run([str(LLAMAFACTORY_ENV / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
               "--nproc-per-node=2", str(HERE / "hf_trainer_zero3.py"), str(work / "bert-base"), str(work / "bert-zero3")],

@@ -38,6 +38,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--tied", action="store_true", help="share the embedding and output weights (Megatron's default)")
     cli = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -52,7 +53,7 @@ def main() -> None:
         num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=2, num_query_groups=2,
         group_query_attention=False, kv_channels=64, normalization="RMSNorm", norm_epsilon=1e-6, swiglu=True,
         position_embedding_type="rope", rotary_base=10000, rotary_percent=1.0, add_bias_linear=False,
-        add_qkv_bias=False, untie_embeddings_and_output_weights=True, max_position_embeddings=512,
+        add_qkv_bias=False, untie_embeddings_and_output_weights=not cli.tied, max_position_embeddings=512,
         seq_length=64, padded_vocab_size=len(tokenizer) + (-len(tokenizer)) % (128 * cli.tp),
         make_vocab_size_divisible_by=128, tokenizer_type="HuggingFaceTokenizer",
         tokenizer_model=str(Path(cli.tokenizer).resolve()), tensor_model_parallel_size=cli.tp,
@@ -72,7 +73,7 @@ def main() -> None:
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(), post_process=parallel_state.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=False, position_embedding_type="rope", rotary_base=args.rotary_base,
+        share_embeddings_and_output_weights=cli.tied, position_embedding_type="rope", rotary_base=args.rotary_base,
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     ids = [tokenizer(s)["input_ids"][: args.seq_length] for s in SENTENCES]

@@ -123,7 +123,7 @@ def test_a_malformed_image_part_is_a_400_not_a_500(client, backend, part):
 
 
 def test_other_parts_and_cached_image_references_pass_through(client, backend):
-    sent = chat({"type": "video_url", "video_url": {"url": "https://evil.example.net/v.mp4"}},
+    sent = chat({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}},
                 {"type": "input_audio", "input_audio": {"data": "!!", "format": "wav"}},
                 {"type": "image_url", "image_url": None, "uuid": "cat-1"}, "plain text part")
     assert client.post("/v1/chat/completions", json=sent).status_code == 200
@@ -135,3 +135,17 @@ def test_chat_image_domains_is_read_from_the_environment_as_json(monkeypatch):
     monkeypatch.setenv("RTXSERVE_MAX_CHAT_IMAGES", "0")
     settings = GatewaySettings()
     assert settings.chat_image_domains == ["images.example.com", "cdn.example.org"] and settings.max_chat_images == 0
+
+
+def test_video_and_audio_urls_follow_the_image_url_rules():
+    from serve.gateway.exceptions import InvalidRequest
+    from serve.gateway.generate.media import check_chat_images
+    from serve.gateway.settings import GatewaySettings
+
+    limits = GatewaySettings(chat_image_domains=["media.example.com"])
+    for kind in ("video_url", "audio_url"):
+        for url in ("http://169.254.169.254/latest/meta-data/", "file:///etc/passwd"):
+            with pytest.raises(InvalidRequest, match=r"messages\[0\]\.content\[0\]"):
+                check_chat_images(limits, [{"role": "user", "content": [{"type": kind, kind: {"url": url}}]}])
+        check_chat_images(limits, [{"role": "user", "content": [{"type": kind, kind: {"url": "https://media.example.com/a"}}]}])
+        check_chat_images(limits, [{"role": "user", "content": [{"type": kind, kind: {"url": "data:video/mp4;base64,AAAA"}}]}])

@@ -137,7 +137,7 @@ def test_qlora_adapter_merges_with_a_warning(llm, tmp_path, caplog):
     (src / "training_args.yaml").write_text("finetuning_type: lora\nquantization_bit: 4\n")
     with caplog.at_level(logging.WARNING):
         export_llm(src, tmp_path / "out", merge=True)
-    assert "4-bit (QLoRA)" in caplog.text
+    assert "quantised (QLoRA)" in caplog.text
     assert json.loads((tmp_path / "out" / "rtxserve.json").read_text())["qlora"] is True
 
 

@@ -36,8 +36,25 @@ def _image_parts(messages: list[dict]) -> Iterator[tuple[str, dict]]:
                 yield f"messages[{i}].content[{j}]", part
 
 
+# Other media parts vLLM fetches by URL: their sources follow the images' rules (their sizes are vLLM's to bound).
+_MEDIA_URL_PARTS = ("video_url", "audio_url")
+
+
+def _media_parts(messages: list[dict]) -> Iterator[tuple[str, str | None]]:
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(part, dict) and part.get("type") in _MEDIA_URL_PARTS:
+                media = part.get(part["type"])
+                yield f"messages[{i}].content[{j}]", media.get("url") if isinstance(media, dict) else media
+
+
 def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
-    """Count, size and source of the images of a chat request; InvalidRequest (param "messages") when out of bounds."""
+    """Count, size and source of the images of a chat request, and the source of its video and audio URLs;
+    InvalidRequest (param "messages") when out of bounds."""
+    for where, url in _media_parts(messages):
+        if isinstance(url, str) and url[:5].lower() != "data:":
+            _check_remote_url(limits, where, url)
     parts = list(_image_parts(messages))
     if len(parts) > limits.max_chat_images:
         raise InvalidRequest(f"{len(parts)} images; this gateway allows at most {limits.max_chat_images} per request",
