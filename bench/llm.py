@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from httpx_sse import EventSource
 
 log = logging.getLogger("rtxserve.bench")
 
@@ -74,10 +75,10 @@ async def complete(client: httpx.AsyncClient, url: str, model: str, prompt: str,
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
             if response.status_code != 200:
                 return Completion(False, error=f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for event in EventSource(response).aiter_sse():  # SSE's own line ends (see serve/gateway/backends/vllm.py)
+                if not event.data or event.data == "[DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                chunk = json.loads(event.data)
                 if chunk.get("choices") and math.isnan(first):
                     first = time.perf_counter() - started
                 if chunk.get("usage"):

@@ -17,7 +17,8 @@ from .fakes import error_of
 
 def FakeStream(lines):
     """vLLM's stream parser over a canned SSE body."""
-    return SSEStream(httpx.Response(200, content="\n\n".join(lines).encode() + b"\n\n"), "llm")
+    return SSEStream(httpx.Response(200, content="\n\n".join(lines).encode() + b"\n\n",
+                                    headers={"content-type": "text/event-stream; charset=utf-8"}), "llm")
 
 
 class FakeVLLM(Backend):
@@ -149,6 +150,18 @@ def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend)
     assert len(events) == 3 and events[-1] == "data: [DONE]"  # usage chunk dropped: not asked for
     assert backend.bodies[-1]["stream_options"] == {"include_usage": True}  # but always asked of vLLM
     assert backend.stream.response.is_closed
+
+
+def test_text_with_unicode_line_separators_is_relayed_whole(client, backend):
+    """U+2028, U+2029 and NEL end lines for str.splitlines (and httpx's aiter_lines), not for SSE; vLLM's JSON
+    carries them unescaped when a model writes them."""
+    text = "a\u2028b\u2029c\x85d"
+    backend.stream = FakeStream([_chunk(text).replace("\\u2028", "\u2028").replace("\\u2029", "\u2029")
+                                 .replace("\\u0085", "\x85"), "data: [DONE]"])
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and len(events) == 2, events
+    assert json.loads(events[0][6:])["choices"][0]["delta"]["content"] == text
 
 
 @pytest.mark.parametrize("tail", [[], ["data: {not json"], ['data: {"error": {"message": "engine dead"}}', "data: [DONE]"]])

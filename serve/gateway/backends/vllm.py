@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 import httpx
+from httpx_sse import EventSource
 import orjson
 
 from rtxserve.contract import TEXT_GENERATION
@@ -119,11 +120,13 @@ class SSEStream(Stream):
         self.response, self.model = response, model
 
     async def __aiter__(self):
+        # httpx-sse splits lines where SSE does (CR, LF, CRLF); httpx's own aiter_lines also splits on U+2028,
+        # U+0085 and the like, which vLLM's JSON carries unescaped when a model writes them.
         try:
-            async for line in self.response.aiter_lines():
-                if not line.startswith("data:"):
+            async for event in EventSource(self.response).aiter_sse():
+                payload = event.data.strip()
+                if not payload:
                     continue
-                payload = line[5:].strip()
                 if payload == "[DONE]":
                     return
                 try:
