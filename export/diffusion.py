@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rtxserve import contract, lora
+from rtxserve.entry_metadata import entry_metadata_json
 
 from . import repository
 from .exceptions import ExportError
@@ -164,7 +165,7 @@ def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, 
                                                          "lora_fused": bool(lora_path and defaults.fuse_lora)})},
     )
     files: dict[str, Path | str] = {"1/model.py": PYTHON_MODELS / "diffusion" / "model.py",
-                                    "rtxserve.json": json.dumps(metadata, indent=2),
+                                    "rtxserve.json": entry_metadata_json(metadata),
                                     "1/pipeline/model_index.json": pipeline / "model_index.json"}
     for component in COMPONENTS:  # what the pipeline loads: configs, tokenizer files, default weights
         for f in (pipeline / component).iterdir():
@@ -179,7 +180,7 @@ def diffusion_entry(opts: EntryOptions, pipeline: Path, lora_path: Path | None, 
                                             "dtype": "float16" if opts.target == "gpu" else "float32",
                                             "lora_scale": defaults.lora_scale, "lora_file": LORA_FILE,
                                             "fuse_lora": defaults.fuse_lora, "compile": defaults.compile,
-                                            "size": size,
+                                            "size": size, "guidance": defaults.guidance,
                                             "schedulers": contract.SCHEDULERS}, indent=2)
     return ModelDir(config, files)
 

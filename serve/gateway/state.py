@@ -12,6 +12,7 @@ a request that reached a backend is never sent twice.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import struct
 import time
@@ -63,11 +64,17 @@ _CANARIES = {
     contract.TOKEN_CLASSIFICATION: lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
     contract.TEXT_GENERATION: lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
                                                   m.name),
-    # one denoising step on a 64x64 image (an 8x8 latent: the smallest that every SD-shaped UNet takes)
-    contract.TEXT_TO_IMAGE: lambda b, m, t: b.generate_images(m, {
-        "prompt": "ok", "negative_prompt": "", "steps": 1, "guidance": 1.0, "seed": 0, "width": 64, "height": 64, "n": 1,
-        "scheduler": "", "lora_scale": -1.0}, t),
+    contract.TEXT_TO_IMAGE: lambda b, m, t: b.generate_images(m, _image_canary(m), t),
 }
+
+
+def _image_canary(model: ModelInfo) -> dict:
+    """One denoising step of one image at the model's default size and guidance: the shape that an entry whose
+    UNet is compiled warmed at load (any other shape would compile again, past the canary's deadline)."""
+    defaults = json.loads(model.extra.get("defaults") or "{}")
+    size = int(defaults.get("size", 64))
+    return {"prompt": "ok", "negative_prompt": "", "steps": 1, "guidance": float(defaults.get("guidance", 7.5)),
+            "seed": 0, "width": size, "height": size, "n": 1, "scheduler": "", "lora_scale": -1.0}
 
 
 @dataclass(eq=False)

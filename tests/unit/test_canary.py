@@ -74,3 +74,16 @@ def test_a_model_that_is_answering_is_not_probed():
             assert client.post("/v1/classify", json={"model": "clf", "input": "traffic"}).status_code == 200
             time.sleep(0.05)
     assert backend.calls and ["ok"] not in backend.calls
+
+
+def test_an_image_models_canary_is_the_shape_its_entry_warmed_at_load():
+    """A compiled UNet is warmed at load on one image at the entry's default size and guidance (a CFG batch of
+    two); a canary of any other shape would compile again, past its deadline, on a machine with a cold cache."""
+    import json
+
+    from serve.gateway.backends.base import ModelInfo
+
+    model = ModelInfo(name="sd", task="text-to-image", backend="triton", ready=True,
+                      extra={"defaults": json.dumps({"steps": 30, "guidance": 5.0, "size": 512})})
+    asked = state_module._image_canary(model)
+    assert (asked["width"], asked["height"], asked["guidance"], asked["n"], asked["steps"]) == (512, 512, 5.0, 1, 1)

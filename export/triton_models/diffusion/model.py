@@ -53,8 +53,10 @@ class TritonPythonModel:
         self.default_scheduler = self.pipe.scheduler
         self.max_tokens = self.pipe.tokenizer.model_max_length
         if self.settings.get("compile"):
-            # Compiled here, at load, and run once at the default size, so that no request waits for it. (The
-            # export checked the compiled UNet against the eager one.) Another size compiles once more. The stub's
+            # Compiled here, at load, and run once as a default request of one image runs it (the default size and
+            # guidance: with guidance the UNet sees a batch of two), so that "ready" means ready and neither the
+            # gateway's first request (the same shape) nor a client waits for a compile. (The export checked the
+            # compiled UNet against the eager one.) Another size or image count compiles once more. The stub's
             # embedded Python keeps the C locale whatever the environment says, so files open as ASCII, and
             # inductor's templates are UTF-8.
             import locale
@@ -62,7 +64,8 @@ class TritonPythonModel:
             locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
             self.pipe.unet = torch.compile(self.pipe.unet)
             size = self.settings["size"]
-            self.pipe("", num_inference_steps=1, width=size, height=size, output_type="latent")
+            self.pipe("", num_inference_steps=1, width=size, height=size, output_type="latent",
+                      guidance_scale=self.settings.get("guidance", 7.5))
 
     def _scheduler(self, name):
         if not name:
