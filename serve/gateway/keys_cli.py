@@ -45,19 +45,24 @@ def _revoke(args, keys: dict[str, ApiKey]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # --keys is taken before the subcommand or after it (`keys create --keys F`): the subcommands share it as a
+    # parent whose default is suppressed, so that a value given after the subcommand is not reset to the default.
+    keys_help = "keys file (default RTXSERVE_KEYS_FILE, else ./keys.json)"
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--keys", type=Path, default=argparse.SUPPRESS, help=keys_help)
     parser = argparse.ArgumentParser(prog="rtxserve keys", description="Manage the gateway's API keys.")
-    parser.add_argument("--keys", type=Path, default=Path(os.environ.get("RTXSERVE_KEYS_FILE", "keys.json")),
-                        help="keys file (default RTXSERVE_KEYS_FILE, else ./keys.json)")
+    parser.add_argument("--keys", type=Path, default=Path(os.environ.get("RTXSERVE_KEYS_FILE", "keys.json")), help=keys_help)
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("create", help="make a key and print it once")
+    c = sub.add_parser("create", help="make a key and print it once", parents=[common])
     c.add_argument("--name", required=True)
     c.add_argument("--models", default="*", help="comma-separated models the key may use (default: all)")
     c.add_argument("--admin", action="store_true", help="may use every model")
     c.add_argument("--rpm", type=int, help="requests per minute")
     c.add_argument("--tpm", type=int, help="tokens per minute (generation: prompt + completion)")
     c.set_defaults(run=_create)
-    sub.add_parser("list", help="the keys (names, models, quotas; never the keys themselves)").set_defaults(run=_list)
-    r = sub.add_parser("revoke", help="remove a key")
+    sub.add_parser("list", help="the keys (names, models, quotas; never the keys themselves)",
+                   parents=[common]).set_defaults(run=_list)
+    r = sub.add_parser("revoke", help="remove a key", parents=[common])
     r.add_argument("name")
     r.set_defaults(run=_revoke)
     return parser
