@@ -15,7 +15,8 @@ def plan_main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true", help="the plan as JSON on stdout")
     parser.add_argument("--measure", action="store_true", help="the deployment is running (`rtxserve serve up`): "
                         "set each server's GPU memory, measured by NVML, beside the plan")
-    parser.add_argument("--run-root", type=Path, help="where `serve up` keeps its runs (default .rtxserve/run)")
+    parser.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path,
+                        help="where `serve up` keeps its runs (default: its per-user state directory)")
     args = parser.parse_args(argv)
     from .plan import format_plan, plan
     from .spec import DeploymentError, load_deployment
@@ -28,12 +29,12 @@ def plan_main(argv: list[str]) -> int:
         return 2
     print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
     if args.measure:
-        from serve.box import RUN_ROOT, run_dir
+        from serve.box import run_dir
 
         from .measure import format_measured, measure
 
         try:
-            print("\n" + format_measured(measure(p, run_dir(deployment.name, args.run_root or RUN_ROOT))))
+            print("\n" + format_measured(measure(p, run_dir(deployment.name, args.state_dir))))
         except (DeploymentError, RuntimeError, OSError) as exc:
             print(f"rtxserve plan --measure: error: {exc}", file=sys.stderr)
             return 2

@@ -11,10 +11,11 @@ kept.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+from rtxserve.entry_metadata import EntryMetadata
 
 from .spec import Deployment, DeploymentError
 
@@ -53,14 +54,14 @@ def plan_tensorrt(d: Deployment, repository: Path) -> list[Build]:
             raise DeploymentError(f"models.{m.name}.tensorrt: its model step is {config.platform or config.backend}, not an "
                                   "ONNX graph on onnxruntime_onnx: export it with --target gpu (without --tensorrt: the "
                                   "plan is built on the box)")
-        meta = json.loads((repository / m.name / "rtxserve.json").read_text())
+        meta = EntryMetadata.read(repository / m.name)
         token_inputs = [i for i in config.input if list(i.dims) == [-1]]
         fixed = {i.name: tuple(i.dims) for i in config.input if list(i.dims) != [-1]}
         profile = Profile.parse(max_batch_size=config.max_batch_size,
-                                max_length=int(meta["max_length"]) if token_inputs else None)
+                                max_length=meta.max_length if token_inputs else None)
         shapes = profile.shapes({**{i.name: None for i in token_inputs}, **fixed})
         builds.append(Build(folder.name, {n: tuple("x".join(map(str, s)) for s in mmo) for n, mmo in shapes.items()},
-                            fp16=meta.get("precision") == "fp16"))
+                            fp16=meta.precision == "fp16"))
         config.platform = "tensorrt_plan"
         config.default_model_filename = "model.plan"
         write_config(folder / "config.pbtxt", config)

@@ -31,6 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rtxserve.entry_metadata import EntryMetadata
+
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
 GIB = 1024**3
@@ -117,13 +119,13 @@ class Plan:
 
 # ---------------------------------------------------------------------------------------------- encoders
 
-def _entry_dimensions(meta: dict) -> dict:
-    dims = dict(meta.get("dimensions") or {})
-    if not dims:  # entries exported before the dimensions were recorded: the checkpoint, if it is still there
-        source = Path(meta.get("source", "")) / "config.json"
+def _entry_dimensions(meta: EntryMetadata) -> dict:
+    dims = dict(meta.model_dimensions)
+    if not dims and meta.source:  # entries exported before the dimensions were recorded: the checkpoint, if still there
+        source = Path(meta.source) / "config.json"
         if source.is_file():
             config = json.loads(source.read_text())
-            dims = {k: v for k, v in config.items() if isinstance(v, int)}
+            dims = {k: v for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool)}
     return dims
 
 
@@ -139,14 +141,14 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
     dims = _entry_dimensions(meta)
     notes = []
     needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-    batch = m.max_batch_size or int(meta.get("max_batch_size") or 1)
+    batch = m.max_batch_size or meta.max_batch_size or 1
     if all(k in dims for k in needed):
         if "image_size" in dims and "patch_size" in dims:
             seq = (dims["image_size"] // dims["patch_size"]) ** 2 + 1
         else:
-            seq = int(meta.get("max_length") or dims.get("max_position_embeddings") or 512)
+            seq = meta.max_length or dims.get("max_position_embeddings") or 512
         h, heads, inter = dims["hidden_size"], dims["num_attention_heads"], dims["intermediate_size"]
-        act_bytes = 2 if meta.get("precision") == "fp16" else 4
+        act_bytes = 2 if meta.precision == "fp16" else 4
         live = batch * seq * (3 * h + inter) + 2 * batch * heads * seq * seq  # widest layer + scores and softmax
         activations = ORT_ARENA_FACTOR * live * act_bytes / GIB
     else:
@@ -180,8 +182,8 @@ def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
         raise DeploymentError(f"models.{m.name}: {pipeline} cannot be read ({exc})") from None
     except Exception as exc:  # safetensors' own error types for a damaged header
         raise DeploymentError(f"models.{m.name}: {pipeline} holds damaged safetensors ({exc})") from None
-    size = m.size or int(meta.get("default_size") or meta.get("native_size") or 512)
-    latent = (size // int(meta.get("vae_scale") or 8)) ** 2
+    size = m.size or meta.default_size or meta.native_size or 512
+    latent = (size // (meta.vae_scale or 8)) ** 2
     channels = int((unet.get("block_out_channels") or [320])[0])
     activations = 2 * m.max_images * latent * channels * UNET_ACTIVATION_VALUES * width
     vae = m.max_images * size * size * 128 * width  # the decoder's widest feature map at full resolution

@@ -17,13 +17,18 @@ for another machine without them.
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rtxserve.entry_metadata import FILE as ENTRY_METADATA, EntryMetadata, EntryMetadataError
+from rtxserve.tasks import TASKS
+
+log = logging.getLogger("rtxserve.deploy")
 
 NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")  # a DNS label: compose project, k8s names, unit names
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -320,7 +325,7 @@ def load_deployment(path: Path) -> Deployment:
     return parse_deployment(data, path.parent)
 
 
-def encoder_metadata(d: Deployment, m: EncoderModel) -> dict:
+def encoder_metadata(d: Deployment, m: EncoderModel) -> EntryMetadata:
     """The entry's rtxserve.json (what export wrote), after checking that the artifact is an exported entry."""
     path = d.resolve(m.path)
     if not (path / "config.pbtxt").is_file():
@@ -330,21 +335,21 @@ def encoder_metadata(d: Deployment, m: EncoderModel) -> dict:
     if path.name != m.name:
         raise DeploymentError(f"models.{m.name}: the entry at {path} is named {path.name!r}; Triton serves an entry by "
                               f"its folder name, so use name: {path.name} (or export it again with --name {m.name})")
-    meta_path = path / "rtxserve.json"
+    meta_path = path / ENTRY_METADATA
     if not meta_path.is_file():
         raise DeploymentError(f"models.{m.name}: {meta_path} is missing: not an entry written by `rtxserve export onnx`")
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise DeploymentError(f"models.{m.name}: {meta_path} is not readable JSON ({exc})") from None
-    from rtxserve.tasks import TASKS
-
-    kind = TASKS[meta["task"]].kind if meta.get("task") in TASKS else None
+        meta = EntryMetadata.read(meta_path)
+    except EntryMetadataError as exc:
+        raise DeploymentError(f"models.{m.name}: {exc}") from None
+    for note in meta.assumed:
+        log.warning("models.%s: %s (export it again to record it under its own name)", m.name, note)
+    kind = TASKS[meta.task].kind if meta.task in TASKS else None
     if kind != m.kind:
-        raise DeploymentError(f"models.{m.name}: {path} holds a {meta.get('task')} entry; use kind: {kind}")
+        raise DeploymentError(f"models.{m.name}: {path} holds a {meta.task} entry; use kind: {kind}")
     target = "gpu" if d.on_gpu else "cpu"
-    if meta.get("target", "cpu") != target:
-        raise DeploymentError(f"models.{m.name}: {path} was exported for {meta.get('target')} but this deployment runs "
+    if meta.target != target:
+        raise DeploymentError(f"models.{m.name}: {path} was exported for {meta.target} but this deployment runs "
                               f"on {target}; export it again with --target {target}")
     from serve.entry_config import entry_models
 

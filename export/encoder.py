@@ -327,7 +327,7 @@ def _metadata(ckpt: Checkpoint, opts: EntryOptions, command, parity) -> dict:
         "source": str(ckpt.path.resolve()),
         "architecture": ckpt.architecture,
         # what `rtxserve plan` needs to size activations without the checkpoint
-        "dimensions": {k: ckpt.config[k] for k in DIMENSIONS if isinstance(ckpt.config.get(k), int)},
+        "model_dimensions": {k: ckpt.config[k] for k in DIMENSIONS if isinstance(ckpt.config.get(k), int)},
         "target": opts.target,
         "instances": opts.instances,
         "max_batch_size": opts.max_batch_size,

@@ -163,7 +163,7 @@ def _embedding(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
         lambda model, _ckpt: pooled_encoder(model, pooling),
         functools.partial(embedding_entry, dimensions=dimensions),
         max_length=pooling.max_seq_length,
-        metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "dimensions": dimensions},
+        metadata={"pooling": pooling.mode, "normalize": pooling.normalize, "embedding_size": dimensions},
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rtxserve import contract
+from rtxserve.entry_metadata import entry_metadata_json
 
 from .triton_config import (
     DynamicBatching,
@@ -156,7 +157,7 @@ def classification_entry(
     params = {contract.PARAM_TASK: contract.TEXT_CLASSIFICATION, contract.PARAM_LABELS: json.dumps(labels),
               "rtxserve_max_length": str(max_length)}
     ensemble = _classifier_ensemble(opts, "TEXT", tokenizer.config.name, input_names, postprocess, params)
-    return [ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}), tokenizer, model, postprocess]
+    return [ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}), tokenizer, model, postprocess]
 
 
 def _classifier_ensemble(opts: EntryOptions, source: str, first_step: str, tensors: list[str], postprocess: ModelDir,
@@ -229,7 +230,7 @@ def embedding_entry(
         },
     )
     return [
-        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}),
         _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
         _onnx_model(opts, onnx_path, input_names, outputs, parity),
     ]
@@ -291,7 +292,7 @@ def token_classification_entry(
     )
     post_dir = PYTHON_MODELS / "ner_postprocess"
     return [
-        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}),
         _tokenizer_model(opts, tokenizer_json, input_names, max_length, pad_token_id),
         model,
         ModelDir(postprocess, {"1/model.py": post_dir / "model.py", "1/entities.py": post_dir / "entities.py",
@@ -331,7 +332,7 @@ def image_classification_entry(
                                      contract.PARAM_LABELS: json.dumps(labels)})
     pre_dir = PYTHON_MODELS / "image_preprocess"
     return [
-        ModelDir(ensemble, {"rtxserve.json": json.dumps(metadata, indent=2)}),
+        ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}),
         ModelDir(preprocess, {"1/model.py": pre_dir / "model.py", "1/imaging.py": pre_dir / "imaging.py"}),
         model,
         postprocess,

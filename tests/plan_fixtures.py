@@ -83,8 +83,10 @@ def write_adapter(folder: Path, rank: int = 16, config: dict = LLAMA_3_8B) -> Pa
 
 
 def write_entry(repository: Path, name: str, *, target: str = "gpu", precision: str = "fp16", dims: dict = BERT_BASE,
-                params: int = 109_482_240, max_batch_size: int = 32, max_length: int = 128) -> Path:
-    """A text-classification entry laid out as export writes it, with a sparse graph of the right size."""
+                params: int = 109_482_240, max_batch_size: int = 32, max_length: int = 128,
+                task: str = "text-classification", meta: dict | None = None) -> Path:
+    """An encoder entry (text-classification unless `task` says otherwise) laid out as export writes it, with a
+    sparse graph of the right size; `meta` adds to (or replaces fields of) its rtxserve.json."""
     steps = [f"{name}_tokenizer", f"{name}_model", f"{name}_postprocess"]
     entry = repository / name
     (entry / "1").mkdir(parents=True, exist_ok=True)
@@ -92,8 +94,9 @@ def write_entry(repository: Path, name: str, *, target: str = "gpu", precision: 
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\nensemble_scheduling {{\n'
         + "".join(f'  step {{ model_name: "{s}" model_version: -1 }}\n' for s in steps) + "}\n")
     (entry / "rtxserve.json").write_text(json.dumps({
-        "task": "text-classification", "architecture": "BertForSequenceClassification", "target": target,
-        "max_batch_size": max_batch_size, "max_length": max_length, "precision": precision, "dimensions": dims}))
+        "task": task, "architecture": "BertForSequenceClassification", "target": target,
+        "max_batch_size": max_batch_size, "max_length": max_length, "precision": precision, "model_dimensions": dims}
+        | (meta or {})))
     for step in steps:
         (repository / step / "1").mkdir(parents=True, exist_ok=True)
         (repository / step / "config.pbtxt").write_text(f'name: "{step}"\n')

@@ -74,6 +74,33 @@ def test_an_artifact_missing_or_of_the_wrong_kind_is_named(tmp_path):
         check_artifacts(parse_deployment(missing, tmp_path))
 
 
+@pytest.mark.parametrize("meta", [{"embedding_size": 384},
+                                  {"dimensions": 384, "model_dimensions": None}])  # as export wrote it before the schema
+def test_an_embeddings_entry_plans_as_every_encoder_does(tmp_path, meta, caplog):
+    write_entry(tmp_path / "repo", "minilm", task="feature-extraction", meta={k: v for k, v in meta.items() if v})
+    if "model_dimensions" in meta:  # the old file had only the one "dimensions" key
+        path = tmp_path / "repo" / "minilm" / "rtxserve.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items() if k != "model_dimensions"}))
+    d = parse_deployment({"name": "box", "gpus": {"count": 1},
+                          "models": [{"name": "minilm", "kind": "encoder", "path": "repo/minilm"}]}, tmp_path)
+    estimate = plan(d).estimates["minilm"]
+    old = "dimensions" in meta
+    # the new file: activations sized from BERT-base's dimensions; the old one had none to size them from
+    assert ("activations assumed equal to weights" in " ".join(estimate.notes)) == old
+    assert ("'dimensions' (written before the schema) read as the embedding size" in caplog.text) == old
+
+
+def test_an_entry_metadata_it_cannot_read_is_one_line_naming_the_entry_and_field(tmp_path, capsys):
+    from deploy.cli import plan_main
+
+    write_entry(tmp_path / "repo", "enc", meta={"max_length": "long"})
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump(BASE | {"models": [BASE["models"][0]]}))
+    assert plan_main([str(tmp_path / "box.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"rtxserve plan: error: models.enc: {tmp_path / 'repo' / 'enc' / 'rtxserve.json'}: max_length: "
+                   "Input should be a valid integer, unable to parse string as an integer")
+
+
 def test_one_4090_holds_an_8b_llm_with_two_adapters_and_four_bert_base(boxes):
     p = plan(load_deployment(boxes[0]))
     llm = p.estimates["llama-3-8b"]

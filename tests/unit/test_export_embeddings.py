@@ -84,7 +84,7 @@ def test_minilm_export_matches_sentence_transformers(tmp_path):
     assert result.parity["passed"] and result.parity["outputs"]["embeddings"]["min_cosine"] > 0.99999
     assert sorted(p.name for p in repo.iterdir()) == ["minilm", "minilm_model", "minilm_tokenizer"]
     meta = json.loads((repo / "minilm" / "rtxserve.json").read_text())
-    assert (meta["pooling"], meta["normalize"], meta["dimensions"], meta["max_length"]) == ("mean", True, 384, 256)
+    assert (meta["pooling"], meta["normalize"], meta["embedding_size"], meta["max_length"]) == ("mean", True, 384, 256)
     # What Triton will run: the entry's own tokenizer.json, then the entry's model.onnx.
     tok = Tokenizer.from_file(str(repo / "minilm_tokenizer" / "1" / "tokenizer.json"))
     tok.enable_truncation(256)
