@@ -4,8 +4,8 @@
 process that holds one), assembles the Triton repository it serves (hard links to the exported entries,
 with the planned instance counts), starts Triton, one vLLM engine per LLM replica and the gateway, each
 in a session of its own and detached from this command, and waits until each answers ready. What it
-started is written to `RUN/state.json` (RUN: `.rtxserve/run/NAME` by default), with every server's log
-beside it. `status` reads that file and asks each server; `down` stops the gateway first, then the
+started is written to `RUN/state.json` (RUN: `NAME/` in the per-user state directory, see `state_dir`),
+with every server's log beside it. `status` reads that file and asks each server; `down` stops the gateway first, then the
 engines, SIGTERM then SIGKILL after a grace period, and leaves no process of the deployment behind.
 """
 
@@ -32,7 +32,17 @@ from deploy.spec import Deployment, DeploymentError
 from .entry_config import assemble_repository
 from .launcher import ServerProcess
 
-RUN_ROOT = Path(".rtxserve/run")
+STATE_DIR_ENV = "RTXSERVE_STATE_DIR"
+
+
+def state_dir() -> Path:
+    """Where `serve up` keeps each deployment's run folder: one per-user place whatever the working directory,
+    so that `status` and `down` from another terminal find what runs. RTXSERVE_STATE_DIR, else the XDG state
+    directory ($XDG_STATE_HOME/rtxserve, by default ~/.local/state/rtxserve)."""
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV]).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(xdg) / "rtxserve"
 
 
 @dataclass
@@ -45,8 +55,20 @@ class Running:
     log: str
 
 
-def run_dir(name: str, root: Path = RUN_ROOT) -> Path:
-    return Path(root) / name
+def run_dir(name: str, root: Path | None = None) -> Path:
+    return Path(root or state_dir()) / name
+
+
+def running(root: Path | None = None) -> list[Path]:
+    """The run folders under `root` (default: the state directory) of deployments with a server still alive."""
+    root = Path(root or state_dir())
+    runs = sorted(p.parent for p in root.glob("*/state.json")) if root.is_dir() else []
+    out = []
+    for run in runs:
+        with contextlib.suppress(DeploymentError):
+            if any(_members(r) for r in read_state(run)["servers"]):
+                out.append(run)
+    return out
 
 
 def _holder(port: int) -> str:
@@ -124,15 +146,17 @@ def _triton_install(d: Deployment, envs: dict[str, Path], tritonserver: Path | N
         raise DeploymentError(str(exc)) from None
 
 
-def up(d: Deployment, *, root: Path = RUN_ROOT, envs: dict[str, Path] | None = None, timeout_s: float = 600,
+def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None = None, timeout_s: float = 600,
        tritonserver: Path | None = None, backend_directory: Path | None = None, log=print) -> Path:
     """Start the deployment; returns its run folder. Raises DeploymentError / ServerStartError (having stopped
     whatever it had started)."""
     envs = {"triton": Path(".envs/triton"), "vllm": Path(".envs/vllm")} | (envs or {})
     run = run_dir(d.name, root).resolve()
     with _locked(run, d.name):
-        if (run / "state.json").is_file() and any(_members(r) for r in read_state(run)["servers"]):
-            raise DeploymentError(f"{d.name} is already running (see `rtxserve serve status {d.name}`); "
+        live = [r for r in read_state(run)["servers"] if _members(r)] if (run / "state.json").is_file() else []
+        if live:
+            which = ", ".join(f"{r['name']} pid {r['pid']} ({r['url']})" for r in live)
+            raise DeploymentError(f"{d.name} is already running from {run}: {which}; "
                                   f"`rtxserve serve down {d.name}` first")
         trt = [m.name for m in d.encoders if m.tensorrt]
         if trt:

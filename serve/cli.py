@@ -132,7 +132,7 @@ def _up(args) -> int:
 
     try:
         deployment = load_deployment(args.deployment)
-        run = up(deployment, root=args.run_root, envs={"triton": args.triton_env, "vllm": args.vllm_env},
+        run = up(deployment, root=args.state_dir, envs={"triton": args.triton_env, "vllm": args.vllm_env},
                  timeout_s=args.start_timeout, tritonserver=args.tritonserver, backend_directory=args.backend_directory,
                  log=lambda m: print(m, file=sys.stderr))
     except ServerStartError as exc:
@@ -153,25 +153,31 @@ def _run_of(args) -> Path:
     if target.is_file():
         from deploy.spec import load_deployment
 
-        return run_dir(load_deployment(target).name, args.run_root)
-    return target if (target / "state.json").exists() else run_dir(args.target, args.run_root)
+        return run_dir(load_deployment(target).name, args.state_dir)
+    return target if (target / "state.json").exists() else run_dir(args.target, args.state_dir)
 
 
 def _status(args) -> int:
     from deploy.spec import DeploymentError
 
-    from .box import status
+    from .box import running, state_dir, status
 
     try:
-        servers = status(_run_of(args))
+        runs = [_run_of(args)] if args.target else running(args.state_dir)
+        if not runs:
+            print(f"no deployment runs from {args.state_dir or state_dir()}", file=sys.stderr)
+            return 3
+        servers = {run: status(run) for run in runs}
     except (DeploymentError, OSError) as exc:
         print(f"rtxserve serve status: error: {exc}", file=sys.stderr)
         return 3
-    print(f"{'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
-    for s in servers:
-        print(f"{s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} {s['processes']:>5} "
-              f"{s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
-    return 0 if all(s["alive"] and s["ready"] == "200" for s in servers) else 1
+    for run, rows in servers.items():
+        print(f"{run.name} ({run})")
+        print(f"  {'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
+        for s in rows:
+            print(f"  {s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} "
+                  f"{s['processes']:>5} {s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
+    return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
 
 
 def _down(args) -> int:
@@ -240,11 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
-    from .box import RUN_ROOT as run_root
-
+    state_help = ("where each deployment's run folder goes, the same for every working directory (default "
+                  "RTXSERVE_STATE_DIR, else $XDG_STATE_HOME/rtxserve, else ~/.local/state/rtxserve)")
     u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
     u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
-    u.add_argument("--run-root", type=Path, default=run_root, help="where each deployment's run folder goes")
+    u.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
     u.add_argument("--triton-env", type=Path, default=Path(".envs/triton"))
     u.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
     u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
@@ -255,8 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
                            ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):
         c = sub.add_parser(name, help=text)
-        c.add_argument("target", help="the deployment's name, its file, or its run folder")
-        c.add_argument("--run-root", type=Path, default=run_root)
+        c.add_argument("target", nargs="?" if name == "status" else None,
+                       help="the deployment's name, its file, or its run folder" + (
+                           " (default: every deployment that runs)" if name == "status" else ""))
+        c.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
         if name == "down":
             c.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
         c.set_defaults(run=fn)

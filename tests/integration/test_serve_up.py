@@ -3,9 +3,11 @@ LLM with an adapter brings up the real tritonserver, vLLM and gateway; requests 
 leaves no process behind; a taken port is refused with the process that holds it."""
 
 import http.server
+import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import openai
@@ -19,16 +21,17 @@ from export.triton_entry import EntryOptions
 from serve.launcher import free_port
 
 
-def rtxserve(*args, timeout=900):
+def rtxserve(*args, state: Path, cwd: Path | None = None, timeout=900):
+    """The CLI with its state directory set by the environment, as a user's shell would, from `cwd`."""
     return subprocess.run([sys.executable, "-m", "rtxserve.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, cwd=cwd, env={**os.environ, "RTXSERVE_STATE_DIR": str(state)})
 
 
 @pytest.fixture(scope="module")
 def deployment(classifier_checkpoint, llm_fixtures, tmp_path_factory):
     work = tmp_path_factory.mktemp("box")
     export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), work / "repo")
-    adapter = export_llm(llm_fixtures / "adapter-a", work / "packages" / "support").out
+    export_llm(llm_fixtures / "adapter-a", work / "packages" / "support")
     ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
     spec = {"name": "box", "ports": ports, "gateway": {"settings": {"max_tokens": 64}},
             "models": [{"name": "sentiment", "kind": "encoder", "path": "repo/sentiment", "instances": 2, "slo": "e2el:500"},
@@ -42,10 +45,10 @@ def deployment(classifier_checkpoint, llm_fixtures, tmp_path_factory):
 @pytest.fixture(scope="module")
 def box(deployment):
     path, spec, runs = deployment
-    up = rtxserve("serve", "up", path, "--run-root", runs)
+    up = rtxserve("serve", "up", path, state=runs)
     assert up.returncode == 0, up.stderr
     yield f"http://127.0.0.1:{spec['ports']['gateway']}", runs / "box"
-    rtxserve("serve", "down", "box", "--run-root", runs)
+    rtxserve("serve", "down", "box", state=runs)
 
 
 def test_requests_pass_through_every_server_it_started(box):
@@ -65,11 +68,15 @@ def test_the_plan_set_the_instances_and_status_reports_every_server(box):
 
     url, run = box
     assert read_batching(run / "model_repository", "sentiment").instances == 2
-    status = rtxserve("serve", "status", "box", "--run-root", run.parent)
-    assert status.returncode == 0, status.stdout + status.stderr
-    rows = status.stdout.splitlines()[1:]
-    assert [r.split()[0] for r in rows] == ["triton", "vllm-tiny-llama-0", "gateway"]
-    assert all(" alive " in r and " 200 " in r for r in rows)
+    # from another working directory (a new terminal), by name and with no name (every deployment that runs)
+    for args in (("box",), ()):
+        status = rtxserve("serve", "status", *args, state=run.parent, cwd=run.parent.parent)
+        assert status.returncode == 0, status.stdout + status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0] == f"box ({run})"
+        rows = lines[2:]
+        assert [r.split()[0] for r in rows] == ["triton", "vllm-tiny-llama-0", "gateway"]
+        assert all(" alive " in r and " 200 " in r for r in rows)
 
 
 def test_a_taken_port_is_refused_with_the_process_holding_it(deployment, box):
@@ -81,11 +88,14 @@ def test_a_taken_port_is_refused_with_the_process_holding_it(deployment, box):
         free = {k: free_port() for k in ("triton_http", "triton_grpc", "triton_metrics", "vllm")}
         other = {**spec, "name": "other", "ports": {"gateway": port, **free}}
         (path.parent / "other.yaml").write_text(yaml.safe_dump(other))  # beside it: the same relative paths
-        refused = rtxserve("serve", "up", path.parent / "other.yaml", "--run-root", runs)
+        refused = rtxserve("serve", "up", path.parent / "other.yaml", state=runs)
         assert refused.returncode == 2
         assert f"ports.gateway: port {port} is taken by pid {psutil.Process().pid}" in refused.stderr
-        again = rtxserve("serve", "up", path, "--run-root", runs)  # the same deployment twice
+        again = rtxserve("serve", "up", path, state=runs, cwd=runs)  # the same deployment twice, from elsewhere
         assert again.returncode == 2 and "already running" in again.stderr
+        gateway = next(s for s in yaml.safe_load((runs / "box" / "state.json").read_text())["servers"]
+                       if s["name"] == "gateway")
+        assert f"gateway pid {gateway['pid']} (http://127.0.0.1:{spec['ports']['gateway']}" in again.stderr
     finally:
         server.shutdown()
 
@@ -96,11 +106,13 @@ def test_down_leaves_no_process_behind(deployment, box):
     groups = {s["pid"] for s in state["servers"]}
     members = [p for p in psutil.process_iter() if _pgid(p) in groups]
     assert len(members) >= 5  # tritonserver and its python stubs, vLLM's processes, the gateway
-    down = rtxserve("serve", "down", path, "--run-root", runs)
+    down = rtxserve("serve", "down", path, state=runs)
     assert down.returncode == 0, down.stderr
     gone, alive = psutil.wait_procs(members, timeout=1)
     assert not alive, alive
-    assert rtxserve("serve", "status", "box", "--run-root", runs).returncode == 3  # nothing runs
+    assert rtxserve("serve", "status", "box", state=runs).returncode == 3  # nothing runs
+    nothing = rtxserve("serve", "status", state=runs)
+    assert nothing.returncode == 3 and f"no deployment runs from {runs}" in nothing.stderr
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{box[0]}/healthz")
 
