@@ -98,8 +98,11 @@ a limit applies to the requests that have its figure). P99 is {verdict} the SLO.
 
 def _by_name_section(by_name: dict) -> str:
     rows = [[name, f["requests"], f["errors"], f"{f['qps']:.1f}",
-             *(f"{f['latency_ms'].get(p, float('nan')):.1f}" for p in ("p50", "p90", "p99"))] for name, f in by_name.items()]
-    return "\n## Per API\n\n" + _table(rows, ["API", "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms"]) + "\n"
+             *(f"{f['latency_ms'].get(p, float('nan')):.1f}" for p in ("p50", "p90", "p99")),
+             *(f"{f['ttft_ms'][p]:.1f}" if "ttft_ms" in f else "-" for p in ("p50", "p99"))]
+            for name, f in by_name.items()]
+    return "\n## Per API\n\n" + _table(rows, ["API", "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms",
+                                              "TTFT P50 ms", "TTFT P99 ms"]) + "\n"
 
 
 def _warnings(summary: Summary) -> list[str]:
@@ -213,9 +216,10 @@ def write_report(summary: Summary, samples: Samples, out_dir: Path, title: str, 
     settings = "\n".join(f"| {k} | {_show(v)} |" for k, v in summary.settings.items())
     errors = "\n".join(f"- {k}: {v}" for k, v in summary.error_kinds.items()) or "- none"
     warnings = "".join(f"\n> **Warning:** {w}\n" for w in _warnings(summary))
+    bold_headline = "  \n".join(f"**{line}**" for line in headline(summary).splitlines())  # a line per API of a mix
     md = f"""# {title}
 
-**{headline(summary)}**
+{bold_headline}
 {warnings}
 ![latency over time and distribution](latency.png)
 
@@ -223,7 +227,7 @@ Measured window: {summary.duration_s:.1f} s after a {summary.warmup_s:g} s warm-
 {summary.errors} errors. Percentiles are computed from every request's own latency (raw samples),
 not from locust's rounded buckets. QPS counts successful requests.
 
-| latency | ms |
+| latency{" (pooled over all APIs: see per API below)" if summary.by_name else ""} | ms |
 |---|---|
 {rows}
 {_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}

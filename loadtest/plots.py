@@ -62,9 +62,10 @@ def save(fig, path: Path, title: str) -> Path:
     return path
 
 
-def per_second(samples: Samples) -> dict[str, np.ndarray]:
-    """Per-second P50 / P99 latency and QPS of the successful requests, by start time since the first one."""
-    t = samples.start - samples.start.min()
+def per_second(samples: Samples, t0: float | None = None) -> dict[str, np.ndarray]:
+    """Per-second P50 / P99 latency and QPS of the successful requests, by start time since `t0` (default: the
+    first request's start)."""
+    t = samples.start - (samples.start.min() if t0 is None else t0)
     seconds = np.floor(t).astype(int)
     ok = samples.ok
     xs, p50, p99, qps = [], [], [], []
@@ -79,31 +80,44 @@ def per_second(samples: Samples) -> dict[str, np.ndarray]:
 
 
 def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
-    """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution."""
+    """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution; a mix
+    of APIs gets a row of its own per API, each on its own scale."""
     plt = pyplot()
-    fig, (ax_t, ax_d) = plt.subplots(1, 2, figsize=(13, 4.8))
-    t = samples.start - samples.start.min() if len(samples.end) else samples.start
+    apis = samples.apis()
+    rows = [(api, samples.where(samples.names == api), summary.by_name[api]["latency_ms"]) for api in apis] if apis \
+        else [("", samples, summary.latency_ms)]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(13, 4.8 * len(rows)), squeeze=False)
+    t0 = samples.start.min() if len(samples.end) else 0.0
+    for (api, mine, marks), (ax_t, ax_d) in zip(rows, axes):
+        _latency_row(ax_t, ax_d, mine, marks, summary, t0, f"{api}: " if api else "")
+    if len(rows) > 1 and len(samples.end):  # one time axis for every API: the rows line up
+        for ax_t in axes[:, 0]:
+            ax_t.set_xlim(0, float(samples.start.max() - t0) * 1.02 or 1.0)
+    return save(fig, path, title)
+
+
+def _latency_row(ax_t, ax_d, samples: Samples, marks: dict, summary: Summary, t0: float, label: str) -> None:
+    t = samples.start - t0
     ok = samples.ok
     ax_t.scatter(t[ok], samples.latency_ms[ok], s=3, alpha=0.25, color="tab:blue", label="request")
     if (~ok).any():
         ax_t.scatter(t[~ok], samples.latency_ms[~ok], s=8, color="tab:red", marker="x", label="error")
     if len(t):
-        client = per_second(samples)
+        client = per_second(samples, t0)
         ax_t.plot(client["t"], client["p50"], color="tab:green", label="P50 per second")
         ax_t.plot(client["t"], client["p99"], color="tab:orange", label="P99 per second")
         ax_q = ax_t.twinx()
         ax_q.plot(client["t"], client["qps"], color="gray", linestyle=":", label="QPS")
         ax_q.set_ylabel("requests / s (dotted)")
         ax_q.set_ylim(bottom=0)
-    _time_axis(ax_t, summary, "latency (ms)", "latency over time")
+    _time_axis(ax_t, summary, "latency (ms)", f"{label}latency over time")
     if len(samples.end):
-        lat = samples.latency_ms[ok & measured(samples, summary.warmup_s)]
+        lat = samples.latency_ms[ok & (samples.start >= t0 + summary.warmup_s)]
         if len(lat):
-            _distribution(ax_d, lat, summary.latency_ms, "ms", 1.5 * summary.latency_ms.get("p99.9", lat.max()))
+            _distribution(ax_d, lat, marks, "ms", 1.5 * marks.get("p99.9", lat.max()))
     ax_d.set_xlabel("latency (ms)")
     ax_d.set_ylabel("requests")
-    ax_d.set_title("latency distribution (after warm-up)")
-    return save(fig, path, title)
+    ax_d.set_title(f"{label}latency distribution (after warm-up)")
 
 
 def plot_streaming(samples: Samples, summary: Summary, path: Path, title: str) -> Path:

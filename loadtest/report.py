@@ -36,6 +36,20 @@ class Samples:
     def start(self) -> np.ndarray:
         return self.end - self.latency_ms / 1000.0
 
+    def apis(self) -> list[str]:
+        """The APIs of a mixed run (more than one), sorted; empty for a run of one API."""
+        names = sorted(set(self.names)) if self.names is not None else []
+        return names if len(names) > 1 else []
+
+    def where(self, mask: np.ndarray) -> "Samples":
+        """The requests `mask` selects (e.g. one API of a mix), every column cut alike."""
+        cut = lambda a: None if a is None else a[mask]  # noqa: E731
+        return Samples(end=self.end[mask], latency_ms=self.latency_ms[mask], ok=self.ok[mask],
+                       errors=[e for e, k in zip(self.errors, mask[~self.ok]) if k], ttft_ms=cut(self.ttft_ms),
+                       output_tokens=cut(self.output_tokens),
+                       itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
+                       names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images))
+
     @property
     def streamed(self) -> np.ndarray:
         """Which requests were streamed answers (they have a time to first token)."""
@@ -246,6 +260,8 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
             summary.by_name[name] = {"requests": int(mine.sum()), "errors": int((mine & ~samples.ok).sum()),
                                      "qps": float(good.sum() / duration) if duration > 0 else 0.0,
                                      "latency_ms": _latency_figures(samples.latency_ms[good])}
+            if (good & samples.streamed).any():
+                summary.by_name[name]["ttft_ms"] = _ranks(samples.ttft_ms[good & samples.streamed])
     if samples.wait_ms is not None and np.isfinite(samples.wait_ms[keep]).any():
         waits = samples.wait_ms[keep & np.isfinite(samples.wait_ms)]
         summary.late_arrivals = {"requests": int((waits > LATE_MS).sum()), "of": int(len(waits)),
@@ -253,7 +269,21 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
     return summary
 
 
+def _api_line(name: str, f: dict) -> str:
+    lat = f["latency_ms"]
+    if not lat:
+        return f"{name}: no successful request ({f['requests']} requests, {f['errors']} errors)"
+    line = (f"{name}: P50 {lat['p50']:.1f} ms, P99 {lat['p99']:.1f} ms, QPS {f['qps']:.1f}, "
+            f"errors {f['errors']}/{f['requests']}")
+    ttft = f.get("ttft_ms")
+    return line + (f"; TTFT P50 {ttft['p50']:.1f} ms, P99 {ttft['p99']:.1f} ms" if ttft else "")
+
+
 def headline(summary: Summary) -> str:
+    """The run in a line; a mix of APIs in a line per API (a figure pooled over a 20 ms classify and a 1.3 s
+    stream describes neither)."""
+    if summary.by_name:
+        return "\n".join(_api_line(name, f) for name, f in summary.by_name.items())
     lat = summary.latency_ms
     if not lat:
         return f"no successful request ({summary.requests} requests, {summary.errors} errors)"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from loadtest.pages import write_report
-from loadtest.report import Samples, load_samples, meets_slo, parse_slo, summarize
+from loadtest.report import Samples, headline, load_samples, meets_slo, parse_slo, summarize
 
 HEADER = "end,name,latency_ms,ok,error,ttft_ms,output_tokens,prompt_tokens,itl_ms,wait_ms\n"
 
@@ -158,6 +158,29 @@ def test_a_mixed_run_gets_figures_per_api_and_late_open_loop_arrivals_are_counte
     assert set(s.by_name) == {"classify", "chat"}
     assert s.by_name["classify"]["requests"] == 2 and s.by_name["chat"]["latency_ms"]["p50"] == 100.0
     assert s.late_arrivals == {"requests": 1, "of": 3, "max_wait_ms": 40.0, "late_ms": 10.0}
+
+
+def test_a_mixed_run_reads_per_api_in_the_headline_the_page_and_the_plot(tmp_path):
+    from PIL import Image
+
+    rows = "".join(f"{1000 + i * 0.05:.3f},classify,{20 + i % 3},1,,,,,,\n" for i in range(60))
+    rows += "".join(f"{1000 + i * 0.5:.3f},chat,{1300 + 10 * i},1,,{100 + i},8,7,30 30,\n" for i in range(6))
+    (tmp_path / "samples.csv").write_text(HEADER + rows)
+    samples = load_samples(tmp_path / "samples.csv")
+    s = summarize(samples)
+    lines = headline(s).splitlines()
+    assert lines[0].startswith("chat: P50 1320.0 ms, P99 1350.0 ms, QPS ") and lines[0].endswith(
+        "errors 0/6; TTFT P50 102.0 ms, P99 105.0 ms")
+    assert lines[1].startswith("classify: P50 21.0 ms, P99 22.0 ms, QPS ") and "TTFT" not in lines[1]
+    md = write_report(s, samples, tmp_path, "mix").read_text()
+    assert f"**{lines[0]}**  \n**{lines[1]}**" in md
+    assert "| latency (pooled over all APIs: see per API below) | ms |" in md
+    assert "| chat | 6 | 0 |" in md and "| 102.0 | 105.0 |" in md
+    # one row of panels per API: twice the height of a run of one API
+    one = tmp_path / "one"
+    write_report(summarize(samples.where(samples.names == "classify")), samples.where(samples.names == "classify"),
+                 one, "one")
+    assert Image.open(tmp_path / "latency.png").height == 2 * Image.open(one / "latency.png").height
 
 
 def test_compare_puts_every_figure_of_two_runs_side_by_side(tmp_path):
