@@ -59,7 +59,7 @@ def classify(client, url, text="I love it"):
 
 def served_counts(url) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics").text
-    pattern = rf'rtxserve_requests_total{{model="[^"]*",route="/v1/classify",status="(\d+)"}} ([0-9.e+]+)'
+    pattern = r'rtxserve_requests_total{model="[^"]*",route="/v1/classify",status="(\d+)"} ([0-9.e+]+)'
     counts: dict[str, float] = {}
     for status, value in re.findall(pattern, text):
         counts[status] = counts.get(status, 0) + float(value)

@@ -1,7 +1,6 @@
 """The arithmetic behind `rtxserve bench llm`: parameter counts, the roofline, GPU bandwidth lookup,
 the interleaved B4 rounds and the G3 search (with a fake vLLM: the real one runs in integration)."""
 
-import asyncio
 import math
 
 import pytest
