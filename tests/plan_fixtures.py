@@ -105,6 +105,58 @@ def write_entry(repository: Path, name: str, *, target: str = "gpu", precision: 
     return entry
 
 
+# Stable Diffusion 1.5's components: parameters (one tensor each: the planner sums headers) and the configs it reads
+SD_15 = {"unet": 859_520_964, "vae": 83_653_863, "text_encoder": 123_060_480}
+TINY_LLAMA = dict(LLAMA_3_8B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=1000, max_position_embeddings=2048)
+
+
+def write_diffusion_entry(repository: Path, name: str, *, target: str = "gpu", size: int = 512) -> Path:
+    """A diffusion entry as `rtxserve export diffusion` writes it, with SD-1.5-sized sparse weights."""
+    entry = repository / name
+    pipeline = entry / "1" / "pipeline"
+    (entry / "config.pbtxt").parent.mkdir(parents=True, exist_ok=True)
+    (entry / "config.pbtxt").write_text(f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n')
+    (entry / "rtxserve.json").write_text(json.dumps({"task": "text-to-image", "target": target, "native_size": 512,
+                                                     "default_size": size, "vae_scale": 8}))
+    configs = {"unet": {"block_out_channels": [320, 640, 1280, 1280], "sample_size": 64, "cross_attention_dim": 768},
+               "vae": {"block_out_channels": [128, 256, 512, 512]}, "text_encoder": {"hidden_size": 768}}
+    for component, params in SD_15.items():
+        folder = pipeline / component
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(configs[component]))
+        weights = "model.safetensors" if component == "text_encoder" else "diffusion_pytorch_model.safetensors"
+        sparse_safetensors(folder / weights, {"weight": ("F16", [params])})
+    return entry
+
+
+def write_artifacts(deployment: Path) -> Path:
+    """Everything a deployment file names, at the paths it names (relative to the file): planning stand-ins of
+    the kind each model is (an 8B Llama on a GPU box, a small one on CPU), and a keys file. For the examples in
+    deploy/examples/, which name their artifacts as a user's box holds them."""
+    from serve.gateway.keys import ApiKey, hash_key, write_keys
+
+    spec = yaml.safe_load(deployment.read_text())
+    base = deployment.parent
+    gpu = (spec.get("gpus") or {}).get("count", 0) > 0
+    llama = LLAMA_3_8B if gpu else TINY_LLAMA
+    for m in spec["models"]:
+        path = base / m["path"]
+        if m["kind"] == "encoder":
+            write_entry(path.parent, path.name, target="gpu" if gpu else "cpu", precision="fp16" if gpu else "fp32")
+        elif m["kind"] == "llm":
+            write_llama(path, llama)
+            for adapter in (m.get("adapters") or {}).values():
+                write_adapter(base / adapter, config=llama)
+        elif m["kind"] == "diffusion":
+            write_diffusion_entry(path.parent, path.name, target="gpu" if gpu else "cpu")
+        else:
+            raise ValueError(f"no planning stand-in for kind {m['kind']!r}: add one here")
+    if (spec.get("gateway") or {}).get("keys_file"):
+        write_keys(base / spec["gateway"]["keys_file"], {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
+    return deployment
+
+
 def write_boxes(out: Path) -> tuple[Path, Path]:
     """The two boxes of the deploy issue: one 4090 with an 8B LLM (FP16, two adapters) and four BERT-base
     instances; four 4090s with one engine of that LLM on each."""
