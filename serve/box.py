@@ -26,6 +26,7 @@ import psutil
 import yaml
 
 from deploy.plan import plan
+from rtxserve.envs import TRITON, VLLM, env_dir
 from deploy.services import Layout, Service, build_services, gateway_settings
 from deploy.spec import Deployment, DeploymentError
 
@@ -150,7 +151,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
        tritonserver: Path | None = None, backend_directory: Path | None = None, log=print) -> Path:
     """Start the deployment; returns its run folder. Raises DeploymentError / ServerStartError (having stopped
     whatever it had started)."""
-    envs = {"triton": Path(".envs/triton"), "vllm": Path(".envs/vllm")} | (envs or {})
+    envs = {TRITON: env_dir(TRITON), VLLM: env_dir(VLLM)} | (envs or {})
     run = run_dir(d.name, root).resolve()
     with _locked(run, d.name):
         live = [r for r in read_state(run)["servers"] if _members(r)] if (run / "state.json").is_file() else []

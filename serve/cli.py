@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from rtxserve.envs import TRITON, VLLM, env_dir
+
 
 def _triton(args) -> int:
     from .launcher import ServerProcess
@@ -202,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="server", required=True)
     t = sub.add_parser("triton", help="the real tritonserver on a model repository")
     t.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")))
-    t.add_argument("--triton-env", type=Path, default=Path(".envs/triton"), help="environment holding nvidia-pytriton")
+    t.add_argument("--triton-env", type=Path, default=env_dir(TRITON), help="environment holding nvidia-pytriton")
     t.add_argument("--tritonserver", type=Path, help="use this tritonserver binary instead (e.g. in the NGC image)")
     t.add_argument("--backend-directory", type=Path, default=Path("/opt/tritonserver/backends"))
     t.add_argument("--address", default="127.0.0.1", help="bind address (default loopback: clients use the gateway)")
@@ -233,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass an option through to vLLM as is (repeatable), e.g. --vllm-arg=--max-num-seqs=64")
     v.add_argument("--address", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8100)
-    v.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    v.add_argument("--vllm-env", type=Path, default=env_dir(VLLM))
     v.add_argument("--log", type=Path, default=Path(".rtxserve/logs/vllm.log"))
     v.add_argument("--start-timeout", type=float, default=600.0)
     v.set_defaults(run=_vllm)
@@ -251,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
     u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
     u.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
-    u.add_argument("--triton-env", type=Path, default=Path(".envs/triton"))
-    u.add_argument("--vllm-env", type=Path, default=Path(".envs/vllm"))
+    u.add_argument("--triton-env", type=Path, default=env_dir(TRITON))
+    u.add_argument("--vllm-env", type=Path, default=env_dir(VLLM))
     u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
     u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
                    "/opt/tritonserver/bin/tritonserver): needed for GPU entries")

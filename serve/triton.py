@@ -13,7 +13,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DEFAULT_ENV = Path(".envs/triton")
+from rtxserve.envs import TRITON, env_dir
+
+DEFAULT_ENV = env_dir(TRITON)
 PYTHON_SHM_BYTES = 64 * 1024 * 1024  # per python-backend stub; tmpfs pages count only once touched
 
 

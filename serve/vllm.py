@@ -16,8 +16,9 @@ from safetensors import SafetensorError
 
 from rtxserve import lora
 from rtxserve.contract import padded_lora_rank
+from rtxserve.envs import VLLM, env_dir
 
-DEFAULT_ENV = Path(".envs/vllm")
+DEFAULT_ENV = env_dir(VLLM)
 log = logging.getLogger(__name__)
 
 

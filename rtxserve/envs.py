@@ -1,0 +1,26 @@
+"""Where the servers' own environments are: `.envs/triton` and `.envs/vllm` (the Makefile and the bundle's
+install.sh make them beside the main `.venv`). Declared here once; found from any working directory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TRITON = "triton"
+VLLM = "vllm"
+ENVS_DIR_ENV = "RTXSERVE_ENVS_DIR"
+
+
+def envs_dir() -> Path:
+    """RTXSERVE_ENVS_DIR, else the `.envs` beside the environment rtxserve runs in (a checkout's or a bundle's
+    `.venv`), else `.envs` in the working directory."""
+    if os.environ.get(ENVS_DIR_ENV):
+        return Path(os.environ[ENVS_DIR_ENV]).expanduser()
+    beside = Path(sys.prefix).parent / ".envs"
+    return beside if beside.is_dir() else Path(".envs")
+
+
+def env_dir(name: str) -> Path:
+    """The environment of one server (TRITON or VLLM)."""
+    return envs_dir() / name
