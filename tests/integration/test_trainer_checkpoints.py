@@ -102,7 +102,13 @@ def test_megatron_tp2_shards_are_merged(runs, exported):
     assert config["num_attention_heads"] == 2 and config["intermediate_size"] == 256 and config["vocab_size"] == 432
 
 
-@pytest.mark.parametrize("name", ["lf-lora", "lf-full", "lf-zero3", "megatron-tp2"])
+# A vLLM start is a minute here. lf-full's package is a Hugging Face folder as lf-zero3's is, which rtxserve
+# consolidated itself (the harder case); lf-lora's is a PEFT adapter, served as test_serve_up serves one.
+SERVED_BY_A_SIBLING = pytest.mark.slow(reason="vLLM loads the same kind of package in the lf-zero3 case or test_serve_up")
+
+
+@pytest.mark.parametrize("name", [pytest.param("lf-lora", marks=SERVED_BY_A_SIBLING),
+                                  pytest.param("lf-full", marks=SERVED_BY_A_SIBLING), "lf-zero3", "megatron-tp2"])
 def test_served_through_vllm_and_the_gateway(runs, exported, name, tmp_path):
     package = exported[name]
     if name == "lf-lora":
