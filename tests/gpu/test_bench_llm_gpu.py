@@ -13,4 +13,5 @@ def test_g2_g3_on_an_8b_shaped_model(tmp_path):
     saved = json.loads((out / "bench-llm.json").read_text())
     assert saved["G2"]["weight_bytes"] == 8_030_261_248 * 2
     assert 0 < saved["G2"]["fraction"] < 1.5 and math.isfinite(saved["G2"]["tokens_per_s"])
-    assert saved["G3"]["steps"] and saved["G3"]["max_qps"] >= 0
+    # an 8B model on a data-centre GPU holds P99 TTFT <= 500 ms at the sweep's first rate at least
+    assert saved["G3"]["steps"] and saved["G3"]["max_qps"] > 0 and saved["G3"]["max_rate"] > 0

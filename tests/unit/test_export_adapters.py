@@ -178,7 +178,6 @@ def test_a_headless_adapter_on_a_headless_base_is_refused(base, adapter, tmp_pat
         resolve_adapter(headless, "text-classification", base=mlm)
 
 
-@pytest.mark.skipif("token-classification" not in TASKS, reason="token-classification is not a supported task yet")
 def test_token_classification_adapter_merges(tmp_path):
     from export.fixtures import write_ner_tagger
 

@@ -230,7 +230,7 @@ def test_variable_output_size_is_an_export_error(tmp_path):
 
 def test_imaging_runs_in_the_triton_environment_without_transformers(tmp_path, images):
     if not TRITON_PYTHON.exists():
-        pytest.skip(f"{TRITON_PYTHON.relative_to(REPO)} is not built (make envs)")
+        pytest.skip(f"{TRITON_PYTHON.relative_to(REPO)} is not built (make setup)")
     folder = _checkpoint(tmp_path, "convnext-224")
     settings_path = tmp_path / "settings.json"
     settings_path.write_text(json.dumps(read_image_processor(folder)))
