@@ -14,7 +14,7 @@ def _entry(tmp_path, **opts):
     return classification_entry(
         EntryOptions(name="clf", **opts), onnx_path=onnx, tokenizer_json="{}",
         input_names=["input_ids", "attention_mask", "token_type_ids"], labels=["neg", "pos"], max_length=64,
-        pad_token_id=0, problem_type=None, metadata={}, parity={"passed": True},
+        pad_token_id=0, problem_type=None, metadata={"task": "text-classification"}, parity={"passed": True},
     )
 
 
