@@ -19,6 +19,7 @@ check fails; LLaMA-Factory's 5.6 sees both). DeepSpeed and Megatron-core are in 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -33,7 +34,10 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
-DEFAULT_ROOT = REPO / ".rtxserve" / "cache" / "trainer-checkpoints"
+# In the user's cache, not the checkout: a fresh clone on a machine that built them once reuses them (the key is
+# the content hash of their sources and the trainers' versions). RTXSERVE_CACHE_DIR moves it.
+DEFAULT_ROOT = Path(os.environ.get("RTXSERVE_CACHE_DIR")
+                    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtxserve") / "trainer-checkpoints"
 NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-qlora": "lf-qlora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
          "megatron-tp2": "megatron-tp2", "megatron-tp2-tied": "megatron-tp2-tied", "bert-zero3": "bert-zero3/checkpoint-3"}
 
@@ -96,39 +100,46 @@ def _llamafactory(work: Path, name: str) -> None:
 
 def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
     """Every checkpoint, built if the cache has none for these sources and versions."""
+    done = root / _key()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:  # one build at a time, whichever checkout asks (the cache is shared)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (done / "DONE").is_file():
+            _build(root, done)
+    return {name: done / folder for name, folder in NAMES.items()}
+
+
+def _build(root: Path, done: Path) -> None:
     from export.fixtures import write_llm, write_text_classifier
 
-    done = root / _key()
-    if not (done / "DONE").is_file():
-        if not (LLAMAFACTORY_ENV / "bin" / "llamafactory-cli").is_file():
-            raise RuntimeError(f"no LLaMA-Factory in {LLAMAFACTORY_ENV}: run `make setup-trainers`")
-        # Built in place (the runs record absolute paths: the adapter's base, Megatron's tokenizer); DONE marks
-        # a finished build, and an unfinished one is started afresh.
-        work = done
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        write_llm(work / "base")
-        data = work / "data"
-        data.mkdir()
-        rows = [{"instruction": f"where is order {i}?", "input": "", "output": f"order {i} ships on tuesday"}
-                for i in range(16)]
-        (data / "orders.json").write_text(json.dumps(rows))
-        (data / "dataset_info.json").write_text(json.dumps({"orders": {"file_name": "orders.json"}}))
-        for name in RUNS:
-            _llamafactory(work, name)
-        for name, extra in (("megatron-tp2", []), ("megatron-tp2-tied", ["--tied"])):
-            _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                  str(HERE / "megatron_gpt.py"), str(work / name), str(work / "base"), "--tp", "2", *extra],
-                 work / f"{name}.log")
-        write_text_classifier(work / "bert-base")
-        _run([str(LLAMAFACTORY_ENV / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
-              "--nproc-per-node=2", str(HERE / "hf_trainer_zero3.py"), str(work / "bert-base"), str(work / "bert-zero3")],
-             work / "bert-zero3.log", {"PATH": f"{LLAMAFACTORY_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}"})
-        (work / "DONE").write_text("")
-        for stale in root.iterdir():  # builds for other sources or versions
-            if stale.is_dir() and stale != done:
-                shutil.rmtree(stale, ignore_errors=True)
-    return {name: done / folder for name, folder in NAMES.items()}
+    if not (LLAMAFACTORY_ENV / "bin" / "llamafactory-cli").is_file():
+        raise RuntimeError(f"no LLaMA-Factory in {LLAMAFACTORY_ENV}: run `make setup-trainers`")
+    # Built in place (the runs record absolute paths: the adapter's base, Megatron's tokenizer); DONE marks
+    # a finished build, and an unfinished one is started afresh.
+    work = done
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    write_llm(work / "base")
+    data = work / "data"
+    data.mkdir()
+    rows = [{"instruction": f"where is order {i}?", "input": "", "output": f"order {i} ships on tuesday"}
+            for i in range(16)]
+    (data / "orders.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"orders": {"file_name": "orders.json"}}))
+    for name in RUNS:
+        _llamafactory(work, name)
+    for name, extra in (("megatron-tp2", []), ("megatron-tp2-tied", ["--tied"])):
+        _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+              str(HERE / "megatron_gpt.py"), str(work / name), str(work / "base"), "--tp", "2", *extra],
+             work / f"{name}.log")
+    write_text_classifier(work / "bert-base")
+    _run([str(LLAMAFACTORY_ENV / "bin" / "python"), "-m", "torch.distributed.run", "--standalone",
+          "--nproc-per-node=2", str(HERE / "hf_trainer_zero3.py"), str(work / "bert-base"), str(work / "bert-zero3")],
+         work / "bert-zero3.log", {"PATH": f"{LLAMAFACTORY_ENV / 'bin'}{os.pathsep}{os.environ['PATH']}"})
+    (work / "DONE").write_text("")
+    for stale in root.iterdir():  # builds for other sources or versions
+        if stale.is_dir() and stale != done:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 if __name__ == "__main__":
