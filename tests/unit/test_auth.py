@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from serve.cli import main as serve_main
 from serve.gateway.app import create_app
+from serve.gateway.keys import read_keys
 from serve.gateway.keys_cli import main as keys_main
 from serve.gateway.settings import GatewaySettings
 
@@ -104,3 +105,19 @@ def test_no_open_gateway_beyond_loopback(tmp_path, keyfile):
         GatewaySettings(host="0.0.0.0")
     assert GatewaySettings(host="0.0.0.0", keys_file=keyfile[0]).host == "0.0.0.0"
     assert GatewaySettings(host="::1").keys_file is None
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_the_keys_file_is_taken_before_or_after_the_subcommand(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)  # a default keys.json here would hide a --keys that was dropped
+    path = tmp_path / "team" / "keys.json"
+    path.parent.mkdir()
+    for command in (["create", "--name", "me"], ["list"], ["revoke", "me"]):
+        argv = ["--keys", str(path), *command] if where == "before" else [*command, "--keys", str(path)]
+        assert keys_main(argv) == 0
+        out = capsys.readouterr().out.splitlines()
+        if command[0] == "create":
+            assert "me" in read_keys(path)
+        if command[0] == "list":
+            assert out[-1].startswith("me ")
+    assert read_keys(path) == {} and not (tmp_path / "keys.json").exists()
