@@ -5,8 +5,9 @@ process that holds one), assembles the Triton repository it serves (hard links t
 with the planned instance counts), starts Triton, one vLLM engine per LLM replica and the gateway, each
 in a session of its own and detached from this command, and waits until each answers ready. What it
 started is written to `RUN/state.json` (RUN: `NAME/` in the per-user state directory, see `state_dir`),
-with every server's log beside it. `status` reads that file and asks each server; `down` stops the gateway first, then the
-engines, SIGTERM then SIGKILL after a grace period, and leaves no process of the deployment behind.
+with every server's log beside it. `status` reads that file and asks each server; `down` stops the gateway
+first, then the engines, SIGTERM then SIGKILL after a grace period, and leaves no process of the deployment
+behind.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
+import platformdirs
 import psutil
 import yaml
 
 from deploy.plan import plan
-from rtxserve.envs import TRITON, VLLM, env_dir
 from deploy.services import Layout, Service, build_services, gateway_settings
 from deploy.spec import Deployment, DeploymentError
+from rtxserve.envs import TRITON, VLLM, env_dir
 
 from .entry_config import assemble_repository
 from .launcher import ServerProcess
@@ -42,8 +44,7 @@ def state_dir() -> Path:
     directory ($XDG_STATE_HOME/rtxserve, by default ~/.local/state/rtxserve)."""
     if os.environ.get(STATE_DIR_ENV):
         return Path(os.environ[STATE_DIR_ENV]).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(xdg) / "rtxserve"
+    return platformdirs.user_state_path("rtxserve")
 
 
 @dataclass

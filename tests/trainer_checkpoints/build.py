@@ -29,6 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import platformdirs
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -36,8 +37,7 @@ REPO = HERE.parents[1]
 LLAMAFACTORY_ENV = REPO / ".envs" / "llamafactory"
 # In the user's cache, not the checkout: a fresh clone on a machine that built them once reuses them (the key is
 # the content hash of their sources and the trainers' versions). RTXSERVE_CACHE_DIR moves it.
-DEFAULT_ROOT = Path(os.environ.get("RTXSERVE_CACHE_DIR")
-                    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rtxserve") / "trainer-checkpoints"
+DEFAULT_ROOT = Path(os.environ.get("RTXSERVE_CACHE_DIR") or platformdirs.user_cache_path("rtxserve")) / "trainer-checkpoints"
 NAMES = {"base": "base", "lf-lora": "lf-lora", "lf-qlora": "lf-qlora", "lf-full": "lf-full", "lf-zero3": "lf-zero3",
          "megatron-tp2": "megatron-tp2", "megatron-tp2-tied": "megatron-tp2-tied", "bert-zero3": "bert-zero3/checkpoint-3"}
 
