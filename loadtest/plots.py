@@ -83,9 +83,9 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution; a mix
     of APIs gets a row of its own per API, each on its own scale."""
     plt = pyplot()
-    apis = samples.apis()
-    rows = [(api, samples.where(samples.names == api), summary.by_name[api]["latency_ms"]) for api in apis] if apis \
-        else [("", samples, summary.latency_ms)]
+    # the APIs the summary has figures for (a mix's, after warm-up): a row each
+    rows = [(api, samples.where(samples.names == api), f["latency_ms"]) for api, f in summary.by_name.items()] \
+        or [("", samples, summary.latency_ms)]
     fig, axes = plt.subplots(len(rows), 2, figsize=(13, 4.8 * len(rows)), squeeze=False)
     t0 = samples.start.min() if len(samples.end) else 0.0
     for (api, mine, marks), (ax_t, ax_d) in zip(rows, axes):

@@ -36,11 +36,6 @@ class Samples:
     def start(self) -> np.ndarray:
         return self.end - self.latency_ms / 1000.0
 
-    def apis(self) -> list[str]:
-        """The APIs of a mixed run (more than one), sorted; empty for a run of one API."""
-        names = sorted(set(self.names)) if self.names is not None else []
-        return names if len(names) > 1 else []
-
     def where(self, mask: np.ndarray) -> "Samples":
         """The requests `mask` selects (e.g. one API of a mix), every column cut alike."""
         cut = lambda a: None if a is None else a[mask]  # noqa: E731
