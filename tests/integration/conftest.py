@@ -10,6 +10,7 @@ from export.triton_entry import EntryOptions
 from export.fixtures import write_encoder_adapter, write_image_classifier, write_llm_with_adapters
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
+from tests.integration import VLLM_EAGER
 
 MODEL = "tiny_sentiment"
 EMBEDDER = "minilm"
@@ -90,7 +91,8 @@ def llm_servers(llm_fixtures, tmp_path_factory):
     opts = VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512,
                        adapters={"adapter-a": llm_fixtures / "adapter-a", "adapter-b": llm_fixtures / "adapter-b"},
                        tool_call_parser="hermes",
-                       extra_args=["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}'])
+                       extra_args=["--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+                                   *VLLM_EAGER])
     vllm, vllm_url = start_vllm(opts, logs)
     try:
         gateway, url = start_gateway("", logs, vllm_url=vllm_url)

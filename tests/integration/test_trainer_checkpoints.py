@@ -15,6 +15,7 @@ import yaml
 
 from serve.stack import start_gateway, start_vllm
 from serve.vllm import VLLMOptions
+from tests.integration import VLLM_EAGER
 from tests.trainer_checkpoints.build import build
 
 
@@ -112,9 +113,10 @@ SERVED_BY_A_SIBLING = pytest.mark.slow(reason="vLLM loads the same kind of packa
 def test_served_through_vllm_and_the_gateway(runs, exported, name, tmp_path):
     package = exported[name]
     if name == "lf-lora":
-        opts = VLLMOptions(model=runs["base"], served_name="base", max_model_len=256, adapters={name: package})
+        opts = VLLMOptions(model=runs["base"], served_name="base", max_model_len=256, adapters={name: package},
+                           extra_args=VLLM_EAGER)
     else:
-        opts = VLLMOptions(model=package, served_name=name, max_model_len=256)
+        opts = VLLMOptions(model=package, served_name=name, max_model_len=256, extra_args=VLLM_EAGER)
     vllm, vllm_url = start_vllm(opts, tmp_path)
     try:
         gateway, url = start_gateway("", tmp_path, vllm_url=vllm_url)

@@ -6,6 +6,7 @@ from export.triton_entry import EntryOptions
 from loadtest.runner import scenario_options
 from rtxserve.tune import TritonTarget, tune
 from serve.entry_config import Batching, read_batching
+from tests.integration import VLLM_EAGER
 
 
 def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(classifier_checkpoint, tmp_path):
@@ -31,7 +32,8 @@ def test_tune_vllm_restarts_the_engine_per_configuration_and_finds_that_one_sequ
     from rtxserve.tune import VLLMTarget
     from serve.vllm import VLLMOptions
 
-    target = VLLMTarget(VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512))
+    target = VLLMTarget(VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512,
+                                        extra_args=VLLM_EAGER))
     axes = {"max_num_seqs": [1, 8], "max_num_batched_tokens": [512]}
     options = scenario_options(scenario="chat", model="tiny-llama", output_len=16)
     result = tune(target, options=options, slo="e2el:5000", axes=axes, users=8, duration_s=8, warmup_s=2, budget=3,

@@ -17,6 +17,7 @@ from PIL import Image
 from export.fixtures import write_vlm
 from serve.stack import start_gateway, start_vllm
 from serve.vllm import VLLMOptions
+from tests.integration import VLLM_EAGER
 
 QUERY_TOKENS = 8  # the fixture's Q-Former query tokens: what one image adds to the prompt
 
@@ -37,7 +38,7 @@ def vlm(tmp_path_factory):
     meta = json.loads((work / "pkg" / "rtxserve.json").read_text())
     assert meta["vision"] is True and (work / "pkg" / "processor_config.json").is_file()
     vllm, vllm_url = start_vllm(VLLMOptions(model=work / "pkg", served_name="tiny-vlm", max_model_len=256,
-                                            max_images=2), work)
+                                            max_images=2, extra_args=VLLM_EAGER), work)
     try:
         gateway, url = start_gateway("", work, vllm_url=vllm_url)
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
