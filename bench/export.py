@@ -62,7 +62,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     from export.encoder import export_encoder
     from export.tasks import pooled_encoder, read_pooling
     from export.triton_entry import EntryOptions
-    from rtxserve.tasks import FEATURE_EXTRACTION
+    from core.tasks import FEATURE_EXTRACTION
 
     model_dir = Path(model_dir) if model_dir else _default_model()
     threads = threads or os.cpu_count() or 1

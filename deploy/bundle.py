@@ -29,11 +29,14 @@ from pathlib import Path
 
 import yaml
 
+from core.envs import TRITON, VLLM, env_under
+from core.tasks import DIFFUSION, ENCODER
+
 from .render import render
 from .spec import Deployment
 
 ROOT = Path(__file__).resolve().parent.parent
-ENVS = {"gateway": ROOT / ".venv", "triton": ROOT / ".envs" / "triton", "vllm": ROOT / ".envs" / "vllm"}
+ENVS = {"gateway": ROOT / ".venv", TRITON: env_under(ROOT, TRITON), VLLM: env_under(ROOT, VLLM)}
 
 INSTALL_SH = """#!/bin/sh
 # Install rtxserve for the deployment in this folder, with no network: every wheel is in wheels/.
@@ -130,7 +133,7 @@ def bundle_deployment(d: Deployment) -> dict:
     """The deployment as written into the bundle: its paths pointing into the bundle's folders."""
     data = d.model_dump(mode="json", exclude_none=True)
     for m in data["models"]:
-        if m["kind"] in ("encoder", "diffusion"):  # Triton entries: in the assembled repository
+        if m["kind"] in (ENCODER, DIFFUSION):  # Triton entries: in the assembled repository
             m["path"] = f"models/repository/{m['name']}"
         else:
             m["path"] = f"models/llm/{m['name']}"

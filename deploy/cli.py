@@ -29,7 +29,7 @@ def plan_main(argv: list[str]) -> int:
         return 2
     print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
     if args.measure:
-        from serve.box import run_dir
+        from deploy.box import run_dir
 
         from .measure import format_measured, measure
 

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtxserve.entry_metadata import EntryMetadata
+from core.entry_metadata import EntryMetadata
 
 from .spec import Deployment, DeploymentError
 

@@ -14,7 +14,8 @@ from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeser
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
-from loadtest.report import parse_slo
+from core import metric_names
+from core.slo import parse_slo
 
 from .spec import Deployment
 
@@ -23,7 +24,7 @@ _DS = DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
 
 # SLO figure -> (histogram in seconds, its model label): what each SLO is checked against in production.
 SLO_HISTOGRAMS = {
-    "e2el": ("rtxserve_request_duration_seconds_bucket", "model"),  # what the client sees, through the gateway
+    "e2el": (f"{metric_names.REQUEST_SECONDS}_bucket", "model"),  # what the client sees, through the gateway
     "ttft": ("vllm:time_to_first_token_seconds_bucket", "model_name"),
     "tpot": ("vllm:request_time_per_output_token_seconds_bucket", "model_name"),
     "itl": ("vllm:inter_token_latency_seconds_bucket", "model_name"),
@@ -50,22 +51,22 @@ def gateway_dashboard() -> dashboard.Dashboard:
     return (dashboard.Dashboard("rtxserve gateway").uid("rtxserve-gateway").tags(["rtxserve"]).refresh("10s")
             .time("now-30m", "now")
             .with_panel(stat.Panel().title("Backends up").datasource(_DS).height(4).span(6)
-                        .with_target(_p("A", "sum(rtxserve_backend_up)", "up")))
+                        .with_target(_p("A", f"sum({metric_names.BACKEND_UP})", "up")))
             .with_panel(stat.Panel().title("Breakers open").datasource(_DS).height(4).span(6)
-                        .with_target(_p("A", "sum(rtxserve_backend_breaker_open)", "open")))
+                        .with_target(_p("A", f"sum({metric_names.BREAKER_OPEN})", "open")))
             .with_panel(stat.Panel().title("In flight").datasource(_DS).height(4).span(6)
-                        .with_target(_p("A", "sum(rtxserve_requests_in_flight)", "in flight")))
+                        .with_target(_p("A", f"sum({metric_names.IN_FLIGHT})", "in flight")))
             .with_panel(stat.Panel().title("Queued").datasource(_DS).height(4).span(6)
-                        .with_target(_p("A", "sum(rtxserve_requests_queued)", "queued")))
+                        .with_target(_p("A", f"sum({metric_names.QUEUED})", "queued")))
             .with_panel(_series("Requests per second by model and status", "reqps",
-                                _p("A", "sum by (model, status) (rate(rtxserve_requests_total[1m]))", "{{model}} {{status}}")))
-            .with_panel(_series("Latency by model", "s", *_quantiles("rtxserve_request_duration_seconds_bucket", "model")))
+                                _p("A", f"sum by (model, status) (rate({metric_names.REQUESTS}[1m]))", "{{model}} {{status}}")))
+            .with_panel(_series("Latency by model", "s", *_quantiles(f"{metric_names.REQUEST_SECONDS}_bucket", "model")))
             .with_panel(_series("Backend call time by replica", "s",
-                                *_quantiles("rtxserve_backend_request_duration_seconds_bucket", "backend")))
+                                *_quantiles(f"{metric_names.BACKEND_SECONDS}_bucket", "backend")))
             .with_panel(_series("Shed (admission control)", "reqps",
-                                _p("A", "sum by (reason) (rate(rtxserve_requests_shed_total[1m]))", "{{reason}}")))
+                                _p("A", f"sum by (reason) (rate({metric_names.SHED}[1m]))", "{{reason}}")))
             .with_panel(_series("Tokens per second", "short",
-                                _p("A", "sum by (model, kind) (rate(rtxserve_tokens_total[1m]))", "{{model}} {{kind}}"))))
+                                _p("A", f"sum by (model, kind) (rate({metric_names.TOKENS}[1m]))", "{{model}} {{kind}}"))))
 
 
 def triton_dashboard() -> dashboard.Dashboard:
@@ -134,7 +135,7 @@ def alert_rules(d: Deployment) -> dict:
     rules = [{"alert": "RtxserveTargetDown", "expr": 'up{job=~"rtxserve-.*"} == 0', "for": "1m",
               "labels": {"severity": "critical"},
               "annotations": {"summary": "{{ $labels.job }} at {{ $labels.instance }} is not answering /metrics"}},
-             {"alert": "RtxserveBackendDown", "expr": "max by (backend) (rtxserve_backend_up) == 0", "for": "1m",
+             {"alert": "RtxserveBackendDown", "expr": f"max by (backend) ({metric_names.BACKEND_UP}) == 0", "for": "1m",
               "labels": {"severity": "critical"}, "annotations": {"summary": "the gateway cannot reach {{ $labels.backend }}"}}]
     for m in d.models:
         for figure, limit_ms in (parse_slo(m.slo) if m.slo else {}).items():

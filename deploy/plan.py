@@ -31,7 +31,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rtxserve.entry_metadata import EntryMetadata
+from core.entry_metadata import EntryMetadata
+from core.tasks import DIFFUSION, ENCODER, LLM
 
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
@@ -62,7 +63,7 @@ SERVING_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 @dataclass
 class Estimate:
     model: str
-    kind: str  # "encoder" | "llm"
+    kind: str  # one of core.tasks.KINDS
     gib: float  # one instance / one engine
     parts: dict[str, float]  # GiB by what it is for
     notes: list[str] = field(default_factory=list)
@@ -158,7 +159,7 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
     overhead = ENCODER_INSTANCE_GIB if d.on_gpu else CPU_ENCODER_INSTANCE_GIB
     parts = {"weights": weights, "activations": activations, "runtime": overhead}
     notes.append(f"max batch {batch}")
-    return Estimate(m.name, "encoder", sum(parts.values()), parts, notes)
+    return Estimate(m.name, ENCODER, sum(parts.values()), parts, notes)
 
 
 def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
@@ -190,7 +191,7 @@ def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
     parts = {"weights": params * width / GIB, "activations": (activations + vae) / GIB,
              "runtime": DIFFUSION_PROCESS_GIB if d.on_gpu else CPU_DIFFUSION_PROCESS_GIB}
     notes = [f"{params / 1e9:.2f} B parameters at {width} bytes", f"{m.max_images} image(s) of {size}x{size}"]
-    return Estimate(m.name, "diffusion", sum(parts.values()), parts, notes)
+    return Estimate(m.name, DIFFUSION, sum(parts.values()), parts, notes)
 
 
 # ---------------------------------------------------------------------------------------------- LLMs
@@ -220,7 +221,7 @@ def _serving_bytes(m: LLMModel, config: dict, on_gpu: bool) -> int:
 
 
 def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
-    from rtxserve.contract import padded_lora_rank
+    from core.contract import padded_lora_rank
 
     path = d.resolve(m.path)
     try:
@@ -277,7 +278,7 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
         if kv > m.kv_cache_gib:
             notes.append(f"kv_cache_gib {m.kv_cache_gib:g} holds {m.kv_cache_gib * GIB / kv_per_token:.0f} tokens, "
                          f"fewer than {m.max_num_seqs} x {context}: vLLM queues the rest")
-    return Estimate(m.name, "llm", sum(parts.values()), parts, notes)
+    return Estimate(m.name, LLM, sum(parts.values()), parts, notes)
 
 
 # ---------------------------------------------------------------------------------------------- packing

@@ -27,13 +27,15 @@ from pathlib import Path
 
 import yaml
 
-from rtxserve import __version__
+from core import __version__
+from core.envs import TRITON, VLLM, env_under
+from core.tasks import ENCODER, TASKS, of_kind
 
 from . import monitoring
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .engines import TENSORRT_IMAGE, Build, build_script, plan_tensorrt
-from .spec import Deployment, DeploymentError, llm_app
+from .spec import Deployment, DeploymentError, encoder_metadata, llm_app
 
 # Pinned releases. Triton 26.07 (2.71.0) is the image the TensorRT engine build step runs in, too:
 # a plan only loads in the TensorRT it was built with.
@@ -70,7 +72,7 @@ def _link_tree(source: Path, to: Path) -> None:
 
 def stage_models(d: Deployment, p: Plan, out: Path) -> dict[Path, str]:
     """Lay the artifacts out under out/models (hard links) and return host path -> path in a container."""
-    from serve.entry_config import assemble_repository
+    from .repository import assemble_repository
 
     where: dict[Path, str] = {}
     models = out / "models"
@@ -200,11 +202,11 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
     for s in services:
         if s.kind == "triton":
             install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
-                       if tritonserver else triton.TritonInstall.at(prefix / ".envs" / "triton", "python%d.%d" % sys.version_info[:2]))
+                       if tritonserver else triton.TritonInstall.at(env_under(prefix, TRITON), "python%d.%d" % sys.version_info[:2]))
             argv, env = triton.install_argv(install, s.args), triton.install_env(install, base={"PATH": "/usr/bin:/bin"})
         elif s.kind == "vllm":
-            argv = vllm.install_argv(prefix / ".envs" / "vllm", s.args)
-            env = vllm.install_env(prefix / ".envs" / "vllm", base={"PATH": "/usr/bin:/bin"}) | s.env
+            argv = vllm.install_argv(env_under(prefix, VLLM), s.args)
+            env = vllm.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
             if s.gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(s.gpu)
         else:
@@ -410,11 +412,10 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     """A locust master and its workers as Jobs (the gateway image holds locust and the scenarios), suspended:
     set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster."""
-    from rtxserve.tasks import TASKS
-
     first = d.models[0]
-    task = {"llm": "text-generation", "diffusion": "text-to-image"}.get(first.kind)
-    scenario = TASKS[task].loadtest[0] if task else "classify"
+    # the first model's task, from its entry (an encoder may classify, tag or embed) or its kind (the one task)
+    task = encoder_metadata(d, first).task if first.kind == ENCODER else of_kind(first.kind)[0]
+    scenario = TASKS[task].loadtest[0]
     locustfile = "$(python -c 'import loadtest, os; print(os.path.dirname(loadtest.__file__))')/scenarios/locustfile.py"
     common = f"locust -f {locustfile} --scenario {scenario} --model {first.name}"
     master = (f"{common} --master --headless --expect-workers {workers} -u 32 -r 32 -t 5m "

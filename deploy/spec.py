@@ -25,8 +25,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rtxserve.entry_metadata import FILE as ENTRY_METADATA, EntryMetadata, EntryMetadataError
-from rtxserve.tasks import TASKS
+from core import contract
+from core.entry_metadata import FILE as ENTRY_METADATA, EntryMetadata, EntryMetadataError
+from core.tasks import DIFFUSION, ENCODER, KINDS, LLM, TASKS
 
 log = logging.getLogger("rtxserve.deploy")
 
@@ -50,11 +51,11 @@ class GPUs(_Strict):
 
 
 class Ports(_Strict):
-    gateway: int = Field(8080, ge=1, le=65535)
-    triton_http: int = Field(8000, ge=1, le=65535)
-    triton_grpc: int = Field(8001, ge=1, le=65535)
-    triton_metrics: int = Field(8002, ge=1, le=65535)
-    vllm: int = Field(8100, ge=1, le=65535, description="the first vLLM engine's port; engine i listens on vllm + i")
+    gateway: int = Field(contract.GATEWAY_PORT, ge=1, le=65535)
+    triton_http: int = Field(contract.TRITON_HTTP_PORT, ge=1, le=65535)
+    triton_grpc: int = Field(contract.TRITON_GRPC_PORT, ge=1, le=65535)
+    triton_metrics: int = Field(contract.TRITON_METRICS_PORT, ge=1, le=65535)
+    vllm: int = Field(contract.VLLM_PORT, ge=1, le=65535, description="the first vLLM engine's port; engine i listens on vllm + i")
 
 
 # The gateway settings that the deployment itself decides (ports, backend addresses, workers, keys).
@@ -100,7 +101,7 @@ class _Model(_Strict):
     @classmethod
     def _slo(cls, value: str | None) -> str | None:
         if value is not None:
-            from loadtest.report import parse_slo
+            from core.slo import parse_slo
 
             parse_slo(value)  # ValueError says what is wrong
         return value
@@ -109,10 +110,10 @@ class _Model(_Strict):
 class EncoderModel(_Model):
     """An entry exported by `rtxserve export onnx` (classifier, NER tagger, embedder, vision): run by Triton."""
 
-    kind: Literal["encoder"]
+    kind: Literal[ENCODER]
     instances: int | Literal["auto"] = Field(1, description='Triton instances on each GPU (or on the CPU); "auto": '
                                               "as many as fit beside everything else")
-    max_batch_size: int | None = Field(None, ge=1, le=4096, description="default: the export's")
+    max_batch_size: int | None = Field(None, ge=1, le=contract.MAX_BATCH_SIZE, description="default: the export's")
     tensorrt: bool = Field(False, description="GPU only: serve the entry's ONNX graph as a TensorRT plan, built on "
                            "the box by the TensorRT release of the Triton image (deploy/engines.py)")
 
@@ -128,7 +129,7 @@ class DiffusionModel(EncoderModel):
     """An entry exported by `rtxserve export diffusion` (a Stable Diffusion pipeline, its LoRA): run by Triton
     beside the encoders, one pipeline per instance."""
 
-    kind: Literal["diffusion"]  # type: ignore[assignment]
+    kind: Literal[DIFFUSION]  # type: ignore[assignment]
     size: int | None = Field(None, ge=64, le=4096, description="the resolution planned for (default: the export's)")
     max_images: int = Field(1, ge=1, le=64, description="images one request makes at most (the gateway's max_images)")
 
@@ -144,7 +145,7 @@ class LLMModel(_Model):
     """A Hugging Face LLM folder (a full fine-tune, a merged LoRA, or a base with adapters): run by vLLM,
     one engine per replica, each on a GPU of its own."""
 
-    kind: Literal["llm"]
+    kind: Literal[LLM]
     adapters: dict[str, Path] = Field(default_factory=dict, description="LoRA adapters served beside the model: name -> folder")
     replicas: int = Field(1, ge=1, le=16, description="vLLM engines, one per GPU")
     max_model_len: int | None = Field(None, ge=16, description="context length; default: the model's")
@@ -152,7 +153,7 @@ class LLMModel(_Model):
     max_num_batched_tokens: int | None = Field(None, ge=16, description="tokens per engine step; default: vLLM's")
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
-    kv_cache_gib: float = Field(1.0, gt=0, le=512, description="CPU only: the KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_gib: float = Field(contract.CPU_KV_CACHE_GIB, gt=0, le=512, description="CPU only: the KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
     tool_call_parser: str | None = None
     chat_template: Path | None = None
     max_images: int | None = Field(None, ge=0, le=64, description="vision-language models: images per prompt "
@@ -289,7 +290,7 @@ def _where(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("encoder", "diffusion", "llm") or str(part).startswith("function-"):
+        elif part in KINDS or str(part).startswith("function-"):
             continue  # pydantic's union / validator tags
         else:
             out += f".{part}" if out else str(part)

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtxserve import tasks as registry
+from core import tasks as registry
 
 from .exceptions import ExportError
 

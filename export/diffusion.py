@@ -4,7 +4,7 @@ folder) as a Triton entry that the gateway serves on POST /v1/images/generations
 The pipeline folder is checked before anything is written: model_index.json and every component it names
 (UNet, VAE, text encoder, tokenizer, scheduler config). A LoRA (diffusers' `save_lora_weights` file, as its
 training scripts write) is checked tensor by tensor against the UNet's and text encoder's layers from their
-safetensors headers (rtxserve/lora.py, the check the LLM and encoder exports use); a LoRA for another base is
+safetensors headers (core/lora.py, the check the LLM and encoder exports use); a LoRA for another base is
 refused with the tensors that do not fit. The entry is one python-backend model that loads the pipeline
 (and the LoRA, at the scale set here or one a request chooses) and answers PNG bytes; the same seed and
 parameters give the same image, the image `reference_image` makes in-process (the integration tests hold
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtxserve import contract, lora
-from rtxserve.entry_metadata import entry_metadata_json
+from core import contract, lora
+from core.entry_metadata import entry_metadata_json
 
 from . import repository
 from .exceptions import ExportError

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from . import onnx_export, repository, zero
-from rtxserve.tasks import TEXT_CLASSIFICATION
+from core.tasks import TEXT_CLASSIFICATION
 
 from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
 from .exceptions import ExportError

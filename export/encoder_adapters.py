@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rtxserve import lora
+from core import lora
 
 from .checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
                          check_task, find_weights, is_adapter, label_names, read_json)
-from rtxserve import tasks as registry
+from core import tasks as registry
 
 from .exceptions import ExportError
 from .llm import AdapterInfo, base_folder, raise_misfit, read_lora

@@ -11,7 +11,7 @@ import logging
 import random
 from pathlib import Path
 
-from rtxserve.tasks import FEATURE_EXTRACTION, TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+from core.tasks import FEATURE_EXTRACTION, TASKS, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 log = logging.getLogger(__name__)
 

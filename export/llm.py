@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rtxserve import lora
+from core import lora
 
 from . import megatron, repository, trainers, zero
 from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json

@@ -20,7 +20,7 @@ from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
 from .triton_entry import classification_entry, embedding_entry, image_classification_entry, token_classification_entry
 
-from rtxserve.tasks import FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+from core.tasks import FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def _token_classification(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
     return TaskSpec(("logits",), lambda model, _ckpt: model, entry, metadata={"labels": ckpt.labels, "aggregation": aggregation})
 
 
-# encoder task (rtxserve/tasks.py) -> what it adds to the common export
+# encoder task (core/tasks.py) -> what it adds to the common export
 SPECS = {TEXT_CLASSIFICATION: _classification, FEATURE_EXTRACTION: _embedding, IMAGE_CLASSIFICATION: _image_classification,
          TOKEN_CLASSIFICATION: _token_classification}
 

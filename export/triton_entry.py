@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rtxserve import contract
-from rtxserve.entry_metadata import entry_metadata_json
+from core import contract
+from core.entry_metadata import entry_metadata_json
 
 from .triton_config import (
     DynamicBatching,
@@ -49,8 +49,8 @@ class EntryOptions:
             raise ValueError(f"unknown target {self.target!r}; valid: {', '.join(TARGETS)}")
         if self.instances < 1:
             raise ValueError(f"--instances must be >= 1, got {self.instances}")
-        if not 1 <= self.max_batch_size <= 4096:
-            raise ValueError(f"--max-batch-size must be in 1..4096, got {self.max_batch_size}")
+        if not 1 <= self.max_batch_size <= contract.MAX_BATCH_SIZE:
+            raise ValueError(f"--max-batch-size must be in 1..{contract.MAX_BATCH_SIZE}, got {self.max_batch_size}")
         if min(self.max_queue_delay_us, self.max_queue_size, self.queue_timeout_us) < 0:
             raise ValueError("--max-queue-delay-us, --max-queue-size and --queue-timeout-us must be >= 0")
         if self.gpus and self.target != "gpu":

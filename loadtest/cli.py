@@ -8,11 +8,13 @@ import sys
 import time
 from pathlib import Path
 
+from core.contract import GATEWAY_PORT
+
 
 def _load_arguments(parser: argparse.ArgumentParser) -> None:
     """Where the load goes, how long and from how many processes (the scenario's own options come from
     scenarios/options.py, the same ones locust is given)."""
-    parser.add_argument("--host", default=os.environ.get("RTXSERVE_GATEWAY_URL", "http://127.0.0.1:8080"),
+    parser.add_argument("--host", default=os.environ.get("RTXSERVE_GATEWAY_URL", f"http://127.0.0.1:{GATEWAY_PORT}"),
                         help="gateway URL (env RTXSERVE_GATEWAY_URL; default %(default)s)")
     parser.add_argument("--users", type=int, default=8, help="closed loop: concurrent users")
     parser.add_argument("--spawn-rate", type=float, default=None, help="users started per second (default: all at once)")
@@ -103,7 +105,9 @@ def main(argv: list[str]) -> int:
 
 def _report(args) -> int:
     from .pages import write_report
-    from .report import headline, load_samples, parse_slo, summarize
+    from core.slo import parse_slo
+
+    from .report import headline, load_samples, summarize
 
     path = args.folder / "samples.csv"
     if not path.exists():

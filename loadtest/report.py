@@ -154,25 +154,8 @@ def _images(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
             "per_image_ms": _ranks(samples.latency_ms[use] / count)}
 
 
-SLO_FIGURES = {"e2el": "end-to-end latency", "ttft": "time to first token", "tpot": "time per output token",
-               "itl": "largest inter-token gap"}
 MAX_ERROR_FRACTION = 0.01  # a run with more failed requests does not hold its load, whatever its P99
 LATE_MS = 10.0  # an open-loop request that left this much after its arrival time is counted as late
-
-
-def parse_slo(text: str) -> dict[str, float]:
-    """`ttft:500,e2el:2000` (ms, the names of `vllm bench serve --goodput` plus itl) as {figure: limit}."""
-    slo = {}
-    for item in filter(None, (i.strip() for i in text.replace(" ", ",").split(","))):
-        name, _, value = item.replace("=", ":").partition(":")
-        try:
-            limit = float(value)
-        except ValueError:
-            limit = -1.0
-        if name not in SLO_FIGURES or limit <= 0:
-            raise ValueError(f"SLO: expected NAME:MS with NAME one of {', '.join(SLO_FIGURES)} and MS > 0, not {item!r}")
-        slo[name] = limit
-    return slo
 
 
 def per_request(samples: Samples) -> dict[str, np.ndarray]:

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from core.slo import parse_slo
+
 from .pages import write_report
-from .report import Summary, headline, load_samples, parse_slo, summarize
+from .report import Summary, headline, load_samples, summarize
 from .scenarios.apis import Load
 from .scenarios.options import add_options, parse_pairs
 

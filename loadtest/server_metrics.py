@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from core import metric_names
+
 log = logging.getLogger(__name__)
 COLUMNS = ("time", "target", "metric", "labels", "value")
 TRITON = (  # Triton 2.51 counters, label `model` (and `version`; failures also by `reason`)
@@ -33,9 +35,9 @@ TRITON = (  # Triton 2.51 counters, label `model` (and `version`; failures also 
 VLLM = (  # vLLM 0.10+, label `model_name` (and `engine`); gpu_cache_usage_perc is the older name of the KV gauge
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
     "vllm:generation_tokens_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
-GATEWAY = ("rtxserve_requests_in_flight", "rtxserve_requests_queued", "rtxserve_requests_shed_total",
-           "rtxserve_request_duration_seconds_sum", "rtxserve_request_duration_seconds_count",
-           "rtxserve_backend_request_duration_seconds_sum", "rtxserve_backend_request_duration_seconds_count")
+GATEWAY = (metric_names.IN_FLIGHT, metric_names.QUEUED, metric_names.SHED,
+           f"{metric_names.REQUEST_SECONDS}_sum", f"{metric_names.REQUEST_SECONDS}_count",
+           f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count")
 GPU = ("gpu_utilization_percent", "gpu_memory_used_bytes")
 KEEP = frozenset(TRITON + VLLM + GATEWAY)  # only what derive() reads: histogram buckets would be most of the file
 PROBE_ROUTES = frozenset({"/metrics", "/healthz", "/readyz", "/health"})  # not model traffic
@@ -278,17 +280,17 @@ def _vllm(tg: _Target) -> None:
 
 
 def _gateway(tg: _Target) -> None:
-    for metric, role in (("rtxserve_requests_in_flight", "in flight"), ("rtxserve_requests_queued", "queued")):
+    for metric, role in ((metric_names.IN_FLIGHT, "in flight"), (metric_names.QUEUED, "queued")):
         for m in tg.groups(metric).values():
             tg.add(f"gateway {role}", _level(m), "requests", "queues", role, gauge=True)
-    for n in tg.inc("rtxserve_requests_shed_total").values():
+    for n in tg.inc(metric_names.SHED).values():
         tg.add("gateway shed/s", n / tg.dt, "req/s", "throughput", "shed")
     served = lambda labels: labels.get("route") not in PROBE_ROUTES  # noqa: E731
-    spent = tg.inc("rtxserve_request_duration_seconds_sum", keep=served)
-    for n in tg.inc("rtxserve_request_duration_seconds_count", keep=served).values():
+    spent = tg.inc(f"{metric_names.REQUEST_SECONDS}_sum", keep=served)
+    for n in tg.inc(f"{metric_names.REQUEST_SECONDS}_count", keep=served).values():
         tg.mean("gateway request time", spent.get("", tg.nan), n, 1e3, "gateway")
-    spent = tg.inc("rtxserve_backend_request_duration_seconds_sum", "backend")
-    for backend, n in tg.inc("rtxserve_backend_request_duration_seconds_count", "backend").items():
+    spent = tg.inc(f"{metric_names.BACKEND_SECONDS}_sum", "backend")
+    for backend, n in tg.inc(f"{metric_names.BACKEND_SECONDS}_count", "backend").items():
         tg.mean(f"backend {backend} call time", spent.get(backend, tg.nan), n, 1e3, "backend", backend)
 
 

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import MAX_ERROR_FRACTION, parse_slo
+from core.slo import parse_slo
+
+from .report import MAX_ERROR_FRACTION
 from .runner import LoadSpec, run
 
 

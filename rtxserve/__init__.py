@@ -1,3 +1,4 @@
-"""rtxserve: export, serve and load-test fine-tuned models on your own boxes."""
+"""rtxserve: export, serve and load-test fine-tuned models on your own boxes. This package is the roof (the
+CLI, the demo, the tuner); the shared facts live in core/."""
 
-__version__ = "0.1.0"
+from core import __version__  # noqa: F401

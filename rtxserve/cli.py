@@ -10,7 +10,7 @@ import sys
 COMMANDS = {
     "fixtures": ("export.cli", "fixtures_main", "write small fine-tuned-style checkpoints (no model hub)"),
     "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
-    "serve": ("serve.cli", "main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
+    "serve": ("rtxserve.cli", "serve_main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
     "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),
     "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if argv[0] in {"-V", "--version"}:
-        from rtxserve import __version__
+        from core import __version__
 
         print(f"rtxserve {__version__}")
         return 0
@@ -43,6 +43,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, function, _ = COMMANDS[argv[0]]
     return int(getattr(importlib.import_module(module_name), function)(argv[1:]) or 0)
+
+
+def serve_main(argv: list[str]) -> int:
+    """`rtxserve serve`: serve's one-server commands (triton, vllm, gateway) and deploy's whole-box ones (up,
+    status, down) under one command; serve never imports deploy, so they meet here, on the roof."""
+    import argparse
+
+    from deploy import box_cli
+    from serve import cli as serve_cli
+
+    parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground, or a whole box.")
+    sub = parser.add_subparsers(dest="server", required=True)
+    serve_cli.add_commands(sub)
+    box_cli.add_commands(sub)
+    args = parser.parse_args(argv)
+    return args.run(args)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     from loadtest.report import headline
     from loadtest.runner import LoadSpec, run, scenario_options
     from deploy.spec import DeploymentError, load_deployment
-    from serve.box import down, up
+    from deploy.box import down, up
     from serve.launcher import ServerStartError, free_port
 
     work = args.workdir.resolve()

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rtxserve import contract
+from core import contract
 
 # The load scenario that exercises each task's route.
 SCENARIO_OF_TASK = {contract.TEXT_CLASSIFICATION: "classify", contract.IMAGE_CLASSIFICATION: "image",
@@ -198,7 +198,7 @@ def tune(target, *, options: dict, slo: str, axes: dict[str, list[int]], users: 
          warmup_s: float = 3.0, budget: int = 8, apply: bool = False, out: Path, log=print) -> TuneResult:
     """Measure the default, quick-search `axes`, write tune.md/.html/.png/.json into `out` (see the module doc).
     `options` are the load's scenario options (loadtest.runner.scenario_options)."""
-    from loadtest.report import parse_slo
+    from core.slo import parse_slo
     from loadtest.runner import LoadSpec
 
     if not parse_slo(slo):

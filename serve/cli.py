@@ -1,5 +1,5 @@
-"""`rtxserve serve triton|vllm|gateway`: run one server in the foreground until Ctrl-C / SIGTERM;
-`rtxserve serve up|status|down`: a whole box from its deployment file (serve/box.py)."""
+"""`rtxserve serve triton|vllm|gateway`: run one server in the foreground until Ctrl-C / SIGTERM. (`rtxserve
+serve up|status|down`, a whole box from its deployment file, are deploy's: deploy/box_cli.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rtxserve.envs import TRITON, VLLM, env_dir
+from core import contract
+from core.envs import TRITON, VLLM, env_dir
 
 
 def _triton(args) -> int:
@@ -126,91 +127,18 @@ def _gateway(args) -> int:
     return 0
 
 
-def _up(args) -> int:
-    from deploy.spec import DeploymentError, load_deployment
-
-    from .box import up
-    from .launcher import ServerStartError
-
-    try:
-        deployment = load_deployment(args.deployment)
-        run = up(deployment, root=args.state_dir, envs={"triton": args.triton_env, "vllm": args.vllm_env},
-                 timeout_s=args.start_timeout, tritonserver=args.tritonserver, backend_directory=args.backend_directory,
-                 log=lambda m: print(m, file=sys.stderr))
-    except ServerStartError as exc:
-        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
-        return 1
-    except (DeploymentError, OSError, ValueError) as exc:
-        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
-    return 0
-
-
-def _run_of(args) -> Path:
-    """A deployment's run folder from its name, its deployment file, or the folder itself."""
-    from .box import run_dir
-
-    target = Path(args.target)
-    if target.is_file():
-        from deploy.spec import load_deployment
-
-        return run_dir(load_deployment(target).name, args.state_dir)
-    return target if (target / "state.json").exists() else run_dir(args.target, args.state_dir)
-
-
-def _status(args) -> int:
-    from deploy.spec import DeploymentError
-
-    from .box import running, state_dir, status
-
-    try:
-        runs = [_run_of(args)] if args.target else running(args.state_dir)
-        if not runs:
-            print(f"no deployment runs from {args.state_dir or state_dir()}", file=sys.stderr)
-            return 3
-        servers = {run: status(run) for run in runs}
-    except (DeploymentError, OSError) as exc:
-        print(f"rtxserve serve status: error: {exc}", file=sys.stderr)
-        return 3
-    for run, rows in servers.items():
-        print(f"{run.name} ({run})")
-        print(f"  {'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
-        for s in rows:
-            print(f"  {s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} "
-                  f"{s['processes']:>5} {s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
-    return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
-
-
-def _down(args) -> int:
-    from deploy.spec import DeploymentError
-
-    from .box import down
-
-    try:
-        left = down(_run_of(args), grace_s=args.grace, log=lambda m: print(m, file=sys.stderr))
-    except (DeploymentError, OSError) as exc:
-        print(f"rtxserve serve down: error: {exc}", file=sys.stderr)
-        return 3
-    if left:
-        print(f"rtxserve serve down: error: still running: {', '.join(left)}", file=sys.stderr)
-        return 1
-    print("stopped", file=sys.stderr)
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground.")
-    sub = parser.add_subparsers(dest="server", required=True)
+def add_commands(sub) -> None:
+    """`triton`, `vllm` and `gateway`: one server in the foreground (`rtxserve serve` adds deploy's up / status /
+    down beside them)."""
     t = sub.add_parser("triton", help="the real tritonserver on a model repository")
     t.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")))
     t.add_argument("--triton-env", type=Path, default=env_dir(TRITON), help="environment holding nvidia-pytriton")
     t.add_argument("--tritonserver", type=Path, help="use this tritonserver binary instead (e.g. in the NGC image)")
     t.add_argument("--backend-directory", type=Path, default=Path("/opt/tritonserver/backends"))
     t.add_argument("--address", default="127.0.0.1", help="bind address (default loopback: clients use the gateway)")
-    t.add_argument("--http-port", type=int, default=8000)
-    t.add_argument("--grpc-port", type=int, default=8001)
-    t.add_argument("--metrics-port", type=int, default=8002)
+    t.add_argument("--http-port", type=int, default=contract.TRITON_HTTP_PORT)
+    t.add_argument("--grpc-port", type=int, default=contract.TRITON_GRPC_PORT)
+    t.add_argument("--metrics-port", type=int, default=contract.TRITON_METRICS_PORT)
     t.add_argument("--log", type=Path, default=Path(".rtxserve/logs/tritonserver.log"))
     t.add_argument("--start-timeout", type=float, default=300.0)
     t.set_defaults(run=_triton)
@@ -219,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--served-model-name", help="name clients use (default: the folder name)")
     v.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a LoRA adapter to serve (repeatable)")
     v.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    v.add_argument("--kv-cache-gib", type=float, default=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)),
+    v.add_argument("--kv-cache-gib", type=float, default=float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", contract.CPU_KV_CACHE_GIB)),
                    help="KV cache on CPU, GiB (VLLM_CPU_KVCACHE_SPACE)")
     v.add_argument("--dtype", default="auto")
     v.add_argument("--tool-call-parser", help="vLLM's parser for the model's tool-call format (hermes, llama3_json, "
@@ -234,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                    help="pass an option through to vLLM as is (repeatable), e.g. --vllm-arg=--max-num-seqs=64")
     v.add_argument("--address", default="127.0.0.1")
-    v.add_argument("--port", type=int, default=8100)
+    v.add_argument("--port", type=int, default=contract.VLLM_PORT)
     v.add_argument("--vllm-env", type=Path, default=env_dir(VLLM))
     v.add_argument("--log", type=Path, default=Path(".rtxserve/logs/vllm.log"))
     v.add_argument("--start-timeout", type=float, default=600.0)
@@ -248,31 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--keys", help="API keys file (RTXSERVE_KEYS_FILE); required to bind beyond loopback")
     g.add_argument("--log-level", default="info")
     g.set_defaults(run=_gateway)
-    state_help = ("where each deployment's run folder goes, the same for every working directory (default "
-                  "RTXSERVE_STATE_DIR, else $XDG_STATE_HOME/rtxserve, else ~/.local/state/rtxserve)")
-    u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
-    u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
-    u.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
-    u.add_argument("--triton-env", type=Path, default=env_dir(TRITON))
-    u.add_argument("--vllm-env", type=Path, default=env_dir(VLLM))
-    u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
-    u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
-                   "/opt/tritonserver/bin/tritonserver): needed for GPU entries")
-    u.add_argument("--backend-directory", type=Path, help="that tritonserver's backends (default /opt/tritonserver/backends)")
-    u.set_defaults(run=_up)
-    for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
-                           ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):
-        c = sub.add_parser(name, help=text)
-        c.add_argument("target", nargs="?" if name == "status" else None,
-                       help="the deployment's name, its file, or its run folder" + (
-                           " (default: every deployment that runs)" if name == "status" else ""))
-        c.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
-        if name == "down":
-            c.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
-        c.set_defaults(run=fn)
-    return parser
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="rtxserve serve", description="Run a server in the foreground.")
+    add_commands(parser.add_subparsers(dest="server", required=True))
+    args = parser.parse_args(argv)
     return args.run(args)

@@ -13,6 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.contract import MAX_BATCH_SIZE
+
 
 @dataclass(frozen=True)
 class Batching:
@@ -22,8 +24,8 @@ class Batching:
 
     def __post_init__(self) -> None:
         # max_batch_size 0: a model that takes whole requests, unbatched (a diffusion pipeline)
-        if self.instances < 1 or not 0 <= self.max_batch_size <= 4096 or self.max_queue_delay_us < 0:
-            raise ValueError(f"instances >= 1, max_batch_size in 0..4096 and max_queue_delay_us >= 0, not {self}")
+        if self.instances < 1 or not 0 <= self.max_batch_size <= MAX_BATCH_SIZE or self.max_queue_delay_us < 0:
+            raise ValueError(f"instances >= 1, max_batch_size in 0..{MAX_BATCH_SIZE} and max_queue_delay_us >= 0, not {self}")
 
 
 def read_config(path: Path):
@@ -101,21 +103,4 @@ def copy_entry(repository: Path, name: str, to: Path) -> Path:
         if (to / folder.name).exists():  # a copy left by an earlier run: made again from the source
             shutil.rmtree(to / folder.name)
         shutil.copytree(folder, to / folder.name, copy_function=link_file)
-    return to
-
-
-def assemble_repository(d, p, to: Path) -> Path:
-    """The repository Triton serves for a deployment `d` (deploy.spec) planned as `p` (deploy.plan): each entry
-    hard-linked from where export wrote it, with the planned instance count (and max batch size, when the
-    deployment sets one)."""
-    if to.exists():
-        shutil.rmtree(to)
-    to.mkdir(parents=True)
-    for m in d.encoders:
-        source = d.resolve(m.path)
-        copy_entry(source.parent, m.name, to)
-        batching = read_batching(to, m.name)
-        write_batching(to, m.name, Batching(instances=p.instances[m.name],
-                                                  max_batch_size=m.max_batch_size or batching.max_batch_size,
-                                                  max_queue_delay_us=batching.max_queue_delay_us))
     return to

@@ -13,7 +13,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rtxserve.envs import TRITON, env_dir
+from core import contract
+from core.envs import TRITON, env_dir
 
 DEFAULT_ENV = env_dir(TRITON)
 PYTHON_SHM_BYTES = 64 * 1024 * 1024  # per python-backend stub; tmpfs pages count only once touched
@@ -73,9 +74,9 @@ class TritonInstall:
 @dataclass
 class TritonOptions:
     repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
+    http_port: int = contract.TRITON_HTTP_PORT
+    grpc_port: int = contract.TRITON_GRPC_PORT
+    metrics_port: int = contract.TRITON_METRICS_PORT
     address: str = "127.0.0.1"  # loopback by default: clients go through the gateway
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from rtxserve import lora
-from rtxserve.contract import padded_lora_rank
-from rtxserve.envs import VLLM, env_dir
+from core import lora
+from core import contract
+from core.contract import padded_lora_rank
+from core.envs import VLLM, env_dir
 
 DEFAULT_ENV = env_dir(VLLM)
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def base_weights(model: Path) -> list[Path]:
 
 
 def check_adapter_base(adapter: Adapter, model: Path) -> None:
-    """Refuse an adapter that does not fit the served model (rtxserve.lora, as export checks it) or that
+    """Refuse an adapter that does not fit the served model (core.lora, as export checks it) or that
     vLLM cannot serve unmerged."""
     weights = adapter.path / "adapter_model.safetensors"
     if not weights.is_file():
@@ -96,9 +97,9 @@ class VLLMOptions:
     model: Path
     served_name: str
     host: str = "127.0.0.1"
-    port: int = 8100
+    port: int = contract.VLLM_PORT
     max_model_len: int | None = None
-    kv_cache_gib: float = 1.0  # CPU only: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: float = contract.CPU_KV_CACHE_GIB  # CPU only: VLLM_CPU_KVCACHE_SPACE
     adapters: dict[str, Path] = field(default_factory=dict)
     dtype: str = "auto"
     tool_call_parser: str | None = None  # e.g. hermes, llama3_json: turns on tool_choice "auto"

@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rtxserve.tasks import routes_by_scenario
+from core.tasks import routes_by_scenario
 
 from . import workloads
 from .options import parse_mix, word_range
 
-# scenario -> the gateway route it calls (rtxserve/tasks.py)
+# scenario -> the gateway route it calls (core/tasks.py)
 ENCODER_APIS = routes_by_scenario("encoder")
 GENERATION_APIS = routes_by_scenario("llm")
 IMAGES_API = routes_by_scenario("diffusion")["images"]

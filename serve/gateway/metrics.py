@@ -19,21 +19,23 @@ from prometheus_client import (
     multiprocess,
 )
 
+from core import metric_names
+
 BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30, 60)
 LABELS = ("route", "model", "status")
-REQUEST_SECONDS = Histogram("rtxserve_request_duration_seconds", "Gateway request latency", LABELS, buckets=BUCKETS)
-REQUESTS = Counter("rtxserve_requests_total", "Gateway requests by final status", LABELS)
-TOKENS = Counter("rtxserve_tokens_total", "Tokens processed by generation models", ("model", "kind"))
+REQUEST_SECONDS = Histogram(metric_names.REQUEST_SECONDS, "Gateway request latency", LABELS, buckets=BUCKETS)
+REQUESTS = Counter(metric_names.REQUESTS, "Gateway requests by final status", LABELS)
+TOKENS = Counter(metric_names.TOKENS, "Tokens processed by generation models", ("model", "kind"))
 # livesum: with several workers, /metrics shows the sum over the live ones.
-IN_FLIGHT = Gauge("rtxserve_requests_in_flight", "Model requests being served", multiprocess_mode="livesum")
-QUEUED = Gauge("rtxserve_requests_queued", "Model requests waiting for a slot", multiprocess_mode="livesum")
-BACKEND_SECONDS = Histogram("rtxserve_backend_request_duration_seconds", "Time a backend replica took per call",
+IN_FLIGHT = Gauge(metric_names.IN_FLIGHT, "Model requests being served", multiprocess_mode="livesum")
+QUEUED = Gauge(metric_names.QUEUED, "Model requests waiting for a slot", multiprocess_mode="livesum")
+BACKEND_SECONDS = Histogram(metric_names.BACKEND_SECONDS, "Time a backend replica took per call",
                             ("backend",), buckets=BUCKETS)
-BACKEND_UP = Gauge("rtxserve_backend_up", "1 when the replica answered its last health check", ("backend",),
+BACKEND_UP = Gauge(metric_names.BACKEND_UP, "1 when the replica answered its last health check", ("backend",),
                    multiprocess_mode="livemax")
-BREAKER_OPEN = Gauge("rtxserve_backend_breaker_open", "1 while the replica's circuit breaker keeps traffic away",
+BREAKER_OPEN = Gauge(metric_names.BREAKER_OPEN, "1 while the replica's circuit breaker keeps traffic away",
                      ("backend",), multiprocess_mode="livemax")
-SHED = Counter("rtxserve_requests_shed_total", "Model requests refused by admission control", ("reason",))
+SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
 
 
 def render() -> tuple[bytes, str]:

@@ -14,6 +14,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from core import contract
+
 
 class GatewaySettings(BaseSettings):
     """Everything the gateway process reads at start. Env: RTXSERVE_<FIELD>; file: RTXSERVE_CONFIG (YAML)."""
@@ -21,9 +23,9 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RTXSERVE_", extra="forbid")
 
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=1, le=65535)
+    port: int = Field(contract.GATEWAY_PORT, ge=1, le=65535)
     workers: int = Field(1, ge=1, le=64)
-    triton_grpc_url: str = Field("127.0.0.1:8001", description="Triton gRPC address, or several (replicas) "
+    triton_grpc_url: str = Field(f"127.0.0.1:{contract.TRITON_GRPC_PORT}", description="Triton gRPC address, or several (replicas) "
                                  "separated by commas; empty: no Triton")
     vllm_url: str = Field("", description="vLLM OpenAI server base URL, e.g. http://127.0.0.1:8100, or several (one "
                           "engine per GPU) separated by commas; empty: no vLLM")

@@ -24,7 +24,7 @@ from typing import TypeVar
 from circuitbreaker import STATE_OPEN, CircuitBreaker
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from rtxserve import contract
+from core import contract
 
 from . import metrics
 from .admission import Gate

@@ -155,7 +155,7 @@ def test_the_services_are_the_servers_options_wherever_they_run(boxes):
 def test_a_taken_port_names_the_process_holding_it():
     import os
 
-    from serve.box import check_ports
+    from deploy.box import check_ports
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -214,7 +214,7 @@ def test_down_stops_a_servers_group_even_when_its_leader_died(tmp_path):
 
     import psutil
 
-    from serve.box import down, status
+    from deploy.box import down, status
 
     leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],

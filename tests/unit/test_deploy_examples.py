@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from deploy.plan import format_plan, plan
-from deploy.render import render
+from deploy.render import locust_job, render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
-from rtxserve.tasks import TASKS
+from core.tasks import TASKS
 from tests.plan_fixtures import TINY_LLAMA, write_artifacts, write_diffusion_entry, write_entry, write_llama
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,8 @@ def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_
     assert p.devices[0].free_gib < p.estimates["reviews"].gib  # "auto": as many as fit, then no room for one more
 
 
-def test_a_deployment_with_one_model_of_every_task_plans_and_renders(tmp_path):
+def every_task(tmp_path) -> list[dict]:
+    """One model of every task in the registry, laid out as a deployment in `tmp_path` lists them."""
     models = []
     for task, t in TASKS.items():
         name = task.replace("-", "_")
@@ -60,10 +61,29 @@ def test_a_deployment_with_one_model_of_every_task_plans_and_renders(tmp_path):
         else:
             pytest.fail(f"task {task}: no planning stand-in for its kind {t.kind!r} (tests/plan_fixtures.py)")
         path = name if t.kind == "llm" else f"model_repository/{name}"
-        models.append({"name": name, "kind": t.kind, "path": path})
+        models.append({"name": name, "kind": t.kind, "path": path, "task": task})
     (tmp_path / "keys.json").write_text("{}")
-    d = parse_deployment({"name": "every-task", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
-                          "models": models}, tmp_path)
+    return models
+
+
+def deployment(models: list[dict], folder: Path):
+    return parse_deployment({"name": "every-task", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+                             "models": [{k: v for k, v in m.items() if k != "task"} for m in models]}, folder)
+
+
+def test_a_deployment_with_one_model_of_every_task_plans_and_renders(tmp_path):
+    models = every_task(tmp_path)
+    d = deployment(models, tmp_path)
     p = plan(d)
     assert p.fits and set(p.estimates) == {m["name"] for m in models}, format_plan(p)
     assert render(d, tmp_path / "out", prefix=ROOT)
+
+
+def test_the_rendered_load_test_job_drives_the_first_models_own_task(tmp_path):
+    """The Kubernetes locust Job runs the scenario of the first model's task (an NER or embeddings model is not
+    load-tested as a classifier)."""
+    models = every_task(tmp_path)
+    for first in models:
+        d = deployment([first] + [m for m in models if m is not first], tmp_path)
+        master = locust_job(d)[0]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        assert f"--scenario {TASKS[first['task']].loadtest[0]} --model {first['name']}" in master

@@ -1,11 +1,11 @@
-"""rtxserve.json, typed (rtxserve/entry_metadata.py): what export writes is what deploy reads; entries written
+"""rtxserve.json, typed (core/entry_metadata.py): what export writes is what deploy reads; entries written
 before the schema load with what was assumed said; an unreadable one is one line naming the file and field."""
 
 import json
 
 import pytest
 
-from rtxserve.entry_metadata import EntryMetadata, EntryMetadataError, entry_metadata_json
+from core.entry_metadata import EntryMetadata, EntryMetadataError, entry_metadata_json
 
 
 def test_an_embedders_old_dimensions_is_its_embedding_size_and_an_encoders_its_model_dimensions(tmp_path):

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from loadtest.pages import write_report
-from loadtest.report import Samples, headline, load_samples, meets_slo, parse_slo, summarize
+from core.slo import parse_slo
+from loadtest.report import Samples, headline, load_samples, meets_slo, summarize
 
 HEADER = "end,name,latency_ms,ok,error,ttft_ms,output_tokens,prompt_tokens,itl_ms,wait_ms\n"
 

@@ -1,7 +1,7 @@
 """The task registry is what export, the gateway and the load tests read: every task it declares has a
 builder in export, its routes in the gateway's app and its scenarios in the load tester."""
 
-from rtxserve import tasks
+from core import tasks
 
 
 def test_every_task_is_served_built_and_load_tested():

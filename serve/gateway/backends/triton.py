@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import (InferenceServerException, deserialize_bytes_tensor, serialize_byte_tensor,
                                 triton_to_np_dtype)
 
-from rtxserve import contract
+from core import contract
 
 from ..exceptions import (
     BackendConnectFailed,

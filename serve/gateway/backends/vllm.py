@@ -12,7 +12,7 @@ import httpx
 from httpx_sse import EventSource
 import orjson
 
-from rtxserve.contract import TEXT_GENERATION
+from core.contract import TEXT_GENERATION
 
 from ..exceptions import (
     BackendConnectFailed,

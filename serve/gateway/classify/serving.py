@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 
-from rtxserve.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
+from core.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 
 from ..exceptions import InvalidRequest
 from ..state import GatewayState

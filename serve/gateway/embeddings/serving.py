@@ -6,7 +6,7 @@ import base64
 
 import numpy as np
 
-from rtxserve.contract import FEATURE_EXTRACTION
+from core.contract import FEATURE_EXTRACTION
 
 from .. import metrics
 from ..classify.serving import check_texts

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from rtxserve.contract import TEXT_GENERATION
+from core.contract import TEXT_GENERATION
 
 from .. import metrics
 from ..backends.base import Stream, StreamBroken

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from rtxserve.contract import SCHEDULERS
+from core.contract import SCHEDULERS
 
 from ..wire import SafeInt
 

@@ -7,7 +7,7 @@ import json
 import secrets
 import time
 
-from rtxserve.contract import TEXT_TO_IMAGE
+from core.contract import TEXT_TO_IMAGE
 
 from ..exceptions import InvalidRequest
 from ..state import GatewayState

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rtxserve.contract import TOKEN_CLASSIFICATION
+from core.contract import TOKEN_CLASSIFICATION
 
 from ..classify.serving import check_texts
 from ..state import GatewayState

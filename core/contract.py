@@ -1,13 +1,24 @@
 """What export writes and serve reads, declared once: task names, the parameters a Triton entry's config
-carries for the gateway, and vLLM's LoRA limits. Both sides import this module and nothing of each other."""
+carries for the gateway, vLLM's LoRA limits, the servers' default ports and the limits every side checks.
+Both sides import this module and nothing of each other."""
 
 from __future__ import annotations
 
-# Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (rtxserve/tasks.py).
+# Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (core/tasks.py).
 from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TEXT_GENERATION,  # noqa: F401
-                    TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, of_kind)
+                    TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
 
-ENCODER_TASKS = of_kind("encoder")
+ENCODER_TASKS = of_kind(ENCODER)
+
+# Default ports: Triton's and vLLM's own choices (vLLM's moved off its 8000, which Triton takes), the gateway's.
+GATEWAY_PORT = 8080
+TRITON_HTTP_PORT, TRITON_GRPC_PORT, TRITON_METRICS_PORT = 8000, 8001, 8002
+VLLM_PORT = 8100  # engine i of a deployment listens on VLLM_PORT + i
+
+# The largest batch a Triton entry may take (export's --max-batch-size, the tuner, the deployment file).
+MAX_BATCH_SIZE = 4096
+# vLLM on CPU: the KV cache it reserves (VLLM_CPU_KVCACHE_SPACE), GiB, unless told otherwise.
+CPU_KV_CACHE_GIB = 1.0
 
 # Parameters in a servable Triton entry's config.pbtxt (string values).
 PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are internal steps

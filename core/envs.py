@@ -9,7 +9,13 @@ from pathlib import Path
 
 TRITON = "triton"
 VLLM = "vllm"
+FOLDER = ".envs"  # beside the main environment, in a checkout or an installed bundle
 ENVS_DIR_ENV = "RTXSERVE_ENVS_DIR"
+
+
+def env_under(root: Path, name: str) -> Path:
+    """The environment of one server in the checkout or bundle at `root` (which may be another host's path)."""
+    return Path(root) / FOLDER / name
 
 
 def envs_dir() -> Path:
@@ -17,8 +23,8 @@ def envs_dir() -> Path:
     `.venv`), else `.envs` in the working directory."""
     if os.environ.get(ENVS_DIR_ENV):
         return Path(os.environ[ENVS_DIR_ENV]).expanduser()
-    beside = Path(sys.prefix).parent / ".envs"
-    return beside if beside.is_dir() else Path(".envs")
+    beside = Path(sys.prefix).parent / FOLDER
+    return beside if beside.is_dir() else Path(FOLDER)
 
 
 def env_dir(name: str) -> Path:

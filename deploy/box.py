@@ -27,13 +27,15 @@ import platformdirs
 import psutil
 import yaml
 
-from deploy.plan import plan
-from deploy.services import Layout, Service, build_services, gateway_settings
-from deploy.spec import Deployment, DeploymentError
-from rtxserve.envs import TRITON, VLLM, env_dir
+from core.envs import TRITON, VLLM, env_dir
+from serve import triton, vllm
+from serve.launcher import ServerProcess
+from serve.triton import TritonInstall, TritonNotFound
 
-from .entry_config import assemble_repository
-from .launcher import ServerProcess
+from .plan import format_plan, plan
+from .repository import assemble_repository
+from .services import Layout, Service, build_services, gateway_settings
+from .spec import Deployment, DeploymentError
 
 STATE_DIR_ENV = "RTXSERVE_STATE_DIR"
 
@@ -106,8 +108,6 @@ def check_ports(d: Deployment) -> None:
 
 def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_host: str) -> ServerProcess:
     """The service as a process of this host, with the programs installed here."""
-    from . import triton, vllm
-
     base = {k: v for k, v in os.environ.items() if not k.startswith("RTXSERVE_")} | service.env
     if service.kind == "triton":
         argv, env = triton.install_argv(install, service.args), triton.install_env(install, base)
@@ -134,7 +134,6 @@ def _locked(run: Path, name: str):
 
 
 def _triton_install(d: Deployment, envs: dict[str, Path], tritonserver: Path | None, backend_directory: Path | None):
-    from .triton import TritonInstall, TritonNotFound
 
     try:
         if tritonserver is not None:
@@ -167,7 +166,6 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                                   "`serve up` serves exported entries as they are")
         p = plan(d)
         if not p.fits:
-            from deploy.plan import format_plan
 
             raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None

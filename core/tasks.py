@@ -12,10 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# Model kinds: which export builds a task's models and which server runs them (a deployment's `kind:`).
+ENCODER = "encoder"  # ONNX + a Triton ensemble
+LLM = "llm"  # a vLLM engine
+DIFFUSION = "diffusion"  # a Triton python-backend pipeline
+KINDS = (ENCODER, LLM, DIFFUSION)
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # which export builds it: "encoder" (ONNX + Triton ensemble), "llm" (vLLM), "diffusion" (Triton)
+    kind: str  # one of KINDS
     inputs: str  # what a request carries: "text", "image" or "prompt"
     routes: tuple[str, ...]  # the gateway routes that serve it
     loadtest: tuple[str, ...]  # the load-test scenarios that drive it, one per route
@@ -34,30 +41,30 @@ def _task(name: str, **fields) -> str:
 
 
 TEXT_CLASSIFICATION = _task(
-    "text-classification", kind="encoder", inputs="text", routes=("/v1/classify",), loadtest=("classify",),
+    "text-classification", kind=ENCODER, inputs="text", routes=("/v1/classify",), loadtest=("classify",),
     parity="logits within atol of PyTorch", arch_suffix="ForSequenceClassification",
     auto_class="AutoModelForSequenceClassification", peft_task_type="SEQ_CLS")
 TOKEN_CLASSIFICATION = _task(
-    "token-classification", kind="encoder", inputs="text", routes=("/v1/ner",), loadtest=("ner",),
+    "token-classification", kind=ENCODER, inputs="text", routes=("/v1/ner",), loadtest=("ner",),
     parity="logits within atol; entities as transformers' pipeline", arch_suffix="ForTokenClassification",
     auto_class="AutoModelForTokenClassification", peft_task_type="TOKEN_CLS")
 # A bare encoder (BertModel, XLMRobertaModel, ...), as sentence-transformers saves it.
 FEATURE_EXTRACTION = _task(
-    "feature-extraction", kind="encoder", inputs="text", routes=("/v1/embeddings",), loadtest=("embeddings",),
+    "feature-extraction", kind=ENCODER, inputs="text", routes=("/v1/embeddings",), loadtest=("embeddings",),
     parity="vectors within atol of sentence-transformers", arch_suffix="Model", auto_class="AutoModel",
     peft_task_type="FEATURE_EXTRACTION")
 # ViT, DeiT, BEiT, ConvNeXt, ResNet, ... with their image processor's preprocessor_config.json; peft has no
 # task type for it, so such adapters record none.
 IMAGE_CLASSIFICATION = _task(
-    "image-classification", kind="encoder", inputs="image", routes=("/v1/classify",), loadtest=("image",),
+    "image-classification", kind=ENCODER, inputs="image", routes=("/v1/classify",), loadtest=("image",),
     parity="logits within atol; labels as transformers' pipeline", arch_suffix="ForImageClassification",
     auto_class="AutoModelForImageClassification")
 TEXT_GENERATION = _task(
-    "text-generation", kind="llm", inputs="prompt", routes=("/v1/chat/completions", "/v1/completions"),
+    "text-generation", kind=LLM, inputs="prompt", routes=("/v1/chat/completions", "/v1/completions"),
     loadtest=("chat", "completions"), parity="merged logits within atol of base + adapter",
     auto_class="AutoModelForCausalLM", peft_task_type="CAUSAL_LM")
 TEXT_TO_IMAGE = _task(
-    "text-to-image", kind="diffusion", inputs="prompt", routes=("/v1/images/generations",), loadtest=("images",),
+    "text-to-image", kind=DIFFUSION, inputs="prompt", routes=("/v1/images/generations",), loadtest=("images",),
     parity="the served PNG equals the pipeline run in-process, same seed")
 
 

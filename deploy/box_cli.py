@@ -1,0 +1,94 @@
+"""`rtxserve serve up|status|down`: a whole box from its deployment file (deploy/box.py), beside serve's own
+`triton`, `vllm` and `gateway` commands under `rtxserve serve`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from core.envs import TRITON, VLLM, env_dir
+from serve.launcher import ServerStartError
+
+from .box import down, run_dir, running, state_dir, status, up
+from .spec import DeploymentError, load_deployment
+
+
+def _up(args) -> int:
+    try:
+        deployment = load_deployment(args.deployment)
+        run = up(deployment, root=args.state_dir, envs={"triton": args.triton_env, "vllm": args.vllm_env},
+                 timeout_s=args.start_timeout, tritonserver=args.tritonserver, backend_directory=args.backend_directory,
+                 log=lambda m: print(m, file=sys.stderr))
+    except ServerStartError as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 1
+    except (DeploymentError, OSError, ValueError) as exc:
+        print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
+    return 0
+
+
+def _run_of(args) -> Path:
+    """A deployment's run folder from its name, its deployment file, or the folder itself."""
+    target = Path(args.target)
+    if target.is_file():
+        return run_dir(load_deployment(target).name, args.state_dir)
+    return target if (target / "state.json").exists() else run_dir(args.target, args.state_dir)
+
+
+def _status(args) -> int:
+    try:
+        runs = [_run_of(args)] if args.target else running(args.state_dir)
+        if not runs:
+            print(f"no deployment runs from {args.state_dir or state_dir()}", file=sys.stderr)
+            return 3
+        servers = {run: status(run) for run in runs}
+    except (DeploymentError, OSError) as exc:
+        print(f"rtxserve serve status: error: {exc}", file=sys.stderr)
+        return 3
+    for run, rows in servers.items():
+        print(f"{run.name} ({run})")
+        print(f"  {'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
+        for s in rows:
+            print(f"  {s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} "
+                  f"{s['processes']:>5} {s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
+    return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
+
+
+def _down(args) -> int:
+    try:
+        left = down(_run_of(args), grace_s=args.grace, log=lambda m: print(m, file=sys.stderr))
+    except (DeploymentError, OSError) as exc:
+        print(f"rtxserve serve down: error: {exc}", file=sys.stderr)
+        return 3
+    if left:
+        print(f"rtxserve serve down: error: still running: {', '.join(left)}", file=sys.stderr)
+        return 1
+    print("stopped", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    state_help = ("where each deployment's run folder goes, the same for every working directory (default "
+                  "RTXSERVE_STATE_DIR, else $XDG_STATE_HOME/rtxserve, else ~/.local/state/rtxserve)")
+    u = sub.add_parser("up", help="bring a whole box up from its deployment file (Triton, vLLM engines, gateway)")
+    u.add_argument("deployment", type=Path, help="the deployment file (YAML)")
+    u.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
+    u.add_argument("--triton-env", type=Path, default=env_dir(TRITON))
+    u.add_argument("--vllm-env", type=Path, default=env_dir(VLLM))
+    u.add_argument("--start-timeout", type=float, default=600.0, help="seconds each server has to become ready")
+    u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
+                   "/opt/tritonserver/bin/tritonserver): needed for GPU entries")
+    u.add_argument("--backend-directory", type=Path, help="that tritonserver's backends (default /opt/tritonserver/backends)")
+    u.set_defaults(run=_up)
+    for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
+                           ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("target", nargs="?" if name == "status" else None,
+                       help="the deployment's name, its file, or its run folder" + (
+                           " (default: every deployment that runs)" if name == "status" else ""))
+        c.add_argument("--state-dir", "--run-root", dest="state_dir", type=Path, help=state_help)
+        if name == "down":
+            c.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+        c.set_defaults(run=fn)

@@ -1,0 +1,42 @@
+"""Facts that drift when typed twice are declared once in core/ and read everywhere else: the default ports and
+the largest batch (core/contract.py), the gateway's metric names (core/metric_names.py). This test reads every
+module of ours for a second copy."""
+
+import ast
+import re
+from pathlib import Path
+
+from core import contract, metric_names
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("core", "export", "serve", "loadtest", "deploy", "rtxserve", "bench")
+PORTS = {contract.GATEWAY_PORT, contract.TRITON_HTTP_PORT, contract.TRITON_GRPC_PORT, contract.TRITON_METRICS_PORT,
+         contract.VLLM_PORT}
+METRIC = re.compile(r"\brtxserve_[a-z_]+")
+
+
+def modules():
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            yield path.relative_to(REPO), ast.parse(path.read_text())
+
+
+def test_ports_are_numbers_only_in_the_contract():
+    found = [f"{path}:{node.lineno}: {node.value}" for path, tree in modules() if path != Path("core/contract.py")
+             for node in ast.walk(tree) if isinstance(node, ast.Constant) and type(node.value) is int and node.value in PORTS]
+    assert not found, "\n".join(found)
+
+
+def test_the_batch_limit_is_a_number_only_in_the_contract():
+    limit = str(contract.MAX_BATCH_SIZE)
+    found = [f"{path}:{n}: {line.strip()}" for path, _ in modules() if path != Path("core/contract.py")
+             for n, line in enumerate((REPO / path).read_text().splitlines(), 1) if limit in line and "batch" in line.lower()]
+    assert not found, "\n".join(found)
+
+
+def test_metric_names_are_strings_only_in_metric_names():
+    declared = {v for k, v in vars(metric_names).items() if k.isupper()}
+    found = [f"{path}:{node.lineno}: {name}" for path, tree in modules() if path != Path("core/metric_names.py")
+             for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             for name in METRIC.findall(node.value) if any(name.startswith(d) for d in declared)]
+    assert not found, "\n".join(found)
