@@ -109,9 +109,9 @@ async def _measure(gateway_url: str, triton_http: str, gateway_pid: int, *, roun
 
 
 @contextlib.contextmanager
-def classifier_stack(workers: int, progress) -> Iterator[tuple[str, str, int]]:
-    """The fixture classifier (2 instances) in a real tritonserver behind a real gateway:
-    (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
+def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None = None) -> Iterator[tuple[str, str, int]]:
+    """The fixture classifier (2 instances) in a real tritonserver behind a real gateway (with `gateway_env`'s
+    settings): (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
     from export.encoder import export_text_classification
     from export.fixtures import write_text_classifier
     from export.triton_entry import EntryOptions
@@ -124,7 +124,8 @@ def classifier_stack(workers: int, progress) -> Iterator[tuple[str, str, int]]:
                                    work / "repo")
         triton, opts = start_triton(work / "repo", work / "logs")
         try:
-            gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers)
+            gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers,
+                                         extra_env=gateway_env)
             try:
                 yield url, f"http://127.0.0.1:{opts.http_port}", gateway.process.pid
             finally:

@@ -9,12 +9,15 @@ one given, but whose shapes fit, is accepted: the same model is often known by a
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 from safetensors import safe_open
 
 from .contract import LORA_RANKS
+
+log = logging.getLogger(__name__)
 
 # peft's key for a LoRA tensor: [base_model.model.]<module>.lora_A|B[.<adapter name>].weight
 LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
@@ -84,3 +87,29 @@ def vllm_problems(adapted: set[str], adapter_config: dict) -> str | None:
 def same_base_name(recorded: str, base: Path) -> bool:
     recorded = recorded.rstrip("/")
     return not recorded or recorded in {str(base).rstrip("/"), str(base.resolve())} or Path(recorded).name == base.name
+
+
+class AdapterFitError(ValueError):
+    """An adapter that does not fit its base (`kind` "misfit"), holds no LoRA tensors ("empty") or that vLLM cannot
+    serve unmerged ("vllm"); each side adds its own way out."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def check_fit(adapter: Path, adapter_config: dict, adapter_shapes: dict[str, list[int]], base: Path,
+              base_shapes: dict[str, list[int]], base_config: dict, *, for_vllm: bool) -> None:
+    """The one fit check, in its order: every LoRA tensor fits a layer of the base; there is at least one; vLLM
+    can serve it unmerged (`for_vllm`); a base whose recorded name differs but whose shapes fit is only noted."""
+    recorded = str(adapter_config.get("base_model_name_or_path") or "")
+    mismatch, adapted = misfits(adapter_shapes, layers_from_weights(base_shapes, base_config))
+    if mismatch:
+        raise AdapterFitError(misfit_message(adapter, recorded, base, mismatch), "misfit")
+    if not adapted:
+        raise AdapterFitError(f"{adapter} holds no LoRA tensors (no *.lora_A/lora_B.weight)", "empty")
+    problem = vllm_problems(adapted, adapter_config) if for_vllm else None
+    if problem:
+        raise AdapterFitError(problem, "vllm")
+    if not same_base_name(recorded, base):
+        log.warning("the adapter %s records base %s and goes on %s: its tensor shapes fit", adapter, recorded, base)

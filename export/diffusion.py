@@ -22,6 +22,7 @@ from pathlib import Path
 
 from core import contract, lora
 from core.entry_metadata import entry_metadata_json
+from core.weights import WeightsIndexError, safetensors_files
 
 from . import repository
 from .exceptions import ExportError
@@ -91,11 +92,12 @@ def _config(component: Path) -> dict:
 def component_weights(component: Path) -> list[Path]:
     """The weights file(s) a component loads by default: one file, or the shards its index names."""
     for name in WEIGHTS:
-        if (component / name).is_file():
-            return [component / name]
-        index = component / f"{name}.index.json"
-        if index.is_file():
-            return [component / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
+        try:
+            files = safetensors_files(component, name)
+        except WeightsIndexError as exc:
+            raise ExportError(str(exc)) from None
+        if files:
+            return files
     return []
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from core import lora
+from core.weights import WeightsIndexError, safetensors_files
 
 from . import megatron, repository, trainers, zero
 from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
@@ -91,19 +92,17 @@ class LLMExport:
 
 def _weight_files(path: Path) -> tuple[Path, ...]:
     """Every weight file of a checkpoint (shards included), each checked for truncation."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(read_json(index, "checkpoint").get("weight_map", {}).values()))
-        missing = [s for s in shards if not (path / s).is_file()]
-        if missing:
-            raise ExportError(f"{index} lists shards that are missing: {', '.join(missing)}")
-        files = tuple(path / s for s in shards)
-    elif (path / "model.safetensors").is_file():
-        files = (path / "model.safetensors",)
-    elif (path / "pytorch_model.bin").is_file() or (path / "pytorch_model.bin.index.json").is_file():
+    try:
+        files = tuple(safetensors_files(path))
+    except WeightsIndexError as exc:
+        raise ExportError(str(exc)) from None
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ExportError(f"{path / 'model.safetensors.index.json'} lists shards that are missing: {', '.join(missing)}")
+    if not files and ((path / "pytorch_model.bin").is_file() or (path / "pytorch_model.bin.index.json").is_file()):
         raise ExportError(f"{path} holds pickled pytorch_model.bin weights; save them as safetensors "
                           "(model.save_pretrained(out, safe_serialization=True)): vLLM and rtxserve load only safetensors")
-    else:
+    if not files:
         raise ExportError(f"no model weights in {path}: expected model.safetensors or model.safetensors.index.json")
     for file in files:
         check_safetensors(file)
@@ -204,16 +203,12 @@ def raise_misfit(adapter: AdapterInfo, base: Path, mismatch: list[str]) -> None:
 
 def check_lora_against_base(adapter: AdapterInfo, base: LLMCheckpoint, *, for_vllm: bool) -> None:
     """Every LoRA tensor must fit a layer of the base: a wrong base fails here with both names."""
-    mismatch, adapted = lora.misfits(adapter.shapes, lora.layers_from_weights(lora.tensor_shapes(base.weights), base.config))
-    raise_misfit(adapter, base.path, mismatch)
-    if not adapted:
-        raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
-    problem = lora.vllm_problems(adapted, adapter.config) if for_vllm else None
-    if problem:
-        raise ExportError(f"{problem} in {adapter.path}; merge the adapter into its base with --merge instead")
-    if not lora.same_base_name(adapter.recorded_base, base.path):
-        log.warning("note: the adapter records base %s, merged/served with %s; its tensor shapes fit",
-                    adapter.recorded_base, base.path)
+    try:
+        lora.check_fit(adapter.path, adapter.config, adapter.shapes, base.path, lora.tensor_shapes(base.weights),
+                       base.config, for_vllm=for_vllm)
+    except lora.AdapterFitError as exc:
+        way_out = {"misfit": " (--base)", "vllm": f" in {adapter.path}; merge the adapter into its base with --merge instead"}
+        raise ExportError(f"{exc}{way_out.get(exc.kind, '')}") from None
 
 
 def base_folder(adapter: AdapterInfo, base: str | Path | None) -> str | Path:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from core import lora
 from core import contract
 from core.contract import padded_lora_rank
+from core.weights import WeightsIndexError, safetensors_files
 from core.envs import VLLM, env_dir
 
 DEFAULT_ENV = env_dir(VLLM)
@@ -59,10 +60,10 @@ def _shapes(files: list[Path], what: str) -> dict[str, list[int]]:
 
 
 def base_weights(model: Path) -> list[Path]:
-    index = model / "model.safetensors.index.json"
-    if index.is_file():
-        return [model / s for s in sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))]
-    return [model / "model.safetensors"] if (model / "model.safetensors").is_file() else []
+    try:
+        return safetensors_files(model)
+    except WeightsIndexError as exc:
+        raise VLLMConfigError(str(exc)) from None
 
 
 def check_adapter_base(adapter: Adapter, model: Path) -> None:
@@ -77,19 +78,13 @@ def check_adapter_base(adapter: Adapter, model: Path) -> None:
     if not base_files:
         raise VLLMConfigError(f"no safetensors weights in {model} to check adapter {adapter.name} against")
     config = json.loads((model / "config.json").read_text())
-    mismatch, adapted = lora.misfits(shapes, lora.layers_from_weights(_shapes(base_files, f"model {model}"), config))
-    if mismatch:
-        raise VLLMConfigError(f"adapter {adapter.name}: "
-                              + lora.misfit_message(adapter.path, adapter.config.get("base_model_name_or_path", ""), model, mismatch))
-    if not adapted:
-        raise VLLMConfigError(f"adapter {adapter.name}: {weights} holds no LoRA tensors")
-    problem = lora.vllm_problems(adapted, adapter.config)
-    if problem:
-        raise VLLMConfigError(f"adapter {adapter.name}: {problem}; merge it into its base with "
-                              "`rtxserve export llm ADAPTER --merge` and serve the merged model")
-    recorded = str(adapter.config.get("base_model_name_or_path") or "")
-    if not lora.same_base_name(recorded, model):
-        log.warning("adapter %s records base %s and is served on %s; its tensor shapes fit", adapter.name, recorded, model)
+    try:
+        lora.check_fit(adapter.path, adapter.config, shapes, model, _shapes(base_files, f"model {model}"), config,
+                       for_vllm=True)
+    except lora.AdapterFitError as exc:
+        way_out = ("; merge it into its base with `rtxserve export llm ADAPTER --merge` and serve the merged model"
+                   if exc.kind == "vllm" else "")
+        raise VLLMConfigError(f"adapter {adapter.name}: {exc}{way_out}") from None
 
 
 @dataclass

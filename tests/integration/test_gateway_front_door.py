@@ -11,10 +11,10 @@ import sys
 import time
 
 import httpx
-import numpy as np
 import openai
 import pytest
 
+from bench.reliability import HAMMER
 from serve.gateway.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
@@ -63,50 +63,24 @@ def test_a_minute_quota_is_exact_across_two_workers(keyed):
     assert other.status_code == 200  # other keys are not slowed by one key's quota
 
 
-_HAMMER = """
-import sys, time, httpx
-url, key, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-codes = []
-with httpx.Client(timeout=30) as client:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        codes.append(client.post(url, headers={"Authorization": "Bearer " + key},
-                                 json={"model": sys.argv[4], "input": "great"}).status_code)
-        time.sleep(0.02)
-print(" ".join(map(str, codes)))
-"""
-
-
-def test_a_key_over_its_quota_does_not_slow_the_others(keyed):
-    """R14: while one client keeps sending with a key over its quota (about 50 refusals a second, from its
-    own process), another key's tail latency holds. (The refusals cost CPU on this 2-core box, shared with
-    Triton and both clients: within 2x + 10 ms, not equal. The tail is the P90, the 20th slowest of 200: the
-    P99, the 2nd slowest, came out at 3.4x (29 vs 8.5 ms) in one CI run on this loaded box.)"""
+def test_a_key_over_its_quota_is_refused_and_the_others_are_not(keyed):
+    """R14's exact part: while one client keeps sending with a key over its quota (about 50 refusals a second,
+    from its own process), each of its requests is a 429 and every request of another key is served. The other
+    key's latency beside it (R14: P99 <= 1.2x alone) is measured by `rtxserve bench reliability`, interleaved."""
     url, secrets, _ = keyed
     quota, ops = ({"Authorization": f"Bearer {secrets[k]}"} for k in ("quota", "ops"))
     body = {"model": MODEL, "input": "great"}
-
-    def timed(client) -> float:
-        start = time.perf_counter()
-        assert client.post(f"{url}/v1/classify", headers=ops, json=body).status_code == 200
-        return (time.perf_counter() - start) * 1000
-
     with httpx.Client(timeout=30) as client:
         for _ in range(20):  # the quota key is spent for this minute (the test above may have spent it already)
             client.post(f"{url}/v1/classify", headers=quota, json=body)
-        [timed(client) for _ in range(20)]  # warm
-        alone = [timed(client) for _ in range(200)]
-        hammer = subprocess.Popen([sys.executable, "-c", _HAMMER, f"{url}/v1/classify", secrets["quota"], "4", MODEL],
+        hammer = subprocess.Popen([sys.executable, "-c", HAMMER, f"{url}/v1/classify", secrets["quota"], "4", MODEL],
                                   stdout=subprocess.PIPE, text=True)
         time.sleep(0.5)
-        beside = [timed(client) for _ in range(200)]
+        others = [client.post(f"{url}/v1/classify", headers=ops, json=body).status_code for _ in range(200)]
         refused = [int(c) for c in hammer.communicate(timeout=60)[0].split()]
-    p90, p99 = (lambda v, q=q: float(np.percentile(v, q)) for q in (90, 99))
-    print(f"R14: other key P90 {p90(alone):.1f} / P99 {p99(alone):.1f} ms alone, P90 {p90(beside):.1f} / "
-          f"P99 {p99(beside):.1f} ms beside {len(refused)} refusals")
     # (a fixed minute window may roll over during the run: at most its 20 requests then pass)
     assert refused.count(429) > 50 and set(refused) <= {200, 429} and refused.count(200) <= 20
-    assert p90(beside) <= 2 * p90(alone) + 10, (p90(alone), p90(beside))
+    assert others == [200] * 200
 
 
 def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, float]:

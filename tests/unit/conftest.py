@@ -1,5 +1,9 @@
 """In-process gateway fixtures: a fake Triton backend and a TestClient on the app (modules may
-override `backend`)."""
+override `backend`). The unit tier starts no process and opens no network socket: a test that needs either is
+an integration test, and one that tries fails saying so."""
+
+import socket
+import subprocess
 
 import pytest
 from fastapi.testclient import TestClient
@@ -8,6 +12,20 @@ from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import FakeTriton
+
+
+@pytest.fixture(autouse=True)
+def in_process_only(monkeypatch):
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"a unit test {what}: it belongs in tests/integration (the unit tier stays in process)")
+        return refused
+
+    for name in ("bind", "connect", "connect_ex"):
+        monkeypatch.setattr(socket.socket, name, refuse(f"called socket.{name}"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
+    # the commit a report records comes from `git rev-parse` (a process): a fixed one here
+    monkeypatch.setattr("loadtest.pages._git_commit", lambda: "0000000")
 
 
 @pytest.fixture(autouse=True)

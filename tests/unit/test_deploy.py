@@ -2,7 +2,6 @@
 planning stand-ins of real-sized models (tests/plan_fixtures.py: real headers and configs, no weights)."""
 
 import json
-import socket
 
 import pytest
 import yaml
@@ -150,87 +149,6 @@ def test_the_services_are_the_servers_options_wherever_they_run(boxes):
     assert settings["vllm_url"] == "http://vllm-llama-3-8b-0:8100" and settings["triton_grpc_url"] == "triton:8001"
     assert settings["required_models"] == ["bert_classifier", "llama-3-8b", "support", "sales"]
     assert gateway.env == {"RTXSERVE_CONFIG": "/etc/rtxserve/gateway.yaml"}
-
-
-def test_a_taken_port_names_the_process_holding_it():
-    import os
-
-    from deploy.box import check_ports
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        d = parse_deployment({"name": "box", "ports": {"gateway": port}, "models": [{"name": "l", "kind": "llm", "path": "l"}]})
-        with pytest.raises(DeploymentError, match=f"ports.gateway: port {port} is taken by pid {os.getpid()} "):
-            check_ports(d)
-
-
-def test_measure_sets_each_servers_nvml_memory_beside_its_plan(boxes, tmp_path):
-    """NVML faked (no GPU here): pids of a running deployment's process groups, with their memory per GPU."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    from deploy.measure import format_measured, measure
-
-    d = load_deployment(boxes[0])
-    p = plan(d)
-    # stand-ins for the two servers: process-group leaders with a child each, as tritonserver and vLLM have
-    leaders = [subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                                 "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
-                                start_new_session=True) for _ in range(2)]
-    try:
-        deadline = time.monotonic() + 10
-        while any(not psutil.Process(pr.pid).children() for pr in leaders) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        children = [psutil.Process(pr.pid).children()[0].pid for pr in leaders]
-        state = {"name": "one-4090", "servers": [
-            {"name": n, "kind": n.split("-")[0], "pid": pr.pid, "started": psutil.Process(pr.pid).create_time(), "url": ""}
-            for n, pr in zip(["triton", "vllm-llama-3-8b-0"], leaders)]}
-        (tmp_path / "state.json").write_text(json.dumps(state))
-        usage = {0: {leaders[0].pid: int(1.0 * GIB), children[0]: int(1.9 * GIB),  # Triton: server + a stub
-                     children[1]: int(20.0 * GIB), os.getpid(): 5 * GIB}}  # vLLM's worker; and a stranger
-        rows = {r.server: r for r in measure(p, tmp_path, usage)}
-    finally:
-        for pr in leaders:
-            os.killpg(pr.pid, 9)
-    assert set(rows) == {"triton", "vllm-llama-3-8b-0"}  # the stranger's memory is nobody's
-    assert rows["triton"].measured_gib == pytest.approx(2.9) and rows["triton"].planned_gib == pytest.approx(0.75 + 4 * 0.483, abs=0.01)
-    assert rows["vllm-llama-3-8b-0"].planned_gib == pytest.approx(0.87 * 23.6)
-    assert rows["vllm-llama-3-8b-0"].error == pytest.approx((0.87 * 23.6 - 20) / 20)
-    assert format_measured(list(rows.values())).endswith("2 of 2 within 10 %")  # -7.6 % and +3.2 %
-
-
-def test_down_stops_a_servers_group_even_when_its_leader_died(tmp_path):
-    """vLLM's engine core or Triton's stubs can outlive the process `serve up` started: down still stops them."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    from deploy.box import down, status
-
-    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],
-                              start_new_session=True)
-    deadline = time.monotonic() + 10
-    while not psutil.Process(leader.pid).children() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = psutil.Process(leader.pid).children()[0]
-    state = {"name": "box", "servers": [{"name": "vllm-x-0", "kind": "vllm", "pid": leader.pid,
-                                         "started": psutil.Process(leader.pid).create_time(), "url": "http://127.0.0.1:9/health"}]}
-    (tmp_path / "state.json").write_text(json.dumps(state))
-    os.kill(leader.pid, 9)
-    leader.wait()
-    assert child.is_running() and status(tmp_path)[0]["alive"] is False and status(tmp_path)[0]["processes"] == 1
-    assert down(tmp_path, grace_s=5, log=lambda m: None) == []
-    assert not child.is_running() and not (tmp_path / "state.json").exists()
 
 
 def test_the_bundled_deployment_points_into_the_bundle():

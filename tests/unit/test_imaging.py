@@ -5,7 +5,6 @@ import importlib.util
 import io
 import json
 import struct
-import subprocess
 import sys
 import types
 import zlib
@@ -29,7 +28,6 @@ from export.vision import SUPPORTED_PROCESSORS, read_image_processor, reference_
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGING_DIR = REPO / "export" / "triton_models" / "image_preprocess"
-TRITON_PYTHON = REPO / ".envs" / "triton" / "bin" / "python"
 # transformers' PIL processors resize the uint8 PIL image, rescale in float64 -> float32 and normalise in
 # float32; imaging.py does the same operations in the same order, so the match is exact (0.0). The
 # tolerance only leaves room for a platform whose float32 division differs in the last bit.
@@ -226,30 +224,6 @@ def test_variable_output_size_is_an_export_error(tmp_path):
 
 
 # --- the Triton side ----------------------------------------------------------------------------------
-
-
-def test_imaging_runs_in_the_triton_environment_without_transformers(tmp_path, images):
-    if not TRITON_PYTHON.exists():
-        pytest.skip(f"{TRITON_PYTHON.relative_to(REPO)} is not built (make setup)")
-    folder = _checkpoint(tmp_path, "convnext-224")
-    settings_path = tmp_path / "settings.json"
-    settings_path.write_text(json.dumps(read_image_processor(folder)))
-    np.savez(tmp_path / "images.npz", *[np.frombuffer(data, dtype=np.uint8) for data in images])
-    script = (
-        "import json, sys; import numpy as np\n"
-        f"sys.path.insert(0, {str(IMAGING_DIR)!r})\n"
-        "import imaging\n"
-        "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'imaging pulled in ML libraries'\n"
-        f"pre = imaging.Preprocess(json.load(open({str(settings_path)!r})))\n"
-        f"images = np.load({str(tmp_path / 'images.npz')!r})\n"
-        "out = np.stack([pre(images[f'arr_{i}'].tobytes()) for i in range(len(images.files))])\n"
-        f"np.save({str(tmp_path / 'out.npy')!r}, out)\n"
-        "print(np.__version__)\n"
-    )
-    run = subprocess.run([str(TRITON_PYTHON), "-I", "-c", script], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().startswith("1."), "the Triton environment must keep numpy<2"
-    assert _max_diff(np.load(tmp_path / "out.npy"), reference_pixels(folder, images)) <= ATOL
 
 
 class _FakeTritonError:
