@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from core import contract
 from core.entry_metadata import FILE as ENTRY_METADATA, EntryMetadata, EntryMetadataError
 from core.tasks import DIFFUSION, ENCODER, KINDS, LLM, TASKS
+from serve.gateway.settings import open_door
 
 log = logging.getLogger("rtxserve.deploy")
 
@@ -224,7 +225,7 @@ class Deployment(_Strict):
             if not 1 <= port <= 65535:
                 raise ValueError(f"ports: {what} would be {port}, beyond 65535")
             ports[port] = what
-        if self.gateway.keys_file is None and not _is_loopback(self.gateway.host):
+        if open_door(self.gateway.host, self.gateway.keys_file):
             raise ValueError(f"gateway.keys_file: required when gateway.host is {self.gateway.host} (beyond loopback); "
                              "make keys with `rtxserve keys create`")
         return self
@@ -277,12 +278,6 @@ def llm_app(model: str) -> str:
 def engine_name(model: str, replica: int) -> str:
     """The server name of one engine of an LLM."""
     return f"{llm_app(model)}-{replica}"
-
-
-def _is_loopback(host: str) -> bool:
-    from serve.gateway.settings import is_loopback
-
-    return is_loopback(host)
 
 
 def _where(loc: tuple) -> str:

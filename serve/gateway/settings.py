@@ -86,7 +86,7 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _no_open_door_off_loopback(self):
-        if self.keys_file is None and not is_loopback(self.host):
+        if open_door(self.host, self.keys_file):
             raise ValueError(f"host {self.host} is not loopback and no keys_file is set: anyone who can reach it could "
                              "use every model. Make keys (`rtxserve keys create`) and set RTXSERVE_KEYS_FILE / --keys, "
                              "or bind 127.0.0.1")
@@ -108,6 +108,11 @@ class GatewaySettings(BaseSettings):
                 raise ValueError(f"RTXSERVE_CONFIG={path} does not exist")
             sources += (YamlConfigSettingsSource(settings_cls, yaml_file=path),)
         return sources
+
+
+def open_door(host: str, keys_file) -> bool:
+    """The rule, for the gateway and the deployment file alike: without keys, the gateway binds loopback only."""
+    return keys_file is None and not is_loopback(host)
 
 
 def is_loopback(host: str) -> bool:

@@ -33,11 +33,13 @@ def test_a_single_image_object_is_one_input(client, backend):
 
 
 @pytest.mark.parametrize("image, message", [
-    ("not base64!!", "image 0 is not valid base64"),
+    ("not base64!!", "image 0: the image is not valid base64"),
+    ("not+base64", "image 0: the image is not valid base64 (its length is not a multiple of 4)"),
     (b64(b"GIF89a" + b"\x00" * 10), "image 0 is not a PNG or JPEG file"),
-    ("data:image/png,rawbytes", "only base64 data URLs"),
-    (b64(PNG + b"\x00" * 200), "limit of 100 bytes"),
-])
+    ("data:image/png,rawbytes", "image 0: a data URL must read data:image/<type>;base64,<data>"),
+    ("data:text/plain;base64," + b64(PNG), "image 0: a data URL must read data:image/<type>;base64,<data>"),
+    (b64(PNG + b"\x00" * 200), "image 0: the image has 228 bytes; this gateway allows at most 100 per image"),
+])  # the same rules and words as chat's image parts (serve/gateway/data_url.py)
 def test_bad_images_are_400_and_never_reach_the_backend(backend, image, message):
     from fastapi.testclient import TestClient
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from core.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 
+from .. import data_url
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageInput
@@ -38,19 +36,10 @@ def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
     _check_count(state, images, "images")
     out = []
     for i, item in enumerate(images):
-        data = item.image
-        if data.startswith("data:"):
-            header, _, data = data.partition(",")
-            if not header.endswith(";base64"):
-                raise InvalidRequest(f"image {i}: only base64 data URLs are accepted", param="input")
-        if len(data) > limits.max_image_bytes * 4 // 3 + 4:
-            raise InvalidRequest(f"image {i} is larger than the limit of {limits.max_image_bytes} bytes", param="input")
         try:
-            raw = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidRequest(f"image {i} is not valid base64", param="input") from None
-        if len(raw) > limits.max_image_bytes:
-            raise InvalidRequest(f"image {i} has {len(raw)} bytes; the limit is {limits.max_image_bytes}", param="input")
+            raw = data_url.decode(data_url.payload(item.image, bare_allowed=True), limits.max_image_bytes)
+        except ValueError as exc:
+            raise InvalidRequest(f"image {i}: {exc}", param="input") from None
         if not raw.startswith(_MAGIC):
             raise InvalidRequest(f"image {i} is not a PNG or JPEG file", param="input")
         out.append(raw)

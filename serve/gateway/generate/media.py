@@ -13,10 +13,10 @@ import re
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from .. import data_url
 from ..exceptions import InvalidRequest
 from ..settings import GatewaySettings
 
-_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")  # what vLLM's b64decode(validate=True) takes; matched without decoding
 # Where URL parsers disagree on the host (userinfo, backslashes, spaces), the host we check may not be the one fetched.
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 _REMOTE = ("remote image URLs are not allowed by this gateway: send the image inline as a data URL "
@@ -74,20 +74,10 @@ def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
 
 
 def _check_data_url(limits: GatewaySettings, where: str, url: str) -> None:
-    header, comma, data = url[5:].partition(",")
-    header = header.lower()
-    if not comma or not header.startswith("image/") or not header.endswith(";base64"):
-        raise InvalidRequest(f"{where}: a data URL must read data:image/<type>;base64,<data>", param="messages")
-    if len(data) % 4:
-        raise InvalidRequest(f"{where}: the image is not valid base64 (its length is not a multiple of 4)",
-                             param="messages")
-    size = len(data) // 4 * 3 - (2 if data.endswith("==") else 1 if data.endswith("=") else 0)
-    if size > limits.max_image_bytes:
-        raise InvalidRequest(f"{where}: the image has {size} bytes; this gateway allows at most "
-                             f"{limits.max_image_bytes} per image", param="messages")
-    if not _BASE64.fullmatch(data):
-        raise InvalidRequest(f"{where}: the image is not valid base64 (A-Z, a-z, 0-9, +, / and = padding only)",
-                             param="messages")
+    try:
+        data_url.decoded_size(data_url.payload(url), limits.max_image_bytes)
+    except ValueError as exc:
+        raise InvalidRequest(f"{where}: {exc}", param="messages") from None
 
 
 def _check_remote_url(limits: GatewaySettings, where: str, url: str) -> None:
