@@ -5,6 +5,7 @@ an integration test, and one that tries fails saying so."""
 import socket
 import subprocess
 
+import matplotlib.font_manager  # noqa: F401  (its font cache is built once per machine with fc-list, a process)
 import pytest
 from fastapi.testclient import TestClient
 
