@@ -10,7 +10,7 @@ from export.triton_entry import EntryOptions
 from export.fixtures import write_encoder_adapter, write_image_classifier, write_llm_with_adapters
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
-from tests.integration import VLLM_EAGER
+from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES
 
 MODEL = "tiny_sentiment"
 EMBEDDER = "minilm"
@@ -18,6 +18,15 @@ TAGGER = "tiny_ner"
 VISION = "tiny_vit"
 LORA_CLASSIFIER = "tiny_sentiment_lora"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_in_two_processes():
+    """Every vLLM the session starts (fixtures, `rtxserve tune`, benches) inherits VLLM_TWO_PROCESSES."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in VLLM_TWO_PROCESSES.items():
+            patch.setenv(name, value)
+        yield
 
 
 def minilm_path():

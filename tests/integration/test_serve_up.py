@@ -19,12 +19,15 @@ from export.encoder import export_text_classification
 from export.llm import export_llm
 from export.triton_entry import EntryOptions
 from serve.launcher import free_port
+from tests.integration import VLLM_TWO_PROCESSES
 
 
 def rtxserve(*args, state: Path, cwd: Path | None = None, timeout=900):
-    """The CLI with its state directory set by the environment, as a user's shell would, from `cwd`."""
+    """The CLI with its state directory set by the environment, as a user's shell would, from `cwd` (vLLM in its
+    deployed process layout: without the session's VLLM_TWO_PROCESSES)."""
+    shell = {k: v for k, v in os.environ.items() if k not in VLLM_TWO_PROCESSES}
     return subprocess.run([sys.executable, "-m", "rtxserve.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, "RTXSERVE_STATE_DIR": str(state)})
+                          timeout=timeout, cwd=cwd, env={**shell, "RTXSERVE_STATE_DIR": str(state)})
 
 
 @pytest.fixture(scope="module")
