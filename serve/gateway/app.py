@@ -10,6 +10,7 @@ import signal
 
 from fastapi import FastAPI
 
+from . import canaries
 from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
@@ -61,7 +62,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     """Build the gateway app. Backends default to the ones the settings name."""
     settings = settings or GatewaySettings()
     backends = backends if backends is not None else make_backends(settings)
-    state = GatewayState(settings, backends)
+    state = GatewayState(settings, backends, canaries.CANARIES)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -12,12 +12,9 @@ a request that reached a backend is never sent twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import struct
 import time
-import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -47,34 +44,9 @@ T = TypeVar("T")
 _BREAKS = (BackendUnavailable, BackendTimeout, BackendError)
 
 
-def _png_1x1() -> bytes:
-    def chunk(tag: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff")) + chunk(b"IEND", b""))
-
-
-# A model is ready only once it has answered one real request of its task (deep readiness): a model
-# that loads but cannot infer must not take traffic.
-_CANARIES = {
-    contract.TEXT_CLASSIFICATION: lambda b, m, t: b.classify(m, ["ok"], t),
-    contract.IMAGE_CLASSIFICATION: lambda b, m, t: b.classify_images(m, [_png_1x1()], t),
-    contract.FEATURE_EXTRACTION: lambda b, m, t: b.embed(m, ["ok"], t),
-    contract.TOKEN_CLASSIFICATION: lambda b, m, t: b.tag(m, ["ok"], m.extra.get("aggregation", "first"), t),
-    contract.TEXT_GENERATION: lambda b, m, t: b.generate("/v1/completions", {"model": m.name, "prompt": "ok", "max_tokens": 1},
-                                                  m.name),
-    contract.TEXT_TO_IMAGE: lambda b, m, t: b.generate_images(m, _image_canary(m), t),
-}
-
-
-def _image_canary(model: ModelInfo) -> dict:
-    """One denoising step of one image at the model's default size and guidance: the shape that an entry whose
-    UNet is compiled warmed at load (any other shape would compile again, past the canary's deadline)."""
-    defaults = json.loads(model.extra.get("defaults") or "{}")
-    size = int(defaults.get("size", 64))
-    return {"prompt": "ok", "negative_prompt": "", "steps": 1, "guidance": float(defaults.get("guidance", 7.5)),
-            "seed": 0, "width": size, "height": size, "n": 1, "scheduler": "", "lora_scale": -1.0}
+# A model is ready only once it has answered one real request of its task (deep readiness): a model that loads
+# but cannot infer must not take traffic. Each task declares its request beside its route (canaries.py lists them).
+Canary = Callable[[Backend, ModelInfo, float], Awaitable[object]]
 
 
 @dataclass(eq=False)
@@ -115,8 +87,9 @@ class _HeldStream(Stream):
 
 
 class GatewayState:
-    def __init__(self, settings: GatewaySettings, backends: list[Backend]):
+    def __init__(self, settings: GatewaySettings, backends: list[Backend], canaries: Mapping[str, Canary]):
         self.settings = settings
+        self.canaries = canaries
         self.replicas = [
             Replica(b, CircuitBreaker(failure_threshold=settings.breaker_failures,
                                       recovery_timeout=settings.breaker_reset_s, expected_exception=_BREAKS, name=b.name))
@@ -147,7 +120,7 @@ class GatewayState:
         # Triton may call a model ready that cannot answer (a Python stub that died stays READY): an encoder
         # model that answered nothing here since the last check answers a canary now. (vLLM's /health checks
         # its own engine; a generation every interval would only add phantom requests to its metrics.)
-        check = [m for m in found if m.ready and m.task in _CANARIES and (
+        check = [m for m in found if m.ready and m.task in self.canaries and (
             m.name not in replica.canaried
             or (m.task in contract.ENCODER_TASKS and replica.last_ok.get(m.name, 0.0) < self.last_refresh))]
         passed = await asyncio.gather(*(self._canary(replica, m) for m in check))
@@ -157,7 +130,7 @@ class GatewayState:
     async def _canary(self, replica: Replica, model: ModelInfo) -> bool:
         known = model.name in replica.canaried
         try:
-            await _CANARIES[model.task](replica.backend, model, self.settings.request_timeout_s)
+            await self.canaries[model.task](replica.backend, model, self.settings.request_timeout_s)
         except (BackendTimeout, BackendUnavailable):
             if known:  # busy or going down (the next discover tells): not evidence that the model broke
                 return True

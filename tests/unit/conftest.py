@@ -33,7 +33,7 @@ def in_process_only(monkeypatch):
 def no_canaries(monkeypatch):
     """The start-up canaries (one real request per model) would show in every fake's call log; only
     test_canary.py, which is about them, keeps them."""
-    monkeypatch.setattr("serve.gateway.state._CANARIES", {})
+    monkeypatch.setattr("serve.gateway.canaries.CANARIES", {})
 
 
 @pytest.fixture

@@ -5,26 +5,28 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-import serve.gateway.state as state_module
+from serve.gateway import canaries
+from serve.gateway.classify.serving import CANARY_IMAGE
+from serve.gateway.images.serving import canary_request
 from serve.gateway.exceptions import BackendError, BackendTimeout
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import FakeTriton, error_of
 
-CANARIES = dict(state_module._CANARIES)
+CANARIES = dict(canaries.CANARIES)
 
 
 @pytest.fixture(autouse=True)
 def no_canaries(monkeypatch):  # this module is about them: keep them
-    monkeypatch.setattr(state_module, "_CANARIES", CANARIES)
+    monkeypatch.setattr(canaries, "CANARIES", CANARIES)
 
 
 def test_each_model_is_asked_with_its_own_task():
     backend = FakeTriton()
     with TestClient(create_app(GatewaySettings(health_interval_s=60), [backend])) as client:
         assert client.get("/readyz").status_code == 200
-    assert sorted(map(repr, backend.calls)) == sorted(map(repr, [["ok"], ["ok"], ["ok"], [state_module._png_1x1()]]))
+    assert sorted(map(repr, backend.calls)) == sorted(map(repr, [["ok"], ["ok"], ["ok"], [CANARY_IMAGE]]))
 
 
 def test_a_model_that_loads_but_cannot_infer_is_not_ready_until_it_can():
@@ -85,5 +87,5 @@ def test_an_image_models_canary_is_the_shape_its_entry_warmed_at_load():
 
     model = ModelInfo(name="sd", task="text-to-image", backend="triton", ready=True,
                       extra={"defaults": json.dumps({"steps": 30, "guidance": 5.0, "size": 512})})
-    asked = state_module._image_canary(model)
+    asked = canary_request(model)
     assert (asked["width"], asked["height"], asked["guidance"], asked["n"], asked["steps"]) == (512, 512, 5.0, 1, 1)

@@ -4,31 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ..text_input import TextInputRequest
 from ..wire import Text, Texts
-
-
-class TextInputRequest(BaseModel):
-    """A request on `model` whose `input` is one string or a list of them (made a list here); no
-    unknown fields, no empty list, no blank text. Subclasses declare `input`'s type."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: StrictStr = Field(min_length=1, max_length=256)
-
-    # Empty inputs are declared in the schema (Texts) and refused here first, in plain words.
-    @field_validator("input", mode="before", check_fields=False)
-    @classmethod
-    def _one_or_many(cls, value):
-        items = [value] if isinstance(value, (str, dict)) else value
-        if isinstance(items, list):
-            if not items:
-                raise ValueError("must hold at least one text")
-            for i, item in enumerate(items):
-                if isinstance(item, str) and not item.strip():
-                    raise ValueError(f"text {i} is empty")
-        return items
 
 
 class ImageInput(BaseModel):

@@ -2,38 +2,25 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 from core.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 
 from .. import data_url
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
+from ..text_input import check_count, check_texts
 from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult, ImageInput
 
 TASK, IMAGE_TASK = TEXT_CLASSIFICATION, IMAGE_CLASSIFICATION
 _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
 
 
-def _check_count(state: GatewayState, items: list, what: str) -> None:
-    if len(items) > state.settings.max_inputs:
-        raise InvalidRequest(f"at most {state.settings.max_inputs} {what} per request, got {len(items)}", param="input")
-
-
-def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
-    """The deployment's limits on texts per request and characters per text (shared by text endpoints)."""
-    limits = state.settings
-    _check_count(state, texts, "texts")
-    for i, text in enumerate(texts):
-        if len(text) > limits.max_input_chars:
-            raise InvalidRequest(
-                f"text {i} has {len(text)} characters; the limit is {limits.max_input_chars}", param="input"
-            )
-    return texts
-
-
 def decode_images(state: GatewayState, images: list[ImageInput]) -> list[bytes]:
     """base64 (or data URL) -> the encoded PNG / JPEG bytes, within the deployment's limits."""
     limits = state.settings
-    _check_count(state, images, "images")
+    check_count(state, images, "images")
     out = []
     for i, item in enumerate(images):
         try:
@@ -66,3 +53,19 @@ async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyRes
         model=info.name,
         data=[ClassifyResult(index=i, label=r.label, score=r.score, scores=r.scores) for i, r in enumerate(results)],
     )
+
+
+def _png_1x1() -> bytes:
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff")) + chunk(b"IEND", b""))
+
+
+CANARY_IMAGE = _png_1x1()  # one white pixel
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+CANARIES = {
+    TASK: lambda backend, model, timeout: backend.classify(model, ["ok"], timeout),
+    IMAGE_TASK: lambda backend, model, timeout: backend.classify_images(model, [CANARY_IMAGE], timeout),
+}

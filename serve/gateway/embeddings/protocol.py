@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictStr
 
-from ..classify.protocol import TextInputRequest
+from ..text_input import TextInputRequest
 from ..wire import SafeInt, Text, Texts, TokenIds
 
 

@@ -9,9 +9,9 @@ import numpy as np
 from core.contract import FEATURE_EXTRACTION
 
 from .. import metrics
-from ..classify.serving import check_texts
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
+from ..text_input import check_texts
 from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 
 TASK = FEATURE_EXTRACTION
@@ -52,3 +52,7 @@ async def embed(state: GatewayState, request: EmbeddingRequest) -> EmbeddingResp
         model=info.name,
         usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
     )
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+CANARIES = {FEATURE_EXTRACTION: lambda backend, model, timeout: backend.embed(model, ["ok"], timeout)}

@@ -125,3 +125,8 @@ async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usa
     finally:
         await stream.aclose()
     yield "data: [DONE]\n\n"
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic (one token).
+CANARIES = {TEXT_GENERATION: lambda backend, model, timeout: backend.generate(
+    "/v1/completions", {"model": model.name, "prompt": "ok", "max_tokens": 1}, model.name)}

@@ -9,6 +9,7 @@ import time
 
 from core.contract import TEXT_TO_IMAGE
 
+from ..backends.base import ModelInfo
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import ImageData, ImageGenerationRequest, ImageGenerationResponse
@@ -65,3 +66,16 @@ async def generate_images(state: GatewayState, request: ImageGenerationRequest) 
     images, truncated = await state.call(info, lambda b, m: b.generate_images(m, params, timeout))
     return ImageGenerationResponse(created=int(time.time()), seed=params["seed"], prompt_truncated_tokens=truncated,
                                    data=[ImageData(b64_json=base64.b64encode(png).decode("ascii")) for png in images])
+
+
+def canary_request(model: ModelInfo) -> dict:
+    """One denoising step of one image at the model's default size and guidance: the shape that an entry whose
+    UNet is compiled warmed at load (any other shape would compile again, past the canary's deadline)."""
+    defaults = json.loads(model.extra.get("defaults") or "{}")
+    size = int(defaults.get("size", 64))
+    return {"prompt": "ok", "negative_prompt": "", "steps": 1, "guidance": float(defaults.get("guidance", 7.5)),
+            "seed": 0, "width": size, "height": size, "n": 1, "scheduler": "", "lora_scale": -1.0}
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+CANARIES = {TEXT_TO_IMAGE: lambda backend, model, timeout: backend.generate_images(model, canary_request(model), timeout)}

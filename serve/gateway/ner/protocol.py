@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..classify.protocol import TextInputRequest
+from ..text_input import TextInputRequest
 from ..wire import Text, Texts
 
 Aggregation = Literal["none", "simple", "first", "average", "max"]

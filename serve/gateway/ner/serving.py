@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from core.contract import TOKEN_CLASSIFICATION
 
-from ..classify.serving import check_texts
 from ..state import GatewayState
+from ..text_input import check_texts
 from .protocol import Entity, NerRequest, NerResponse, NerResult
 
 TASK = TOKEN_CLASSIFICATION
@@ -27,3 +27,8 @@ async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
         for i, r in enumerate(results)
     ]
     return NerResponse(model=info.name, aggregation=aggregation, data=data)
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+CANARIES = {TOKEN_CLASSIFICATION: lambda backend, model, timeout: backend.tag(
+    model, ["ok"], model.extra.get("aggregation", "first"), timeout)}
