@@ -112,7 +112,7 @@ def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
 
 
 def _image_wheels(context: Path, cache: Path, log) -> None:
-    from .render import TRITON_IMAGE, TRITON_IMAGE_PYTHON
+    from .images import TRITON_IMAGE, TRITON_IMAGE_PYTHON
 
     log(f"wheels for {TRITON_IMAGE} (Python {TRITON_IMAGE_PYTHON})")
     cache.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 A plan loads only in the TensorRT that built it, on the GPU architecture it was built for. So instead of
 shipping plans, the rendered deployment ships the entry's ONNX graph and builds the plan on the box, with
 `trtexec` in NVIDIA's TensorRT container of the same release as the Triton image that serves it (NGC
-pairs the two by YY.MM: 26.07 with 26.07): a compose service that the Triton service waits for, and an
+pairs the two by YY.MM: deploy/images.py): a compose service that the Triton service waits for, and an
 init container of the Triton pod in Kubernetes. The optimisation profile is the one `rtxserve export
 --tensorrt` uses by default (export/tensorrt.py: batch 1..B, sequence 1..L), and a plan already built is
 kept.
@@ -18,8 +18,6 @@ from pathlib import Path
 from core.entry_metadata import EntryMetadata
 
 from .spec import Deployment, DeploymentError
-
-TENSORRT_IMAGE = "nvcr.io/nvidia/tensorrt:26.07-py3"  # the release of the Triton image in render.py
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ import jsonschema
 import pytest
 import yaml
 
-from deploy.render import KUBERNETES_VERSION, TRITON_IMAGE, render
+from deploy.images import TRITON_IMAGE
+from deploy.kubernetes import KUBERNETES_VERSION
+from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from serve.gateway.keys import ApiKey, hash_key, write_keys
 from tests.plan_fixtures import write_boxes
@@ -186,8 +188,8 @@ def test_a_deployment_without_keys_or_that_does_not_fit_is_not_rendered(tmp_path
 
 
 def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_triton_image(rendered):
-    from deploy.engines import TENSORRT_IMAGE
-    from deploy.render import TRITON_IMAGE
+    from deploy.images import TENSORRT_IMAGE
+    from deploy.images import TRITON_IMAGE
     from serve.entry_config import read_config
 
     out, _ = rendered

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from deploy.plan import format_plan, plan
-from deploy.render import locust_job, render
+from deploy.kubernetes import locust_job
+from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from core.tasks import TASKS
 from tests.plan_fixtures import TINY_LLAMA, write_artifacts, write_diffusion_entry, write_entry, write_llama

@@ -1,0 +1,88 @@
+"""compose.yaml for one box: the NGC Triton image (TensorRT plans built first where asked), one vLLM container per
+GPU, the gateway, Prometheus and Grafana; the engines on an internal network only the gateway and Prometheus reach."""
+
+from __future__ import annotations
+
+from .engines import Build
+from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, SERVING_TRITON_IMAGE,
+                     TENSORRT_IMAGE, VLLM_IMAGE, vllm_image_args)
+from .plan import Plan
+from .services import Service
+from .spec import Deployment
+
+
+def _health(url: str, start_period: str) -> dict:
+    return {"test": ["CMD", "curl", "-fsS", url], "interval": "10s", "timeout": "5s", "retries": 3,
+            "start_period": start_period}
+
+
+def _gpus(ids: list[int]) -> dict:
+    return {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "device_ids": [str(i) for i in ids], "capabilities": ["gpu"]}]}}}
+
+
+def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
+    out: dict = {"name": f"rtxserve-{d.name}", "services": {}}
+    engines = [s for s in services if s.kind != "gateway"]
+    if builds:  # TensorRT plans, built on this box before Triton starts (deploy/engines.py)
+        out["services"]["build-engines"] = {
+            "image": TENSORRT_IMAGE, "command": ["sh", "/build/build-engines.sh"], "network_mode": "none",
+            "volumes": [f"../models/repository:{MODELS}/repository", "../engines:/build:ro"],
+            "deploy": _gpus([0]), "restart": "no"}
+    for s in services:
+        if s.kind == "triton":
+            svc = {"image": SERVING_TRITON_IMAGE, "build": {"context": "../triton-image"}, "command": ["tritonserver", *s.args],
+                   "volumes": [f"../models:{MODELS}:ro"], "shm_size": "2gb",
+                   "ulimits": {"memlock": -1, "stack": 67108864},
+                   "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "300s")}
+            if d.on_gpu:
+                svc["deploy"] = _gpus(list(range(d.gpus.count)))
+            if builds:
+                svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
+        elif s.kind == "vllm":
+            svc = {"image": VLLM_IMAGE, "entrypoint": ["vllm", "serve"], "command": vllm_image_args(s.args),
+                   "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
+                   "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
+            if s.gpu is not None:
+                svc["deploy"] = _gpus([s.gpu])
+        else:
+            from serve.gateway.settings import is_loopback
+
+            host = d.gateway.host
+            host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
+            svc = {"image": GATEWAY_IMAGE, "build": {"context": "../gateway-image"}, "command": ["rtxserve", *s.args],
+                   "environment": s.env, "ports": [f"{host}{s.port}:{s.port}"],
+                   "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro"],
+                   "depends_on": {e.name: {"condition": "service_healthy", "restart": True} for e in engines},
+                   "healthcheck": {"test": ["CMD", "python", "-c", "import urllib.request; "
+                                            f"urllib.request.urlopen('http://localhost:{s.port}/readyz', timeout=3)"],
+                                   "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"}}
+            if d.gateway.keys_file is not None:
+                svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
+        svc["restart"] = "unless-stopped"
+        svc["networks"] = ["engines", "front"] if s.kind == "gateway" else ["engines"]
+        out["services"][s.name] = svc
+    out["services"]["prometheus"] = {
+        "image": PROMETHEUS_IMAGE, "restart": "unless-stopped", "networks": ["engines", "front"],
+        "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro", "../monitoring/rules.yml:/etc/prometheus/rules.yml:ro"],
+        "ports": ["127.0.0.1:9090:9090"],
+        "healthcheck": {"test": ["CMD", "wget", "-qO-", "http://localhost:9090/-/ready"], "interval": "10s",
+                        "timeout": "5s", "retries": 3}}
+    out["services"]["grafana"] = {
+        "image": GRAFANA_IMAGE, "restart": "unless-stopped", "networks": ["front"], "ports": ["127.0.0.1:3000:3000"],
+        "volumes": ["../monitoring/grafana/datasources:/etc/grafana/provisioning/datasources:ro",
+                    "../monitoring/grafana/providers:/etc/grafana/provisioning/dashboards:ro",
+                    "../monitoring/dashboards:/var/lib/grafana/dashboards:ro"],
+        "depends_on": {"prometheus": {"condition": "service_healthy"}}}
+    # The engines' network has no way out and nothing published: only the gateway (and Prometheus) reach them.
+    out["networks"] = {"engines": {"internal": True}, "front": {}}
+    if d.gateway.keys_file is not None:
+        out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
+    return out
+
+
+def scrape_targets(services: list[Service], host_of) -> dict[str, list[str]]:
+    targets: dict[str, list[str]] = {"gateway": [], "triton": [], "vllm": []}
+    for s in services:
+        targets[s.kind].append(f"{host_of(s.name)}:{s.metrics_port}")
+    return {k: sorted(set(v)) for k, v in targets.items()}

@@ -1,0 +1,228 @@
+"""A kustomize base for a fleet: one Deployment, Service, PodDisruptionBudget, NetworkPolicy and ServiceMonitor per
+server, the gateway with its autoscaler, the alert rules, and a suspended locust Job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.tasks import ENCODER, TASKS, of_kind
+
+from . import monitoring
+from .engines import Build, build_script
+from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
+                     vllm_image_args)
+from .plan import Plan
+from .services import Service
+from .spec import Deployment, encoder_metadata, llm_app
+
+KUBERNETES_VERSION = "1.32.0"  # the API version the manifests are validated against
+
+
+def _labels(app: str, d: Deployment) -> dict:
+    return {"app.kubernetes.io/name": app, "app.kubernetes.io/instance": d.name, "app.kubernetes.io/part-of": "rtxserve"}
+
+
+def _probe(path: str, port: int, period: int = 10, failures: int = 3) -> dict:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": failures}
+
+
+def _deployment(d: Deployment, app: str, replicas: int, container: dict, *, gpu: int = 0, shm: str | None = None,
+                volumes: list[dict] | None = None) -> dict:
+    if gpu:  # requests too: without them GPU pods are BestEffort and evicted first
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpu},
+                                  "requests": {"nvidia.com/gpu": gpu, "cpu": "2", "memory": "16Gi"}}
+    pod_volumes = list(volumes or [])
+    mounts = container.setdefault("volumeMounts", [])
+    if shm:  # PyTorch and the python backend pass tensors through /dev/shm
+        pod_volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    container["securityContext"] = _security(non_root=not gpu and app == "gateway")
+    spec = {"automountServiceAccountToken": False, "containers": [container], "volumes": pod_volumes}
+    if not pod_volumes:
+        del spec["volumes"]
+    out = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": _labels(app, d)},
+           "spec": {"replicas": replicas, "selector": {"matchLabels": _labels(app, d)},
+                    "template": {"metadata": {"labels": _labels(app, d)}, "spec": spec}}}
+    if gpu:  # a rolling update would need a spare GPU for the surge pod: replace pods instead
+        out["spec"]["strategy"] = {"type": "Recreate"}
+    return out
+
+
+def _security(non_root: bool = False) -> dict:
+    """No privilege escalation, no capabilities, the runtime's seccomp profile; the gateway image runs as uid
+    1000 (the NGC and vLLM images run as root and write their caches under it)."""
+    out = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    return out | ({"runAsNonRoot": True, "runAsUser": 1000} if non_root else {})
+
+
+def _service(d: Deployment, app: str, ports: dict[str, int]) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": app, "labels": _labels(app, d)},
+            "spec": {"selector": _labels(app, d),
+                     "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()]}}
+
+
+def _pdb(d: Deployment, app: str, max_unavailable: int = 1) -> dict:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": app, "labels": _labels(app, d)},
+            "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": _labels(app, d)}}}
+
+
+def _service_monitor(d: Deployment, app: str, port: str, kind: str) -> dict:
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": {"name": app, "labels": _labels(app, d)},
+            "spec": {"selector": {"matchLabels": _labels(app, d)},
+                     # the job label of the compose scrape config, so that one set of rules serves both
+                     "endpoints": [{"port": port, "path": "/metrics", "interval": "15s", "relabelings": [
+                         {"targetLabel": "job", "replacement": f"rtxserve-{kind}"}]}]}}
+
+
+def _engine_policy(d: Deployment, app: str, ports: list[int]) -> dict:
+    """Only the gateway and Prometheus reach an engine."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{app}-private"},
+            "spec": {"podSelector": {"matchLabels": _labels(app, d)}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}},
+                                           {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                                  "ports": [{"protocol": "TCP", "port": p} for p in ports]}]}}
+
+
+# Every engine pod mounts the staged artifacts read-only at /models.
+MODELS_VOLUME = [{"name": "models", "persistentVolumeClaim": {"claimName": "rtxserve-models", "readOnly": True}}]
+MODELS_MOUNT = [{"name": "models", "mountPath": MODELS, "readOnly": True}]
+
+
+def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Build],
+               gateway_replicas: int = 2) -> dict[str, list[dict]]:
+    """file name -> its manifests. Each Triton or vLLM pod gets whole GPUs (Kubernetes does not share one
+    between pods): Triton one, each LLM one per replica."""
+    files: dict[str, list[dict]] = {}
+    files["models-pvc.yaml"] = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                 "metadata": {"name": "rtxserve-models", "labels": _labels("models", d)},
+                                 "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "100Gi"}}}}]
+    seen_llms = set()
+    for s in services:
+        if s.kind == "triton":
+            files["triton.yaml"] = _triton(d, s, builds)
+        elif s.kind == "vllm" and s.models[0] not in seen_llms:
+            # every replica of one LLM is one Deployment: the first engine's options
+            seen_llms.add(s.models[0])
+            files[f"{llm_app(s.models[0])}.yaml"] = _vllm(d, s)
+    files["gateway.yaml"] = _gateway(d, next(s for s in services if s.kind == "gateway"), gateway_replicas)
+    files["prometheus-rules.yaml"] = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+                                       "metadata": {"name": f"rtxserve-{d.name}", "labels": _labels("rules", d)},
+                                       "spec": monitoring.alert_rules(d)}]
+    files["locust.yaml"] = locust_job(d)
+    return files
+
+
+def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
+    """Triton's Deployment (with the TensorRT plans built by an init container where asked) and its companions."""
+    container = {"name": "tritonserver", "image": SERVING_TRITON_IMAGE, "args": ["tritonserver", *s.args],
+                 "ports": [{"name": "http", "containerPort": d.ports.triton_http},
+                           {"name": "grpc", "containerPort": d.ports.triton_grpc},
+                           {"name": "metrics", "containerPort": d.ports.triton_metrics}],
+                 "startupProbe": _probe("/v2/health/ready", d.ports.triton_http, 10, 60),
+                 "readinessProbe": _probe("/v2/health/ready", d.ports.triton_http, 5),
+                 "livenessProbe": _probe("/v2/health/live", d.ports.triton_http),
+                 "volumeMounts": list(MODELS_MOUNT)}
+    volumes = list(MODELS_VOLUME)
+    init = []
+    if builds:  # the claim is read-only: the repository is copied where the plans can be built
+        container["args"] = ["tritonserver", *(a if not a.startswith("--model-repository=")
+                                               else "--model-repository=/repository" for a in s.args)]
+        container["volumeMounts"].append({"name": "repository", "mountPath": "/repository"})
+        volumes.append({"name": "repository", "emptyDir": {}})
+        init = [{"name": "build-engines", "image": TENSORRT_IMAGE,
+                 "command": ["sh", "-c", f"cp -r {MODELS}/repository/. /repository/\n" + build_script(builds, "/repository")],
+                 "volumeMounts": [*MODELS_MOUNT, {"name": "repository", "mountPath": "/repository"}],
+                 "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}},
+                 "securityContext": _security()}]
+    deployment = _deployment(d, "triton", 1, container, gpu=1 if d.on_gpu else 0, shm="2Gi", volumes=volumes)
+    if init:
+        deployment["spec"]["template"]["spec"]["initContainers"] = init
+    return [deployment,
+            _service(d, "triton", {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc, "metrics": d.ports.triton_metrics}),
+            _pdb(d, "triton"), _engine_policy(d, "triton", [d.ports.triton_grpc, d.ports.triton_metrics]),
+            _service_monitor(d, "triton", "metrics", "triton")]
+
+
+def _vllm(d: Deployment, s: Service) -> list[dict]:
+    """One LLM's Deployment (a pod per replica) and its companions."""
+    model = next(m for m in d.llms if m.name == s.models[0])
+    app = llm_app(model.name)
+    args = vllm_image_args(s.args)
+    if "--gpu-memory-utilization" in args:  # the pod owns its GPU: vLLM's own default share (0.9)
+        i = args.index("--gpu-memory-utilization")
+        del args[i:i + 2]
+    container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": args,
+                 "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
+                 "ports": [{"name": "http", "containerPort": s.port}],
+                 "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
+                 "livenessProbe": _probe("/health", s.port), "volumeMounts": list(MODELS_MOUNT)}
+    return [_deployment(d, app, model.replicas, container, gpu=1 if d.on_gpu else 0, shm="8Gi", volumes=MODELS_VOLUME),
+            _service(d, app, {"http": s.port}), _pdb(d, app), _engine_policy(d, app, [s.port]),
+            _service_monitor(d, app, "http", "vllm")]
+
+
+def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
+    """The gateway's Deployment (its settings from a ConfigMap, its keys from a Secret), autoscaled on CPU."""
+    mounts = [{"name": "config", "mountPath": "/etc/rtxserve", "readOnly": True}]
+    volumes: list[dict] = [{"name": "config", "configMap": {"name": "rtxserve-gateway"}}]
+    if d.gateway.keys_file is not None:
+        mounts.append({"name": "keys", "mountPath": str(Path(KEYS_IN_CONTAINER).parent), "readOnly": True})
+        volumes.append({"name": "keys", "secret": {"secretName": "rtxserve-api-keys"}})
+    container = {"name": "gateway", "image": GATEWAY_IMAGE, "command": ["rtxserve"], "args": gateway.args,
+                 "env": [{"name": k, "value": v} for k, v in sorted(gateway.env.items())],
+                 "ports": [{"name": "http", "containerPort": gateway.port}],
+                 "readinessProbe": _probe("/readyz", gateway.port, 5), "livenessProbe": _probe("/healthz", gateway.port),
+                 "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+                 "volumeMounts": mounts}
+    return [_deployment(d, "gateway", replicas, container, volumes=volumes),
+            _service(d, "gateway", {"http": gateway.port}), _pdb(d, "gateway"),
+            {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},
+             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
+                      "minReplicas": replicas, "maxReplicas": max(10, replicas),
+                      "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                          "type": "Utilization", "averageUtilization": 70}}}]}},
+            _service_monitor(d, "gateway", "http", "gateway")]
+
+
+def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
+    """A locust master and its workers as Jobs (the gateway image holds locust and the scenarios), suspended:
+    set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster."""
+    first = d.models[0]
+    # the first model's task, from its entry (an encoder may classify, tag or embed) or its kind (the one task)
+    task = encoder_metadata(d, first).task if first.kind == ENCODER else of_kind(first.kind)[0]
+    scenario = TASKS[task].loadtest[0]
+    locustfile = "$(python -c 'import loadtest, os; print(os.path.dirname(loadtest.__file__))')/scenarios/locustfile.py"
+    common = f"locust -f {locustfile} --scenario {scenario} --model {first.name}"
+    master = (f"{common} --master --headless --expect-workers {workers} -u 32 -r 32 -t 5m "
+              f"--host http://gateway:{d.ports.gateway} --csv /tmp/locust --only-summary")
+    worker = f"{common} --worker --master-host locust-master"
+    master += " --api-key \"$RTXSERVE_API_KEY\""
+
+    def job(name: str, command: str, parallelism: int) -> dict:
+        container = {"name": "locust", "image": GATEWAY_IMAGE, "command": ["sh", "-c", command],
+                     # a key of the gateway's, as plain text: create it with
+                     # kubectl create secret generic rtxserve-loadtest-key --from-literal=api-key=rtx-...
+                     "env": [{"name": "RTXSERVE_API_KEY", "valueFrom": {"secretKeyRef": {
+                         "name": "rtxserve-loadtest-key", "key": "api-key"}}}],
+                     "securityContext": _security(non_root=True)}
+        if name == "locust-master":
+            container["ports"] = [{"name": "master", "containerPort": 5557}]
+        return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": _labels(name, d)},
+                "spec": {"suspend": True, "parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
+                         "template": {"metadata": {"labels": _labels(name, d)},
+                                      "spec": {"restartPolicy": "Never", "containers": [container]}}}}
+
+    return [job("locust-master", master, 1), _service(d, "locust-master", {"master": 5557}),
+            job("locust-worker", worker, workers)]
+
+
+def kustomization(d: Deployment, files: list[str]) -> dict:
+    k = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "namespace": f"rtxserve-{d.name}",
+         "resources": ["namespace.yaml", *files],
+         "labels": [{"pairs": {"app.kubernetes.io/managed-by": "rtxserve"}}],
+         "configMapGenerator": [{"name": "rtxserve-gateway", "files": ["gateway.yaml=gateway-config.yaml"]}]}
+    if d.gateway.keys_file is not None:
+        k["secretGenerator"] = [{"name": "rtxserve-api-keys", "files": ["api_keys.json=keys.json"]}]
+    return k
