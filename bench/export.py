@@ -59,7 +59,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     import torch
     import transformers
 
-    from export.encoder import export_encoder
+    from export.encoder import EncoderOptions, export_encoder
     from export.tasks import pooled_encoder, read_pooling
     from export.triton_entry import EntryOptions
     from core.tasks import FEATURE_EXTRACTION
@@ -96,7 +96,8 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
         for name, (optimize, precision) in FORMS.items():
             progress(f"exporting {name} with the export pipeline")
             repo = Path(work) / name.replace(" ", "-")
-            export_encoder(model_dir, FEATURE_EXTRACTION, EntryOptions(name="m"), repo, optimize=optimize, precision=precision)
+            export_encoder(model_dir, FEATURE_EXTRACTION, EntryOptions(name="m"), repo,
+                           EncoderOptions(optimize=optimize, precision=precision))
             session = ort.InferenceSession(str(repo / "m_model" / "1" / "model.onnx"), options, providers=["CPUExecutionProvider"])
             calls[name] = lambda s=session: s.run(["embeddings"], feeds)
             got = session.run(["embeddings"], sentence_feeds)[0]

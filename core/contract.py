@@ -26,6 +26,7 @@ PARAM_LABELS = "rtxserve_labels"  # JSON list, index = class id
 PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
 PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
 PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a generation request gets when it names no value
+PARAM_MAX_LENGTH = "rtxserve_max_length"  # the entry's token limit (texts are truncated to it)
 
 # Diffusion schedulers a request may choose: name -> diffusers class.
 SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",

@@ -9,6 +9,7 @@ one given, but whose shapes fit, is accepted: the same model is often known by a
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from pathlib import Path
@@ -23,6 +24,26 @@ log = logging.getLogger(__name__)
 LORA_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 # Layers vLLM cannot serve LoRA on (merge such adapters into their base instead).
 VLLM_UNSUPPORTED = frozenset({"lm_head", "embed_tokens"})
+
+
+class AdapterConfigError(ValueError):
+    """An adapter folder without a readable LoRA adapter_config.json."""
+
+
+def read_adapter_config(folder: Path) -> dict:
+    """A PEFT adapter's adapter_config.json, checked to be a JSON object of a LoRA (or QLoRA) adapter."""
+    path = Path(folder) / "adapter_config.json"
+    if not path.is_file():
+        raise AdapterConfigError(f"{folder} has no adapter_config.json (expected a PEFT adapter folder)")
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterConfigError(f"{path} is not valid JSON ({exc}); the adapter is damaged") from exc
+    if not isinstance(config, dict):
+        raise AdapterConfigError(f"{path} does not hold a JSON object; the adapter is damaged")
+    if config.get("peft_type", "LORA") != "LORA":
+        raise AdapterConfigError(f"{folder} is a {config.get('peft_type')} adapter; only LoRA / QLoRA adapters are served")
+    return config
 
 
 def tensor_shapes(files: list[Path] | tuple[Path, ...]) -> dict[str, list[int]]:

@@ -26,6 +26,13 @@ def _fail(prog: str, message: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtxserve export", description="Export fine-tuned checkpoints for serving.")
     sub = parser.add_subparsers(dest="format", required=True)
+    _add_onnx(sub)
+    _add_llm(sub)
+    _add_diffusion(sub)
+    return parser
+
+
+def _add_onnx(sub) -> None:
     onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
     onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer), or a PEFT LoRA adapter "
                                          "folder (adapter_config.json), merged into its base before export")
@@ -72,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="token-classification: how sub-word predictions become entities when a request names none "
                            "(as transformers' pipeline; default: %(default)s)")
 
+
+def _add_llm(sub) -> None:
     llm = sub.add_parser("llm", help="LLM fine-tune, LoRA/QLoRA adapter, DeepSpeed ZeRO or Megatron checkpoint -> "
                          "folder vLLM serves (merged on request)")
     llm.add_argument("source", help="full fine-tune folder (config.json + weights), adapter folder (adapter_config.json), "
@@ -96,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
     llm.add_argument("--force", action="store_true", help="replace --out if it exists")
 
+
+def _add_diffusion(sub) -> None:
     dif = sub.add_parser("diffusion", help="Stable Diffusion pipeline (+ LoRA) -> Triton entry for /v1/images/generations")
     dif.add_argument("pipeline", help="a diffusers pipeline folder (save_pretrained: model_index.json, unet/, vae/, ...)")
     dif.add_argument("--name", required=True, help="model name clients use (the Triton entry's name)")
@@ -114,7 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
     dif.add_argument("--instances", type=int, default=1, help="pipelines loaded at once (requests run in parallel)")
     dif.add_argument("--target", choices=("cpu", "gpu"), default="cpu", help="gpu: fp16 on KIND_GPU instances")
     dif.add_argument("--force", action="store_true", help="replace the entry if it exists")
-    return parser
 
 
 def _lines(path: Path | None) -> list[str] | None:
@@ -127,14 +137,13 @@ def _lines(path: Path | None) -> list[str] | None:
 
 
 def _main_llm(args, argv: list[str]) -> int:
-    from .llm import export_llm
+    from .llm import LLMOptions, export_llm
 
     try:
-        result = export_llm(
-            args.source, args.out, base=args.base, merge=args.merge, qlora=args.qlora, dtype=args.dtype, atol=args.atol,
+        result = export_llm(args.source, args.out, LLMOptions(
+            base=args.base, merge=args.merge, qlora=args.qlora, dtype=args.dtype, atol=args.atol,
             allow_drift=args.allow_drift, sample_prompts=_lines(args.sample_prompts), chat_template=args.chat_template,
-            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
-        )
+            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv])))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export llm", str(exc))
     summary = f"exported {result.kind} model to {result.out} in {result.seconds:.1f}s"
@@ -184,7 +193,7 @@ def main(argv: list[str]) -> int:
             queue_timeout_us=args.queue_timeout_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
-        from .encoder import TensorRTOptions, export_encoder
+        from .encoder import EncoderOptions, TensorRTOptions, export_encoder
         from .inputs import read_sample_images
 
         images = read_sample_images(args.sample_images) if args.sample_images else None
@@ -197,13 +206,11 @@ def main(argv: list[str]) -> int:
         elif args.trt_batch or args.trt_seq or args.calibration_texts or args.calibration_images:
             raise ExportError("--trt-batch, --trt-seq and --calibration-* apply to --tensorrt builds only")
 
-        result = export_encoder(
-            args.checkpoint, args.task, opts, args.repository, max_length=args.max_length, atol=args.atol,
-            allow_drift=args.allow_drift, force=args.force, sample_texts=texts, sample_images=images,
-            optimize=args.optimize, tensorrt=tensorrt,
+        result = export_encoder(args.checkpoint, args.task, opts, args.repository, EncoderOptions(
+            max_length=args.max_length, atol=args.atol, allow_drift=args.allow_drift, force=args.force,
+            sample_texts=texts, sample_images=images, optimize=args.optimize, tensorrt=tensorrt,
             precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
-            command=shlex.join(["rtxserve", "export", *argv]),
-        )
+            command=shlex.join(["rtxserve", "export", *argv])))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export", str(exc))
     print(f"exported {args.name} to {args.repository} in {result.seconds:.1f}s "

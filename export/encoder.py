@@ -6,11 +6,13 @@ model is wrapped, which Triton models follow it) is a `TaskSpec` from export/tas
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,7 +26,11 @@ from .parity import ParityReport
 from .progress import Steps
 from .triton_entry import EntryOptions
 
+if TYPE_CHECKING:
+    from .encoder_adapters import EncoderAdapter
+
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class TensorRTOptions:
@@ -106,185 +112,249 @@ def _validate(model, session, cases: list[dict[str, np.ndarray]], atol: float, o
     return report
 
 
-def export_encoder(
-    checkpoint: str | Path,
-    task: str,
-    opts: EntryOptions,
-    repo: Path,
-    *,
-    max_length: int | None = None,
-    atol: float = 1e-4,
-    allow_drift: bool = False,
-    force: bool = False,
-    sample_texts: list[str] | None = None,
-    sample_images: list[bytes] | None = None,
-    command: str = "",
-    optimize: bool = False,
-    precision: str = "fp32",
-    min_cosine: float | None = None,
-    aggregation: str = "first",
-    base: str | Path | None = None,
-    tensorrt: TensorRTOptions | None = None,
-    conversion: dict | None = None,
-) -> ExportResult:
+@dataclass(frozen=True)
+class EncoderOptions:
+    """How to export an encoder checkpoint: everything but the checkpoint, its task, the entry and the repository.
+
+    max_length: tokenizer truncation length (default: the checkpoint's, else the model's limit).
+    atol: tolerated max abs difference of every output between ONNX Runtime and PyTorch.
+    allow_drift: keep an export that breaches `atol` (the report records the breach).
+    force: replace an existing entry of the same name.
+    sample_texts: texts for the parity check (default: a built-in varied set).
+    sample_images: encoded PNG / JPEG images for the parity check of an image model (default: synthetic images
+        of varied sizes and modes).
+    command: the command line that reproduces this export, recorded in the metadata.
+    optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
+    precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated against
+        `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
+    aggregation: token-classification only: how sub-word predictions become entities when a request names none
+        (none, simple, first, average, max: as transformers' pipeline).
+    base: an adapter's base model folder (default: the local folder the adapter records); for a DeepSpeed ZeRO
+        checkpoint without them, the folder with its config and tokenizer.
+    tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu, a machine with a
+        GPU and TensorRT 10); the plan is validated like the ONNX variants.
+    """
+
+    max_length: int | None = None
+    atol: float = 1e-4
+    allow_drift: bool = False
+    force: bool = False
+    sample_texts: list[str] | None = None
+    sample_images: list[bytes] | None = None
+    command: str = ""
+    optimize: bool = False
+    precision: str = "fp32"
+    min_cosine: float | None = None
+    aggregation: str = "first"
+    base: str | Path | None = None
+    tensorrt: TensorRTOptions | None = None
+
+
+@dataclass
+class _Source:
+    """The checkpoint to export, once resolved: plain, a LoRA adapter on its base, or a ZeRO checkpoint converted."""
+
+    ckpt: Checkpoint
+    adapter: EncoderAdapter | None = None
+    conversion: dict | None = None
+
+
+def export_encoder(checkpoint: str | Path, task: str, opts: EntryOptions, repo: Path,
+                   options: EncoderOptions = EncoderOptions()) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
-    Args:
-        checkpoint: folder written by `save_pretrained` (model + tokenizer), or a PEFT LoRA adapter folder
-            (adapter_config.json): merged into its base before export, validated against the unmerged PeftModel.
-        task: one of export.checkpoint.TASKS.
-        opts: entry name, target, instances and batching.
-        repo: the Triton model repository to write into.
-        max_length: tokenizer truncation length (default: the checkpoint's, else the model's limit).
-        atol: tolerated max abs difference of every output between ONNX Runtime and PyTorch.
-        allow_drift: keep an export that breaches `atol` (the report records the breach).
-        force: replace an existing entry of the same name.
-        sample_texts: texts for the parity check (default: a built-in varied set).
-        sample_images: encoded PNG / JPEG images for the parity check of an image model (default: synthetic
-            images of varied sizes and modes).
-        command: the command line that reproduces this export, recorded in the metadata.
-        optimize: apply ONNX Runtime's transformer fusions (validated like the plain graph, against `atol`).
-        precision: fp32, int8 (dynamic quantisation, CPU) or fp16 (GPU); int8 / fp16 are validated
-            against `min_cosine` (every row of every output; default 0.95 for int8, 0.999 for fp16) instead of `atol`.
-        aggregation: token-classification only: how sub-word predictions become entities when a request
-            names none (none, simple, first, average, max: as transformers' pipeline).
-        base: an adapter's base model folder (default: the local folder the adapter records); for a DeepSpeed
-            ZeRO checkpoint without them, the folder with its config and tokenizer.
-        tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu,
-            a machine with a GPU and TensorRT 10); the plan is validated like the ONNX variants.
+    `checkpoint` is a folder written by `save_pretrained` (model + tokenizer); a PEFT LoRA adapter folder
+    (adapter_config.json), merged into its base before export and validated against the unmerged PeftModel; or a
+    DeepSpeed ZeRO checkpoint (a Trainer `checkpoint-N` with `global_stepN/` shards and no weights), consolidated
+    with DeepSpeed and checked against DeepSpeed's engine first. `task` is one of export.checkpoint.TASKS, `opts`
+    the entry's name, target, instances and batching, `repo` the Triton model repository to write into.
 
-        conversion: set internally: the figures of a ZeRO checkpoint's conversion (a ZeRO checkpoint, such as a
-            Trainer `checkpoint-N` with `global_stepN/` shards and no weights, is consolidated with DeepSpeed and
-            checked against DeepSpeed's engine first).
-
-    Returns:
-        the written model folders, the parity report and the wall time.
-
-    Raises:
-        ExportError: bad input, a failed load, or a parity breach (nothing is written then).
+    Returns the written model folders, the parity report and the wall time. Raises ExportError on bad input, a
+    failed load, or a parity breach (nothing is written then).
     """
-    import onnxruntime as ort
-    import torch
-    import transformers
-
-    from .encoder_adapters import is_adapter, resolve_adapter
-    from .tasks import spec_for
-
-    from . import variants
-
-    if precision not in variants.PRECISIONS:
-        raise ExportError(f"unknown precision {precision!r}; valid: {', '.join(variants.PRECISIONS)}")
-    if tensorrt is not None:
-        if opts.target != "gpu":
-            raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
-        if optimize:
-            raise ExportError("--optimize makes an ONNX Runtime graph, and TensorRT fuses the plain graph itself: "
-                              "drop --optimize with --tensorrt")
-        if precision == "int8" and not tensorrt.calibration:
-            raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
-                              "(--calibration-images DIR for image models)")
-    path = Path(checkpoint).expanduser()
-    if conversion is None and not is_adapter(path) and path.is_dir() and find_weights(path) is None and zero.is_zero(path):
-        if task in IMAGE_TASKS:
-            raise ExportError(f"{path} is a DeepSpeed ZeRO checkpoint of an image model; consolidate it with the "
-                              "zero_to_fp32.py beside it, then export the folder that writes")
-        repository.check_free(repo, opts.model_names(), force)
-        ckpt = zero.inspect_zero(path)
-        config_dir = zero.config_folder(ckpt, Path(base) if base else None)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(zero.tokenizer_folder(config_dir, Path(base) if base else None))
-        ids = [tokenizer(t, truncation=True)["input_ids"] for t in sample_texts or SAMPLE_TEXTS]
-        with repository.work_dir(repo) as work:
-            hf, conversion = zero.to_hugging_face(ckpt, config_dir, work, auto_class=TASKS[task][1], ids=ids,
-                                                  dtype="float32", atol=atol, allow_drift=allow_drift,
-                                                  output="last_hidden_state" if TASKS[task][1] == "AutoModel" else "logits")
-            tokenizer.save_pretrained(hf)
-            conversion |= {"source": str(path.resolve()), "converted_from": zero.origin(ckpt)}
-            return export_encoder(hf, task, opts, repo, max_length=max_length, atol=atol, allow_drift=allow_drift,
-                                  force=force, sample_texts=sample_texts, command=command, optimize=optimize,
-                                  precision=precision, min_cosine=min_cosine, aggregation=aggregation,
-                                  tensorrt=tensorrt, conversion=conversion)
-    steps = Steps(5 + optimize + (precision != "fp32") + (tensorrt is not None), log)
-    adapter = None
-    if is_adapter(checkpoint):
-        adapter = resolve_adapter(checkpoint, task, base)
-        ckpt = adapter.checkpoint
-    else:
-        ckpt = inspect_checkpoint(checkpoint, task)
-    spec = spec_for(ckpt, aggregation=aggregation)
-    repository.check_free(repo, opts.model_names(), force)
-    if command:
-        log.info("reproduce with: %s", command)
-    if adapter is None:
-        steps("loading %s (%s)", ckpt.path, ckpt.architecture)
-    else:
-        steps("loading LoRA adapter %s on base %s (%s) and merging it", adapter.adapter.path, adapter.base_path, ckpt.architecture)
-    model, reference = _load_models(ckpt, spec, adapter)
-    if ckpt.task in IMAGE_TASKS:
-        inputs = ImageInputs(ckpt, sample_images)
-    else:
-        inputs = TextInputs(ckpt, model, max_length if max_length is not None else spec.max_length, sample_texts)
-
-    with repository.work_dir(repo) as work:
-        onnx_path = work / "model.onnx"
-        steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
-        sample = inputs.sample()
-        onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, onnx_path, list(spec.outputs))
-        cases = inputs.cases()
-
-        def validate(path: Path, what: str, lossy: bool) -> dict:
-            steps("validating %s against PyTorch on %d %s", what, len(cases) - 1, inputs.what)
-            session = (_PlanSession(path) if path.suffix == ".plan"
-                       else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
-            report = _validate(reference, session, cases, atol, list(spec.outputs))
-            report.notes += inputs.notes
-            if adapter is not None:
-                report.notes.append("reference: the unmerged PeftModel (base + adapter); the export is the merged model")
-            report.min_cosine = (min_cosine or variants.DEFAULT_MIN_COSINE[precision]) if lossy else None
-            for out in report.outputs.values():
-                log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
-                         out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
-            report.check(allow_drift)
-            return report.to_dict()
-
-        reports = {"fp32": validate(onnx_path, "ONNX Runtime (fp32)", False)}
-        if optimize:
-            onnx_path = variants.optimize(onnx_path, work / "model.optimized.onnx", ckpt.config)
-            reports["optimized"] = validate(onnx_path, "the fused graph", False)
-        plan_info = None
-        if tensorrt is not None:
-            plan_info = _build_plan(steps, onnx_path, work, inputs, opts, precision, tensorrt)
-            onnx_path = work / "model.plan"
-            reports[f"tensorrt-{precision}"] = validate(onnx_path, f"the TensorRT {precision} plan", precision != "fp32")
-        elif precision != "fp32":
-            convert = variants.quantize_int8 if precision == "int8" else variants.to_fp16
-            onnx_path = convert(onnx_path, work / f"model.{precision}.onnx")
-            reports[precision] = validate(onnx_path, f"the {precision} graph", True)
-
-        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances, opts.max_batch_size)
-        # The served graph's figures on top, every variant's below: drift is visible step by step.
-        parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
-        if adapter is not None:
-            parity["adapter_effect_max_abs"] = _adapter_effect(reference, sample)
-        metadata = _metadata(ckpt, opts, command, parity) | inputs.metadata() | spec.metadata
-        metadata |= {"optimized": optimize, "precision": precision}
-        if adapter is not None:
-            metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
-                "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
-                "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
-        if conversion is not None:
-            parity["conversion"] = conversion
-            metadata |= {"source": conversion["source"], "converted_from": conversion["converted_from"]}
-        if plan_info is not None:
-            metadata["tensorrt"] = plan_info
-        models = spec.entry(opts, onnx_path=onnx_path, metadata=metadata, parity=parity, **inputs.entry_kwargs())
+    _check_options(options, opts)
+    with contextlib.ExitStack() as scratch:
+        source = _resolve(Path(checkpoint).expanduser(), task, opts, repo, options, scratch)
+        steps = Steps(5 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None), log)
+        if options.command:
+            log.info("reproduce with: %s", options.command)
+        model, reference, inputs, spec = _load(source, options, steps)
+        work = scratch.enter_context(repository.work_dir(repo))
+        served, reports, plan_info = _export_variants(model, reference, inputs, spec, source, options, opts, work, steps)
+        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances,
+              opts.max_batch_size)
+        parity, metadata = _record(source, options, opts, reports, plan_info, reference, inputs, spec)
+        models = spec.entry(opts, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
             from .tensorrt import tensorrt_model
 
             i = next(i for i, m in enumerate(models) if m.config.name == opts.step("model"))
-            models[i] = tensorrt_model(opts, onnx_path, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
-        written = repository.commit(repo, models, work, force)
+            models[i] = tensorrt_model(opts, served, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
+        written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
+
+
+def _check_options(options: EncoderOptions, opts: EntryOptions) -> None:
+    """Refuse what cannot be built before any work."""
+    from . import variants
+
+    if options.precision not in variants.PRECISIONS:
+        raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    if options.tensorrt is None:
+        return
+    if opts.target != "gpu":
+        raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
+    if options.optimize:
+        raise ExportError("--optimize makes an ONNX Runtime graph, and TensorRT fuses the plain graph itself: "
+                          "drop --optimize with --tensorrt")
+    if options.precision == "int8" and not options.tensorrt.calibration:
+        raise ExportError("an INT8 TensorRT plan calibrates on sample inputs: pass --calibration-texts FILE "
+                          "(--calibration-images DIR for image models)")
+
+
+def _resolve(path: Path, task: str, opts: EntryOptions, repo: Path, options: EncoderOptions,
+             scratch: contextlib.ExitStack) -> _Source:
+    """Which checkpoint is exported: a LoRA adapter on its base, a ZeRO checkpoint converted (into a scratch
+    folder that lives as long as `scratch`), or the folder itself."""
+    from .encoder_adapters import is_adapter, resolve_adapter
+
+    if is_adapter(path):
+        adapter = resolve_adapter(path, task, options.base)
+        source = _Source(adapter.checkpoint, adapter=adapter)
+    elif path.is_dir() and find_weights(path) is None and zero.is_zero(path):
+        repository.check_free(repo, opts.model_names(), options.force)
+        converted, conversion = _convert_zero(path, task, options, scratch.enter_context(repository.work_dir(repo)))
+        source = _Source(inspect_checkpoint(converted, task), conversion=conversion)
+    else:
+        source = _Source(inspect_checkpoint(path, task))
+    repository.check_free(repo, opts.model_names(), options.force)
+    return source
+
+
+def _convert_zero(path: Path, task: str, options: EncoderOptions, work: Path) -> tuple[Path, dict]:
+    """A ZeRO checkpoint consolidated with DeepSpeed into a Hugging Face folder under `work`, checked against
+    DeepSpeed's engine; returns the folder and the conversion's figures."""
+    import transformers
+
+    if task in IMAGE_TASKS:
+        raise ExportError(f"{path} is a DeepSpeed ZeRO checkpoint of an image model; consolidate it with the "
+                          "zero_to_fp32.py beside it, then export the folder that writes")
+    base = Path(options.base) if options.base else None
+    ckpt = zero.inspect_zero(path)
+    config_dir = zero.config_folder(ckpt, base)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(zero.tokenizer_folder(config_dir, base))
+    ids = [tokenizer(t, truncation=True)["input_ids"] for t in options.sample_texts or SAMPLE_TEXTS]
+    auto_class = TASKS[task][1]
+    hf, conversion = zero.to_hugging_face(ckpt, config_dir, work, auto_class=auto_class, ids=ids, dtype="float32",
+                                          atol=options.atol, allow_drift=options.allow_drift,
+                                          output="last_hidden_state" if auto_class == "AutoModel" else "logits")
+    tokenizer.save_pretrained(hf)
+    return hf, conversion | {"source": str(path.resolve()), "converted_from": zero.origin(ckpt)}
+
+
+def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
+    """(the model to export, the reference it is checked against, its sample inputs, the task's spec)."""
+    from .tasks import spec_for
+
+    ckpt, adapter = source.ckpt, source.adapter
+    spec = spec_for(ckpt, aggregation=options.aggregation)
+    if adapter is None:
+        steps("loading %s (%s)", ckpt.path, ckpt.architecture)
+    else:
+        steps("loading LoRA adapter %s on base %s (%s) and merging it", adapter.adapter.path, adapter.base_path,
+              ckpt.architecture)
+    model, reference = _load_models(ckpt, spec, adapter)
+    if ckpt.task in IMAGE_TASKS:
+        inputs = ImageInputs(ckpt, options.sample_images)
+    else:
+        inputs = TextInputs(ckpt, model, options.max_length if options.max_length is not None else spec.max_length,
+                            options.sample_texts)
+    return model, reference, inputs, spec
+
+
+def _export_variants(model, reference, inputs, spec, source: _Source, options: EncoderOptions, opts: EntryOptions,
+                     work: Path, steps: Steps) -> tuple[Path, dict, dict | None]:
+    """ONNX, then each variant asked for (fused, TensorRT plan or lower precision), each validated against
+    PyTorch: (the served file, the reports by variant, the plan's figures or None)."""
+    import torch
+
+    from . import variants
+
+    served = work / "model.onnx"
+    steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
+    sample = inputs.sample()
+    onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, served, list(spec.outputs))
+    check = _Check(reference, inputs.cases(), inputs, list(spec.outputs), options, source.adapter is not None, steps)
+    reports = {"fp32": check(served, "ONNX Runtime (fp32)", lossy=False)}
+    if options.optimize:
+        served = variants.optimize(served, work / "model.optimized.onnx", source.ckpt.config)
+        reports["optimized"] = check(served, "the fused graph", lossy=False)
+    plan_info = None
+    if options.tensorrt is not None:
+        plan_info = _build_plan(steps, served, work, inputs, opts, options.precision, options.tensorrt)
+        served = work / "model.plan"
+        reports[f"tensorrt-{options.precision}"] = check(served, f"the TensorRT {options.precision} plan",
+                                                     lossy=options.precision != "fp32")
+    elif options.precision != "fp32":
+        convert = variants.quantize_int8 if options.precision == "int8" else variants.to_fp16
+        served = convert(served, work / f"model.{options.precision}.onnx")
+        reports[options.precision] = check(served, f"the {options.precision} graph", lossy=True)
+    return served, reports, plan_info
+
+
+@dataclass
+class _Check:
+    """One variant's validation against the reference on every case (atol, or min cosine for a lossy one)."""
+
+    reference: object
+    cases: list
+    inputs: object
+    outputs: list[str]
+    options: EncoderOptions
+    adapter: bool
+    steps: Steps
+
+    def __call__(self, path: Path, what: str, *, lossy: bool) -> dict:
+        import onnxruntime as ort
+
+        from . import variants
+
+        self.steps("validating %s against PyTorch on %d %s", what, len(self.cases) - 1, self.inputs.what)
+        session = (_PlanSession(path) if path.suffix == ".plan"
+                   else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+        report = _validate(self.reference, session, self.cases, self.options.atol, self.outputs)
+        report.notes += self.inputs.notes
+        if self.adapter:
+            report.notes.append("reference: the unmerged PeftModel (base + adapter); the export is the merged model")
+        report.min_cosine = (self.options.min_cosine or variants.DEFAULT_MIN_COSINE[self.options.precision]) if lossy else None
+        for out in report.outputs.values():
+            log.info("  %s: max abs diff %.3g, max rel diff %.3g, min cosine %.6f, top-1 agreement %.0f%%",
+                     out.name, out.max_abs_diff, out.max_rel_diff, out.min_cosine, 100 * out.top1_agreement)
+        report.check(self.options.allow_drift)
+        return report.to_dict()
+
+
+def _record(source: _Source, options: EncoderOptions, opts: EntryOptions, reports: dict, plan_info: dict | None,
+            reference, inputs, spec) -> tuple[dict, dict]:
+    """The entry's parity (the served variant's figures on top, every variant's below: drift is visible step by
+    step) and its metadata (what was exported, from what, options)."""
+    adapter, conversion = source.adapter, source.conversion
+    parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
+    if adapter is not None:
+        parity["adapter_effect_max_abs"] = _adapter_effect(reference, inputs.sample())
+    metadata = _metadata(source.ckpt, opts, options.command, parity) | inputs.metadata() | spec.metadata
+    metadata |= {"optimized": options.optimize, "precision": options.precision}
+    if adapter is not None:
+        metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
+            "path": str(adapter.adapter.path.resolve()), "base": str(adapter.base_path.resolve()),
+            "rank": adapter.adapter.rank, "alpha": adapter.adapter.alpha, "merged": True}}
+    if conversion is not None:
+        parity["conversion"] = conversion
+        metadata |= {"source": conversion["source"], "converted_from": conversion["converted_from"]}
+    if plan_info is not None:
+        metadata["tensorrt"] = plan_info
+    return parity, metadata
 
 
 def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, precision: str,
@@ -304,12 +374,13 @@ def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, 
     feeds = inputs.calibration(trt.calibration, trt.calibration_batch) if precision == "int8" else None
     steps("building the TensorRT %s plan (profile %s; this takes minutes)", precision, profile.to_dict())
     return build_plan(onnx_path, work / "model.plan", inputs=inputs.plan_inputs(), profile=profile, precision=precision,
-                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb, log=log)
+                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb)
 
 
-def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path, **kwargs) -> ExportResult:
+def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path,
+                               options: EncoderOptions = EncoderOptions()) -> ExportResult:
     """`export_encoder` for task text-classification."""
-    return export_encoder(checkpoint, TEXT_CLASSIFICATION, opts, repo, **kwargs)
+    return export_encoder(checkpoint, TEXT_CLASSIFICATION, opts, repo, options)
 
 
 DIMENSIONS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "max_position_embeddings",

@@ -180,9 +180,10 @@ class AdapterInfo:
 
 
 def read_lora(path: Path) -> AdapterInfo:
-    config = read_json(path / "adapter_config.json", "adapter")
-    if config.get("peft_type", "LORA") != "LORA":
-        raise ExportError(f"{path} is a {config.get('peft_type')} adapter; only LoRA / QLoRA adapters are supported")
+    try:
+        config = lora.read_adapter_config(path)
+    except lora.AdapterConfigError as exc:
+        raise ExportError(str(exc)) from None
     weights = next((path / w for w in ADAPTER_WEIGHTS if (path / w).is_file()), None)
     if weights is None:
         raise ExportError(f"no adapter weights in {path}: expected {' or '.join(ADAPTER_WEIGHTS)}")
@@ -327,9 +328,9 @@ def _prompts(tokenizer, has_template: bool, prompts: list[str]) -> list[list[int
     return ids
 
 
-def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, dtype: str,
-               atol: float | None, allow_drift: bool, prompts: list[str] | None, chat_template: Path | None,
-               command: str, steps: Steps, extra: dict | None = None) -> dict:
+def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, options: LLMOptions, *, qlora: bool, dtype: str,
+               steps: Steps, extra: dict | None = None) -> dict:
+    """The adapter merged into its base (merge_and_unload), saved, reloaded and checked against base+adapter."""
     import torch
     import transformers
     from peft import PeftModel
@@ -348,8 +349,8 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
         model = PeftModel.from_pretrained(model, adapter.path).eval()
     except Exception as exc:
         raise ExportError(f"cannot load base {base.path} with adapter {adapter.path} ({type(exc).__name__}: {exc})") from exc
-    template = has_chat_template(tok_dir) or chat_template is not None
-    sample_ids = _prompts(tokenizer, has_chat_template(tok_dir), prompts or SAMPLE_PROMPTS)
+    template = has_chat_template(tok_dir) or options.chat_template is not None
+    sample_ids = _prompts(tokenizer, has_chat_template(tok_dir), options.sample_prompts or SAMPLE_PROMPTS)
     reference = first_outputs(model, sample_ids)
     with model.disable_adapter():
         effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, first_outputs(model, sample_ids)))
@@ -358,157 +359,198 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: b
         merged = model.merge_and_unload()
         merged.save_pretrained(pkg, safe_serialization=True)
         tokenizer.save_pretrained(pkg)
-        _add_chat_template(pkg, chat_template)
+        _add_chat_template(pkg, options.chat_template)
         del model, merged
         steps("reloading the merged model from disk; comparing its logits with base+adapter on %d prompts", len(sample_ids))
         reloaded = transformers.AutoModelForCausalLM.from_pretrained(pkg, dtype=torch_dtype).eval()
-        report = ParityReport(atol=DEFAULT_ATOL.get(dtype, 1e-3) if atol is None else atol)
+        report = ParityReport(atol=DEFAULT_ATOL.get(dtype, 1e-3) if options.atol is None else options.atol)
         for ids, ref, got in zip(sample_ids, reference, first_outputs(reloaded, sample_ids)):
             report.add({"logits": ref}, {"logits": got})
         # What the adapter changes, beside what merging changed: a parity figure means little if the
         # adapter itself is a no-op.
         report.notes.append(f"the adapter itself moves the base's logits by up to {effect:.3g} (max abs)")
-        report.check(allow_drift)
+        report.check(options.allow_drift)
         parity = report.to_dict()
         (pkg / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
         metadata = {"kind": "merged", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
                     "architecture": base.architecture, "dtype": dtype, "rank": adapter.rank,
                     "target_modules": list(adapter.targets), "qlora": qlora, "max_model_len": base.max_model_len,
                     "chat_template": template, "parity_passed": parity["passed"], "adapter_effect_max_abs": effect,
-                    "command": command, **(extra or {})}
+                    "command": options.command, **(extra or {})}
         _write_metadata(pkg, metadata)
     return {**metadata, "parity": parity}
 
-def export_converted(layout: str, source: Path, out: Path, *, base: Path | None, dtype: str, atol: float | None,
-                     allow_drift: bool, prompts: list[str] | None, chat_template: Path | None, command: str,
-                     extra: dict) -> dict:
+def export_converted(layout: str, source: Path, out: Path, options: LLMOptions, extra: dict) -> dict:
     """A ZeRO or Megatron checkpoint -> a Hugging Face folder, checked against the trainer's own model, packaged."""
     import transformers
 
     steps = Steps(4, log)
     steps("checking the %s checkpoint %s", "DeepSpeed ZeRO" if layout == "zero" else "Megatron", source)
-    if layout == "zero":
-        ckpt = zero.inspect_zero(source)
-        config_dir = zero.config_folder(ckpt, base)
-        tokenizer_dir = zero.tokenizer_folder(config_dir, base)
-        source_dtype = str(transformers.AutoConfig.from_pretrained(config_dir).dtype or "float32").removeprefix("torch.")
-        origin = zero.origin(ckpt)
-    else:
-        ckpt = megatron.inspect_megatron(source)
-        tokenizer_dir = megatron.tokenizer_folder(ckpt, base)
-        args = ckpt.args
-        source_dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
-        origin = {"format": "megatron-torch_dist", "iteration": ckpt.iteration, "tensor_parallel": ckpt.tp,
-                  "pipeline_parallel": ckpt.pp, "converted_by": "megatron-core dist_checkpointing + mbridge"}
-    dtype = source_dtype if dtype == "auto" else dtype
+    trainer = _trainer_checkpoint(layout, source, Path(options.base).expanduser() if options.base else None)
+    dtype = trainer.dtype if options.dtype == "auto" else options.dtype
     if dtype not in DEFAULT_ATOL:
         raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
-    atol = DEFAULT_ATOL[dtype] if atol is None else atol
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
-    ids = _prompts(tokenizer, has_chat_template(tokenizer_dir), prompts or SAMPLE_PROMPTS)
+    atol = DEFAULT_ATOL[dtype] if options.atol is None else options.atol
+    tokenizer = transformers.AutoTokenizer.from_pretrained(trainer.tokenizer_dir)
+    ids = _prompts(tokenizer, has_chat_template(trainer.tokenizer_dir), options.sample_prompts or SAMPLE_PROMPTS)
     with repository.work_dir(out) as work:
+        ckpt = trainer.ckpt
         if layout == "zero":
-            hf, parity = zero.to_hugging_face(ckpt, config_dir, work, auto_class=CAUSAL_LM, ids=ids, dtype=dtype,
-                                              atol=atol, allow_drift=allow_drift, steps=steps)
+            hf, parity = zero.to_hugging_face(ckpt, trainer.config_dir, work, auto_class=CAUSAL_LM, ids=ids, dtype=dtype,
+                                              atol=atol, allow_drift=options.allow_drift, steps=steps)
         else:
             hf = work / "hf"
             steps("merging TP=%d PP=%d shards with Megatron's dist_checkpointing, mapping them to %s with mbridge; "
                   "reference: the Megatron GPTModel loaded from the original shards", ckpt.tp, ckpt.pp,
                   megatron.ARCHITECTURES[ckpt.model_type][0])
-            reference = megatron.convert(ckpt, tokenizer_dir, hf, ids, dtype)
+            reference = megatron.convert(ckpt, trainer.tokenizer_dir, hf, ids, dtype)
             parity = compare_with_trainer(reference, hf, ids, auto_class=CAUSAL_LM, dtype=dtype, atol=atol,
-                                          allow_drift=allow_drift, reference_command=command,
+                                          allow_drift=options.allow_drift, reference_command=options.command,
                                           reference_model=f"Megatron-core GPTModel (local spec) loaded from {ckpt.path}")
-        _copy([f for f in _side_files(tokenizer_dir) if not (hf / f.name).exists()], hf)
+        _copy([f for f in _side_files(trainer.tokenizer_dir) if not (hf / f.name).exists()], hf)
         (work / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
         converted = inspect_llm(hf)
-        if not converted.chat_template and chat_template is None:
+        if not converted.chat_template and options.chat_template is None:
             _warn_no_chat_template(source)
-        metadata = package_full(converted, out, chat_template=chat_template, command=command, steps=steps,
-                                extra={**extra, "source": str(source.resolve()), "converted_from": origin,
-                                       "parity_passed": parity["passed"]},
+        metadata = package_full(converted, out, chat_template=options.chat_template, command=options.command,
+                                steps=steps, extra={**extra, "source": str(source.resolve()),
+                                                    "converted_from": trainer.origin, "parity_passed": parity["passed"]},
                                 extra_files=(work / "parity.json",))
     return {**metadata, "parity": parity, "seconds": steps.seconds}
 
 
-def export_llm(
-    source: str | Path,
-    out: str | Path,
-    *,
-    base: str | Path | None = None,
-    merge: bool = False,
-    qlora: bool | None = None,
-    dtype: str = "auto",
-    atol: float | None = None,
-    allow_drift: bool = False,
-    sample_prompts: list[str] | None = None,
-    chat_template: Path | None = None,
-    name: str | None = None,
-    force: bool = False,
-    command: str = "",
-) -> LLMExport:
-    """Check and package a full fine-tune, package a LoRA adapter for vLLM, or merge it (`merge=True`).
+@dataclass
+class _TrainerCheckpoint:
+    """A ZeRO or Megatron checkpoint, read: where its config and tokenizer are, its dtype and where it came from."""
+
+    ckpt: zero.ZeroCheckpoint | megatron.MegatronCheckpoint
+    config_dir: Path | None
+    tokenizer_dir: Path
+    dtype: str
+    origin: dict
+
+
+def _trainer_checkpoint(layout: str, source: Path, base: Path | None) -> _TrainerCheckpoint:
+    import transformers
+
+    if layout == "zero":
+        ckpt = zero.inspect_zero(source)
+        config_dir = zero.config_folder(ckpt, base)
+        dtype = str(transformers.AutoConfig.from_pretrained(config_dir).dtype or "float32").removeprefix("torch.")
+        return _TrainerCheckpoint(ckpt, config_dir, zero.tokenizer_folder(config_dir, base), dtype, zero.origin(ckpt))
+    ckpt = megatron.inspect_megatron(source)
+    args = ckpt.args
+    dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else "float32"
+    origin = {"format": "megatron-torch_dist", "iteration": ckpt.iteration, "tensor_parallel": ckpt.tp,
+              "pipeline_parallel": ckpt.pp, "converted_by": "megatron-core dist_checkpointing + mbridge"}
+    return _TrainerCheckpoint(ckpt, None, megatron.tokenizer_folder(ckpt, base), dtype, origin)
+
+
+@dataclass(frozen=True)
+class LLMOptions:
+    """How to export an LLM checkpoint: everything but the source and the output folder.
+
+    base: an adapter's base (default: the local folder the adapter records); for a ZeRO or Megatron checkpoint
+        without them, the folder with its config and tokenizer.
+    merge: merge a LoRA adapter into its base (checked against base+adapter) instead of packaging it for vLLM.
+    qlora: None detects it (LLaMA-Factory's training_args.yaml, quantization_bit 4 or 8); True / False say so.
+    dtype: of a merge or conversion ("auto": the checkpoint's).
+    atol: the logits' tolerated max abs difference (default per dtype, DEFAULT_ATOL).
+    allow_drift: keep a merge or conversion that breaches `atol` (parity.json records it).
+    sample_prompts: prompts for the parity check (default: a built-in set, plus the chat template's rendering).
+    chat_template: a Jinja file to ship as the package's chat template.
+    name: the served model name (default: the output folder's name).
+    force: replace an existing output folder.
+    command: the command line that reproduces this export, recorded in the metadata.
+    """
+
+    base: str | Path | None = None
+    merge: bool = False
+    qlora: bool | None = None
+    dtype: str = "auto"
+    atol: float | None = None
+    allow_drift: bool = False
+    sample_prompts: list[str] | None = None
+    chat_template: Path | None = None
+    name: str | None = None
+    force: bool = False
+    command: str = ""
+
+
+def export_llm(source: str | Path, out: str | Path, options: LLMOptions = LLMOptions()) -> LLMExport:
+    """Check and package a full fine-tune, package a LoRA adapter for vLLM, or merge it (`options.merge`).
 
     A DeepSpeed ZeRO or Megatron checkpoint is converted into a Hugging Face model first, and its logits are
     checked against the trainer's own model loaded from the original shards (parity.json).
-    qlora: None detects it (LLaMA-Factory's training_args.yaml, quantization_bit 4 or 8); True / False say so.
     Raises ExportError (ParityError on a merge that drifted beyond `atol` without `allow_drift`).
     """
-    source, out = Path(source).expanduser(), Path(out).expanduser()
-    if not source.exists():
-        raise ExportError(f"not found: {source}")
-    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
-        raise ExportError(f"--out {out} is inside the source {source}; choose a folder outside it")
-    if out.exists() and not force:
-        raise ExportError(f"{out} already exists; pass --force to replace it, or choose another --out")
-    name = name or out.name
-    if chat_template is not None and not Path(chat_template).is_file():
-        raise ExportError(f"chat template not found: {chat_template}")
+    source, out = _check_paths(Path(source).expanduser(), Path(out).expanduser(), options)
     layout = trainers.layout(source)
     trained = trainers.describe(source)
     trainers.check_finetuning_type(source, trained)
     extra = {"trained_with": trained} if trained else {}
-    serve = f"rtxserve serve vllm {out} --served-model-name {name}"
     if layout in ("zero", "megatron"):
-        if merge:
+        if options.merge:
             raise ExportError(f"{source} is a {layout} checkpoint of a whole model; --merge applies to adapters")
-        metadata = export_converted(layout, source, out, base=Path(base).expanduser() if base else None, dtype=dtype,
-                                    atol=atol, allow_drift=allow_drift, prompts=sample_prompts,
-                                    chat_template=chat_template, command=command, extra=extra)
+        metadata = export_converted(layout, source, out, options, extra)
+        serve = f"rtxserve serve vllm {out} --served-model-name {options.name or out.name}"
         return LLMExport("full", out, metadata, serve, metadata.pop("seconds"))
     if layout == "hf":
-        if merge or base is not None:
-            raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
-        steps = Steps(2, log)
-        steps("checking %s", source)
-        ckpt = inspect_llm(source, chat_template)
-        if not ckpt.chat_template and chat_template is None:
-            _warn_no_chat_template(source)
-        metadata = package_full(ckpt, out, chat_template=chat_template, command=command, steps=steps, extra=extra)
-        if ckpt.vision:
-            serve += " --max-images-per-prompt 4"
-        return LLMExport("full", out, metadata, serve, steps.seconds)
+        return _export_full(source, out, options, extra)
+    return _export_adapter(source, out, options, trained, extra)
 
-    steps = Steps(5 if merge else 3, log)
+
+def _check_paths(source: Path, out: Path, options: LLMOptions) -> tuple[Path, Path]:
+    """Refuse a missing source, an output inside it, an existing output without force, a missing template."""
+    if not source.exists():
+        raise ExportError(f"not found: {source}")
+    if out.resolve() == source.resolve() or source.resolve() in out.resolve().parents:
+        raise ExportError(f"--out {out} is inside the source {source}; choose a folder outside it")
+    if out.exists() and not options.force:
+        raise ExportError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    if options.chat_template is not None and not Path(options.chat_template).is_file():
+        raise ExportError(f"chat template not found: {options.chat_template}")
+    return source, out
+
+
+def _export_full(source: Path, out: Path, options: LLMOptions, extra: dict) -> LLMExport:
+    """A full fine-tune in Hugging Face's layout: checked and packaged as it is."""
+    if options.merge or options.base is not None:
+        raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
+    steps = Steps(2, log)
+    steps("checking %s", source)
+    ckpt = inspect_llm(source, options.chat_template)
+    if not ckpt.chat_template and options.chat_template is None:
+        _warn_no_chat_template(source)
+    metadata = package_full(ckpt, out, chat_template=options.chat_template, command=options.command, steps=steps,
+                            extra=extra)
+    serve = f"rtxserve serve vllm {out} --served-model-name {options.name or out.name}"
+    if ckpt.vision:
+        serve += " --max-images-per-prompt 4"
+    return LLMExport("full", out, metadata, serve, steps.seconds)
+
+
+def _export_adapter(source: Path, out: Path, options: LLMOptions, trained: dict | None, extra: dict) -> LLMExport:
+    """A LoRA adapter: checked against its base, then packaged for vLLM or merged into the base."""
+    steps = Steps(5 if options.merge else 3, log)
     steps("checking adapter %s", source)
     adapter = read_lora(source)
-    ckpt = resolve_base(adapter, base)
+    ckpt = resolve_base(adapter, options.base)
     steps("checking every LoRA tensor against the layers of base %s", ckpt.path)
-    check_lora_against_base(adapter, ckpt, for_vllm=not merge)
-    qlora = trainers.is_quantized_lora(trained) if qlora is None else qlora
-    if not merge:
+    check_lora_against_base(adapter, ckpt, for_vllm=not options.merge)
+    qlora = trainers.is_quantized_lora(trained) if options.qlora is None else options.qlora
+    name = options.name or out.name
+    if not options.merge:
         if qlora:
             log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
                         "the quantised base it was trained against; evaluate it on your own data", ckpt.path)
-        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=command, steps=steps, extra=extra)
+        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=options.command, steps=steps, extra=extra)
         serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
         return LLMExport("lora", out, metadata, serve, steps.seconds)
-    dtype = ckpt.dtype if dtype == "auto" else dtype
+    dtype = ckpt.dtype if options.dtype == "auto" else options.dtype
     if dtype not in DEFAULT_ATOL:
         raise ExportError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DEFAULT_ATOL)}")
-    if not (ckpt.chat_template or has_chat_template(source) or chat_template is not None):
+    if not (ckpt.chat_template or has_chat_template(source) or options.chat_template is not None):
         _warn_no_chat_template(ckpt.path)
-    metadata = merge_lora(adapter, ckpt, out, qlora=qlora, dtype=dtype, atol=atol, allow_drift=allow_drift,
-                          prompts=sample_prompts, chat_template=chat_template, command=command, steps=steps,
-                          extra=extra)
-    return LLMExport("merged", out, metadata, serve, steps.seconds)
+    metadata = merge_lora(adapter, ckpt, out, options, qlora=qlora, dtype=dtype, steps=steps, extra=extra)
+    return LLMExport("merged", out, metadata, f"rtxserve serve vllm {out} --served-model-name {name}", steps.seconds)

@@ -18,7 +18,8 @@ from pathlib import Path
 from .checkpoint import Checkpoint, read_json
 from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
-from .triton_entry import classification_entry, embedding_entry, image_classification_entry, token_classification_entry
+from .triton_entry import (EntityRules, classification_entry, embedding_entry, image_classification_entry,
+                           token_classification_entry)
 
 from core.tasks import FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
 
@@ -144,8 +145,8 @@ def _ner_entry(opts, *, tokenizer_json: str, aggregation: str, labels: list[str]
     if not word_aware and aggregation in WORD_STRATEGIES:
         log.warning("note: this tokenizer marks no sub-words; %s aggregation tells words apart by spaces, as the "
                     "transformers pipeline does", aggregation)
-    return token_classification_entry(opts, tokenizer_json=tokenizer_json, aggregation=aggregation, labels=labels,
-                                      word_aware=word_aware, unk_token_id=unk_id, **kwargs)
+    return token_classification_entry(opts, tokenizer_json=tokenizer_json,
+                                      rules=EntityRules(labels, aggregation, word_aware, unk_id), **kwargs)
 
 
 def _classification(ckpt: Checkpoint, aggregation: str) -> TaskSpec:

@@ -250,7 +250,6 @@ def build_plan(
     calibration_feeds: list[dict[str, np.ndarray]] | None = None,
     workspace_gb: float = 4.0,
     calibration_cache: Path | None = None,
-    log: logging.Logger = log,
 ) -> dict:
     """Build a TensorRT plan from an ONNX graph for the GPU of this machine (takes minutes).
 
@@ -263,7 +262,6 @@ def build_plan(
         calibration_feeds: INT8 calibration batches, name -> array, every batch of one shape inside the profile.
         workspace_gb: TensorRT's workspace memory pool limit.
         calibration_cache: read (if present) and written by the INT8 calibrator.
-        log: where progress lines go.
 
     Returns:
         what was built: tensorrt_version, precision, profile, gpu, compute_capability, build_seconds,
@@ -281,13 +279,52 @@ def build_plan(
     fixed = _calibration_shapes(calibration_feeds, list(inputs), shapes) if precision == "int8" else {}
     trt = _import_tensorrt()
     gpu, capability = _gpu()
+    _check_precision(trt, precision)
+    errors: list[str] = []
+    logger = _logger(trt, errors)
+    builder = trt.Builder(logger)
+    network, dtypes = _parse(trt, builder, logger, errors, onnx_path, inputs)
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+    trt_profile = builder.create_optimization_profile()
+    for name, (low, opt, high) in shapes.items():
+        trt_profile.set_shape(name, low, opt, high)
+    config.add_optimization_profile(trt_profile)
+    if precision in ("fp16", "int8"):
+        config.set_flag(trt.BuilderFlag.FP16)  # INT8 builds keep FP16 for layers without a faster INT8 kernel
+    # A local keeps the calibrator's Python object alive for as long as TensorRT calls into it.
+    calibrator = (_calibrate(trt, builder, config, fixed, calibration_feeds, {n: _NUMPY_TYPES[dtypes[n]] for n in inputs},
+                             calibration_cache) if precision == "int8" else None)
+    monitor = _progress_monitor(trt)
+    if monitor is not None:
+        config.progress_monitor = monitor
+
+    log.info("building the TensorRT %s engine for %s (compute capability %s), profile %s; this takes minutes",
+             precision, gpu, capability, json.dumps(profile.to_dict()))
+    seconds = _build(builder, network, config, plan_path, errors)
+    del calibrator
+    return {
+        "tensorrt_version": str(trt.__version__),
+        "precision": precision,
+        "profile": profile.to_dict() | {"shapes": {n: [list(s) for s in v] for n, v in shapes.items()}},
+        "gpu": gpu,
+        "compute_capability": capability,
+        "build_seconds": round(seconds, 1),
+        "inputs": {n: _TRITON_TYPES[d] for n, d in dtypes.items()},
+        "calibration_batches": len(calibration_feeds) if precision == "int8" else 0,
+    }
+
+
+def _check_precision(trt, precision: str) -> None:
+    """Refuse a precision this TensorRT cannot build (weakly typed FP16 / INT8 and calibration are TensorRT 10's)."""
     if precision != "fp32" and not hasattr(trt.BuilderFlag, "FP16"):
         raise ExportError(f"TensorRT {trt.__version__} has no weakly typed FP16 / INT8 builds: use TensorRT 10.x for {precision}")
     if precision == "int8" and not hasattr(trt, "IInt8EntropyCalibrator2"):
         raise ExportError(f"TensorRT {trt.__version__} dropped calibration-based INT8: use TensorRT 10.x, or fp16")
-    errors: list[str] = []
-    logger = _logger(trt, errors)
-    builder = trt.Builder(logger)
+
+
+def _parse(trt, builder, logger, errors: list[str], onnx_path: Path, inputs: Mapping[str, Shape | None]) -> tuple:
+    """The network parsed from the ONNX graph, and its inputs' TensorRT data type names; the inputs must be the entry's."""
     network = builder.create_network(0)  # TensorRT 10: explicit batch is the only mode
     parser = trt.OnnxParser(network, logger)
     log.info("parsing %s for TensorRT %s", onnx_path, trt.__version__)
@@ -298,31 +335,24 @@ def build_plan(
     graph_inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
     if set(graph_inputs) != set(inputs):
         raise ExportError(f"the ONNX graph's inputs {sorted(graph_inputs)} differ from the entry's {sorted(inputs)}")
-    dtypes = {name: _dtype_name(trt, t.dtype) for name, t in graph_inputs.items()}
+    return network, {name: _dtype_name(trt, t.dtype) for name, t in graph_inputs.items()}
 
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-    trt_profile = builder.create_optimization_profile()
-    for name, (low, opt, high) in shapes.items():
-        trt_profile.set_shape(name, low, opt, high)
-    config.add_optimization_profile(trt_profile)
-    if precision in ("fp16", "int8"):
-        config.set_flag(trt.BuilderFlag.FP16)  # INT8 builds keep FP16 for layers without a faster INT8 kernel
-    if precision == "int8":
-        config.set_flag(trt.BuilderFlag.INT8)
-        calib_profile = builder.create_optimization_profile()
-        for name, shape in fixed.items():
-            calib_profile.set_shape(name, shape, shape, shape)
-        config.set_calibration_profile(calib_profile)
-        # A local keeps the Python object alive for as long as TensorRT calls into it.
-        calibrator = _calibrator(trt, calibration_feeds, {n: _NUMPY_TYPES[dtypes[n]] for n in inputs}, calibration_cache)
-        config.int8_calibrator = calibrator
-    monitor = _progress_monitor(trt)
-    if monitor is not None:
-        config.progress_monitor = monitor
 
-    log.info("building the TensorRT %s engine for %s (compute capability %s), profile %s; this takes minutes",
-             precision, gpu, capability, json.dumps(profile.to_dict()))
+def _calibrate(trt, builder, config, fixed: dict[str, Shape], feeds: list[dict[str, np.ndarray]], dtypes: dict,
+               cache: Path | None):
+    """INT8 on `config`, calibrated at the batches' one shape; returns the calibrator (keep it until the build ends)."""
+    config.set_flag(trt.BuilderFlag.INT8)
+    calib_profile = builder.create_optimization_profile()
+    for name, shape in fixed.items():
+        calib_profile.set_shape(name, shape, shape, shape)
+    config.set_calibration_profile(calib_profile)
+    calibrator = _calibrator(trt, feeds, dtypes, cache)
+    config.int8_calibrator = calibrator
+    return calibrator
+
+
+def _build(builder, network, config, plan_path: Path, errors: list[str]) -> float:
+    """Build and write the serialised engine; returns the build's seconds."""
     t0 = time.perf_counter()
     serialized = builder.build_serialized_network(network, config)
     seconds = time.perf_counter() - t0
@@ -334,16 +364,7 @@ def build_plan(
     with open(plan_path, "wb") as f:
         f.write(serialized)
     log.info("built %s in %.1fs (%.1f MB)", plan_path.name, seconds, plan_path.stat().st_size / 1e6)
-    return {
-        "tensorrt_version": str(trt.__version__),
-        "precision": precision,
-        "profile": profile.to_dict() | {"shapes": {n: [list(s) for s in v] for n, v in shapes.items()}},
-        "gpu": gpu,
-        "compute_capability": capability,
-        "build_seconds": round(seconds, 1),
-        "inputs": {n: _TRITON_TYPES[d] for n, d in dtypes.items()},
-        "calibration_batches": len(calibration_feeds) if precision == "int8" else 0,
-    }
+    return seconds
 
 
 @functools.lru_cache(maxsize=2)

@@ -155,7 +155,7 @@ def classification_entry(
     postprocess = _classification_postprocess(opts, labels, problem_type)
     # What the gateway needs to serve the entry, read through Triton's model-config API.
     params = {contract.PARAM_TASK: contract.TEXT_CLASSIFICATION, contract.PARAM_LABELS: json.dumps(labels),
-              "rtxserve_max_length": str(max_length)}
+              contract.PARAM_MAX_LENGTH: str(max_length)}
     ensemble = _classifier_ensemble(opts, "TEXT", tokenizer.config.name, input_names, postprocess, params)
     return [ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}), tokenizer, model, postprocess]
 
@@ -226,7 +226,7 @@ def embedding_entry(
         parameters={
             contract.PARAM_TASK: contract.FEATURE_EXTRACTION,
             contract.PARAM_DIMENSIONS: str(dimensions),
-            "rtxserve_max_length": str(max_length),
+            contract.PARAM_MAX_LENGTH: str(max_length),
         },
     )
     return [
@@ -236,22 +236,31 @@ def embedding_entry(
     ]
 
 
+@dataclass(frozen=True)
+class EntityRules:
+    """How the postprocess step turns per-token labels into entities: the label names, the default aggregation,
+    whether the tokenizer marks sub-words (else words are told apart by spaces) and its unknown token's id."""
+
+    labels: list[str]
+    aggregation: str
+    word_aware: bool
+    unk_token_id: int | None
+
+
 def token_classification_entry(
     opts: EntryOptions,
     *,
     onnx_path: Path,
     tokenizer_json: str,
     input_names: list[str],
-    labels: list[str],
-    aggregation: str,
-    word_aware: bool,
-    unk_token_id: int | None,
+    rules: EntityRules,
     max_length: int,
     pad_token_id: int,
     metadata: dict,
     parity: dict,
 ) -> list[ModelDir]:
     """tokenizer -> model (per-token logits) -> postprocess (entity spans with character offsets, as JSON)."""
+    labels, aggregation = rules.labels, rules.aggregation
     tok_name, model_name, post_name = opts.step("tokenizer"), opts.step("model"), opts.step("postprocess")
     num_labels = len(labels)
     model = _onnx_model(opts, onnx_path, input_names, (TensorSpec("logits", "TYPE_FP32", (-1, num_labels)),), parity)
@@ -267,8 +276,8 @@ def token_classification_entry(
         parameters={
             "labels": json.dumps(labels),
             "aggregation": aggregation,
-            "word_aware": "true" if word_aware else "false",
-            "unk_token_id": "" if unk_token_id is None else str(unk_token_id),
+            "word_aware": "true" if rules.word_aware else "false",
+            "unk_token_id": "" if rules.unk_token_id is None else str(rules.unk_token_id),
             "max_length": str(max_length),
         },
     )
@@ -287,7 +296,7 @@ def token_classification_entry(
             contract.PARAM_TASK: contract.TOKEN_CLASSIFICATION,
             contract.PARAM_LABELS: json.dumps(labels),
             contract.PARAM_AGGREGATION: aggregation,
-            "rtxserve_max_length": str(max_length),
+            contract.PARAM_MAX_LENGTH: str(max_length),
         },
     )
     post_dir = PYTHON_MODELS / "ner_postprocess"

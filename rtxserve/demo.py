@@ -34,9 +34,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
 
-    from export.encoder import export_text_classification
+    from export.encoder import EncoderOptions, export_text_classification
     from export.fixtures import write_llm_with_adapters, write_text_classifier
-    from export.llm import export_llm
+    from export.llm import LLMOptions, export_llm
     from export.triton_entry import EntryOptions
     from loadtest.report import headline
     from loadtest.runner import LoadSpec, run, scenario_options
@@ -50,13 +50,12 @@ def main(argv: list[str]) -> int:
     checkpoint = write_text_classifier(work / "checkpoint")
     _say("2/6 exporting it to ONNX (validated against PyTorch) and a Triton ensemble")
     repository = work / "model_repository"
-    export_text_classification(
-        checkpoint, EntryOptions(name=name, instances=args.instances), repository, force=True,
-        command=f"rtxserve export onnx {checkpoint} --task text-classification --name {name} --repository {repository} --force",
-    )
+    command = f"rtxserve export onnx {checkpoint} --task text-classification --name {name} --repository {repository} --force"
+    export_text_classification(checkpoint, EntryOptions(name=name, instances=args.instances), repository,
+                               EncoderOptions(force=True, command=command))
     _say(f"3/6 writing a tiny Llama with a LoRA adapter to {work / 'llm'}; packaging the adapter for vLLM")
     llm = write_llm_with_adapters(work / "llm")
-    adapter = export_llm(llm / "adapter-a", work / "llm-package" / "demo-adapter", force=True).out
+    adapter = export_llm(llm / "adapter-a", work / "llm-package" / "demo-adapter", LLMOptions(force=True)).out
     _say("4/6 writing the deployment file and bringing it up (`rtxserve serve up`): tritonserver, vLLM (the base "
          "model and its adapter) and the gateway")
     ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}

@@ -40,16 +40,10 @@ class Adapter:
 
 
 def read_adapter(name: str, path: Path) -> Adapter:
-    config_path = Path(path) / "adapter_config.json"
-    if not config_path.is_file():
-        raise VLLMConfigError(f"adapter {name}: {path} has no adapter_config.json (expected a PEFT adapter folder)")
     try:
-        config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise VLLMConfigError(f"adapter {name}: {config_path} is not valid JSON ({exc})") from exc
-    if config.get("peft_type", "LORA") != "LORA":
-        raise VLLMConfigError(f"adapter {name}: peft_type {config.get('peft_type')} is not LoRA; vLLM serves LoRA adapters")
-    return Adapter(name, Path(path), config)
+        return Adapter(name, Path(path), lora.read_adapter_config(path))
+    except lora.AdapterConfigError as exc:
+        raise VLLMConfigError(f"adapter {name}: {exc}") from None
 
 
 def _shapes(files: list[Path], what: str) -> dict[str, list[int]]:

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from export import cli
-from export.encoder import export_text_classification
+from export.encoder import EncoderOptions, export_text_classification
 from export.exceptions import ExportError, ParityError
 from export.triton_entry import EntryOptions
 
@@ -39,9 +39,9 @@ def test_export_matches_pytorch_and_writes_a_complete_entry(classifier_checkpoin
 def test_parity_breach_fails_and_writes_nothing_unless_drift_is_allowed(classifier_checkpoint, tmp_path):
     repo = tmp_path / "repo"
     with pytest.raises(ParityError, match="output 'logits' max abs diff"):
-        export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, atol=1e-12)
+        export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, EncoderOptions(atol=1e-12))
     assert _leftovers(repo) == []
-    result = export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, atol=1e-12, allow_drift=True)
+    result = export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, EncoderOptions(atol=1e-12, allow_drift=True))
     assert not result.parity["passed"] and "allowed by --allow-drift" in result.parity["notes"][-1]
 
 
@@ -53,7 +53,7 @@ def test_existing_entry_is_kept_without_force_and_replaced_with_it(classifier_ch
     with pytest.raises(ExportError, match="already exist.*--force"):
         export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo)
     assert marker.exists()
-    export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, force=True)
+    export_text_classification(classifier_checkpoint, EntryOptions(name="clf"), repo, EncoderOptions(force=True))
     assert not marker.exists() and (repo / "clf" / "config.pbtxt").exists()
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.encoder import export_encoder
+from export.encoder import EncoderOptions, export_encoder
 from export.exceptions import ExportError
 from export.tasks import Pooling, SUPPORTED_POOLING, pooled_encoder, read_pooling
 from export.triton_entry import EntryOptions
@@ -107,7 +107,7 @@ def test_a_classifier_checkpoint_is_not_an_encoder_for_embeddings(classifier_che
 
 def test_optimized_int8_variant_keeps_the_direction_and_records_every_step(tmp_path):
     repo = tmp_path / "repo"
-    result = export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), repo, optimize=True, precision="int8")
+    result = export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), repo, EncoderOptions(optimize=True, precision="int8"))
     variants = result.parity["variants"]
     assert list(variants) == ["fp32", "optimized", "int8"] and result.parity["variant"] == "int8"
     assert variants["optimized"]["outputs"]["embeddings"]["max_abs_diff"] < 1e-4  # fusions are exact-ish
@@ -125,6 +125,6 @@ def test_int8_beyond_the_cosine_floor_fails_naming_the_output(tmp_path):
     from export.exceptions import ParityError
 
     with pytest.raises(ParityError, match="beyond min cosine 1: output 'embeddings' .*min cosine 0.9"):
-        export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), tmp_path / "repo", precision="int8",
-                       min_cosine=0.9999999)
+        export_encoder(MINILM, "feature-extraction", EntryOptions(name="q"), tmp_path / "repo",
+                       EncoderOptions(precision="int8", min_cosine=0.9999999))
     assert not (tmp_path / "repo").exists() or not list((tmp_path / "repo").iterdir())

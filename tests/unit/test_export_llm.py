@@ -11,7 +11,7 @@ from safetensors.numpy import load_file, save_file
 from export import cli
 from export.exceptions import ExportError, ParityError
 from export.fixtures import write_llm_with_adapters
-from export.llm import export_llm
+from export.llm import LLMOptions, export_llm
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_missing_chat_template_is_warned_and_can_be_added(llm, tmp_path, caplog)
     assert not json.loads((tmp_path / "a" / "rtxserve.json").read_text())["chat_template"]
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    export_llm(src, tmp_path / "b", chat_template=template)
+    export_llm(src, tmp_path / "b", LLMOptions(chat_template=template))
     assert (tmp_path / "b" / "chat_template.jinja").read_text() == template.read_text()
 
 
@@ -79,7 +79,7 @@ def test_bad_checkpoints_get_a_clear_error(llm, tmp_path, damage, message):
 
 
 def test_adapter_is_checked_against_its_base_and_packaged_for_vllm(llm, tmp_path):
-    result = export_llm(llm / "adapter-a", tmp_path / "lora", base=llm / "base")
+    result = export_llm(llm / "adapter-a", tmp_path / "lora", LLMOptions(base=llm / "base"))
     assert result.kind == "lora"
     assert {p.name for p in (tmp_path / "lora").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors", "rtxserve.json"}
     meta = json.loads((tmp_path / "lora" / "rtxserve.json").read_text())
@@ -95,7 +95,7 @@ def test_adapter_on_another_base_is_refused_with_both_names(llm, tmp_path):
     save_file({k: np.zeros((256, v.shape[1]), v.dtype) if k.endswith("q_proj.weight") else v
                for k, v in weights.items()}, other / "model.safetensors")
     with pytest.raises(ExportError) as info:
-        export_llm(llm / "adapter-a", tmp_path / "out", base=other)
+        export_llm(llm / "adapter-a", tmp_path / "out", LLMOptions(base=other))
     assert str(other) in str(info.value) and str(llm / "base") in str(info.value) and "shape" in str(info.value)
     assert _nothing_written(tmp_path / "out")
 
@@ -106,11 +106,11 @@ def test_modules_to_save_cannot_be_a_vllm_module_but_can_be_merged(llm, tmp_path
     config = json.loads((src / "adapter_config.json").read_text())
     (src / "adapter_config.json").write_text(json.dumps(config | {"modules_to_save": ["lm_head"]}))
     with pytest.raises(ExportError, match="--merge"):
-        export_llm(src, tmp_path / "out", base=llm / "base")
+        export_llm(src, tmp_path / "out", LLMOptions(base=llm / "base"))
 
 
 def test_merge_matches_base_plus_adapter_and_saves_the_figures(llm, tmp_path):
-    result = export_llm(llm / "adapter-a", tmp_path / "merged", merge=True)
+    result = export_llm(llm / "adapter-a", tmp_path / "merged", LLMOptions(merge=True))
     assert result.kind == "merged"
     parity = json.loads((tmp_path / "merged" / "parity.json").read_text())
     logits = parity["outputs"]["logits"]
@@ -124,9 +124,9 @@ def test_merge_matches_base_plus_adapter_and_saves_the_figures(llm, tmp_path):
 
 def test_merge_drift_beyond_tolerance_fails_unless_allowed(llm, tmp_path):
     with pytest.raises(ParityError, match="logits"):
-        export_llm(llm / "adapter-b", tmp_path / "out", merge=True, atol=1e-12)
+        export_llm(llm / "adapter-b", tmp_path / "out", LLMOptions(merge=True, atol=1e-12))
     assert _nothing_written(tmp_path / "out")
-    export_llm(llm / "adapter-b", tmp_path / "out", merge=True, atol=1e-12, allow_drift=True)
+    export_llm(llm / "adapter-b", tmp_path / "out", LLMOptions(merge=True, atol=1e-12, allow_drift=True))
     parity = json.loads((tmp_path / "out" / "parity.json").read_text())
     assert not parity["passed"] and any("--allow-drift" in n for n in parity["notes"])
 
@@ -136,7 +136,7 @@ def test_qlora_adapter_merges_with_a_warning(llm, tmp_path, caplog):
     shutil.copytree(llm / "adapter-a", src)
     (src / "training_args.yaml").write_text("finetuning_type: lora\nquantization_bit: 4\n")
     with caplog.at_level(logging.WARNING):
-        export_llm(src, tmp_path / "out", merge=True)
+        export_llm(src, tmp_path / "out", LLMOptions(merge=True))
     assert "quantised (QLoRA)" in caplog.text
     assert json.loads((tmp_path / "out" / "rtxserve.json").read_text())["qlora"] is True
 
@@ -171,7 +171,7 @@ def test_vision_language_checkpoints_need_their_processor_and_image_placeholder(
     assert _nothing_written(tmp_path / "pkg")
     good = tmp_path / "vl.jinja"
     good.write_text("{% for m in messages %}<|vision_start|><|image_pad|><|vision_end|>{% endfor %}")
-    result = export_llm(src, tmp_path / "pkg", chat_template=good)
+    result = export_llm(src, tmp_path / "pkg", LLMOptions(chat_template=good))
     meta = json.loads((tmp_path / "pkg" / "rtxserve.json").read_text())
     assert meta["vision"] is True and (tmp_path / "pkg" / "preprocessor_config.json").is_file()
     assert "--max-images-per-prompt" in result.serve_command

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from export.encoder import export_encoder
+from export.encoder import EncoderOptions, export_encoder
 from export.triton_models.ner_postprocess.entities import STRATEGIES, Token, entities
 from export.exceptions import ExportError
 from export.tasks import tokenizer_traits
@@ -76,7 +76,7 @@ def test_unknown_strategy_is_refused(tagger):
 
 def test_export_writes_a_token_classification_entry(ner_checkpoint, tmp_path):
     repo = tmp_path / "repo"
-    result = export_encoder(ner_checkpoint, "token-classification", EntryOptions("ner"), repo, aggregation="average")
+    result = export_encoder(ner_checkpoint, "token-classification", EntryOptions("ner"), repo, EncoderOptions(aggregation="average"))
     assert result.parity["passed"]
     logits = result.parity["outputs"]["logits"]
     assert len(logits["shape"]) == 3 and logits["max_abs_diff"] < 1e-4 and logits["top1_agreement"] == 1.0
@@ -91,7 +91,7 @@ def test_export_writes_a_token_classification_entry(ner_checkpoint, tmp_path):
 
 def test_unknown_aggregation_fails_before_any_work(ner_checkpoint, tmp_path):
     with pytest.raises(ExportError, match="unknown --aggregation 'best'"):
-        export_encoder(ner_checkpoint, "token-classification", EntryOptions("ner"), tmp_path / "repo", aggregation="best")
+        export_encoder(ner_checkpoint, "token-classification", EntryOptions("ner"), tmp_path / "repo", EncoderOptions(aggregation="best"))
     assert not (tmp_path / "repo").exists()
 
 

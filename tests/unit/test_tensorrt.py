@@ -242,11 +242,11 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
     import onnxruntime as ort
 
     import export.tensorrt as tensorrt
-    from export.encoder import TensorRTOptions, export_encoder
+    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
 
     built = {}
 
-    def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb, log):
+    def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb):
         built.update(inputs=inputs, profile=profile.to_dict(), precision=precision, calibration=calibration_feeds)
         plan_path.write_bytes(onnx_path.read_bytes())
         return {"tensorrt_version": "10.3.0", "precision": precision, "profile": profile.to_dict(), "gpu": "fake",
@@ -261,7 +261,7 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
     repo = tmp_path / "repo"
     texts = ["i love it", "terrible", "the box arrived", "great", "awful", "ok", "fine", "bad", "good"]
     result = export_encoder(classifier_checkpoint, "text-classification", EntryOptions("clf", target="gpu", max_batch_size=8),
-                            repo, precision="int8", tensorrt=TensorRTOptions(calibration=texts, calibration_batch=4))
+                            repo, EncoderOptions(precision="int8", tensorrt=TensorRTOptions(calibration=texts, calibration_batch=4)))
     assert built["precision"] == "int8" and {"input_ids", "attention_mask"} <= set(built["inputs"])
     assert set(built["inputs"].values()) == {None}  # token inputs: [batch, seq] ranges
     assert [b["input_ids"].shape for b in built["calibration"]] == [(4, 128), (4, 128)]  # padded as served on GPUs
@@ -274,7 +274,7 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
 
 
 def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkpoint, tmp_path):
-    from export.encoder import TensorRTOptions, export_encoder
+    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
     from export.exceptions import ExportError
 
     cases = [
@@ -285,5 +285,5 @@ def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkp
     for opts, kwargs, message in cases:
         with pytest.raises(ExportError, match=message):
             export_encoder(classifier_checkpoint, "text-classification", opts, tmp_path / "repo",
-                           tensorrt=TensorRTOptions(), **kwargs)
+                           EncoderOptions(tensorrt=TensorRTOptions(), **kwargs))
     assert not (tmp_path / "repo").exists()
