@@ -24,6 +24,7 @@ def _gpus(ids: list[int]) -> dict:
 def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
     out: dict = {"name": f"rtxserve-{d.name}", "services": {}}
     engines = [s for s in services if s.kind != "gateway"]
+    triton = next((s for s in services if s.kind == "triton"), None)
     if builds:  # TensorRT plans, built on this box before Triton starts (deploy/engines.py)
         out["services"]["build-engines"] = {
             "image": TENSORRT_IMAGE, "command": ["sh", "/build/build-engines.sh"], "network_mode": "none",
@@ -45,6 +46,8 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
                 svc["deploy"] = _gpus([s.gpu])
+            if triton:  # vLLM takes its planned share of what is free when it starts: after Triton has loaded
+                svc["depends_on"] = {triton.name: {"condition": "service_healthy"}}
         else:
             from serve.gateway.settings import is_loopback
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from core.tasks import ENCODER, TASKS, of_kind
 
 from . import monitoring
@@ -136,7 +138,10 @@ def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
                  "volumeMounts": [*MODELS_MOUNT, {"name": "repository", "mountPath": "/repository"}],
                  "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}},
                  "securityContext": _security()}]
-    deployment = _deployment(d, "triton", 1, container, gpu=1 if d.on_gpu else 0, shm="2Gi", volumes=volumes)
+    # One pod per GPU, each with one GPU (its instance_group counts are per GPU, as planned): Kubernetes hands out
+    # GPUs per pod, and the gateway reaches them all through the Service.
+    deployment = _deployment(d, "triton", d.gpus.count if d.on_gpu else 1, container, gpu=1 if d.on_gpu else 0,
+                             shm="2Gi", volumes=volumes)
     if init:
         deployment["spec"]["template"]["spec"]["initContainers"] = init
     return [deployment,
@@ -149,18 +154,50 @@ def _vllm(d: Deployment, s: Service) -> list[dict]:
     """One LLM's Deployment (a pod per replica) and its companions."""
     model = next(m for m in d.llms if m.name == s.models[0])
     app = llm_app(model.name)
+    # The plan's --gpu-memory-utilization stays: the pod shares its GPU with Triton's (time-slicing, no memory
+    # isolation), so vLLM must hold its planned share and no more.
     args = vllm_image_args(s.args)
-    if "--gpu-memory-utilization" in args:  # the pod owns its GPU: vLLM's own default share (0.9)
-        i = args.index("--gpu-memory-utilization")
-        del args[i:i + 2]
     container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": args,
                  "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
                  "ports": [{"name": "http", "containerPort": s.port}],
                  "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
                  "livenessProbe": _probe("/health", s.port), "volumeMounts": list(MODELS_MOUNT)}
-    return [_deployment(d, app, model.replicas, container, gpu=1 if d.on_gpu else 0, shm="8Gi", volumes=MODELS_VOLUME),
-            _service(d, app, {"http": s.port}), _pdb(d, app), _engine_policy(d, app, [s.port]),
+    deployment = _deployment(d, app, model.replicas, container, gpu=1 if d.on_gpu else 0, shm="8Gi", volumes=MODELS_VOLUME)
+    if d.encoders:  # vLLM takes its share of what is free when it starts: after Triton has loaded
+        deployment["spec"]["template"]["spec"]["initContainers"] = [_wait_for_triton(d)]
+    return [deployment, _service(d, app, {"http": s.port}), _pdb(d, app), _engine_policy(d, app, [s.port]),
             _service_monitor(d, app, "http", "vllm")]
+
+
+def _wait_for_triton(d: Deployment) -> dict:
+    """An init container that waits until Triton answers ready (the vLLM image's own Python, no extra image)."""
+    url = f"http://triton:{d.ports.triton_http}/v2/health/ready"
+    wait = ("import time, urllib.request\nwhile True:\n    try:\n        urllib.request.urlopen(%r, timeout=5)\n"
+            "        break\n    except OSError:\n        time.sleep(5)\n" % url)
+    return {"name": "wait-for-triton", "image": VLLM_IMAGE, "command": ["python3", "-c", wait],
+            "securityContext": _security()}
+
+
+def pods_per_gpu(d: Deployment, p: Plan) -> int:
+    """The most GPU pods the plan puts on one GPU: Triton's pod on every GPU, and each vLLM engine on its own."""
+    if not d.on_gpu:
+        return 0
+    engines = [sum(1 for gpus in p.engines.values() for g in gpus if g == i) for i in range(d.gpus.count)]
+    return max(e + (1 if d.encoders else 0) for e in engines)
+
+
+def time_slicing(d: Deployment, p: Plan) -> dict | None:
+    """The NVIDIA device plugin's time-slicing config that lets the planned pods share their GPUs, or None when
+    every pod has a GPU of its own. It is the GPU operator's (or the device plugin's) config, not the namespace's:
+    apply it as the README's "Kubernetes on one GPU box" says."""
+    slices = pods_per_gpu(d, p)
+    if slices <= 1:
+        return None
+    config = {"version": "v1", "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": True,
+                                                           "resources": [{"name": "nvidia.com/gpu", "replicas": slices}]}}}
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": f"rtxserve-{d.name}-time-slicing", "namespace": "gpu-operator"},
+            "data": {"any": yaml.safe_dump(config, sort_keys=False)}}
 
 
 def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:

@@ -9,8 +9,10 @@ Estimates, per instance:
   `max_num_seqs` x `max_model_len` from layers, KV heads, head size and the KV dtype; vLLM's profiling peak
   (one step of `max_num_batched_tokens` through the widest layer, and the sampler's logits); LoRA slots for
   every adapter at the padded rank on every linear layer; CUDA graphs and the CUDA context. The engine is
-  then told its share: `--gpu-memory-utilization` = that sum / the GPU's memory, so vLLM gives the KV cache
-  what was planned and leaves the rest to Triton.
+  then told its share: `--gpu-memory-utilization` = that sum / the card's total memory (vLLM applies the
+  share to the total CUDA reports, 23.99 GiB on a 4090, not to the 23.6 GiB CUDA can hand out), so vLLM gives
+  the KV cache what was planned and leaves the rest to Triton. vLLM refuses to start when less than its share
+  is free, so every target starts it after Triton has loaded (compose, systemd, Kubernetes' init container).
 
 Packing: each vLLM engine takes a GPU of its own (the emptiest one first); encoder instances are per GPU
 (Triton's KIND_GPU `count`) on every GPU or on the ones the model names; "auto" instances are added one
@@ -304,9 +306,9 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in sorted(d.llms, key=lambda m: -estimates[m.name].gib):
         e = estimates[m.name]
         share = e.gib
-        if d.on_gpu:  # vLLM holds exactly its share: round it up to the hundredth it is given as
-            utilization[m.name] = min(0.99, math.ceil(100 * e.gib / d.gpus.memory_gib) / 100)
-            share = max(share, utilization[m.name] * d.gpus.memory_gib)
+        if d.on_gpu:  # vLLM holds exactly its share of the card's total: rounded up to the hundredth it is given as
+            utilization[m.name] = min(0.99, math.ceil(100 * e.gib / d.gpus.total_gib) / 100)
+            share = max(share, utilization[m.name] * d.gpus.total_gib)
         engines[m.name] = []
         for _ in range(m.replicas):
             free = [i for i, dev in enumerate(devices) if not (d.on_gpu and dev.has_engine())]

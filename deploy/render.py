@@ -8,7 +8,8 @@
     DIR/compose/             compose.yaml for one box: the NGC Triton image, one vLLM container per GPU, the
                              gateway, Prometheus and Grafana with its dashboards; engines on an internal network
     DIR/systemd/             units for a bare-metal box (the programs of an install at --prefix)
-    DIR/kubernetes/          a kustomize base for a fleet
+    DIR/kubernetes/          a kustomize base for a fleet (and gpu-sharing/, the device plugin's time-slicing
+                             config, when Triton and vLLM pods share a GPU)
     DIR/monitoring/          Prometheus rules and the Grafana dashboards (shared by compose and Kubernetes)
     DIR/images.txt           every container image to mirror for an air-gapped site
     DIR/gateway-image/       the gateway's Dockerfile (it installs the wheels put in gateway-image/wheels/)
@@ -31,7 +32,7 @@ from .compose import compose, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, TRITON_DOCKERFILE, image_list,
                      triton_image_requirements)
-from .kubernetes import kubernetes, kustomization
+from .kubernetes import kubernetes, kustomization, time_slicing
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError, llm_app
@@ -172,6 +173,11 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("kubernetes/gateway-config.yaml", settings)
     shutil.copy2(files.out / "secrets" / "keys.json", files.out / "kubernetes" / "keys.json")
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
+    sharing = time_slicing(d, p)
+    if sharing is not None:  # the GPU operator's namespace, not the deployment's: applied on its own
+        files.dump("kubernetes/gpu-sharing/time-slicing.yaml", sharing,
+                   "NVIDIA GPU operator: kubectl apply -f this, then helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator "
+                   f"--reuse-values --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
 
 
 def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build], files: _Files, *, at: Path,

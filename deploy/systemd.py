@@ -20,6 +20,7 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
     units = {}
     target = f"rtxserve-{d.name}.target"
     engines = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind != "gateway"]
+    triton_units = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind == "triton"]
     for s in services:
         if s.kind == "triton":
             install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
@@ -35,11 +36,13 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         # caches (vLLM's compiled kernels, the python backend's) go to directories systemd makes for the user
         env |= {"HOME": "/var/lib/rtxserve", "XDG_CACHE_HOME": "/var/cache/rtxserve"}
         name = f"rtxserve-{d.name}-{s.name}.service"
-        needs = engines if s.kind == "gateway" else []  # the gateway starts once every engine answers ready
+        # The gateway starts once every engine answers ready; a vLLM engine once Triton has loaded (it takes its
+        # planned share of the memory free when it starts, and refuses to start on less).
+        needs = engines if s.kind == "gateway" else triton_units if s.kind == "vllm" else []
         lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
                  f"After={' '.join(['network-online.target', *needs])}", "Wants=network-online.target", f"PartOf={target}"]
-        if needs:
-            lines.append(f"Requires={' '.join(needs)}")
+        if needs:  # the gateway needs its engines; vLLM only waits for Triton (it runs on without it)
+            lines.append(f"{'Requires' if s.kind == 'gateway' else 'Wants'}={' '.join(needs)}")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]

@@ -88,3 +88,88 @@ def test_the_rendered_load_test_job_drives_the_first_models_own_task(tmp_path):
         d = deployment([first] + [m for m in models if m is not first], tmp_path)
         master = locust_job(d)[0]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
         assert f"--scenario {TASKS[first['task']].loadtest[0]} --model {first['name']}" in master
+
+
+# What a schema cannot see, checked over every rendered example: the GPUs asked for exist, each engine's memory
+# share as vLLM computes it fits beside Triton's plan, and vLLM starts after Triton on every target.
+
+def rendered(example: Path, tmp_path: Path):
+    d = load_deployment(write_artifacts(Path(shutil.copy(example, tmp_path / example.name))))
+    p = plan(d)
+    if not d.on_gpu:
+        pytest.skip("a CPU box: no GPU to share")
+    render(d, tmp_path / "out", prefix=ROOT)
+    return d, p, tmp_path / "out"
+
+
+def manifests(out: Path) -> list[dict]:
+    import yaml
+
+    return [doc for f in sorted((out / "kubernetes").glob("*.yaml")) for doc in yaml.safe_load_all(f.read_text()) if doc and "kind" in doc]
+
+
+def gpu_requests(pod_spec: dict) -> int:
+    apps = [c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0) for c in pod_spec["containers"]]
+    inits = [c.get("resources", {}).get("requests", {}).get("nvidia.com/gpu", 0) for c in pod_spec.get("initContainers", [])]
+    return max(sum(apps), *inits, 0)  # init containers run before the app containers: the larger counts
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_the_gpus_kubernetes_is_asked_for_exist_on_the_box(example, tmp_path):
+    import yaml
+
+    d, p, out = rendered(example, tmp_path)
+    asked = sum(doc["spec"]["replicas"] * gpu_requests(doc["spec"]["template"]["spec"])
+                for doc in manifests(out) if doc["kind"] == "Deployment")
+    sharing = out / "kubernetes" / "gpu-sharing" / "time-slicing.yaml"
+    slices = 1
+    if sharing.exists():
+        config = yaml.safe_load(yaml.safe_load(sharing.read_text())["data"]["any"])
+        (resource,) = config["sharing"]["timeSlicing"]["resources"]
+        assert resource["name"] == "nvidia.com/gpu" and config["sharing"]["timeSlicing"]["failRequestsGreaterThanOne"]
+        slices = resource["replicas"]
+    assert asked <= d.gpus.count * slices, f"{asked} GPUs asked of {d.gpus.count} x {slices} slices"
+    assert (slices > 1) == (bool(d.encoders) and bool(d.llms))  # shared only where Triton and vLLM meet on a GPU
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_engine_share_as_vllm_computes_it_fits_beside_triton(example, tmp_path):
+    import yaml
+
+    d, p, out = rendered(example, tmp_path)
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    shares = {}
+    for name, svc in compose["services"].items():
+        if svc.get("image", "").startswith("vllm/"):
+            args = svc["command"]
+            shares[name] = float(args[args.index("--gpu-memory-utilization") + 1]) * d.gpus.total_gib
+    for doc in manifests(out):  # Kubernetes passes the same share
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("vllm-"):
+            args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert float(args[args.index("--gpu-memory-utilization") + 1]) * d.gpus.total_gib in shares.values()
+    assert len(shares) == sum(len(g) for g in p.engines.values())
+    for i, dev in enumerate(p.devices):
+        others = sum(pl.gib for pl in dev.placements if pl.what != "engine")
+        engines_here = [m.name for m in d.llms for g in p.engines[m.name] if g == i]
+        held = sum(p.gpu_memory_utilization[name] * d.gpus.total_gib for name in engines_here)
+        assert others + held <= d.gpus.memory_gib, f"GPU {i}: {others:.2f} + {held:.2f} GiB > {d.gpus.memory_gib}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_vllm_starts_after_triton_on_every_target(example, tmp_path):
+    import yaml
+
+    d, p, out = rendered(example, tmp_path)
+    if not (d.encoders and d.llms):
+        pytest.skip("no Triton and vLLM to order")
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    engines = [n for n, s in compose["services"].items() if s.get("image", "").startswith("vllm/")]
+    assert engines and all(compose["services"][n]["depends_on"] == {"triton": {"condition": "service_healthy"}}
+                           for n in engines)
+    for unit in (out / "systemd").glob(f"rtxserve-{d.name}-vllm-*.service"):
+        after = next(line for line in unit.read_text().splitlines() if line.startswith("After="))
+        assert f"rtxserve-{d.name}-triton.service" in after.split()
+    for doc in manifests(out):
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("vllm-"):
+            (init,) = doc["spec"]["template"]["spec"]["initContainers"]
+            assert "v2/health/ready" in init["command"][-1]
