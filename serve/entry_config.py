@@ -73,6 +73,9 @@ def write_batching(repository: Path, name: str, batching: Batching) -> None:
     """Set the entry's knobs in place (a single-model entry without dynamic batching, as a diffusion pipeline,
     takes its instance count and keeps its max_batch_size)."""
     folders = entry_models(repository, name)
+    if len(folders) > 1 and not any(read_config(f / "config.pbtxt").HasField("dynamic_batching") for f in folders):
+        raise ValueError(f"entry {name!r} in {repository}: none of its steps is dynamically batched, so it has no "
+                         "instance count to set; export it again with rtxserve export")
     for folder in folders:
         path = folder / "config.pbtxt"
         config = read_config(path)

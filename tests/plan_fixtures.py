@@ -97,9 +97,14 @@ def write_entry(repository: Path, name: str, *, target: str = "gpu", precision: 
         "task": task, "architecture": "BertForSequenceClassification", "target": target,
         "max_batch_size": max_batch_size, "max_length": max_length, "precision": precision, "model_dimensions": dims}
         | (meta or {})))
-    for step in steps:
+    kinds = {steps[0]: 'backend: "python"', steps[1]: 'platform: "onnxruntime_onnx"', steps[2]: 'backend: "python"'}
+    for step in steps:  # as export writes them: the tokenizer and the model dynamically batched, one instance each
         (repository / step / "1").mkdir(parents=True, exist_ok=True)
-        (repository / step / "config.pbtxt").write_text(f'name: "{step}"\n')
+        batched = step != steps[2]
+        (repository / step / "config.pbtxt").write_text(
+            f'name: "{step}"\n{kinds[step]}\nmax_batch_size: {max_batch_size}\n'
+            f'instance_group {{ count: 1 kind: {"KIND_GPU" if step == steps[1] and target == "gpu" else "KIND_CPU"} }}\n'
+            + ("dynamic_batching { max_queue_delay_microseconds: 500 }\n" if batched else ""))
     with open(repository / f"{name}_model" / "1" / "model.onnx", "wb") as f:
         f.truncate(params * (2 if precision == "fp16" else 4))
     return entry

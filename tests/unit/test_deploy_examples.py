@@ -173,3 +173,19 @@ def test_vllm_starts_after_triton_on_every_target(example, tmp_path):
         if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("vllm-"):
             (init,) = doc["spec"]["template"]["spec"]["initContainers"]
             assert "v2/health/ready" in init["command"][-1]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_the_rendered_repository_carries_the_planned_instances_and_batching(example, tmp_path):
+    """The staged entries are configured as `serve up` configures them (deploy/repository.py, one function for
+    both): each entry's batched steps with the planned instance count and dynamic batching."""
+    from serve.entry_config import entry_models, read_batching, read_config
+
+    d, p, out = rendered(example, tmp_path)
+    repository = out / "models" / "repository"
+    for m in d.encoders:
+        assert read_batching(repository, m.name).instances == p.instances[m.name], m.name
+        configs = [read_config(f / "config.pbtxt") for f in entry_models(repository, m.name)]
+        if len(configs) > 1:  # an ensemble: its model step is dynamically batched on KIND_GPU instances
+            batched = [c for c in configs if c.HasField("dynamic_batching")]
+            assert batched and all(g.count == p.instances[m.name] for c in batched for g in c.instance_group)
