@@ -48,7 +48,14 @@ def _deployment(d: Deployment, app: str, replicas: int, container: dict, *, gpu:
                     "template": {"metadata": {"labels": _labels(app, d)}, "spec": spec}}}
     if gpu:  # a rolling update would need a spare GPU for the surge pod: replace pods instead
         out["spec"]["strategy"] = {"type": "Recreate"}
+        if d.kubernetes.runtime_class:
+            spec["runtimeClassName"] = d.kubernetes.runtime_class
     return out
+
+
+def image(d: Deployment, name: str) -> str:
+    """An image built here, as the cluster pulls it (from `kubernetes.registry` when one is set)."""
+    return f"{d.kubernetes.registry.rstrip('/')}/{name}" if d.kubernetes.registry else name
 
 
 def _security(non_root: bool = False) -> dict:
@@ -71,7 +78,7 @@ def _pdb(d: Deployment, app: str, max_unavailable: int = 1) -> dict:
 
 def _service_monitor(d: Deployment, app: str, port: str, kind: str) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": {"name": app, "labels": _labels(app, d)},
+            "metadata": {"name": app, "labels": _labels(app, d) | d.kubernetes.monitoring_labels},
             "spec": {"selector": {"matchLabels": _labels(app, d)},
                      # the job label of the compose scrape config, so that one set of rules serves both
                      "endpoints": [{"port": port, "path": "/metrics", "interval": "15s", "relabelings": [
@@ -83,7 +90,8 @@ def _engine_policy(d: Deployment, app: str, ports: list[int]) -> dict:
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{app}-private"},
             "spec": {"podSelector": {"matchLabels": _labels(app, d)}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}},
-                                           {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                                           {"namespaceSelector": {"matchLabels": {
+                                               "kubernetes.io/metadata.name": d.kubernetes.monitoring_namespace}}}],
                                   "ports": [{"protocol": "TCP", "port": p} for p in ports]}]}}
 
 
@@ -97,9 +105,11 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
     """file name -> its manifests. Each Triton or vLLM pod gets whole GPUs (Kubernetes does not share one
     between pods): Triton one, each LLM one per replica."""
     files: dict[str, list[dict]] = {}
+    claim = {"accessModes": [d.kubernetes.models_access_mode], "resources": {"requests": {"storage": "100Gi"}}}
+    if d.kubernetes.storage_class:
+        claim["storageClassName"] = d.kubernetes.storage_class
     files["models-pvc.yaml"] = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                 "metadata": {"name": "rtxserve-models", "labels": _labels("models", d)},
-                                 "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "100Gi"}}}}]
+                                 "metadata": {"name": "rtxserve-models", "labels": _labels("models", d)}, "spec": claim}]
     seen_llms = set()
     for s in services:
         if s.kind == "triton":
@@ -110,7 +120,8 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             files[f"{llm_app(s.models[0])}.yaml"] = _vllm(d, s)
     files["gateway.yaml"] = _gateway(d, next(s for s in services if s.kind == "gateway"), gateway_replicas)
     files["prometheus-rules.yaml"] = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-                                       "metadata": {"name": f"rtxserve-{d.name}", "labels": _labels("rules", d)},
+                                       "metadata": {"name": f"rtxserve-{d.name}",
+                                                    "labels": _labels("rules", d) | d.kubernetes.monitoring_labels},
                                        "spec": monitoring.alert_rules(d)}]
     files["locust.yaml"] = locust_job(d)
     return files
@@ -118,7 +129,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
 
 def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
     """Triton's Deployment (with the TensorRT plans built by an init container where asked) and its companions."""
-    container = {"name": "tritonserver", "image": SERVING_TRITON_IMAGE, "args": ["tritonserver", *s.args],
+    container = {"name": "tritonserver", "image": image(d, SERVING_TRITON_IMAGE), "args": ["tritonserver", *s.args],
                  "ports": [{"name": "http", "containerPort": d.ports.triton_http},
                            {"name": "grpc", "containerPort": d.ports.triton_grpc},
                            {"name": "metrics", "containerPort": d.ports.triton_metrics}],
@@ -207,7 +218,7 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
     if d.gateway.keys_file is not None:
         mounts.append({"name": "keys", "mountPath": str(Path(KEYS_IN_CONTAINER).parent), "readOnly": True})
         volumes.append({"name": "keys", "secret": {"secretName": "rtxserve-api-keys"}})
-    container = {"name": "gateway", "image": GATEWAY_IMAGE, "command": ["rtxserve"], "args": gateway.args,
+    container = {"name": "gateway", "image": image(d, GATEWAY_IMAGE), "command": ["rtxserve"], "args": gateway.args,
                  "env": [{"name": k, "value": v} for k, v in sorted(gateway.env.items())],
                  "ports": [{"name": "http", "containerPort": gateway.port}],
                  "readinessProbe": _probe("/readyz", gateway.port, 5), "livenessProbe": _probe("/healthz", gateway.port),
@@ -238,9 +249,8 @@ def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     master += " --api-key \"$RTXSERVE_API_KEY\""
 
     def job(name: str, command: str, parallelism: int) -> dict:
-        container = {"name": "locust", "image": GATEWAY_IMAGE, "command": ["sh", "-c", command],
-                     # a key of the gateway's, as plain text: create it with
-                     # kubectl create secret generic rtxserve-loadtest-key --from-literal=api-key=rtx-...
+        container = {"name": "locust", "image": image(d, GATEWAY_IMAGE), "command": ["sh", "-c", command],
+                     # the key render made for the load test (loadtest-key.txt, in kubernetes/keys.json only)
                      "env": [{"name": "RTXSERVE_API_KEY", "valueFrom": {"secretKeyRef": {
                          "name": "rtxserve-loadtest-key", "key": "api-key"}}}],
                      "securityContext": _security(non_root=True)}
@@ -261,5 +271,19 @@ def kustomization(d: Deployment, files: list[str]) -> dict:
          "labels": [{"pairs": {"app.kubernetes.io/managed-by": "rtxserve"}}],
          "configMapGenerator": [{"name": "rtxserve-gateway", "files": ["gateway.yaml=gateway-config.yaml"]}]}
     if d.gateway.keys_file is not None:
-        k["secretGenerator"] = [{"name": "rtxserve-api-keys", "files": ["api_keys.json=keys.json"]}]
+        k["secretGenerator"] = [{"name": "rtxserve-api-keys", "files": ["api_keys.json=keys.json"]},
+                                {"name": "rtxserve-loadtest-key", "files": [f"api-key={LOADTEST_KEY_FILE}"]}]
     return k
+
+
+LOADTEST_KEY_FILE = "loadtest-key.txt"
+
+
+def models_loader(d: Deployment) -> dict:
+    """A pod that mounts the models claim read-write, to fill it with `kubectl cp` (the engines mount it
+    read-only); deleted once the copy is done."""
+    container = {"name": "loader", "image": image(d, GATEWAY_IMAGE), "command": ["sleep", "infinity"],
+                 "volumeMounts": [{"name": "models", "mountPath": MODELS}], "securityContext": _security()}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rtxserve-models-loader", "labels": _labels("models", d)},
+            "spec": {"automountServiceAccountToken": False, "containers": [container], "restartPolicy": "Never",
+                     "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "rtxserve-models"}}]}}

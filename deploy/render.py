@@ -32,7 +32,7 @@ from .compose import compose, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, TRITON_DOCKERFILE, image_list,
                      triton_image_requirements)
-from .kubernetes import kubernetes, kustomization, time_slicing
+from .kubernetes import LOADTEST_KEY_FILE, kubernetes, kustomization, models_loader, time_slicing
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError, llm_app
@@ -121,13 +121,21 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if d.llms and not d.on_gpu:
         raise DeploymentError("models: vLLM's images need a GPU, and this deployment has none (gpus.count 0): run a "
                               "CPU box with `rtxserve serve up`, or render it with its GPUs")
+    from serve.gateway.keys import KeysFileError, read_keys
+
+    try:
+        read_keys(d.resolve(d.gateway.keys_file))
+    except KeysFileError as exc:
+        raise DeploymentError(f"gateway.keys_file: {exc}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     where = stage_models(d, p, out)
     keys = out / "secrets" / "keys.json"
     keys.parent.mkdir(exist_ok=True)
     shutil.copy2(d.resolve(d.gateway.keys_file), keys)
-    os.chmod(keys, 0o600)
+    # Readable by the gateway's own user in every target (compose applies no owner or mode to a file secret; the
+    # systemd unit runs as rtxserve): the file holds key names, scopes, quotas and SHA-256 hashes, no secret.
+    os.chmod(keys, 0o644)
     where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
     files = _Files(out)
     builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
@@ -171,13 +179,30 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("kubernetes/namespace.yaml",
                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"rtxserve-{d.name}"}})
     files.dump("kubernetes/gateway-config.yaml", settings)
-    shutil.copy2(files.out / "secrets" / "keys.json", files.out / "kubernetes" / "keys.json")
+    _loadtest_key(d, files)
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
+    namespace = f"rtxserve-{d.name}"
+    files.dump("kubernetes/models-loader.yaml", models_loader(d),
+               f"fill the models claim: kubectl apply -n {namespace} -f models-loader.yaml, then kubectl cp ../models/. "
+               f"{namespace}/rtxserve-models-loader:{MODELS}, then kubectl delete -n {namespace} -f models-loader.yaml")
     sharing = time_slicing(d, p)
     if sharing is not None:  # the GPU operator's namespace, not the deployment's: applied on its own
         files.dump("kubernetes/gpu-sharing/time-slicing.yaml", sharing,
                    "NVIDIA GPU operator: kubectl apply -f this, then helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator "
                    f"--reuse-values --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
+
+
+def _loadtest_key(d: Deployment, files: _Files) -> None:
+    """The cluster's keys: the deployment's, and one made here for the suspended locust Jobs (its secret in
+    loadtest-key.txt, which kustomize turns into the Secret they read); only Kubernetes' copy holds it."""
+    from serve.gateway.keys import ApiKey, hash_key, new_secret, read_keys, write_keys
+
+    keys = read_keys(files.out / "secrets" / "keys.json")
+    secret = new_secret()
+    keys["loadtest"] = ApiKey("loadtest", hash_key(secret), tuple(m.name for m in d.models))
+    write_keys(files.out / "kubernetes" / "keys.json", keys)
+    files.write(f"kubernetes/{LOADTEST_KEY_FILE}", secret)
+    os.chmod(files.out / "kubernetes" / LOADTEST_KEY_FILE, 0o600)
 
 
 def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build], files: _Files, *, at: Path,
@@ -191,6 +216,8 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
     build = str(at / "systemd" / "build-engines.sh") if builds else None
+    if d.on_gpu and d.encoders and tritonserver is None:  # GPU entries need the native backends: NGC's layout
+        tritonserver = Path("/opt/tritonserver/bin/tritonserver")
     for name, text in systemd_units(d, build_services(d, p, host), prefix, tritonserver, backend_directory,
                                     build).items():
         files.write(f"systemd/{name}", text)

@@ -95,6 +95,25 @@ class Gateway(_Strict):
         return value
 
 
+class Kubernetes(_Strict):
+    """What the rendered kustomize base needs to know about the cluster."""
+
+    registry: str = Field("", description="where the cluster pulls the images built here (rtxserve-triton, "
+                          "rtxserve-gateway) from, e.g. registry.example.com/ml (push them there); empty: their local "
+                          "names, for a one-node cluster that imported them (k3s ctr images import, kind load)")
+    storage_class: str | None = Field(None, description="the models claim's storage class (default: the cluster's default)")
+    models_access_mode: Literal["ReadWriteOnce", "ReadOnlyMany"] = Field(
+        "ReadWriteOnce", description="ReadWriteOnce: the pods on one node (what k3s' and kind's default provisioners "
+        "make); ReadOnlyMany: pods on several nodes, where the storage class provides it")
+    runtime_class: str | None = Field(None, description="runtimeClassName of the GPU pods, where nvidia is not the "
+                                      "container runtime's default (e.g. nvidia)")
+    monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"},
+                                              description="labels Prometheus selects ServiceMonitors and rules by "
+                                              "(kube-prometheus-stack: release: <its Helm release>)")
+    monitoring_namespace: str = Field("monitoring", description="the namespace Prometheus scrapes from: the engines' "
+                                      "NetworkPolicies admit it")
+
+
 class _Model(_Strict):
     name: str = Field(description="the name clients use in requests")
     path: Path = Field(description="the artifact, relative to the deployment file")
@@ -189,6 +208,7 @@ class Deployment(_Strict):
     gpus: GPUs = Field(default_factory=GPUs)
     ports: Ports = Field(default_factory=Ports)
     gateway: Gateway = Field(default_factory=Gateway)
+    kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     models: list[Model] = Field(min_length=1)
     base_dir: Path = Field(Path("."), exclude=True, description="where relative paths start: the file's folder")
 
