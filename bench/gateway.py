@@ -184,29 +184,15 @@ def markdown(result: dict) -> str:
 
 
 def _plot(levels: list[dict], path: Path) -> None:
-    import matplotlib
+    from loadtest.plots import latency_cdf, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.2), squeeze=False)
     for ax, level in zip(axes[0], levels):
-        for name, colour in (("direct", "tab:blue"), ("gateway", "tab:orange")):
-            values = np.sort(level["samples"][name])
-            if len(values):
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), colour, label=f"{name} "
-                        f"(P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)")
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 5, 10, 20, 50, ...: labels that do not collide
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("latency (ms, log scale)")
-        ax.set_ylabel("fraction of requests")
-        ax.axhline(0.99, color="grey", lw=0.8, ls="--")
+        latency_cdf(ax, [(f"{name} (P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)",
+                          level["samples"][name], colour)
+                         for name, colour in (("direct", "tab:blue"), ("gateway", "tab:orange"))])
         ax.set_title(f"B1, {level['concurrency']} in flight: latency distribution")
-        ax.legend(loc="lower right", fontsize=8)
-        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

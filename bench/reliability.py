@@ -179,11 +179,9 @@ def markdown(result: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from loadtest.plots import latency_cdf, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     rounds = np.arange(1, len(result["r3"]["rounds"]) + 1)
     left.plot(rounds, [r["goodput"] for r in result["r3"]["rounds"]], "o-", label="goodput (admitted / peak QPS)")
@@ -196,17 +194,13 @@ def _plot(result: dict, path: Path) -> None:
     left.set_title(f"R3: {4 * CAPACITY} users that honour Retry-After, capacity {CAPACITY}")
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
+    lines = []
     for name, colour in (("alone", "tab:blue"), ("beside", "tab:red")):
-        values = np.sort(np.concatenate([r[name] for r in result["r14"]["rounds"]]))
-        right.plot(values, np.arange(1, len(values) + 1) / len(values), colour,
-                   label=f"other key {name if name == 'alone' else 'beside a key over its quota'} (P99 {_p(values, 99):.1f} ms)")
-    right.axhline(0.99, color="grey", lw=0.8, ls="--")
-    right.set_xscale("log")
-    right.set_xlabel("latency (ms, log scale)")
-    right.set_ylabel("fraction of requests")
+        values = np.concatenate([r[name] for r in result["r14"]["rounds"]])
+        lines.append((f"other key {name if name == 'alone' else 'beside a key over its quota'} "
+                      f"(P99 {_p(values, 99):.1f} ms)", values, colour))
+    latency_cdf(right, lines)
     right.set_title(f"R14: P99 ratio {result['r14']['p99_ratio']:.2f} (target <= {R14_P99_MAX:g})")
-    right.legend(loc="lower right", fontsize=8)
-    right.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,7 +9,6 @@ one given, but whose shapes fit, is accepted: the same model is often known by a
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from .contract import LORA_RANKS
+from .json_files import read_object
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,9 @@ def read_adapter_config(folder: Path) -> dict:
     if not path.is_file():
         raise AdapterConfigError(f"{folder} has no adapter_config.json (expected a PEFT adapter folder)")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AdapterConfigError(f"{path} is not valid JSON ({exc}); the adapter is damaged") from exc
-    if not isinstance(config, dict):
-        raise AdapterConfigError(f"{path} does not hold a JSON object; the adapter is damaged")
+        config = read_object(path, "adapter")
+    except ValueError as exc:
+        raise AdapterConfigError(str(exc)) from None
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterConfigError(f"{folder} is a {config.get('peft_type')} adapter; only LoRA / QLoRA adapters are served")
     return config

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core import tasks as registry
+from core.json_files import read_object
 
 from .exceptions import ExportError
 
@@ -52,12 +53,9 @@ def find_weights(path: Path) -> Path | None:
 def read_json(path: Path, what: str) -> dict:
     """A JSON object from `path`; ExportError naming the file when it is unreadable or not an object."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportError(f"{path} is not valid JSON ({exc}); the {what} is damaged") from exc
-    if not isinstance(data, dict):
-        raise ExportError(f"{path} does not hold a JSON object; the {what} is damaged")
-    return data
+        return read_object(path, what)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def check_task(task: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .pages import flat, write_html
-from .plots import pyplot, save
+from .plots import latency_cdf, pyplot, save
 from .report import load_samples, measured
 
 
@@ -51,18 +51,12 @@ def _sweep_figures(folder: Path) -> dict:
 def _plot_runs(before: Path, after: Path, path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
+    lines = []
     for folder, name, colour in ((before, "before", "tab:blue"), (after, "after", "tab:orange")):
         samples = load_samples(folder / "samples.csv")
         warmup = json.loads((folder / "report.json").read_text())["warmup_s"]
-        lat = np.sort(samples.latency_ms[samples.ok & measured(samples, warmup)])
-        if len(lat):
-            ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), color=colour, label=f"{name} ({folder.name})")
-    ax.set_xscale("log")
-    ax.set_xlabel("latency (ms, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.axhline(0.99, color="gray", linestyle=":", linewidth=1)
-    ax.text(ax.get_xlim()[0], 0.985, " P99", va="top", fontsize=8, color="gray")
-    ax.legend(fontsize=8)
+        lines.append((f"{name} ({folder.name})", samples.latency_ms[samples.ok & measured(samples, warmup)], colour))
+    latency_cdf(ax, lines)
     return save(fig, path, "latency distributions, before and after")
 
 

@@ -43,6 +43,26 @@ def _distribution(ax, values: np.ndarray, marks: dict[str, float], unit: str, li
     ax.legend(fontsize=8)
 
 
+def latency_cdf(ax, lines: list[tuple[str, np.ndarray, str]]) -> None:
+    """Cumulative fraction of requests against latency (log scale), one line per (label, latencies in ms, colour),
+    with the P99 level marked: how whole distributions compare, tails included."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    for label, values, colour in lines:
+        values = np.sort(np.asarray(values, dtype=float))
+        if len(values):
+            ax.plot(values, np.arange(1, len(values) + 1) / len(values), color=colour, label=label)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))  # 5, 10, 20, 50, ...: labels that do not collide
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("latency (ms, log scale)")
+    ax.set_ylabel("fraction of requests")
+    ax.axhline(0.99, color="grey", lw=0.8, ls="--")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def _time_axis(ax, summary: Summary, ylabel: str, title: str) -> None:
     """Labels of a per-request-over-time panel, with the warm-up shaded."""
     if summary.warmup_s:
