@@ -85,7 +85,8 @@ def container_layout(d: Deployment, where: dict[Path, str], host_of=lambda s: s)
 def _dump(path: Path, data, header: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(data, sort_keys=False, width=120)
-    path.write_text(("---\n" if not header else f"# {header}\n---\n") + text)
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    path.write_text(comment + "---\n" + text)
 
 
 class _Files:
@@ -183,13 +184,15 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
     namespace = f"rtxserve-{d.name}"
     files.dump("kubernetes/models-loader.yaml", models_loader(d),
-               f"fill the models claim: kubectl apply -n {namespace} -f models-loader.yaml, then kubectl cp ../models/. "
-               f"{namespace}/rtxserve-models-loader:{MODELS}, then kubectl delete -n {namespace} -f models-loader.yaml")
+               f"Fill the models claim (after kubectl apply -k .):\n  kubectl apply -n {namespace} -f models-loader.yaml\n"
+               f"  kubectl cp ../models/. {namespace}/rtxserve-models-loader:{MODELS}\n"
+               f"  kubectl delete -n {namespace} -f models-loader.yaml")
     sharing = time_slicing(d, p)
     if sharing is not None:  # the GPU operator's namespace, not the deployment's: applied on its own
         files.dump("kubernetes/gpu-sharing/time-slicing.yaml", sharing,
-                   "NVIDIA GPU operator: kubectl apply -f this, then helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator "
-                   f"--reuse-values --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
+                   "The NVIDIA GPU operator's time-slicing config: kubectl apply -f this file, then\n"
+                   "helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator --reuse-values \\\n"
+                   f"  --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
 
 
 def _loadtest_key(d: Deployment, files: _Files) -> None:

@@ -10,6 +10,8 @@ import signal
 
 from fastapi import FastAPI
 
+from core import __version__
+
 from . import canaries
 from .admission import Admission
 from .backends.base import Backend
@@ -80,7 +82,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
             for backend in backends:
                 await backend.close()
 
-    app = FastAPI(title="rtxserve gateway", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="rtxserve gateway", version=__version__, lifespan=lifespan)
     app.state.gateway = state
     install_handlers(app)
     app.include_router(probes)

@@ -44,10 +44,12 @@ def test_metric_names_are_strings_only_in_metric_names():
 
 def test_release_pins_are_typed_once():
     """The NGC release in deploy/images.py only; vLLM's and torch's versions only in the requirements files and
-    the Makefile, which the code reads (never a copy to string-replace)."""
+    the Makefile, and ours only in pyproject.toml, which the code reads (never a copy to string-replace)."""
     from deploy import images
 
-    typed = {images.NGC_RELEASE: Path("deploy/images.py"), images.VLLM_VERSION: None, "2.13.0": None}
+    from core import __version__
+
+    typed = {images.NGC_RELEASE: Path("deploy/images.py"), images.VLLM_VERSION: None, "2.13.0": None, __version__: None}
     found = [f"{path}:{node.lineno}: {node.value}" for path, tree in modules()
              for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
              for pin, home in typed.items() if pin in node.value and path != home]
