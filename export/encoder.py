@@ -159,43 +159,43 @@ class _Source:
     conversion: dict | None = None
 
 
-def export_encoder(checkpoint: str | Path, task: str, opts: EntryOptions, repo: Path,
+def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo: Path,
                    options: EncoderOptions = EncoderOptions()) -> ExportResult:
     """Export an encoder checkpoint for `task` to ONNX, validate it against PyTorch, write its Triton entry.
 
     `checkpoint` is a folder written by `save_pretrained` (model + tokenizer); a PEFT LoRA adapter folder
     (adapter_config.json), merged into its base before export and validated against the unmerged PeftModel; or a
     DeepSpeed ZeRO checkpoint (a Trainer `checkpoint-N` with `global_stepN/` shards and no weights), consolidated
-    with DeepSpeed and checked against DeepSpeed's engine first. `task` is one of export.checkpoint.TASKS, `opts`
+    with DeepSpeed and checked against DeepSpeed's engine first. `task` is one of export.checkpoint.TASKS, `entry`
     the entry's name, target, instances and batching, `repo` the Triton model repository to write into.
 
     Returns the written model folders, the parity report and the wall time. Raises ExportError on bad input, a
     failed load, or a parity breach (nothing is written then).
     """
-    _check_options(options, opts)
+    _check_options(options, entry)
     with contextlib.ExitStack() as scratch:
-        source = _resolve(Path(checkpoint).expanduser(), task, opts, repo, options, scratch)
+        source = _resolve(Path(checkpoint).expanduser(), task, entry, repo, options, scratch)
         steps = Steps(5 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None), log)
         if options.command:
             log.info("reproduce with: %s", options.command)
         model, reference, inputs, spec = _load(source, options, steps)
         work = scratch.enter_context(repository.work_dir(repo))
-        served, reports, plan_info = _export_variants(model, reference, inputs, spec, source, options, opts, work, steps)
-        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", opts.name, opts.target, opts.instances,
-              opts.max_batch_size)
-        parity, metadata = _record(source, options, opts, reports, plan_info, reference, inputs, spec)
-        models = spec.entry(opts, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
+        served, reports, plan_info = _export_variants(model, reference, inputs, spec, source, options, entry, work, steps)
+        steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", entry.name, entry.target, entry.instances,
+              entry.max_batch_size)
+        parity, metadata = _record(source, options, entry, reports, plan_info, reference, inputs, spec)
+        models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
             from .tensorrt import tensorrt_model
 
-            i = next(i for i, m in enumerate(models) if m.config.name == opts.step("model"))
-            models[i] = tensorrt_model(opts, served, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
+            i = next(i for i, m in enumerate(models) if m.config.name == entry.step("model"))
+            models[i] = tensorrt_model(entry, served, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
 
 
-def _check_options(options: EncoderOptions, opts: EntryOptions) -> None:
+def _check_options(options: EncoderOptions, entry: EntryOptions) -> None:
     """Refuse what cannot be built before any work."""
     from . import variants
 
@@ -203,7 +203,7 @@ def _check_options(options: EncoderOptions, opts: EntryOptions) -> None:
         raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
     if options.tensorrt is None:
         return
-    if opts.target != "gpu":
+    if entry.target != "gpu":
         raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
     if options.optimize:
         raise ExportError("--optimize makes an ONNX Runtime graph, and TensorRT fuses the plain graph itself: "
@@ -213,7 +213,7 @@ def _check_options(options: EncoderOptions, opts: EntryOptions) -> None:
                           "(--calibration-images DIR for image models)")
 
 
-def _resolve(path: Path, task: str, opts: EntryOptions, repo: Path, options: EncoderOptions,
+def _resolve(path: Path, task: str, entry: EntryOptions, repo: Path, options: EncoderOptions,
              scratch: contextlib.ExitStack) -> _Source:
     """Which checkpoint is exported: a LoRA adapter on its base, a ZeRO checkpoint converted (into a scratch
     folder that lives as long as `scratch`), or the folder itself."""
@@ -223,12 +223,12 @@ def _resolve(path: Path, task: str, opts: EntryOptions, repo: Path, options: Enc
         adapter = resolve_adapter(path, task, options.base)
         source = _Source(adapter.checkpoint, adapter=adapter)
     elif path.is_dir() and find_weights(path) is None and zero.is_zero(path):
-        repository.check_free(repo, opts.model_names(), options.force)
+        repository.check_free(repo, entry.model_names(), options.force)
         converted, conversion = _convert_zero(path, task, options, scratch.enter_context(repository.work_dir(repo)))
         source = _Source(inspect_checkpoint(converted, task), conversion=conversion)
     else:
         source = _Source(inspect_checkpoint(path, task))
-    repository.check_free(repo, opts.model_names(), options.force)
+    repository.check_free(repo, entry.model_names(), options.force)
     return source
 
 
@@ -273,7 +273,7 @@ def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
     return model, reference, inputs, spec
 
 
-def _export_variants(model, reference, inputs, spec, source: _Source, options: EncoderOptions, opts: EntryOptions,
+def _export_variants(model, reference, inputs, spec, source: _Source, options: EncoderOptions, entry: EntryOptions,
                      work: Path, steps: Steps) -> tuple[Path, dict, dict | None]:
     """ONNX, then each variant asked for (fused, TensorRT plan or lower precision), each validated against
     PyTorch: (the served file, the reports by variant, the plan's figures or None)."""
@@ -292,7 +292,7 @@ def _export_variants(model, reference, inputs, spec, source: _Source, options: E
         reports["optimized"] = check(served, "the fused graph", lossy=False)
     plan_info = None
     if options.tensorrt is not None:
-        plan_info = _build_plan(steps, served, work, inputs, opts, options.precision, options.tensorrt)
+        plan_info = _build_plan(steps, served, work, inputs, entry, options.precision, options.tensorrt)
         served = work / "model.plan"
         reports[f"tensorrt-{options.precision}"] = check(served, f"the TensorRT {options.precision} plan",
                                                      lossy=options.precision != "fp32")
@@ -335,7 +335,7 @@ class _Check:
         return report.to_dict()
 
 
-def _record(source: _Source, options: EncoderOptions, opts: EntryOptions, reports: dict, plan_info: dict | None,
+def _record(source: _Source, options: EncoderOptions, entry: EntryOptions, reports: dict, plan_info: dict | None,
             reference, inputs, spec) -> tuple[dict, dict]:
     """The entry's parity (the served variant's figures on top, every variant's below: drift is visible step by
     step) and its metadata (what was exported, from what, options)."""
@@ -343,7 +343,7 @@ def _record(source: _Source, options: EncoderOptions, opts: EntryOptions, report
     parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
     if adapter is not None:
         parity["adapter_effect_max_abs"] = _adapter_effect(reference, inputs.sample())
-    metadata = _metadata(source.ckpt, opts, options.command, parity) | inputs.metadata() | spec.metadata
+    metadata = _metadata(source.ckpt, entry, options.command, parity) | inputs.metadata() | spec.metadata
     metadata |= {"optimized": options.optimize, "precision": options.precision}
     if adapter is not None:
         metadata |= {"source": str(adapter.adapter.path.resolve()), "adapter": {
