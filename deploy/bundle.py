@@ -57,8 +57,8 @@ install_env() {  # install_env DIR WHEELS
   "$1/bin/pip" install --quiet --no-index --find-links "$2" -r "$2/requirements.txt"
 }
 install_env .venv wheels/gateway
-if [ -d wheels/triton ]; then install_env .envs/triton wheels/triton; sh install-stub.sh .envs/triton; fi
-if [ -d wheels/vllm ]; then install_env .envs/vllm wheels/vllm; fi
+if [ -d wheels/triton ]; then install_env %(triton_env)s wheels/triton; sh install-stub.sh %(triton_env)s; fi
+if [ -d wheels/vllm ]; then install_env %(vllm_env)s wheels/vllm; fi
 echo "installed in $here"
 echo "start: cd $here && .venv/bin/rtxserve serve up deployment.yaml"
 echo "   or, as services (they run as the user rtxserve, who must read secrets/ and models/):"
@@ -197,7 +197,8 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
     (stage / "install-stub.sh").write_text((ROOT / "deploy" / "triton" / "install-stub.sh").read_text())
     python = "%d.%d" % sys.version_info[:2]
-    (stage / "install.sh").write_text(INSTALL_SH % {"python": python, "name": d.name})
+    (stage / "install.sh").write_text(INSTALL_SH % {"python": python, "name": d.name, "triton_env": env_under(Path(), TRITON),
+                                                    "vllm_env": env_under(Path(), VLLM)})
     os.chmod(stage / "install.sh", 0o755)
     (stage / "SHA256SUMS").write_text(sha256sums(stage))
     log(f"writing {out}")
