@@ -27,6 +27,8 @@ PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
 PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
 PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a generation request gets when it names no value
 PARAM_MAX_LENGTH = "rtxserve_max_length"  # the entry's token limit (texts are truncated to it)
+PARAM_TENSORRT_VERSION = "rtxserve_tensorrt_version"  # a plan's TensorRT, which must load it (serve checks it)
+PARAM_COMPUTE_CAPABILITY = "rtxserve_compute_capability"  # the GPU architecture a plan was built for
 
 # Diffusion schedulers a request may choose: name -> diffusers class.
 SCHEDULERS = {"ddim": "DDIMScheduler", "euler": "EulerDiscreteScheduler", "euler_a": "EulerAncestralDiscreteScheduler",

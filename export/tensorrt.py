@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core import contract
+
 from .exceptions import ExportError
 from .triton_config import TensorSpec
 from .triton_entry import EntryOptions, ModelDir, gpu_model_config
@@ -435,8 +437,8 @@ def tensorrt_model(opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Sha
         for name, dims in specs.items()
     )
     config = gpu_model_config(opts, tensors, outputs, "tensorrt_plan", "model.plan", {
-        "rtxserve_tensorrt_version": str(info["tensorrt_version"]),
-        "rtxserve_compute_capability": str(info["compute_capability"]),
+        contract.PARAM_TENSORRT_VERSION: str(info["tensorrt_version"]),
+        contract.PARAM_COMPUTE_CAPABILITY: str(info["compute_capability"]),
     })
     files: dict[str, Path | str] = {
         "1/model.plan": Path(plan_path),

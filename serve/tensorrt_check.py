@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from core import contract
+
 log = logging.getLogger("rtxserve.serve")
 
 SYSTEM_LIB_DIRS = (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib64"),
@@ -76,8 +78,8 @@ def find_plans(repository: Path) -> list[Plan]:
         command = str(_read_json(Path(repository) / entry / "rtxserve.json").get("command") or "")
         plans.append(Plan(
             model=folder.name,
-            tensorrt_version=info.get("tensorrt_version") or _param(pbtxt, "rtxserve_tensorrt_version"),
-            compute_capability=info.get("compute_capability") or _param(pbtxt, "rtxserve_compute_capability"),
+            tensorrt_version=info.get("tensorrt_version") or _param(pbtxt, contract.PARAM_TENSORRT_VERSION),
+            compute_capability=info.get("compute_capability") or _param(pbtxt, contract.PARAM_COMPUTE_CAPABILITY),
             gpu=info.get("gpu"),
             command=command,
         ))

@@ -54,3 +54,11 @@ def test_release_pins_are_typed_once():
              for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
              for pin, home in typed.items() if pin in node.value and path != home]
     assert not found, "\n".join(found)
+
+
+def test_entry_parameter_names_are_strings_only_in_the_contract():
+    """The keys export writes into an entry's config and serve reads back (task, labels, max length, TensorRT...)."""
+    declared = {v for k, v in vars(contract).items() if k.startswith("PARAM_")}
+    found = [f"{path}:{node.lineno}: {node.value}" for path, tree in modules() if path != Path("core/contract.py")
+             for node in ast.walk(tree) if isinstance(node, ast.Constant) and node.value in declared]
+    assert not found, "\n".join(found)
