@@ -200,7 +200,7 @@ def pods_per_gpu(d: Deployment, p: Plan) -> int:
 def time_slicing(d: Deployment, p: Plan) -> dict | None:
     """The NVIDIA device plugin's time-slicing config that lets the planned pods share their GPUs, or None when
     every pod has a GPU of its own. It is the GPU operator's (or the device plugin's) config, not the namespace's:
-    apply it as the README's "Kubernetes on one GPU box" says."""
+    apply it as its header (and the README's "Kubernetes on a GPU that Triton and vLLM share") says."""
     slices = pods_per_gpu(d, p)
     if slices <= 1:
         return None
