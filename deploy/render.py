@@ -125,26 +125,27 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     from serve.gateway.keys import KeysFileError, read_keys
 
     try:
-        read_keys(d.resolve(d.gateway.keys_file))
+        keys = read_keys(d.resolve(d.gateway.keys_file))
     except KeysFileError as exc:
         raise DeploymentError(f"gateway.keys_file: {exc}") from None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     where = stage_models(d, p, out)
-    keys = out / "secrets" / "keys.json"
-    keys.parent.mkdir(exist_ok=True)
-    shutil.copy2(d.resolve(d.gateway.keys_file), keys)
+    keys_copy = out / "secrets" / "keys.json"
+    keys_copy.parent.mkdir(exist_ok=True)
+    shutil.copy2(d.resolve(d.gateway.keys_file), keys_copy)
     # Readable by the gateway's own user in every target (compose applies no owner or mode to a file secret; the
     # systemd unit runs as rtxserve): the file holds key names, scopes, quotas and SHA-256 hashes, no secret.
-    os.chmod(keys, 0o644)
+    os.chmod(keys_copy, 0o644)
     where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
     files = _Files(out)
     builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
     # compose and Kubernetes run the same containers, reached by service name
     inside = container_layout(d, where)
     services = build_services(d, p, inside)
-    _containers(d, p, services, gateway_settings(d, inside), builds, files)
-    _kubernetes(d, p, services, gateway_settings(d, inside), builds, files)
+    settings = gateway_settings(d, inside)
+    _containers(d, p, services, settings, builds, files)
+    _kubernetes(d, p, services, settings, keys, builds, files)
     _systemd(d, p, where, builds, files, at=Path(at or out).resolve(), prefix=Path(prefix or Path.cwd()).resolve(),
              tritonserver=tritonserver, backend_directory=backend_directory)
     _images(d, builds, files)
@@ -169,20 +170,19 @@ def _containers(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("monitoring/grafana/providers/rtxserve.yaml", monitoring.GRAFANA_DASHBOARDS)
 
 
-def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict, builds: list[Build],
+def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict, keys: dict, builds: list[Build],
                 files: _Files) -> None:
     """kubernetes/: one Deployment and Service per LLM in front of its replicas (all on its first engine's port)."""
-    settings["vllm_url"] = ",".join(f"http://{llm_app(s.models[0])}:{s.port}"
-                                    for s in services if s.kind == "vllm" and s.name.endswith("-0"))
+    settings = settings | {"vllm_url": ",".join(f"http://{llm_app(s.models[0])}:{s.port}"
+                                                for s in services if s.kind == "vllm" and s.name.endswith("-0"))}
+    namespace = f"rtxserve-{d.name}"
     manifests = kubernetes(d, p, services, builds)
     for name, docs in manifests.items():
         files.write(f"kubernetes/{name}", "".join("---\n" + yaml.safe_dump(doc, sort_keys=False, width=120) for doc in docs))
-    files.dump("kubernetes/namespace.yaml",
-               {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"rtxserve-{d.name}"}})
+    files.dump("kubernetes/namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     files.dump("kubernetes/gateway-config.yaml", settings)
-    _loadtest_key(d, files)
+    _loadtest_key(d, keys, files)
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
-    namespace = f"rtxserve-{d.name}"
     files.dump("kubernetes/models-loader.yaml", models_loader(d),
                f"Fill the models claim (after kubectl apply -k .):\n  kubectl apply -n {namespace} -f models-loader.yaml\n"
                f"  kubectl cp ../models/. {namespace}/rtxserve-models-loader:{MODELS}\n"
@@ -195,15 +195,14 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
                    f"  --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
 
 
-def _loadtest_key(d: Deployment, files: _Files) -> None:
-    """The cluster's keys: the deployment's, and one made here for the suspended locust Jobs (its secret in
+def _loadtest_key(d: Deployment, keys: dict, files: _Files) -> None:
+    """The cluster's keys: the deployment's `keys`, and one made here for the suspended locust Jobs (its secret in
     loadtest-key.txt, which kustomize turns into the Secret they read); only Kubernetes' copy holds it."""
-    from serve.gateway.keys import ApiKey, hash_key, new_secret, read_keys, write_keys
+    from serve.gateway.keys import ApiKey, hash_key, new_secret, write_keys
 
-    keys = read_keys(files.out / "secrets" / "keys.json")
     secret = new_secret()
-    keys["loadtest"] = ApiKey("loadtest", hash_key(secret), tuple(m.name for m in d.models))
-    write_keys(files.out / "kubernetes" / "keys.json", keys)
+    write_keys(files.out / "kubernetes" / "keys.json",
+               keys | {"loadtest": ApiKey("loadtest", hash_key(secret), tuple(m.name for m in d.models))})
     files.write(f"kubernetes/{LOADTEST_KEY_FILE}", secret)
     os.chmod(files.out / "kubernetes" / LOADTEST_KEY_FILE, 0o600)
 

@@ -221,13 +221,13 @@ def _resolve(path: Path, task: str, entry: EntryOptions, repo: Path, options: En
 
     if is_adapter(path):
         adapter = resolve_adapter(path, task, options.base)
-        source = _Source(adapter.checkpoint, adapter=adapter)
-    elif path.is_dir() and find_weights(path) is None and zero.is_zero(path):
         repository.check_free(repo, entry.model_names(), options.force)
+        return _Source(adapter.checkpoint, adapter=adapter)
+    if path.is_dir() and find_weights(path) is None and zero.is_zero(path):
+        repository.check_free(repo, entry.model_names(), options.force)  # before the conversion's minutes
         converted, conversion = _convert_zero(path, task, options, scratch.enter_context(repository.work_dir(repo)))
-        source = _Source(inspect_checkpoint(converted, task), conversion=conversion)
-    else:
-        source = _Source(inspect_checkpoint(path, task))
+        return _Source(inspect_checkpoint(converted, task), conversion=conversion)
+    source = _Source(inspect_checkpoint(path, task))
     repository.check_free(repo, entry.model_names(), options.force)
     return source
 

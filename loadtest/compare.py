@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from .pages import flat, write_html
 from .plots import latency_cdf, pyplot, save
 from .report import load_samples, measured

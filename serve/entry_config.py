@@ -73,12 +73,11 @@ def write_batching(repository: Path, name: str, batching: Batching) -> None:
     """Set the entry's knobs in place (a single-model entry without dynamic batching, as a diffusion pipeline,
     takes its instance count and keeps its max_batch_size)."""
     folders = entry_models(repository, name)
-    if len(folders) > 1 and not any(read_config(f / "config.pbtxt").HasField("dynamic_batching") for f in folders):
+    configs = {folder / "config.pbtxt": read_config(folder / "config.pbtxt") for folder in folders}
+    if len(folders) > 1 and not any(c.HasField("dynamic_batching") for c in configs.values()):
         raise ValueError(f"entry {name!r} in {repository}: none of its steps is dynamically batched, so it has no "
                          "instance count to set; export it again with rtxserve export")
-    for folder in folders:
-        path = folder / "config.pbtxt"
-        config = read_config(path)
+    for path, config in configs.items():
         if len(folders) == 1 and not config.HasField("dynamic_batching"):
             for group in config.instance_group:
                 group.count = batching.instances
