@@ -33,7 +33,7 @@ from core.envs import TRITON, VLLM, env_under
 from core.tasks import DIFFUSION, ENCODER
 
 from .render import render
-from .spec import Deployment
+from .spec import Deployment, DeploymentError
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVS = {"gateway": ROOT / ".venv", TRITON: env_under(ROOT, TRITON), VLLM: env_under(ROOT, VLLM)}
@@ -145,16 +145,6 @@ def bundle_deployment(d: Deployment) -> dict:
     return data
 
 
-def _copy_source(to: Path) -> None:
-    """The project's files as git knows them (tracked, or new and not ignored): no environments, no models."""
-    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    for rel in filter(None, listed):
-        if (ROOT / rel).is_file() and not rel.startswith("tests/"):
-            (to / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, to / rel)
-
-
 def sha256sums(folder: Path) -> str:
     lines = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "SHA256SUMS"):
@@ -179,8 +169,10 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     log(f"rendering {d.name} for {prefix}")
     render(d, stage, at=prefix, prefix=prefix)
     wheels = stage / "wheels"
-    with tempfile.TemporaryDirectory() as source:  # a copy: setuptools would leave build/ in the checkout
-        _copy_source(Path(source))
+    if not (stage / "gateway-image" / "src" / "pyproject.toml").is_file():
+        raise DeploymentError("deploy bundle builds rtxserve's wheel from its source: run it from a checkout")
+    with tempfile.TemporaryDirectory() as source:  # a copy: setuptools would leave build/ in the image's src/
+        shutil.copytree(stage / "gateway-image" / "src", source, dirs_exist_ok=True)
         _wheels("gateway", [source], wheels / "gateway", cache, log)
     if d.encoders:
         requirements = _requirements(ROOT / "deploy" / "triton" / "requirements.txt")

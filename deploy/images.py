@@ -22,8 +22,8 @@ PROMETHEUS_IMAGE = "prom/prometheus:v3.14.0"
 GRAFANA_IMAGE = "grafana/grafana:13.1.2"
 PYTHON_IMAGE = "python:3.11-slim-bookworm"  # the gateway image's base
 GATEWAY_IMAGE = f"rtxserve-gateway:{__version__}"
-# The NGC image plus what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow): built
-# FROM it, offline from wheels for its Python (the bundle brings them).
+# The NGC image plus what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), built
+# FROM it.
 SERVING_TRITON_IMAGE = f"rtxserve-triton:{__version__}"
 MODELS = "/models"  # where every container finds the staged artifacts
 KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
@@ -66,24 +66,34 @@ def vllm_image_args(args: list[str]) -> list[str]:
     return [args[i + 1], *args[:i], *args[i + 2:]]
 
 
-GATEWAY_DOCKERFILE = f"""# The gateway (and locust, for load tests in the cluster). Offline: put the wheels of `.venv` in wheels/
-# (rtxserve deploy bundle does), then `docker build -t {GATEWAY_IMAGE} .`
+# Both images build online by default: what they install comes from the package index. A bundle fills wheels/
+# with every wheel the image needs, and then the build fetches nothing (--no-index).
+_OFFLINE_IF_WHEELS = 'if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links=/wheels; else set --; fi'
+
+GATEWAY_DOCKERFILE = f"""# The gateway (and locust, for load tests in the cluster): docker build -t {GATEWAY_IMAGE} .
+# rtxserve from src/ (render copies the checkout there), its dependencies from the index; or, when wheels/ holds
+# wheels (rtxserve deploy bundle puts them there), everything from wheels/ with no network.
 FROM {PYTHON_IMAGE}
+COPY src/ /src/
 COPY wheels/ /wheels/
-RUN pip install --no-index --find-links=/wheels rtxserve && rm -rf /wheels \\
- && useradd --system --uid 1000 rtxserve
+RUN {_OFFLINE_IF_WHEELS} \\
+ && if [ $# -gt 0 ]; then pip install --no-cache-dir "$@" rtxserve; \\
+    elif [ -f /src/pyproject.toml ]; then pip install --no-cache-dir /src; \\
+    else echo "no rtxserve in src/ or wheels/: render from a checkout, or build from a bundle" >&2; exit 1; fi \\
+ && rm -rf /src /wheels && useradd --system --uid 1000 rtxserve
 USER rtxserve
 ENTRYPOINT []
 CMD ["rtxserve", "serve", "gateway"]
 """
 
 
-TRITON_DOCKERFILE = f"""# Triton with what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), installed
-# from wheels/ for the image's Python {TRITON_IMAGE_PYTHON} (`rtxserve deploy bundle` puts them there; online,
-# build with --build-arg PIP_ARGS= to take them from the index instead): docker build -t {SERVING_TRITON_IMAGE} .
+TRITON_DOCKERFILE = f"""# Triton with what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), for the image's
+# Python {TRITON_IMAGE_PYTHON}: docker build -t {SERVING_TRITON_IMAGE} .
+# From the index; or, when wheels/ holds wheels (rtxserve deploy bundle puts them there), from wheels/ only.
+# Into the image's own Python: Ubuntu 24.04's refuses that by default (PEP 668), and the image is the environment.
 FROM {TRITON_IMAGE}
-ARG PIP_ARGS="--no-index --find-links=/wheels"
 COPY requirements.txt /requirements.txt
 COPY wheels/ /wheels/
-RUN pip install --no-cache-dir $PIP_ARGS -r /requirements.txt && rm -rf /wheels
+RUN {_OFFLINE_IF_WHEELS} \\
+ && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
 """

@@ -12,7 +12,8 @@
                              config, when Triton and vLLM pods share a GPU)
     DIR/monitoring/          Prometheus rules and the Grafana dashboards (shared by compose and Kubernetes)
     DIR/images.txt           every container image to mirror for an air-gapped site
-    DIR/gateway-image/       the gateway's Dockerfile (it installs the wheels put in gateway-image/wheels/)
+    DIR/gateway-image/       the gateway's Dockerfile, and rtxserve's source in src/ for it to install
+    DIR/triton-image/        the Dockerfile of NGC's Triton image with what the entries' Python steps import
 
 Everything is built from the same services (deploy/services.py) that `serve up` starts, with paths and
 hosts of the target. Rendering needs the artifacts (to plan and to check them), not the servers.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -38,6 +40,8 @@ from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError, llm_app
 from .systemd import systemd_units
 
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # What vLLM reads from a model or adapter folder; anything else (optimizer states, `original/` consolidated
 # checkpoints, .git) stays behind.
@@ -225,12 +229,35 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
         files.write(f"systemd/{name}", text)
 
 
+def copy_source(to: Path) -> bool:
+    """What pip needs to build rtxserve (pyproject.toml, the README it names, the packages it finds) into `to`;
+    False when rtxserve runs from an install rather than a checkout, which has no source to copy."""
+    project = ROOT / "pyproject.toml"
+    if not project.is_file():
+        return False
+    config = tomllib.loads(project.read_text())
+    shutil.copy2(project, to / project.name)
+    shutil.copy2(ROOT / config["project"]["readme"], to / config["project"]["readme"])
+    for pattern in config["tool"]["setuptools"]["packages"]["find"]["include"]:  # "core*": the package core
+        package = pattern.rstrip("*")
+        shutil.copytree(ROOT / package, to / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return True
+
+
 def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
-    """images.txt and the Dockerfiles of the images built here (their wheels/ filled by `deploy bundle`)."""
+    """images.txt and the Dockerfiles of the images built here: online from the index by default, offline from
+    their wheels/ once `deploy bundle` fills it."""
     files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.llms))))
-    wheels_note = "Wheels the image installs offline: `rtxserve deploy bundle` puts them here.\n"
+    wheels_note = "Wheels the image installs with no network: `rtxserve deploy bundle` puts them here.\n"
     files.write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
     files.write("gateway-image/wheels/README", wheels_note)
+    source = files.out / "gateway-image" / "src"
+    if source.exists():
+        shutil.rmtree(source)
+    source.mkdir()
+    if not copy_source(source):
+        files.write("gateway-image/src/README", "rtxserve was rendered from an install, not a checkout: build this "
+                                                "image from a bundle (its wheels/), or render from a checkout.\n")
     if d.encoders:
         files.write("triton-image/Dockerfile", TRITON_DOCKERFILE)
         files.write("triton-image/requirements.txt", triton_image_requirements(bool(d.diffusion)))

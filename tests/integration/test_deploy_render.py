@@ -7,6 +7,8 @@ dashboards' metrics are then looked up in what the real servers of this session 
 import json
 import shutil
 import subprocess
+import tempfile
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -250,3 +252,47 @@ def test_a_cpu_deployment_with_an_llm_is_not_rendered_for_gpu_images(tmp_path):
     data["models"] = [data["models"][1]]
     with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
         render(parse_deployment(data, tmp_path), tmp_path / "out")
+
+
+def _image_install(context: Path, tmp_path: Path, wheel: Path | None = None) -> tuple[Path, list[str]]:
+    """Run the image's RUN step with sh on a copy of its context (at root, standing for /), with `wheel` in its
+    wheels/ if given, pip and useradd recorded instead of run: root, and the arguments pip got."""
+    from dockerfile_parse import DockerfileParser
+
+    (step,) = [i["value"] for i in DockerfileParser(str(context / "Dockerfile")).structure if i["instruction"] == "RUN"]
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    shutil.copytree(context, root, dirs_exist_ok=True)
+    if wheel is not None:
+        shutil.copy(wheel, root / "wheels")
+    tools = root / "bin"
+    tools.mkdir()
+    for tool in ("pip", "useradd"):
+        (tools / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {root}/calls\n')
+        (tools / tool).chmod(0o755)
+    script = step.replace("/src", str(root / "src")).replace("/wheels", str(root / "wheels"))
+    subprocess.run(["sh", "-c", script], check=True, env={"PATH": f"{tools}:/usr/bin:/bin"})
+    calls = (root / "calls").read_text().splitlines()
+    return root, next(c for c in calls if c.startswith("pip ")).split()[1:]
+
+
+def test_the_images_build_online_from_a_render_and_offline_from_a_bundle(rendered, tmp_path):
+    """A plain render's gateway image installs rtxserve from its src/ (a source pip builds, with the files deploy
+    reads at import) and its dependencies from the index; once wheels/ holds wheels, as a bundle's does, both
+    images install from them with no index."""
+    out, _ = rendered
+    built = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
+                            "--no-build-isolation", "--no-index", "--wheel-dir", str(tmp_path / "built"),
+                            str(shutil.copytree(out / "gateway-image" / "src", tmp_path / "src"))],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "built").glob("rtxserve-*.whl")
+    assert {"serve/gateway/app.py", "deploy/vllm/requirements-cuda.txt"} <= set(zipfile.ZipFile(wheel).namelist())
+
+    root, pip = _image_install(out / "gateway-image", tmp_path)
+    assert pip == ["install", "--no-cache-dir", f"{root}/src"]
+    root, pip = _image_install(out / "gateway-image", tmp_path, wheel)
+    assert pip == ["install", "--no-cache-dir", "--no-index", f"--find-links={root}/wheels", "rtxserve"]
+    _, pip = _image_install(out / "triton-image", tmp_path)
+    assert "--no-index" not in pip
+    root, pip = _image_install(out / "triton-image", tmp_path, wheel)
+    assert pip[:4] == ["install", "--no-cache-dir", "--no-index", f"--find-links={root}/wheels"]

@@ -219,6 +219,23 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_image_built_here_has_its_inputs_in_its_context(example, tmp_path):
+    """What each Dockerfile COPYs is in its build context: the gateway's includes rtxserve's source (pyproject.toml
+    and the packages), so that a plain render builds online, before any bundle fills wheels/."""
+    from dockerfile_parse import DockerfileParser
+
+    d, p, out = rendered(example, tmp_path)
+    contexts = [out / "gateway-image"] + ([out / "triton-image"] if d.encoders else [])
+    for context in contexts:
+        copies = [i["value"].split() for i in DockerfileParser(str(context / "Dockerfile")).structure
+                  if i["instruction"] == "COPY"]
+        assert copies
+        for *sources, _ in copies:
+            assert all((context / s).exists() for s in sources), (context.name, sources)
+    assert {"pyproject.toml", "serve", "deploy"} <= {f.name for f in (out / "gateway-image" / "src").iterdir()}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_every_file_a_service_reads_is_readable_by_its_user(example, tmp_path):
     """The gateway runs as its own user (uid 1000 in its image, rtxserve under systemd) and reads the keys file;
     compose mounts it as a file secret, which keeps the host's owner and mode."""
