@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--out", type=Path, required=True, help="folder to write (artifacts are hard-linked into OUT/models)")
     r.add_argument("--prefix", type=Path, help="where rtxserve is installed on the box, for the systemd units "
                    "(default: this folder)")
+    r.add_argument("--at", type=Path, help="where OUT will be on the box, for the systemd units (default: OUT)")
     r.add_argument("--tritonserver", type=Path, help="systemd: run this tritonserver binary (e.g. a native install "
                    "with the onnxruntime and tensorrt backends) instead of the one in PREFIX/.envs/triton")
     r.add_argument("--backend-directory", type=Path, help="systemd: that tritonserver's backends")
@@ -79,10 +80,13 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 0
     try:
-        written = render(load_deployment(args.deployment), args.out, prefix=args.prefix, tritonserver=args.tritonserver,
-                         backend_directory=args.backend_directory)
+        written = render(load_deployment(args.deployment), args.out, at=args.at, prefix=args.prefix,
+                         tritonserver=args.tritonserver, backend_directory=args.backend_directory)
     except (DeploymentError, OSError) as exc:
         print(f"rtxserve deploy render: error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files to {args.out}: compose/, systemd/, kubernetes/, monitoring/, images.txt", file=sys.stderr)
+    skipped = args.out / "systemd" / "README"
+    if skipped in written:
+        print(f"rtxserve deploy render: systemd/: {skipped.read_text().strip()}", file=sys.stderr)
     return 0

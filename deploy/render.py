@@ -213,7 +213,17 @@ def _loadtest_key(d: Deployment, keys: dict, files: _Files) -> None:
 
 def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build], files: _Files, *, at: Path,
              prefix: Path, tritonserver: Path | None, backend_directory: Path | None) -> None:
-    """systemd/: the same servers on one host, from an install at `prefix`, the artifacts under `at`/models."""
+    """systemd/: the same servers on one host, from an install at `prefix`, the artifacts under `at`/models. Not
+    rendered (systemd/README says why) when a path the units use is under /tmp or /var/tmp, which PrivateTmp=yes
+    replaces with an empty folder of the unit's own."""
+    used = {"--at": at, "--prefix": prefix, "--tritonserver": tritonserver, "--backend-directory": backend_directory}
+    hidden = {flag: path for flag, path in used.items()
+              if path is not None and any(Path(path).is_relative_to(t) for t in ("/tmp", "/var/tmp"))}
+    if hidden:
+        files.write("systemd/README", "Not rendered: " + ", ".join(f"{flag} {path}" for flag, path in hidden.items())
+                    + " is under /tmp or /var/tmp, which the units' PrivateTmp=yes hides from them. Render again with "
+                    "--at (where this folder will be on the box) and --prefix (where rtxserve is installed) outside them.\n")
+        return
     host_where = {k: str(at / "models" / Path(v).relative_to(MODELS)) if v.startswith(MODELS) else
                   str(at / "secrets" / "keys.json") for k, v in where.items()}
     host = Layout(path=lambda path: host_where[Path(path).resolve()], repository=str(at / "models" / "repository"),

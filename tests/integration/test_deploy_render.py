@@ -50,7 +50,7 @@ def rendered(classifier_checkpoint, tmp_path_factory):
     # GPU entries' units run NGC's native tritonserver (/opt/tritonserver) by default; this machine has the CPU
     # build's, which systemd-analyze can find (it checks that the binary exists)
     install = TritonInstall.from_env(TRITON_ENV)
-    files = render(load_deployment(path), out, prefix=ROOT, tritonserver=install.binary,
+    files = render(load_deployment(path), out, at=Path("/srv/rtxserve-box"), prefix=ROOT, tritonserver=install.binary,
                    backend_directory=install.backend_dir)
     return out, files
 

@@ -3,6 +3,7 @@ says its artifacts are; and a deployment with one model of every task the regist
 that the next task cannot break `plan` the way embeddings did."""
 
 import json
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -39,7 +40,7 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
         with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
             render(d, tmp_path / "out", prefix=ROOT)
         return
-    files = render(d, tmp_path / "out", prefix=ROOT)
+    files = render(d, tmp_path / "out", at=Path(f"/opt/rtxserve-{d.name}"), prefix=ROOT)
     names = {f.relative_to(tmp_path / "out").as_posix() for f in files}
     assert {"compose/compose.yaml", "kubernetes/kustomization.yaml", f"systemd/rtxserve-{d.name}.target"} <= names
 
@@ -103,7 +104,7 @@ def rendered(example: Path, tmp_path: Path):
     p = plan(d)
     if not d.on_gpu:
         pytest.skip("a CPU box: no GPU to share")
-    render(d, tmp_path / "out", prefix=ROOT)
+    render(d, tmp_path / "out", at=Path(f"/opt/rtxserve-{d.name}"), prefix=ROOT)
     return d, p, tmp_path / "out"
 
 
@@ -233,6 +234,22 @@ def test_every_image_built_here_has_its_inputs_in_its_context(example, tmp_path)
         for *sources, _ in copies:
             assert all((context / s).exists() for s in sources), (context.name, sources)
     assert {"pyproject.toml", "serve", "deploy"} <= {f.name for f in (out / "gateway-image" / "src").iterdir()}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_no_unit_uses_a_path_its_private_tmp_hides(example, tmp_path):
+    """The units run with PrivateTmp=yes: every absolute path in them is outside /tmp and /var/tmp. Rendered for a
+    folder under /tmp (the default --at is the output folder), the units are not written, and systemd/README says
+    why and what to pass instead."""
+    d, p, out = rendered(example, tmp_path)
+    units = sorted((out / "systemd").glob("*.service"))
+    assert units and all("PrivateTmp=yes" in u.read_text() for u in units)
+    paths = [w for u in units for w in re.findall(r"(?<![\w.])/[\w./-]+", u.read_text())]
+    assert paths and not [w for w in paths if w.startswith(("/tmp/", "/var/tmp/"))]
+    written = render(d, tmp_path / "in-tmp", at=Path("/tmp/box"), prefix=ROOT)
+    assert not list((tmp_path / "in-tmp" / "systemd").glob("*.service"))
+    assert tmp_path / "in-tmp" / "systemd" / "README" in written
+    assert "--at /tmp/box" in (tmp_path / "in-tmp" / "systemd" / "README").read_text()
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
