@@ -296,3 +296,70 @@ def test_the_images_build_online_from_a_render_and_offline_from_a_bundle(rendere
     assert "--no-index" not in pip
     root, pip = _image_install(out / "triton-image", tmp_path, wheel)
     assert pip[:4] == ["install", "--no-cache-dir", "--no-index", f"--find-links={root}/wheels"]
+
+
+# What stands in for a native GPU step (onnxruntime_onnx, tensorrt_plan) that this CPU tritonserver has no backend
+# for: a python-backend model with the step's own inputs, outputs and batching, answering zeros.
+STAND_IN = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.outputs = [(o["name"], pb_utils.triton_string_to_numpy(o["data_type"]), [max(int(d), 1) for d in o["dims"]])
+                        for o in config["output"]]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().shape[0]
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, np.zeros([rows, *dims], dtype)) for name, dtype, dims in self.outputs]))
+        return responses
+'''
+
+
+def test_the_rendered_repository_loads_in_the_real_tritonserver(rendered, tmp_path):
+    """The real export's entry as render staged it, in the real tritonserver: every config parses against Triton's
+    ModelConfig (the GPU-only fields included), each step loads with its planned instances and batching, and the
+    ensemble's maps resolve (Triton checks every name, type and shape across its steps) and carry a request
+    through. Only what this CPU build cannot have is changed: KIND_GPU instances run as KIND_CPU, and the native
+    GPU step is a python-backend stand-in with its config. (The other entry is a planning stand-in, no model.)"""
+    from serve.entry_config import copy_entry, read_config, write_config
+    from serve.stack import start_triton
+
+    out, _ = rendered
+    repository = copy_entry(out / "models" / "repository", "sentiment", tmp_path / "repository")
+    native = []
+    for path in sorted(repository.glob("*/config.pbtxt")):
+        config = read_config(path)
+        assert not [g for g in config.instance_group if g.kind == g.KIND_GPU and config.backend == "python"]
+        for group in config.instance_group:
+            if group.kind == group.KIND_GPU:
+                group.kind = group.KIND_CPU
+                del group.gpus[:]
+        if config.platform in ("onnxruntime_onnx", "tensorrt_plan"):
+            native.append(config.name)
+            config.platform, config.backend, config.default_model_filename = "", "python", ""
+            for version in (path.parent / "1").iterdir():
+                version.unlink()
+            (path.parent / "1" / "model.py").write_text(STAND_IN)
+        write_config(path, config)
+    assert native == ["sentiment_model"]
+    server, opts = start_triton(repository, tmp_path)
+    try:
+        base = f"http://127.0.0.1:{opts.http_port}/v2"
+        for path in sorted(repository.glob("*/config.pbtxt")):
+            assert httpx.get(f"{base}/models/{path.parent.name}/ready").status_code == 200, path.parent.name
+        ensemble = read_config(repository / "sentiment" / "config.pbtxt")
+        (text,) = ensemble.input
+        body = {"inputs": [{"name": text.name, "datatype": "BYTES", "shape": [1, 1], "data": ["what a day"]}]}
+        answer = httpx.post(f"{base}/models/sentiment/infer", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert {o["name"] for o in answer.json()["outputs"]} == {o.name for o in ensemble.output}
+    finally:
+        server.stop()
