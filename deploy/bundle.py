@@ -168,6 +168,8 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     prefix = Path(prefix or f"/opt/rtxserve-{d.name}")
     log(f"rendering {d.name} for {prefix}")
     render(d, stage, at=prefix, prefix=prefix)
+    if (stage / "systemd" / "README").is_file():
+        log(f"systemd/: {(stage / 'systemd' / 'README').read_text().strip()}")
     wheels = stage / "wheels"
     if not (stage / "gateway-image" / "src" / "pyproject.toml").is_file():
         raise DeploymentError("deploy bundle builds rtxserve's wheel from its source: run it from a checkout")

@@ -41,9 +41,13 @@ def test_the_archive_holds_wheels_models_rendered_files_images_and_checksums(arc
         names = set(t.getnames())
     root = "rtxserve-offline-box"
     for expected in ("install.sh", "deployment.yaml", "SHA256SUMS", "images.txt", "compose/compose.yaml",
-                     "kubernetes/kustomization.yaml", "systemd/rtxserve-offline-box.target", "models/repository/sentiment/config.pbtxt",
+                     "kubernetes/kustomization.yaml", "models/repository/sentiment/config.pbtxt",
                      "gateway-image/Dockerfile", "wheels/gateway/requirements.txt", "wheels/triton/requirements.txt"):
         assert f"{root}/{expected}" in names, expected
+    # --prefix is a test folder: under /tmp (which the units' PrivateTmp would hide) no units, and a README says why
+    hidden = any(tar.is_relative_to(t) for t in ("/tmp", "/var/tmp"))
+    assert (f"{root}/systemd/README" in names) == hidden
+    assert (f"{root}/systemd/rtxserve-offline-box.target" in names) == (not hidden)
     assert any(n.startswith(f"{root}/wheels/gateway/rtxserve-") and n.endswith(".whl") for n in names)
     assert any(n.startswith(f"{root}/wheels/triton/nvidia_pytriton-") for n in names)
     assert not any(n.startswith(f"{root}/wheels/vllm") for n in names)  # no LLM in this deployment
