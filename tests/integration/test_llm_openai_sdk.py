@@ -4,6 +4,8 @@ LoRA adapters, chat and completions, streamed and not."""
 import openai
 import pytest
 
+from serve.stack import start_gateway
+
 from .conftest import LLM_MODELS as MODELS
 
 
@@ -50,3 +52,24 @@ def test_abusive_parameters_are_refused_before_vllm(sdk):
         sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], n=50)
     with pytest.raises(openai.BadRequestError, match="at most 4096"):
         sdk.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "x"}], max_tokens=10**6)
+
+
+def test_a_chat_that_names_no_length_stops_at_the_gateways_max_tokens(llm_servers, tmp_path):
+    """vLLM, asked with no max_tokens, generates to the end of the context (ignore_eos keeps it going); through a
+    gateway whose max_tokens is 16, the same request stops at 16, streamed or not, and usage counts them."""
+    _, vllm_url, _ = llm_servers
+    gateway, url = start_gateway("", tmp_path, vllm_url=vllm_url, extra_env={"RTXSERVE_MAX_TOKENS": "16"})
+    try:
+        messages = [{"role": "user", "content": "hello"}]
+        extra = {"ignore_eos": True}
+        direct = openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="unused", max_retries=0, timeout=120)
+        assert direct.chat.completions.create(model="tiny-llama", messages=messages, extra_body=extra
+                                              ).usage.completion_tokens > 16
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        assert sdk.chat.completions.create(model="tiny-llama", messages=messages, extra_body=extra
+                                           ).usage.completion_tokens == 16
+        chunks = list(sdk.chat.completions.create(model="adapter-a", messages=messages, extra_body=extra, stream=True,
+                                                  stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 16
+    finally:
+        gateway.stop()

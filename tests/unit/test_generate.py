@@ -119,6 +119,20 @@ def test_every_other_field_is_relayed_as_sent(client, backend):
     assert backend.bodies[-1] == {**CHAT, **RELAYED, "max_tokens": 10}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_that_names_no_length_gets_the_gateways_bound(client, backend, stream):
+    """Left out, vLLM would generate up to the rest of the context (chat) past the gateway's max_tokens (100 here);
+    a completion keeps OpenAI's and vLLM's default of 16."""
+    backend.stream = FakeStream([_chunk("a"), "data: [DONE]"])
+    assert client.post("/v1/chat/completions", json={**CHAT, "ignore_eos": True, "stream": stream}).status_code == 200
+    assert backend.bodies[-1]["max_completion_tokens"] == 100 and "max_tokens" not in backend.bodies[-1]
+    for named in ({"max_tokens": 7}, {"max_completion_tokens": 7}):
+        assert client.post("/v1/chat/completions", json={**CHAT, **named}).status_code == 200
+        assert {k: v for k, v in backend.bodies[-1].items() if k.startswith("max_")} == named
+    assert client.post("/v1/completions", json={"model": "llm", "prompt": "hi"}).status_code == 200
+    assert backend.bodies[-1]["max_tokens"] == 16
+
+
 def test_completions_relay_extras_and_bound_logprobs_and_prompt_size(client, backend):
     sent = {"model": "llm", "prompt": [[1, 2, 3]], "ignore_eos": True, "max_tokens": 4, "logprobs": 5}
     assert client.post("/v1/completions", json=sent).status_code == 200 and backend.bodies[-1] == sent

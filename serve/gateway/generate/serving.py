@@ -77,6 +77,21 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
                                  f"{limits.max_tools_bytes}", param="tools")
 
 
+# What vLLM generates for a completion that names no max_tokens (OpenAI's default too).
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def _bound_omitted_length(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest,
+                          body: dict) -> None:
+    """A request that names no length gets the gateway's bound sent explicitly: left out, vLLM would generate up to
+    the rest of the context window (chat), past `max_tokens`. vLLM still stops at the end of the context."""
+    if isinstance(request, CompletionRequest):
+        if request.max_tokens is None:
+            body["max_tokens"] = min(COMPLETIONS_DEFAULT_MAX_TOKENS, limits.max_tokens)
+    elif request.max_tokens is None and request.max_completion_tokens is None:
+        body["max_completion_tokens"] = limits.max_tokens
+
+
 async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
     """Token metrics, and the key's tokens-per-minute charge."""
     if usage:
@@ -93,6 +108,7 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     _check_bounds(state.settings, request)
     info = state.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
+    _bound_omitted_length(state.settings, request, body)
     if not request.stream:
         answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
         await _count_usage(state, key, info.name, answer.get("usage"))
