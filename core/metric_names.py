@@ -9,5 +9,8 @@ IN_FLIGHT = "rtxserve_requests_in_flight"  # gauge
 QUEUED = "rtxserve_requests_queued"  # gauge
 SHED = "rtxserve_requests_shed_total"  # counter, by reason
 BACKEND_SECONDS = "rtxserve_backend_request_duration_seconds"  # histogram, by backend
+# histogram, by route: the gateway's own time per request (its time minus its backend calls', to the response's start)
+OVERHEAD_SECONDS = "rtxserve_gateway_overhead_seconds"
+OVERHEAD_HEADER = "x-rtxserve-overhead-ms"  # the same figure on every response, in milliseconds
 BACKEND_UP = "rtxserve_backend_up"  # gauge, by backend
 BREAKER_OPEN = "rtxserve_backend_breaker_open"  # gauge, by backend

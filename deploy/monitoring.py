@@ -63,6 +63,8 @@ def gateway_dashboard() -> dashboard.Dashboard:
             .with_panel(_series("Latency by model", "s", *_quantiles(f"{metric_names.REQUEST_SECONDS}_bucket", "model")))
             .with_panel(_series("Backend call time by replica", "s",
                                 *_quantiles(f"{metric_names.BACKEND_SECONDS}_bucket", "backend")))
+            .with_panel(_series("The gateway's own time per request (backend calls left out)", "s",
+                                *_quantiles(f"{metric_names.OVERHEAD_SECONDS}_bucket", "route")))
             .with_panel(_series("Shed (admission control)", "reqps",
                                 _p("A", f"sum by (reason) (rate({metric_names.SHED}[1m]))", "{{reason}}")))
             .with_panel(_series("Tokens per second", "short",

@@ -137,7 +137,7 @@ def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: st
         return failed
     figures = server_metrics.summary(series, summary.warmup_s)
     table = _server_tables(series, figures)
-    return f"""
+    return f"""{_split(figures)}
 ## Where the time goes: the servers' side
 
 ![client latency beside the gateway's, Triton's and vLLM's own figures](server.png)
@@ -150,6 +150,18 @@ gateway's backend call time ends when the stream opened, its request time when t
 
 {table}
 {failed}"""
+
+
+def _split(figures: dict) -> str:
+    """The client's latency split into the gateway's own share (x-rtxserve-overhead-ms, as its histogram) and the
+    rest (its backends, and the network), from the means after warm-up."""
+    held, own = figures.get("gateway request time"), figures.get("gateway overhead")
+    if not held or not own or not np.isfinite(held["mean"]) or not np.isfinite(own["mean"]) or held["mean"] <= 0:
+        return ""
+    share = own["mean"] / held["mean"]
+    return (f"\n**The gateway's own share**: {own['mean']:.2f} ms of the {held['mean']:.2f} ms it held each request "
+            f"({share:.0%}); the other {held['mean'] - own['mean']:.2f} ms were its backends' (streams: to the "
+            "response's start only).\n")
 
 
 TRITON_COLUMNS = (("rps", "requests/s"), ("queue", "queue ms"), ("compute", "compute ms"), ("batch", "batch size"),

@@ -188,7 +188,7 @@ def _lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
         if len(client.get(key, [])) == len(t) > 0:
             out["throughput" if key == "qps" else "time"].append((t, client[key], label, {"color": color, "lw": 1.8}))
     top = sorted(busy, key=lambda m: -busy[m])[:3]
-    for panel, roles, only in (("time", ("gateway", "backend", "vllm_queue"), None),
+    for panel, roles, only in (("time", ("gateway", "overhead", "backend", "vllm_queue"), None),
                                ("time", ("queue", "compute"), working[:1]), ("throughput", ("rps",), top),
                                ("throughput", ("failures", "shed"), None), ("kv", ("kv",), None),
                                ("queues", ("in flight", "queued", "running", "waiting"), None)):

@@ -37,7 +37,8 @@ VLLM = (  # vLLM 0.10+, label `model_name` (and `engine`); gpu_cache_usage_perc 
     "vllm:generation_tokens_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
 GATEWAY = (metric_names.IN_FLIGHT, metric_names.QUEUED, metric_names.SHED,
            f"{metric_names.REQUEST_SECONDS}_sum", f"{metric_names.REQUEST_SECONDS}_count",
-           f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count")
+           f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count",
+           f"{metric_names.OVERHEAD_SECONDS}_sum", f"{metric_names.OVERHEAD_SECONDS}_count")
 GPU = ("gpu_utilization_percent", "gpu_memory_used_bytes")
 KEEP = frozenset(TRITON + VLLM + GATEWAY)  # only what derive() reads: histogram buckets would be most of the file
 PROBE_ROUTES = frozenset({"/metrics", "/healthz", "/readyz", "/health"})  # not model traffic
@@ -289,6 +290,9 @@ def _gateway(tg: _Target) -> None:
     spent = tg.inc(f"{metric_names.REQUEST_SECONDS}_sum", keep=served)
     for n in tg.inc(f"{metric_names.REQUEST_SECONDS}_count", keep=served).values():
         tg.mean("gateway request time", spent.get("", tg.nan), n, 1e3, "gateway")
+    spent = tg.inc(f"{metric_names.OVERHEAD_SECONDS}_sum", keep=served)
+    for n in tg.inc(f"{metric_names.OVERHEAD_SECONDS}_count", keep=served).values():
+        tg.mean("gateway overhead", spent.get("", tg.nan), n, 1e3, "overhead")
     spent = tg.inc(f"{metric_names.BACKEND_SECONDS}_sum", "backend")
     for backend, n in tg.inc(f"{metric_names.BACKEND_SECONDS}_count", "backend").items():
         tg.mean(f"backend {backend} call time", spent.get(backend, tg.nan), n, 1e3, "backend", backend)

@@ -1,4 +1,6 @@
-"""Prometheus metrics: request latency histogram and request counter per route, model and status.
+"""Prometheus metrics: request latency histogram and request counter per route, model and status, and the
+gateway's own share of each request (its overhead: the time it held the request, to the response's start, less
+the time its backend calls took), as a histogram and as the `x-rtxserve-overhead-ms` header of every response.
 
 A pure ASGI middleware (no BaseHTTPMiddleware overhead on the hot path). With several uvicorn
 workers, set PROMETHEUS_MULTIPROC_DIR so that /metrics aggregates all of them.
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextvars import ContextVar
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,6 +38,12 @@ BACKEND_UP = Gauge(metric_names.BACKEND_UP, "1 when the replica answered its las
                    multiprocess_mode="livemax")
 BREAKER_OPEN = Gauge(metric_names.BREAKER_OPEN, "1 while the replica's circuit breaker keeps traffic away",
                      ("backend",), multiprocess_mode="livemax")
+OVERHEAD_SECONDS = Histogram(metric_names.OVERHEAD_SECONDS, "The gateway's own time per request, backend calls left out",
+                             ("route",), buckets=(0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.0075, 0.01,
+                                                  0.025, 0.05, 0.1, 0.25, 1))
+OVERHEAD_HEADER = metric_names.OVERHEAD_HEADER.encode()
+# Seconds the request being served has waited on backends so far (state.py adds each call's).
+BACKEND_WAIT: ContextVar[list[float]] = ContextVar("backend_wait")
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
 
 
@@ -57,19 +66,27 @@ class MetricsMiddleware:
             return await self.app(scope, receive, send)
         start = time.perf_counter()
         status = 500
+        waited = [0.0]
+        token = BACKEND_WAIT.set(waited)
 
         async def send_wrapper(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                overhead = time.perf_counter() - start - waited[0]
+                OVERHEAD_SECONDS.labels(_route(scope)).observe(overhead)
+                message["headers"] = [*message.get("headers", ()), (OVERHEAD_HEADER, b"%.3f" % (overhead * 1e3))]
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            matched = scope.get("route")  # set by the router once a route matched
-            route = getattr(matched, "path", "unmatched")
-            model = scope.get("state", {}).get("model", "")
-            labels = (route, model, str(status))
+            labels = (_route(scope), scope.get("state", {}).get("model", ""), str(status))
             REQUEST_SECONDS.labels(*labels).observe(time.perf_counter() - start)
             REQUESTS.labels(*labels).inc()
+            BACKEND_WAIT.reset(token)
+
+
+def _route(scope) -> str:
+    """The matched path template (set by the router once a route matched); unmatched paths share one label."""
+    return getattr(scope.get("route"), "path", "unmatched")

@@ -262,7 +262,11 @@ class GatewayState:
                 return _HeldStream(result, release)
             return result
         finally:
-            metrics.BACKEND_SECONDS.labels(replica.name).observe(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            metrics.BACKEND_SECONDS.labels(replica.name).observe(took)
+            waited = metrics.BACKEND_WAIT.get(None)
+            if waited is not None:
+                waited[0] += took
             if replica.breaker.state == STATE_OPEN:
                 metrics.BREAKER_OPEN.labels(replica.name).set(1)
             if not held:

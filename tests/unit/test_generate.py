@@ -202,3 +202,31 @@ def test_a_stream_holds_its_model_slot_until_it_ends(backend):
             assert client.post("/v1/chat/completions", json={**CHAT, "stream": True}).status_code == 200
         state = client.app.state.gateway
         assert not state.gates["llm-lora"].slots.locked() and backend.stream.response.is_closed
+
+
+def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend):
+    """x-rtxserve-overhead-ms: the time the gateway held the request less its backend calls. The backend here
+    takes 300 ms, so a figure that counted it could not be below 300; refusals carry it too, and the histogram
+    counts each answer under its route."""
+    import asyncio
+
+    slow = backend.generate
+
+    async def generate(path, body, model):
+        await asyncio.sleep(0.3)
+        return await slow(path, body, model)
+
+    from prometheus_client import REGISTRY
+
+    counted = lambda: REGISTRY.get_sample_value("rtxserve_gateway_overhead_seconds_count",  # noqa: E731
+                                                {"route": "/v1/chat/completions"}) or 0
+    before = counted()
+    backend.generate = generate
+    with TestClient(create_app(GatewaySettings(max_tokens=100, health_interval_s=60), [backend])) as client:
+        answered = client.post("/v1/chat/completions", json=CHAT)
+        refused = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 101})
+    assert answered.status_code == 200 and refused.status_code == 400
+    for r in (answered, refused):
+        assert 0 < float(r.headers["x-rtxserve-overhead-ms"]) < 300, r.headers["x-rtxserve-overhead-ms"]
+    assert answered.elapsed.total_seconds() >= 0.3
+    assert counted() - before == 2

@@ -69,6 +69,10 @@ def gateway_text(routes, backend, in_flight, queued, shed):
     text += "# TYPE rtxserve_request_duration_seconds histogram\n"
     for route, (total, count) in routes.items():
         text += histogram("rtxserve_request_duration_seconds", f'model="",route="{route}",status="200"', total, count)
+    text += "# HELP rtxserve_gateway_overhead_seconds The gateway's own time per request\n"
+    text += "# TYPE rtxserve_gateway_overhead_seconds histogram\n"
+    for route, (total, count) in routes.items():  # a tenth of each request's time is the gateway's own
+        text += histogram("rtxserve_gateway_overhead_seconds", f'route="{route}"', total / 10, count)
     text += "# HELP rtxserve_backend_request_duration_seconds Time a backend replica took per call\n"
     text += "# TYPE rtxserve_backend_request_duration_seconds histogram\n"
     text += histogram("rtxserve_backend_request_duration_seconds", 'backend="triton-0"', *backend)
@@ -147,6 +151,7 @@ def test_gateway_time_excludes_probes_and_counts_a_route_seen_for_the_first_time
                           "/metrics": (0.101, 2), "/healthz": (5.002, 9)}, (0.92, 14), 4, 0, 2)),
     ]), T0)
     np.testing.assert_allclose(y(series, "gateway request time"), [60.0])  # (0.2 + 0.1) s / 5 requests
+    np.testing.assert_allclose(y(series, "gateway overhead"), [6.0])  # a tenth of it, probes left out too
     np.testing.assert_allclose(y(series, "backend triton-0 call time"), [30.0])  # 0.12 s / 4
     np.testing.assert_allclose(y(series, "gateway in flight"), [3.0, 4.0])
     np.testing.assert_allclose(y(series, "gateway queued"), [1.0, 0.0])
@@ -208,3 +213,12 @@ def test_plot_of_client_figures_only_still_draws(tmp_path):
     t = np.arange(5.0)
     assert plot({}, {"t": t, "p50": t + 1, "p99": t + 2, "qps": t}, tmp_path / "c.png", "client only").exists()
 
+
+
+def test_the_report_splits_the_gateways_time_into_its_own_and_its_backends():
+    from loadtest.pages import _split
+
+    figures = {"gateway request time": {"mean": 20.0, "max": 30.0, "unit": "ms/request"},
+               "gateway overhead": {"mean": 1.5, "max": 2.0, "unit": "ms/request"}}
+    assert "1.50 ms of the 20.00 ms it held each request (8%); the other 18.50 ms were its backends'" in _split(figures)
+    assert _split({"gateway request time": figures["gateway request time"]}) == ""  # an older gateway: no figure
