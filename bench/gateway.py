@@ -1,11 +1,11 @@
 """`rtxserve bench gateway`: benchmark B1 (shared BENCH.md), what the gateway costs.
 
 The fixture classifier runs in the real tritonserver. The same closed-loop client (asyncio + httpx,
-`concurrency` requests in flight, no wait) calls it through the gateway (`POST /v1/classify`) and
-directly (Triton's own HTTP `POST /v2/models/NAME/infer`), interleaved in alternating order over
-several rounds; each figure is the median over rounds. Percentiles come from every raw sample. The
-gateway's CPU time (its processes, from the kernel's accounting) divided by the requests it served
-gives CPU-ms per request.
+`concurrency` requests in flight, no wait) calls it directly (Triton's own HTTP `POST /v2/models/NAME/infer`),
+through a plain reverse proxy (nginx, bench/proxy.py: the floor) and through the gateway (`POST /v1/classify`),
+interleaved in rotating order over several rounds; each figure is the median over rounds. Percentiles come
+from every raw sample. The gateway's and the proxy's CPU time (their processes, from the kernel's accounting)
+divided by the requests they served gives CPU-ms per request.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ log = logging.getLogger("rtxserve.bench")
 MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
+PATHS = ("direct", "proxy", "gateway")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -71,34 +72,36 @@ def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
             "qps": round(len(latencies) / seconds, 1), "requests": len(latencies), "errors": errors}
 
 
-async def _measure(gateway_url: str, triton_http: str, gateway_pid: int, *, rounds: int, duration_s: float,
-                   concurrency: int, progress) -> dict:
+async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, duration_s: float, concurrency: int,
+                   progress) -> dict:
+    """`urls`: direct (Triton's HTTP), proxy and gateway; `pids`: the processes whose CPU is counted per request."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        async def via_gateway() -> bool:
-            r = await client.post(f"{gateway_url}/v1/classify", json={"model": MODEL, "input": TEXT})
-            return r.status_code == 200
-
         direct_body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}
 
-        async def direct() -> bool:
-            r = await client.post(f"{triton_http}/v2/models/{MODEL}/infer", json=direct_body)
+        def triton(url: str):
+            async def request() -> bool:
+                return (await client.post(f"{url}/v2/models/{MODEL}/infer", json=direct_body)).status_code == 200
+            return request
+
+        async def via_gateway() -> bool:
+            r = await client.post(f"{urls['gateway']}/v1/classify", json={"model": MODEL, "input": TEXT})
             return r.status_code == 200
 
-        targets = {"gateway": via_gateway, "direct": direct}
-        for request in targets.values():  # warm up both paths (connections, Triton instances)
+        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": via_gateway}
+        for request in targets.values():  # warm up every path (connections, Triton instances)
             await _closed_loop(request, concurrency, 2.0)
         per_round: dict[str, list[dict]] = {name: [] for name in targets}
         samples: dict[str, list[float]] = {name: [] for name in targets}
+        names = list(targets)
         for i in range(rounds):
-            order = list(targets) if i % 2 == 0 else list(reversed(targets))
-            for name in order:
-                cpu_before = _cpu_seconds(gateway_pid)
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each path first in turn
+                cpu_before = _cpu_seconds(pids[name]) if name in pids else 0.0
                 latencies, errors, seconds = await _closed_loop(targets[name], concurrency, duration_s)
                 summary = _summary(latencies, errors, seconds)
-                if name == "gateway":
-                    summary["gateway_cpu_ms_per_request"] = round(
-                        (_cpu_seconds(gateway_pid) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
+                if name in pids:
+                    summary["cpu_ms_per_request"] = round(
+                        (_cpu_seconds(pids[name]) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
                 per_round[name].append(summary)
                 samples[name] += latencies
                 progress(f"round {i + 1}/{rounds}, {concurrency} in flight, {name}: P50 {summary['p50_ms']} ms, "
@@ -136,21 +139,28 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
         progress=log.info) -> dict:
+    from .all import machine
+    from .proxy import nginx_version, plain_proxy
+
     out.mkdir(parents=True, exist_ok=True)
-    with classifier_stack(workers, progress) as (url, triton_http, pid):
-        levels = [asyncio.run(_measure(url, triton_http, pid, rounds=rounds, duration_s=duration_s, concurrency=c,
+    with classifier_stack(workers, progress) as (url, triton_http, pid), tempfile.TemporaryDirectory() as tmp, \
+            plain_proxy(triton_http.removeprefix("http://"), Path(tmp), "/v2/health/ready") as (proxy, proxy_pid):
+        urls, pids = {"direct": triton_http, "proxy": proxy, "gateway": url}, {"proxy": proxy_pid, "gateway": pid}
+        levels = [asyncio.run(_measure(urls, pids, rounds=rounds, duration_s=duration_s, concurrency=c,
                                        progress=progress))
                   for c in concurrency]
     result = {"bench": "B1", "model": "fixture BERT classifier (2 instances, python backend + ONNX Runtime)",
-              "rounds": rounds, "duration_s": duration_s, "gateway_workers": workers,
+              "rounds": rounds, "duration_s": duration_s, "gateway_workers": workers, "cpu": machine(),
               "versions": {"tritonserver": "2.51 (nvidia-pytriton 0.7.0)", "fastapi": _version("fastapi"),
-                           "uvicorn": _version("uvicorn"), "tritonclient": _version("tritonclient")},
+                           "uvicorn": _version("uvicorn"), "tritonclient": _version("tritonclient"),
+                           "nginx": nginx_version()},
               "levels": [{k: v for k, v in level.items() if k != "samples"} for level in levels]}
     for level in result["levels"]:
-        gw, direct = level["medians"]["gateway"], level["medians"]["direct"]
-        level["p99_ratio"] = round(gw["p99_ms"] / direct["p99_ms"], 3)
-        level["qps_ratio"] = round(gw["qps"] / direct["qps"], 3)
-        level["p50_added_ms"] = round(gw["p50_ms"] - direct["p50_ms"], 3)
+        m = level["medians"]
+        level["p99_ratio"] = round(m["gateway"]["p99_ms"] / m["direct"]["p99_ms"], 3)
+        level["qps_ratio"] = round(m["gateway"]["qps"] / m["direct"]["qps"], 3)
+        level["p50_added_ms"] = round(m["gateway"]["p50_ms"] - m["direct"]["p50_ms"], 3)
+        level["proxy_p50_added_ms"] = round(m["proxy"]["p50_ms"] - m["direct"]["p50_ms"], 3)
     (out / "bench-gateway.json").write_text(json.dumps(result, indent=2))
     (out / "bench-gateway.md").write_text(markdown(result))
     _plot(levels, out / "b1.png")
@@ -165,21 +175,23 @@ def _version(name: str) -> str:
 
 def markdown(result: dict) -> str:
     lines = [f"# B1: gateway overhead ({result['model']}, {result['gateway_workers']} gateway worker(s), "
-             f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s)", "",
-             "![latency distributions through the gateway and direct](b1.png)", "",
-             "| in flight | path | P50 ms | P90 ms | P99 ms | P99.9 ms | QPS | errors | gateway CPU-ms / request |",
+             f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s; CPU: {result['cpu']})", "",
+             "![latency distributions direct, through nginx and through the gateway](b1.png)", "",
+             "| in flight | path | P50 ms | P90 ms | P99 ms | P99.9 ms | QPS | errors | CPU-ms / request |",
              "|---|---|---|---|---|---|---|---|---|"]
     for level in result["levels"]:
-        for name in ("direct", "gateway"):
+        for name in PATHS:
             m = level["medians"][name]
-            cpu = m.get("gateway_cpu_ms_per_request", "")
             lines.append(f"| {level['concurrency']} | {name} | {m['p50_ms']} | {m['p90_ms']} | {m['p99_ms']} | "
-                         f"{m['p99.9_ms']} | {m['qps']} | {m['errors']} | {cpu} |")
-    lines += ["", "| in flight | P99 gateway / direct (target <= 1.15) | QPS gateway / direct (target >= 0.9) | "
-              "P50 added ms | CPU-ms / request (target <= 1.0) |", "|---|---|---|---|---|"]
+                         f"{m['p99.9_ms']} | {m['qps']} | {m['errors']} | {m.get('cpu_ms_per_request', '')} |")
+    lines += ["", "| in flight | P99 gateway / direct (target <= 1.25 at 8) | QPS gateway / direct (target >= 0.85 at 8) | "
+              "P50 added ms, gateway / proxy | CPU-ms / request, gateway (target <= 0.6 at 8) / proxy |",
+              "|---|---|---|---|---|"]
     for level in result["levels"]:
-        lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | {level['p50_added_ms']} | "
-                     f"{level['medians']['gateway']['gateway_cpu_ms_per_request']} |")
+        m = level["medians"]
+        lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | "
+                     f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
+                     f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -191,7 +203,7 @@ def _plot(levels: list[dict], path: Path) -> None:
     for ax, level in zip(axes[0], levels):
         latency_cdf(ax, [(f"{name} (P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)",
                           level["samples"][name], colour)
-                         for name, colour in (("direct", "tab:blue"), ("gateway", "tab:orange"))])
+                         for name, colour in zip(PATHS, ("tab:blue", "tab:green", "tab:orange"))])
         ax.set_title(f"B1, {level['concurrency']} in flight: latency distribution")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -16,15 +16,16 @@ from . import canaries
 from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
-from .classify.router import router as classify_router
-from .embeddings.router import router as embeddings_router
+from .classify.router import HOT as CLASSIFY, router as classify_router
+from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
 from .exceptions import install_handlers
 from .frontdoor import FrontDoor
+from .hotpath import HotRoutes
 from .generate.router import router as generate_router
 from .images.router import router as images_router
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
-from .ner.router import router as ner_router
+from .ner.router import HOT as NER, router as ner_router
 from .settings import GatewaySettings
 from .state import GatewayState
 from .system.router import probes
@@ -92,6 +93,10 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(embeddings_router)
     app.include_router(ner_router)
     app.include_router(images_router)
+    hot = [CLASSIFY, EMBEDDINGS, NER]
+    app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
+                       documented={r.path: r for router in (classify_router, embeddings_router, ner_router)
+                                   for r in router.routes})
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
                        queue_timeout_s=settings.queue_timeout_s)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)

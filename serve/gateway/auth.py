@@ -13,31 +13,40 @@ from .exceptions import Forbidden, Unauthenticated
 from .keys import ApiKey
 
 
-async def authenticate(request: Request) -> None:
-    """Route dependency: 401 unless the request carries a valid key (when the gateway has keys)."""
-    ring = request.app.state.gateway.keys
+def key_of(state, authorization: str) -> ApiKey | None:
+    """The key an `Authorization` header names: None when the gateway has no keys; 401 when it has and the header
+    does not name one of them."""
+    ring = state.keys
     if ring is None:
-        return
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+        return None
+    scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>'")
     key = ring.lookup(secret.strip())
     if key is None:
         raise Unauthenticated("invalid API key")  # never echo what was sent
-    request.state.api_key = key
+    return key
+
+
+async def authenticate(request: Request) -> None:
+    """Route dependency: 401 unless the request carries a valid key (when the gateway has keys)."""
+    request.state.api_key = key_of(request.app.state.gateway, request.headers.get("authorization", ""))
 
 
 def request_key(request: Request) -> ApiKey | None:
     return getattr(request.state, "api_key", None)
 
 
-async def admit(request: Request, model: str) -> None:
-    """403 when the request's key may not use `model` (whether or not it exists: no probing by 403/404),
-    429 when its quota is spent; names the model in the metrics labels once it is known."""
-    state, key = request.app.state.gateway, request_key(request)
-    request.state.model = model if model in state.models else ""
+async def admit_key(state, key: ApiKey | None, model: str, scope_state: dict) -> None:
+    """403 when `key` may not use `model` (whether or not it exists: no probing by 403/404), 429 when its quota is
+    spent; names the model in the metrics labels (`scope_state`, the request's) once it is known."""
+    scope_state["model"] = model if model in state.models else ""
     if key is None:
         return
     if not key.allows(model):
         raise Forbidden(f"this API key may not use model {model!r}", param="model")
     await state.quotas.admit(key)
+
+
+async def admit(request: Request, model: str) -> None:
+    await admit_key(request.app.state.gateway, request_key(request), model, request.scope.setdefault("state", {}))

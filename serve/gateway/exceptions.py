@@ -126,28 +126,46 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(parts) or "invalid request", first
 
 
+def gateway_error(exc: GatewayError, request_id: str) -> JSONResponse:
+    if exc.status >= 500:  # 503s are expected under overload and outages: counted in metrics, logged quietly
+        log.log(logging.DEBUG if exc.status == 503 else logging.WARNING, "request %s: %s %s", request_id, exc.status,
+                exc.message)
+    return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code,
+                          retry_after=exc.retry_after, headers=exc.headers)
+
+
+def validation_error(exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(exc)
+    return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
+
+
+def http_error(status: int, detail: str, max_body_bytes: int, headers: dict | None = None) -> JSONResponse:
+    message = {404: "no such route", 405: "method not allowed",
+               413: f"the request body is larger than this gateway's limit of {max_body_bytes} bytes"}.get(status, detail)
+    return error_response(status, message, "invalid_request_error", code=str(status), headers=headers)
+
+
+def unexpected_error(request_id: str) -> JSONResponse:
+    log.exception("request %s: unhandled error", request_id)
+    return error_response(500, "internal error; the gateway logged the cause", "server_error")
+
+
 def install_handlers(app: FastAPI) -> None:
+    request_id = lambda request: getattr(request.state, "request_id", "-")  # noqa: E731
+
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError):
-        if exc.status >= 500:  # 503s are expected under overload and outages: counted in metrics, logged quietly
-            log.log(logging.DEBUG if exc.status == 503 else logging.WARNING,"request %s: %s %s", getattr(request.state, "request_id", "-"), exc.status, exc.message)
-        return error_response(exc.status, exc.message, exc.type, param=exc.param, code=exc.code,
-                              retry_after=exc.retry_after, headers=exc.headers)
+        return gateway_error(exc, request_id(request))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        message, param = _validation_message(exc)
-        return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
+        return validation_error(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        message = {404: "no such route", 405: "method not allowed",
-                   413: f"the request body is larger than this gateway's limit of "
-                        f"{request.app.state.gateway.settings.max_body_bytes} bytes"}.get(exc.status_code, str(exc.detail))
-        return error_response(exc.status_code, message, "invalid_request_error", code=str(exc.status_code),
-                              headers=exc.headers)  # e.g. Allow on a 405
+        return http_error(exc.status_code, str(exc.detail), request.app.state.gateway.settings.max_body_bytes,
+                          exc.headers)  # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        log.exception("request %s: unhandled error", getattr(request.state, "request_id", "-"))
-        return error_response(500, "internal error; the gateway logged the cause", "server_error")
+        return unexpected_error(request_id(request))

@@ -10,13 +10,17 @@ def test_percentiles_come_from_every_sample_and_errors_are_counted():
     assert s["p50_ms"] == 500.5 and s["p99_ms"] == 990.01 and s["qps"] == 500.0 and s["errors"] == 3
 
 
-def test_report_states_ratios_against_targets(tmp_path):
-    gw = {"p50_ms": 12, "p90_ms": 15, "p99_ms": 23, "p99.9_ms": 30, "qps": 450, "errors": 0,
-          "gateway_cpu_ms_per_request": 0.8}
+def test_report_states_ratios_against_targets_beside_the_plain_proxy(tmp_path):
+    gw = {"p50_ms": 12, "p90_ms": 15, "p99_ms": 23, "p99.9_ms": 30, "qps": 450, "errors": 0, "cpu_ms_per_request": 0.8}
+    proxy = {"p50_ms": 10.4, "p90_ms": 13, "p99_ms": 21, "p99.9_ms": 26, "qps": 490, "errors": 0,
+             "cpu_ms_per_request": 0.1}
     direct = {"p50_ms": 10, "p90_ms": 13, "p99_ms": 20, "p99.9_ms": 25, "qps": 500, "errors": 0}
-    level = {"concurrency": 8, "medians": {"gateway": gw, "direct": direct}, "p99_ratio": 1.15, "qps_ratio": 0.9,
-             "p50_added_ms": 2}
-    text = markdown({"model": "m", "gateway_workers": 1, "rounds": 3, "duration_s": 8, "levels": [level]})
-    assert "| 8 | 1.15 | 0.9 | 2 | 0.8 |" in text and "| 8 | gateway | 12 |" in text
-    _plot([{**level, "samples": {"gateway": [12.0, 13.0], "direct": [10.0, 11.0]}}], tmp_path / "b1.png")
+    level = {"concurrency": 8, "medians": {"gateway": gw, "proxy": proxy, "direct": direct}, "p99_ratio": 1.15,
+             "qps_ratio": 0.9, "p50_added_ms": 2, "proxy_p50_added_ms": 0.4}
+    text = markdown({"model": "m", "gateway_workers": 1, "rounds": 3, "duration_s": 8, "cpu": "EPYC; avx2",
+                     "levels": [level]})
+    assert "| 8 | 1.15 | 0.9 | 2 / 0.4 | 0.8 / 0.1 |" in text and "| 8 | gateway | 12 |" in text
+    assert "| 8 | proxy | 10.4 |" in text and "CPU: EPYC; avx2" in text
+    _plot([{**level, "samples": {"gateway": [12.0, 13.0], "proxy": [10.5, 11.0], "direct": [10.0, 11.0]}}],
+          tmp_path / "b1.png")
     assert (tmp_path / "b1.png").stat().st_size > 10_000

@@ -30,7 +30,7 @@ def client(backend):
 
 def chat(*parts):
     content = [{"type": "text", "text": "what is it?"}, *parts]
-    return {"model": "llm", "messages": [{"role": "user", "content": content}]}
+    return {"model": "llm", "messages": [{"role": "user", "content": content}], "max_tokens": 8}  # relayed as sent
 
 
 def image(url, **extra):

@@ -1,14 +1,17 @@
 from fastapi import Depends, Request
 
 from ..auth import admit, authenticate
+from ..hotpath import HotRoute
 from ..routing import gateway_router
 from .protocol import EmbeddingRequest, EmbeddingResponse
 from .serving import embed
 
 router = gateway_router(dependencies=[Depends(authenticate)])
+# Served by the lean handler (hotpath.py); the route below documents it and takes bodies not sent as JSON.
+HOT = HotRoute("/v1/embeddings", EmbeddingRequest, embed)
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse, tags=["openai"])
+@router.post(HOT.path, response_model=EmbeddingResponse, tags=["openai"])
 async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
     """OpenAI embeddings: one vector per text, as floats or base64 float32, from a feature-extraction model."""
     await admit(request, body.model)

@@ -1,14 +1,17 @@
 from fastapi import Depends, Request
 
 from ..auth import admit, authenticate
+from ..hotpath import HotRoute
 from ..routing import gateway_router
 from .protocol import NerRequest, NerResponse
 from .serving import tag
 
 router = gateway_router(dependencies=[Depends(authenticate)])
+# Served by the lean handler (hotpath.py); the route below documents it and takes bodies not sent as JSON.
+HOT = HotRoute("/v1/ner", NerRequest, tag, exclude_none=True)
 
 
-@router.post("/v1/ner", response_model=NerResponse, response_model_exclude_none=True, tags=["tasks"])
+@router.post(HOT.path, response_model=NerResponse, response_model_exclude_none=True, tags=["tasks"])
 async def ner_route(body: NerRequest, request: Request) -> NerResponse:
     """Tag entities (token classification) in one text or a list of texts, with character offsets."""
     await admit(request, body.model)

@@ -1,0 +1,75 @@
+"""The floor a gateway is measured against (B1, B1s): nginx as a plain reverse proxy in front of a backend, with no
+buffering and kept-alive upstream connections, one worker process (as the gateway's one worker). Debian's `nginx`
+package: `make setup-bench` installs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+CONFIG = """worker_processes 1;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path {prefix}/proxy;
+    fastcgi_temp_path {prefix}/fastcgi;
+    uwsgi_temp_path {prefix}/uwsgi;
+    scgi_temp_path {prefix}/scgi;
+    upstream backend {{
+        server {upstream};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 64m;
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 600s;
+        }}
+    }}
+}}
+"""
+
+
+def nginx() -> str | None:
+    return shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+
+
+def nginx_version() -> str:
+    import subprocess
+
+    binary = nginx()
+    if binary is None:
+        return "absent"
+    return subprocess.run([binary, "-v"], capture_output=True, text=True).stderr.strip().removeprefix("nginx version: ")
+
+
+@contextlib.contextmanager
+def plain_proxy(upstream: str, work: Path, ready_path: str) -> Iterator[tuple[str, int]]:
+    """nginx proxying to `upstream` (host:port): (its URL, its master's pid), stopped on exit. It counts as
+    started once `ready_path` answers 200 through it."""
+    from serve.launcher import ServerProcess, free_port
+
+    binary = nginx()
+    if binary is None:
+        raise RuntimeError("no nginx on this machine: `make setup-bench` installs Debian's package")
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    (work / "nginx.conf").write_text(CONFIG.format(prefix=work, upstream=upstream, port=port))
+    server = ServerProcess("nginx", [binary, "-p", str(work), "-c", str(work / "nginx.conf"), "-g", "daemon off;"],
+                           log_path=work / "nginx.log", ready_url=f"http://127.0.0.1:{port}{ready_path}")
+    server.start(30)
+    try:
+        yield f"http://127.0.0.1:{port}", server.process.pid
+    finally:
+        server.stop()
