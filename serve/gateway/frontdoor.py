@@ -10,8 +10,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 import structlog
 from fastapi.responses import JSONResponse
@@ -42,7 +42,7 @@ class FrontDoor:
             return await self.app(scope, receive, send)
         headers = scope["headers"]
         given = next((v for k, v in headers if k == HEADER), b"")
-        request_id = given if _SANE_ID.match(given) else uuid.uuid4().hex.encode()
+        request_id = given if _SANE_ID.match(given) else os.urandom(16).hex().encode()  # as uuid4().hex, less work
         scope.setdefault("state", {})["request_id"] = request_id.decode()
         structlog.contextvars.bind_contextvars(request_id=request_id.decode())
 

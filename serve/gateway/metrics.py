@@ -8,6 +8,7 @@ workers, set PROMETHEUS_MULTIPROC_DIR so that /metrics aggregates all of them.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from contextvars import ContextVar
@@ -74,17 +75,29 @@ class MetricsMiddleware:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 overhead = time.perf_counter() - start - waited[0]
-                OVERHEAD_SECONDS.labels(_route(scope)).observe(overhead)
+                _overhead(_route(scope)).observe(overhead)
                 message["headers"] = [*message.get("headers", ()), (OVERHEAD_HEADER, b"%.3f" % (overhead * 1e3))]
             await send(message)
 
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            labels = (_route(scope), scope.get("state", {}).get("model", ""), str(status))
-            REQUEST_SECONDS.labels(*labels).observe(time.perf_counter() - start)
-            REQUESTS.labels(*labels).inc()
+            seconds, count = _request_series(_route(scope), scope.get("state", {}).get("model", ""), status)
+            seconds.observe(time.perf_counter() - start)
+            count.inc()
             BACKEND_WAIT.reset(token)
+
+
+# A labelled series is looked up under a lock on every .labels() call: each request's are kept instead (a few
+# routes x models x statuses).
+@functools.lru_cache(maxsize=4096)
+def _request_series(route: str, model: str, status: int):
+    return REQUEST_SECONDS.labels(route, model, str(status)), REQUESTS.labels(route, model, str(status))
+
+
+@functools.lru_cache(maxsize=256)
+def _overhead(route: str):
+    return OVERHEAD_SECONDS.labels(route)
 
 
 def _route(scope) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 
 import grpc
@@ -158,7 +159,8 @@ class TritonBackend(Backend):
                 array = deserialize_bytes_tensor(raw)
             else:
                 array = np.frombuffer(raw, dtype=triton_to_np_dtype(meta.datatype))
-            found[meta.name] = array.reshape(tuple(meta.shape)) if array.size == np.prod(meta.shape) else None
+            shape = tuple(meta.shape)
+            found[meta.name] = array.reshape(shape) if array.size == math.prod(shape) else None
         arrays = [found.get(n) for n in outputs]
         for name, array in zip(outputs, arrays):
             if array is None or len(array) != len(texts):
