@@ -25,14 +25,15 @@ FIGURES = {"ttft_p50": ("median_ttft_ms", ("streaming", "ttft_ms", "p50")),
            "e2el_p99": ("p99_e2el_ms", ("latency_ms", "p99"))}
 
 
-def _vllm_bench(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
-                output_len: int, seed: int) -> dict:
+def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
+                     output_len: int, seed: int, metrics: str = "ttft,e2el") -> dict:
+    """`vllm bench serve` (random-token prompts, ignore_eos, streamed completions) against `url`: its result JSON."""
     from serve.vllm import DEFAULT_ENV
 
     argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve",
             "--base-url", url, "--model", model, "--tokenizer", str(tokenizer.resolve()), "--dataset-name", "random",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts", str(prompts),
-            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", "ttft,e2el",
+            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", metrics,
             "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out.resolve()), "--result-filename", "result.json"]
     out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=out)
@@ -92,7 +93,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
             for tool in order:
                 where = out / f"round-{r + 1}" / tool
                 if tool == "vllm":
-                    result = _vllm_bench(url, served_name, model_dir, where, prompts=prompts, concurrency=concurrency,
+                    result = vllm_bench_serve(url, served_name, model_dir, where, prompts=prompts, concurrency=concurrency,
                                          input_len=input_len, output_len=output_len, seed=r)
                     duration = max(5.0, float(result["duration"]))  # ours runs as long as vLLM's took
                     values = {k: float(result[v]) for k, (v, _) in FIGURES.items()}

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--duration", type=float, default=8.0, help="seconds per path, level and round")
     gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
     gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    gw.add_argument("--streams", default="4,16", help="B1s: concurrent streams per level, comma-separated ('' skips it)")
+    gw.add_argument("--stream-prompts", type=int, default=100, help="B1s: requests per vllm bench serve run")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
     tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
     tr.add_argument("--rounds", type=int, default=3)
@@ -90,13 +92,16 @@ def main(argv: list[str]) -> int:
 
         try:
             levels = tuple(int(c) for c in args.concurrency.split(","))
+            streams = tuple(int(c) for c in args.streams.split(",") if c.strip())
         except ValueError:
-            return _fail(f"--concurrency {args.concurrency!r}: use numbers separated by commas")
-        if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or args.workers < 1:
-            return _fail("need --rounds >= 1, --duration > 0, --workers >= 1 and concurrency levels >= 1")
+            return _fail("--concurrency and --streams: use numbers separated by commas")
+        if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or min(streams, default=1) < 1 or args.workers < 1 \
+                or args.stream_prompts < 1:
+            return _fail("need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1 and levels >= 1")
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels,  # noqa: E731
-                            workers=args.workers, progress=_progress)
-        saved = ("bench-gateway.json", "bench-gateway.md", "b1.png")
+                            workers=args.workers, streams=streams, stream_prompts=args.stream_prompts,
+                            progress=_progress)
+        saved = ("bench-gateway.json", "bench-gateway.md", "b1.png") + (("b1s.png",) if streams else ())
     elif args.bench == "soak":
         from .soak import markdown, run
 

@@ -138,7 +138,8 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        progress=log.info) -> dict:
+        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 100, progress=log.info) -> dict:
+    """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
     from .all import machine
     from .proxy import nginx_version, plain_proxy
 
@@ -155,6 +156,12 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
                            "uvicorn": _version("uvicorn"), "tritonclient": _version("tritonclient"),
                            "nginx": nginx_version()},
               "levels": [{k: v for k, v in level.items() if k != "samples"} for level in levels]}
+    if streams:
+        from . import streams as b1s
+
+        result["streams"] = b1s.run(out / "streams", rounds=rounds, concurrency=streams, prompts=stream_prompts,
+                                    progress=progress)
+        b1s.plot(result["streams"], out / "b1s.png")
     for level in result["levels"]:
         m = level["medians"]
         level["p99_ratio"] = round(m["gateway"]["p99_ms"] / m["direct"]["p99_ms"], 3)
@@ -192,6 +199,10 @@ def markdown(result: dict) -> str:
         lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | "
                      f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
                      f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
+    if "streams" in result:
+        from .streams import markdown as streams_markdown
+
+        lines += ["", streams_markdown(result["streams"])]
     return "\n".join(lines) + "\n"
 
 

@@ -24,3 +24,18 @@ def test_report_states_ratios_against_targets_beside_the_plain_proxy(tmp_path):
     _plot([{**level, "samples": {"gateway": [12.0, 13.0], "proxy": [10.5, 11.0], "direct": [10.0, 11.0]}}],
           tmp_path / "b1.png")
     assert (tmp_path / "b1.png").stat().st_size > 10_000
+
+
+def test_streams_report_states_the_gap_to_the_plain_proxy(tmp_path):
+    from bench.streams import markdown as streams_markdown, plot
+
+    def path(ttft, tokens):
+        return {"ttft_p50_ms": ttft, "ttft_p99_ms": 2 * ttft, "itl_p50_ms": 20.0, "itl_p99_ms": 40.0, "output_tokens_s": tokens}
+
+    medians = {"direct": path(50.0, 300.0), "proxy": path(52.0, 298.0), "gateway": path(60.5, 290.0)}
+    level = {"concurrency": 4, "medians": medians, "ttft_p50_over_proxy_ms": 8.5, "tokens_s_vs_proxy": 0.973,
+             "rounds": {p: {k: [v, v] for k, v in m.items()} for p, m in medians.items()}}
+    result = {"model": "m", "input_len": 60, "output_len": 64, "prompts": 100, "rounds": 2, "levels": [level]}
+    text = streams_markdown(result)
+    assert "| 4 | +8.5 | 0.973 |" in text and "| 4 | gateway | 60.5 | 121.0 | 20.0 | 40.0 | 290.0 |" in text
+    assert plot(result, tmp_path / "b1s.png").stat().st_size > 10_000

@@ -1,0 +1,97 @@
+"""B1s (shared BENCH.md): what the gateway costs a stream, against the floor of a plain reverse proxy.
+
+One vLLM server on the fixture Llama; `vllm bench serve` (random-token prompts, `ignore_eos`, streamed
+completions) calls it directly, through nginx (bench/proxy.py) and through the gateway, in rotating order over
+several rounds at each concurrency. Each figure is the median over rounds of vLLM's own figures: TTFT and
+inter-token latency P50 / P99, output tokens/s. Targets: TTFT P50 within +5 ms of the proxy's, output tokens/s
+at least 0.97x the proxy's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import tempfile
+from pathlib import Path
+
+PATHS = ("direct", "proxy", "gateway")
+FIGURES = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "itl_p50_ms": "median_itl_ms",
+           "itl_p99_ms": "p99_itl_ms", "output_tokens_s": "output_throughput"}
+SERVED = "bench-llm"
+
+
+def run(out: Path, *, rounds: int = 2, concurrency: tuple[int, ...] = (4, 16), prompts: int = 100, input_len: int = 60,
+        output_len: int = 64, progress=print) -> dict:
+    from export.fixtures import write_llm
+    from serve.stack import start_gateway, start_vllm
+    from serve.vllm import VLLMOptions
+
+    from .accuracy import vllm_bench_serve
+    from .proxy import plain_proxy
+
+    model = write_llm(out / "tiny-llama")  # a fast backend: what the gateway adds shows most
+    progress(f"starting vLLM, the gateway and nginx for {model}")
+    levels = []
+    with contextlib.ExitStack() as stack:
+        vllm, direct = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=512), out, timeout_s=900)
+        stack.callback(vllm.stop)
+        gateway, via_gateway = start_gateway("", out, vllm_url=direct)
+        stack.callback(gateway.stop)
+        proxy, _ = stack.enter_context(plain_proxy(direct.removeprefix("http://"), Path(stack.enter_context(
+            tempfile.TemporaryDirectory())), "/v1/models"))
+        urls = {"direct": direct, "proxy": proxy, "gateway": via_gateway}
+        for c in concurrency:
+            figures: dict[str, dict[str, list[float]]] = {p: {k: [] for k in FIGURES} for p in PATHS}
+            for r in range(rounds):
+                for path in PATHS[r % 3:] + PATHS[:r % 3]:  # each path first in turn
+                    result = vllm_bench_serve(urls[path], SERVED, model, out / f"c{c}-round-{r + 1}" / path,
+                                              prompts=prompts, concurrency=c, input_len=input_len,
+                                              output_len=output_len, seed=r, metrics="ttft,itl")
+                    for k, key in FIGURES.items():
+                        figures[path][k].append(float(result[key]))
+                    progress(f"streams, {c} concurrent, round {r + 1}/{rounds}, {path}: TTFT P50 "
+                             f"{result['median_ttft_ms']:.1f} ms, {result['output_throughput']:.0f} tokens/s")
+            medians = {p: {k: round(statistics.median(v), 2) for k, v in f.items()} for p, f in figures.items()}
+            levels.append({"concurrency": c, "medians": medians, "rounds": figures,
+                           "ttft_p50_over_proxy_ms": round(medians["gateway"]["ttft_p50_ms"] - medians["proxy"]["ttft_p50_ms"], 2),
+                           "tokens_s_vs_proxy": round(medians["gateway"]["output_tokens_s"]
+                                                      / medians["proxy"]["output_tokens_s"], 3)})
+    return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "rounds": rounds, "prompts": prompts,
+            "input_len": input_len, "output_len": output_len, "levels": levels}
+
+
+def markdown(result: dict) -> str:
+    lines = [f"## B1s: streams ({result['model']}; `vllm bench serve`, random {result['input_len']} in / "
+             f"{result['output_len']} out, ignore_eos, {result['prompts']} prompts; median of {result['rounds']} "
+             "rotating rounds)", "", "![TTFT and tokens/s per path](b1s.png)", "",
+             "| concurrent | path | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms | output tokens/s |",
+             "|---|---|---|---|---|---|---|"]
+    for level in result["levels"]:
+        for path in PATHS:
+            m = level["medians"][path]
+            lines.append(f"| {level['concurrency']} | {path} | {m['ttft_p50_ms']} | {m['ttft_p99_ms']} | "
+                         f"{m['itl_p50_ms']} | {m['itl_p99_ms']} | {m['output_tokens_s']} |")
+    lines += ["", "| concurrent | TTFT P50, gateway - proxy (target <= +5 ms) | tokens/s, gateway / proxy (target >= 0.97) |",
+              "|---|---|---|"]
+    lines += [f"| {level['concurrency']} | {level['ttft_p50_over_proxy_ms']:+} | {level['tokens_s_vs_proxy']} |"
+              for level in result["levels"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Per concurrency: TTFT P50 and output tokens/s of each path, the rounds as dots."""
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    levels = result["levels"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for ax, figure, label in ((axes[0], "ttft_p50_ms", "TTFT P50, ms"), (axes[1], "output_tokens_s", "output tokens/s")):
+        for i, (p, colour) in enumerate(zip(PATHS, ("tab:blue", "tab:green", "tab:orange"))):
+            xs = [j + (i - 1) * 0.27 for j in range(len(levels))]
+            ax.bar(xs, [lv["medians"][p][figure] for lv in levels], width=0.27, color=colour, alpha=0.75, label=p)
+            for x, lv in zip(xs, levels):
+                ax.scatter([x] * len(lv["rounds"][p][figure]), lv["rounds"][p][figure], color="black", s=8, zorder=3)
+        ax.set_xticks(range(len(levels)), [f"{lv['concurrency']} concurrent" for lv in levels])
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    return save(fig, path, "B1s: streams direct, through nginx and through the gateway (bars: median; dots: rounds)")
