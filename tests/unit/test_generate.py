@@ -2,7 +2,6 @@
 
 import json
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -15,10 +14,16 @@ from serve.gateway.settings import GatewaySettings
 from .fakes import error_of
 
 
-def FakeStream(lines):
-    """vLLM's stream parser over a canned SSE body."""
-    return SSEStream(httpx.Response(200, content="\n\n".join(lines).encode() + b"\n\n",
-                                    headers={"content-type": "text/event-stream; charset=utf-8"}), "llm")
+def FakeStream(lines, reads: int = 1):
+    """vLLM's stream parser over a canned SSE body, arriving in `reads` pieces of about equal size."""
+    body = "\n\n".join(lines).encode() + b"\n\n"
+    size = -(-len(body) // reads)
+
+    async def arriving():
+        for i in range(0, len(body), size):
+            yield body[i:i + size]
+
+    return SSEStream(arriving(), lambda: None, "llm")
 
 
 class FakeVLLM(Backend):
@@ -149,10 +154,10 @@ def test_stream_options_are_kept_and_usage_is_asked_for(client, backend):
 
 
 def test_vllms_own_400_reaches_the_client_in_our_error_shape():
-    response = httpx.Response(400, json={"object": "error", "message": "temperature must be in [0, 2]",
-                                         "type": "BadRequestError", "param": "temperature", "code": 400})
+    content = json.dumps({"object": "error", "message": "temperature must be in [0, 2]", "type": "BadRequestError",
+                          "param": "temperature", "code": 400}).encode()
     with pytest.raises(InvalidRequest, match=r"temperature must be in \[0, 2\]") as info:
-        raise_for_status(response, "llm")
+        raise_for_status(400, content, "llm")
     assert info.value.param == "temperature"
 
 
@@ -163,7 +168,22 @@ def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend)
     assert r.headers["content-type"].startswith("text/event-stream")
     assert len(events) == 3 and events[-1] == "data: [DONE]"  # usage chunk dropped: not asked for
     assert backend.bodies[-1]["stream_options"] == {"include_usage": True}  # but always asked of vLLM
-    assert backend.stream.response.is_closed
+    assert backend.stream.closed
+
+
+@pytest.mark.parametrize("reads", [1, 3, 7, 1000])
+def test_events_are_relayed_whole_however_the_bytes_arrive(client, backend, reads):
+    """Events split across reads, several in one read, CR LF line ends, a comment and the usage chunk among them:
+    what the client gets is every token event as vLLM sent it, the usage chunk when asked, then [DONE]."""
+    tokens = [_chunk(t) for t in ("Hel", "lo", " wor", "ld")]
+    usage = _chunk(usage={"prompt_tokens": 2, "completion_tokens": 4})
+    body = [tokens[0], tokens[1], ": keep-alive", tokens[2].replace("data: ", "data:") + "\r\n", tokens[3], usage,
+            "data: [DONE]"]
+    backend.stream = FakeStream(body, reads=reads)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True, "stream_options": {"include_usage": True}})
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events == [*tokens, usage, "data: [DONE]"]
+    assert r.text.endswith("data: [DONE]\n\n")
 
 
 def test_text_with_unicode_line_separators_is_relayed_whole(client, backend):
@@ -201,7 +221,7 @@ def test_a_stream_holds_its_model_slot_until_it_ends(backend):
             backend.stream = FakeStream([_chunk("Hel"), "data: [DONE]"])
             assert client.post("/v1/chat/completions", json={**CHAT, "stream": True}).status_code == 200
         state = client.app.state.gateway
-        assert not state.gates["llm-lora"].slots.locked() and backend.stream.response.is_closed
+        assert not state.gates["llm-lora"].slots.locked() and backend.stream.closed
 
 
 def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend):

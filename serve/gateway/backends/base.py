@@ -51,11 +51,11 @@ class Tagging:
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """One event of a streamed generation: the parsed chunk and its JSON text as the backend sent it (relayed
-    without a second encoding)."""
+    """What a streamed generation relays at once: one or more SSE events as the backend sent them, and, for the
+    final usage chunk (usage, no choices: always an event of its own), that usage."""
 
-    data: dict
-    raw: str
+    raw: bytes
+    usage: dict | None = None
 
 
 class StreamBroken(Exception):

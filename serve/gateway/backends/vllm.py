@@ -1,15 +1,21 @@
 """vLLM client for the gateway: its OpenAI server over HTTP (loopback), requests already validated.
 
-Streams are relayed chunk by chunk; closing the upstream response (client gone, deadline) makes
-vLLM abort the generation.
+On aiohttp: per call and per streamed event it costs a fraction of httpx's CPU (B1s in ../shared/BENCH.md).
+Streams are relayed as vLLM's bytes: the events one read brings are split where SSE splits them and passed on
+together in one write; a token event (`data: {"id":...}` on one line) is not parsed at all. Only what the
+gateway must see is parsed: the final usage chunk (counted), an error event and anything unexpected (each ends
+the stream with our error event). Closing the upstream response (client gone, deadline) makes vLLM abort the
+generation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
+from collections.abc import AsyncIterator, Callable
 
-import httpx
-from httpx_sse import EventSource
+import aiohttp
 import orjson
 
 from core.contract import TEXT_GENERATION
@@ -24,13 +30,18 @@ from ..exceptions import (
 from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk
 
 log = logging.getLogger("rtxserve.gateway.vllm")
+_JSON = {"content-type": "application/json"}
+# SSE ends an event at a blank line and a line at CR LF, LF or CR (never at U+2028 and the like, which vLLM's JSON
+# carries unescaped when a model writes them: the split is on bytes).
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-def _error(response: httpx.Response) -> tuple[str, str | None]:
+def _error(content: bytes) -> tuple[str, str | None]:
     """vLLM's error message and the parameter it names, if any."""
     try:
-        body = response.json()
-    except ValueError:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
         return "", None
     error = body.get("error", body) if isinstance(body, dict) else {}
     if not isinstance(error, dict):
@@ -39,15 +50,15 @@ def _error(response: httpx.Response) -> tuple[str, str | None]:
     return str(error.get("message", "")), str(param) if isinstance(param, str) and param else None
 
 
-def raise_for_status(response: httpx.Response, model: str) -> None:
+def raise_for_status(status: int, content: bytes, model: str) -> None:
     """Map a vLLM error answer to the gateway's error; vLLM's 400 messages are about the input."""
-    if response.status_code < 400:
+    if status < 400:
         return
-    message, param = _error(response)
-    log.warning("vllm %s: HTTP %s %s", model, response.status_code, message[:300])
-    if response.status_code in (400, 422):
+    message, param = _error(content)
+    log.warning("vllm %s: HTTP %s %s", model, status, message[:300])
+    if status in (400, 422):
         raise InvalidRequest(message[:1000] or f"model {model} rejected the request", param=param)
-    if response.status_code in (404, 503):
+    if status in (404, 503):
         raise BackendUnavailable(f"model {model} is not available right now; retry shortly")
     raise BackendError(f"model {model} failed to process the request")
 
@@ -57,25 +68,27 @@ class VLLMBackend(Backend):
 
     def __init__(self, url: str, timeout_s: float):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
-        self.client: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(self.timeout_s, connect=2.0), limits=limits)
+        # timeout_s bounds each wait for bytes (as a read timeout), not a whole generation
+        timeout = aiohttp.ClientTimeout(total=None, connect=2.0, sock_read=self.timeout_s)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1000))
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     async def discover(self) -> list[ModelInfo]:
+        quick = aiohttp.ClientTimeout(total=2.0)
         try:
-            health = await self.client.get("/health", timeout=2.0)  # vLLM checks its engine here
-            if health.status_code != 200:
-                raise BackendUnavailable(f"vLLM at {self.url} reports its engine unhealthy ({health.status_code})")
-            response = await self.client.get("/v1/models", timeout=2.0)
-            response.raise_for_status()
-            data = response.json().get("data", [])
-        except (httpx.HTTPError, ValueError) as exc:
+            async with self.session.get(f"{self.url}/health", timeout=quick) as health:  # vLLM checks its engine here
+                if health.status != 200:
+                    raise BackendUnavailable(f"vLLM at {self.url} reports its engine unhealthy ({health.status})")
+            async with self.session.get(f"{self.url}/v1/models", timeout=quick) as response:
+                response.raise_for_status()
+                data = orjson.loads(await response.read()).get("data", [])
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, AttributeError) as exc:
             raise BackendUnavailable(f"vLLM at {self.url} is unreachable: {type(exc).__name__}") from exc
         return [
             ModelInfo(name=m["id"], task=TEXT_GENERATION, backend=self.kind, ready=True,
@@ -83,62 +96,96 @@ class VLLMBackend(Backend):
             for m in data
         ]
 
-    async def _send(self, path: str, body: dict, model: str, stream: bool) -> httpx.Response:
-        request = self.client.build_request("POST", path, content=orjson.dumps(body),
-                                            headers={"content-type": "application/json"})
+    async def _send(self, path: str, body: dict, model: str) -> aiohttp.ClientResponse:
         try:
-            return await self.client.send(request, stream=stream)
-        except httpx.ConnectError as exc:  # nothing was sent: another replica may take it
+            return await self.session.post(f"{self.url}{path}", data=orjson.dumps(body), headers=_JSON)
+        except aiohttp.ClientConnectorError as exc:  # nothing was sent: another replica may take it
             raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc
-        except httpx.TimeoutException as exc:
+        except asyncio.TimeoutError as exc:
             raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
-        except httpx.HTTPError as exc:  # sent, then the answer broke off (reset, cut, garbage): never resent
+        except aiohttp.ClientError as exc:  # sent, then the answer broke off (reset, cut, garbage): never resent
             log.warning("vllm %s: %s", model, type(exc).__name__)
             raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
 
     async def generate(self, path: str, body: dict, model: str) -> dict:
-        response = await self._send(path, body, model, stream=False)
-        raise_for_status(response, model)
+        response = await self._send(path, body, model)
         try:
-            return orjson.loads(response.content)
+            content = await response.read()
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
+        finally:
+            response.release()
+        raise_for_status(response.status, content, model)
+        try:
+            return orjson.loads(content)
         except orjson.JSONDecodeError as exc:
             raise BackendError(f"model {model} sent an answer that is not JSON") from exc
 
     async def open_stream(self, path: str, body: dict, model: str) -> Stream:
-        response = await self._send(path, body, model, stream=True)
-        if response.status_code >= 400:
-            await response.aread()
-            await response.aclose()
-            raise_for_status(response, model)
-        return SSEStream(response, model)
+        response = await self._send(path, body, model)
+        if response.status >= 400:
+            try:
+                content = await response.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                content = b""
+            response.close()
+            raise_for_status(response.status, content, model)
+        return SSEStream(response.content.iter_any(), response.close, model)
 
 
 class SSEStream(Stream):
-    """vLLM's server-sent events: `data: {json}` lines ending with `data: [DONE]`."""
+    """vLLM's server-sent events (`data: {json}` ending with `data: [DONE]`) from `reads`, the bytes as they
+    arrive; `close` drops the connection."""
 
-    def __init__(self, response: httpx.Response, model: str):
-        self.response, self.model = response, model
+    def __init__(self, reads: AsyncIterator[bytes], close: Callable[[], None], model: str):
+        self.reads, self._close, self.model = reads, close, model
+        self.closed = False
 
     async def __aiter__(self):
-        # httpx-sse splits lines where SSE does (CR, LF, CRLF); httpx's own aiter_lines also splits on U+2028,
-        # U+0085 and the like, which vLLM's JSON carries unescaped when a model writes them.
+        rest = b""
         try:
-            async for event in EventSource(self.response).aiter_sse():
-                payload = event.data.strip()
-                if not payload:
-                    continue
-                if payload == "[DONE]":
-                    return
-                try:
-                    chunk = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    raise StreamBroken("unparsable stream chunk") from None
-                if not isinstance(chunk, dict) or "error" in chunk:
-                    raise StreamBroken(f"error in stream: {str(chunk.get('error') if isinstance(chunk, dict) else chunk)[:300]}")
-                yield StreamChunk(chunk, payload)
-        except httpx.HTTPError as exc:
+            async for read in self.reads:
+                *events, rest = _EVENT_END.split(rest + read)
+                relay: list[bytes] = []
+                for event in events:
+                    if event.startswith(b'data: {"id":') and b'"usage"' not in event and b"\n" not in event \
+                            and b"\r" not in event:
+                        relay.append(event + b"\n\n")  # a token event: passed on as it came
+                        continue
+                    payload = b"\n".join(line[5:].removeprefix(b" ") for line in _LINE_END.split(event)
+                                          if line.startswith(b"data:")).strip()
+                    if not payload:  # a comment or a keep-alive
+                        continue
+                    if payload == b"[DONE]":
+                        if relay:
+                            yield StreamChunk(b"".join(relay))
+                        return
+                    chunk = _checked(payload)
+                    if chunk.get("usage") and not chunk.get("choices"):  # the final usage chunk: its own event
+                        if relay:
+                            yield StreamChunk(b"".join(relay))
+                            relay = []
+                        yield StreamChunk(b"data: " + payload + b"\n\n", chunk["usage"])
+                    else:
+                        relay.append(b"data: " + payload + b"\n\n")
+                if relay:
+                    yield StreamChunk(b"".join(relay))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
         raise StreamBroken("stream ended without [DONE]")
 
     async def aclose(self) -> None:
-        await self.response.aclose()  # also what aborts the generation in vLLM when the client left
+        self.closed = True
+        self._close()  # also what aborts the generation in vLLM when the client left
+
+
+def _checked(payload: bytes) -> dict:
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise StreamBroken("unparsable stream chunk") from None
+    if not isinstance(chunk, dict) or "error" in chunk:
+        raise StreamBroken(f"error in stream: {str(chunk.get('error') if isinstance(chunk, dict) else chunk)[:300]}")
+    return chunk

@@ -119,28 +119,28 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
 
 
-def _error_event(message: str) -> str:
+def _error_event(message: str) -> bytes:
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": "backend_stream_error"}}
-    return f"data: {orjson.dumps(body).decode()}\n\n"
+    return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[str]:
+async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[bytes]:
     try:
         async for chunk in stream:
-            if chunk.data.get("usage") and not chunk.data.get("choices"):
+            if chunk.usage is not None:
                 # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
                 # counting those would count each token many times.)
-                await count_usage(chunk.data["usage"])
+                await count_usage(chunk.usage)
                 if not client_wants_usage:
                     continue
-            yield f"data: {chunk.raw}\n\n"
+            yield chunk.raw
     except StreamBroken as exc:
         log.warning("%s: %s", model, exc)
         yield _error_event(f"model {model} stopped before the answer was complete; the text above is partial")
         return
     finally:
         await stream.aclose()
-    yield "data: [DONE]\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 # Deep readiness (state.py): the first request each model answers before it takes traffic (one token).
