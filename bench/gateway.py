@@ -24,11 +24,12 @@ import httpx
 import numpy as np
 import psutil
 
+from .proxy import PATHS, nginx_version, path_table, plain_proxy
+
 log = logging.getLogger("rtxserve.bench")
 MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
-PATHS = ("direct", "proxy", "gateway")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -141,7 +142,6 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 100, progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
     from .all import machine
-    from .proxy import nginx_version, plain_proxy
 
     out.mkdir(parents=True, exist_ok=True)
     with classifier_stack(workers, progress) as (url, triton_http, pid), tempfile.TemporaryDirectory() as tmp, \
@@ -184,13 +184,9 @@ def markdown(result: dict) -> str:
     lines = [f"# B1: gateway overhead ({result['model']}, {result['gateway_workers']} gateway worker(s), "
              f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s; CPU: {result['cpu']})", "",
              "![latency distributions direct, through nginx and through the gateway](b1.png)", "",
-             "| in flight | path | P50 ms | P90 ms | P99 ms | P99.9 ms | QPS | errors | CPU-ms / request |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for level in result["levels"]:
-        for name in PATHS:
-            m = level["medians"][name]
-            lines.append(f"| {level['concurrency']} | {name} | {m['p50_ms']} | {m['p90_ms']} | {m['p99_ms']} | "
-                         f"{m['p99.9_ms']} | {m['qps']} | {m['errors']} | {m.get('cpu_ms_per_request', '')} |")
+             *path_table(result["levels"], "in flight", [("P50 ms", "p50_ms"), ("P90 ms", "p90_ms"), ("P99 ms", "p99_ms"),
+                                                         ("P99.9 ms", "p99.9_ms"), ("QPS", "qps"), ("errors", "errors"),
+                                                         ("CPU-ms / request", "cpu_ms_per_request")])]
     lines += ["", "| in flight | P99 gateway / direct (target <= 1.25 at 8) | QPS gateway / direct (target >= 0.85 at 8) | "
               "P50 added ms, gateway / proxy | CPU-ms / request, gateway (target <= 0.6 at 8) / proxy |",
               "|---|---|---|---|---|"]

@@ -41,6 +41,20 @@ http {{
 """
 
 
+PATHS = ("direct", "proxy", "gateway")  # what B1 and B1s compare: the backend itself, the floor, ours
+
+
+def path_table(levels: list[dict], level_header: str, columns: list[tuple[str, str]]) -> list[str]:
+    """A Markdown table with a row per level and path of each level's medians: `columns` (header, key)."""
+    lines = [f"| {level_header} | path | " + " | ".join(h for h, _ in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for level in levels:
+        for path in PATHS:
+            m = level["medians"][path]
+            lines.append(f"| {level['concurrency']} | {path} | " + " | ".join(str(m.get(k, "")) for _, k in columns) + " |")
+    return lines
+
+
 def nginx() -> str | None:
     return shutil.which("nginx", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
 

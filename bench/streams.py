@@ -14,7 +14,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-PATHS = ("direct", "proxy", "gateway")
+from .proxy import PATHS, path_table
+
 FIGURES = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "itl_p50_ms": "median_itl_ms",
            "itl_p99_ms": "p99_itl_ms", "output_tokens_s": "output_throughput"}
 SERVED = "bench-llm"
@@ -64,13 +65,9 @@ def markdown(result: dict) -> str:
     lines = [f"## B1s: streams ({result['model']}; `vllm bench serve`, random {result['input_len']} in / "
              f"{result['output_len']} out, ignore_eos, {result['prompts']} prompts; median of {result['rounds']} "
              "rotating rounds)", "", "![TTFT and tokens/s per path](b1s.png)", "",
-             "| concurrent | path | TTFT P50 ms | TTFT P99 ms | ITL P50 ms | ITL P99 ms | output tokens/s |",
-             "|---|---|---|---|---|---|---|"]
-    for level in result["levels"]:
-        for path in PATHS:
-            m = level["medians"][path]
-            lines.append(f"| {level['concurrency']} | {path} | {m['ttft_p50_ms']} | {m['ttft_p99_ms']} | "
-                         f"{m['itl_p50_ms']} | {m['itl_p99_ms']} | {m['output_tokens_s']} |")
+             *path_table(result["levels"], "concurrent", [("TTFT P50 ms", "ttft_p50_ms"), ("TTFT P99 ms", "ttft_p99_ms"),
+                                                          ("ITL P50 ms", "itl_p50_ms"), ("ITL P99 ms", "itl_p99_ms"),
+                                                          ("output tokens/s", "output_tokens_s")])]
     lines += ["", "| concurrent | TTFT P50, gateway - proxy (target <= +5 ms) | tokens/s, gateway / proxy (target >= 0.97) |",
               "|---|---|---|"]
     lines += [f"| {level['concurrency']} | {level['ttft_p50_over_proxy_ms']:+} | {level['tokens_s_vs_proxy']} |"
