@@ -84,6 +84,9 @@ def triton_dashboard() -> dashboard.Dashboard:
             .with_panel(_series("Compute time per request", "µs", _p(
                 "A", "sum by (model) (rate(nv_inference_compute_infer_duration_us[1m])) / "
                 "clamp_min(sum by (model) (rate(nv_inference_request_success[1m])), 1e-9)", "{{model}}")))
+            .with_panel(_series("Response cache hits (models with a cache)", "percentunit", _p(
+                "A", "sum by (model) (rate(nv_cache_num_hits_per_model[1m])) / clamp_min(sum by (model) "
+                "(rate(nv_cache_num_hits_per_model[1m]) + rate(nv_cache_num_misses_per_model[1m])), 1e-9)", "{{model}}")))
             .with_panel(_series("Failures per second", "reqps",
                                 _p("A", "sum by (model, reason) (rate(nv_inference_request_failure[1m]))", "{{model}} {{reason}}")))
             .with_panel(_series("GPU memory used", "bytes", _p("A", "nv_gpu_memory_used_bytes", "{{gpu_uuid}}"),

@@ -12,8 +12,9 @@ from serve.entry_config import (Batching, copy_entry, entry_models, read_batchin
 def assemble_repository(d, p, to: Path) -> Path:
     """The repository Triton serves for a deployment `d` (deploy.spec) planned as `p` (deploy.plan): each entry
     hard-linked from where export wrote it, with the planned instance count (and max batch size, when the
-    deployment sets one) on every GPU Triton sees, as the plan places them. GPU ids pinned at export (`--gpus`)
-    are dropped: they name the export machine's cards, and a Kubernetes pod sees its one GPU as 0."""
+    deployment sets one) on every GPU Triton sees, as the plan places them, and Triton's response cache where the
+    deployment asks for it. GPU ids pinned at export (`--gpus`) are dropped: they name the export machine's cards,
+    and a Kubernetes pod sees its one GPU as 0."""
     if to.exists():
         shutil.rmtree(to)
     to.mkdir(parents=True)
@@ -24,10 +25,20 @@ def assemble_repository(d, p, to: Path) -> Path:
         write_batching(to, m.name, Batching(instances=p.instances[m.name],
                                                   max_batch_size=m.max_batch_size or batching.max_batch_size,
                                                   max_queue_delay_us=batching.max_queue_delay_us))
-        for folder in entry_models(to, m.name):
+        for folder in entry_models(to, m.name):  # the entry's own model first: the one clients call
             config = read_config(folder / "config.pbtxt")
-            if any(group.gpus for group in config.instance_group):
-                for group in config.instance_group:
-                    del group.gpus[:]
+            pinned = any(group.gpus for group in config.instance_group)
+            for group in config.instance_group:
+                del group.gpus[:]
+            cached = folder.name == m.name and m.response_cache_mb > 0
+            if cached:  # the whole request's answer, looked up before any step runs
+                config.response_cache.enable = True
+            if pinned or cached:
                 write_config(folder / "config.pbtxt", config)
     return to
+
+
+def response_cache_args(d) -> list[str]:
+    """tritonserver's --cache-config for the entries with a response cache: one local cache of their sizes' sum."""
+    mb = sum(m.response_cache_mb for m in d.encoders)
+    return [f"--cache-config=local,size={mb * 2**20}"] if mb else []

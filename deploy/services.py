@@ -84,8 +84,10 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
 
     services = []
     if d.encoders:
+        from .repository import response_cache_args
+
         opts = TritonOptions(repository=Path(layout.repository), http_port=d.ports.triton_http, grpc_port=d.ports.triton_grpc,
-                             metrics_port=d.ports.triton_metrics, address=layout.bind)
+                             metrics_port=d.ports.triton_metrics, address=layout.bind, extra_args=response_cache_args(d))
         services.append(Service("triton", "triton", triton_args(opts, layout.repository), d.ports.triton_http,
                                 "/v2/health/ready", "/v2/health/live", d.ports.triton_metrics,
                                 models=[m.name for m in d.encoders]))

@@ -145,6 +145,10 @@ class EncoderModel(_Model):
     max_batch_size: int | None = Field(None, ge=1, le=contract.MAX_BATCH_SIZE, description="default: the export's")
     tensorrt: bool = Field(False, description="GPU only: serve the entry's ONNX graph as a TensorRT plan, built on "
                            "the box by the TensorRT release of the Triton image (deploy/engines.py)")
+    response_cache_mb: int = Field(0, ge=0, le=65536, description="Triton's response cache for this entry: the MB of "
+                                   "host memory it adds to the server's cache. An input seen before is answered from "
+                                   "it without running the model (classify, NER and embeddings are deterministic). "
+                                   "0: off")
 
     @field_validator("instances")
     @classmethod
@@ -167,6 +171,14 @@ class DiffusionModel(EncoderModel):
     def _no_tensorrt(cls, value: bool) -> bool:
         if value:
             raise ValueError("diffusion entries run their pipeline in PyTorch; tensorrt applies to encoders")
+        return value
+
+    @field_validator("response_cache_mb")
+    @classmethod
+    def _no_cache(cls, value: int) -> int:
+        if value:
+            raise ValueError("images are not cached (a request without a seed asks for a new one); "
+                             "response_cache_mb applies to encoders")
         return value
 
 

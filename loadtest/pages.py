@@ -165,7 +165,7 @@ def _split(figures: dict) -> str:
 
 
 TRITON_COLUMNS = (("rps", "requests/s"), ("queue", "queue ms"), ("compute", "compute ms"), ("batch", "batch size"),
-                  ("failures", "failures/s"))
+                  ("failures", "failures/s"), ("cache", "cache hit %"))
 
 
 def _server_tables(series: dict, figures: dict) -> str:

@@ -31,7 +31,8 @@ COLUMNS = ("time", "target", "metric", "labels", "value")
 TRITON = (  # Triton 2.51 counters, label `model` (and `version`; failures also by `reason`)
     "nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
     "nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
-    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us")
+    "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
+    "nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model")  # the response cache, where a model has one
 VLLM = (  # vLLM 0.10+, label `model_name` (and `engine`); gpu_cache_usage_perc is the older name of the KV gauge
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
     "vllm:generation_tokens_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
@@ -261,6 +262,9 @@ def _triton(tg: _Target) -> None:
         tg.mean(f"triton {model} queue", get("nv_inference_queue_duration_us"), n, 1e-3, "queue", model, "triton")
         compute = sum(get(f"nv_inference_compute_{step}_duration_us") for step in ("input", "infer", "output"))
         tg.mean(f"triton {model} compute", compute, n, 1e-3, "compute", model, "triton")
+        hits = get("nv_cache_num_hits_per_model")
+        looked_up = hits + get("nv_cache_num_misses_per_model")
+        tg.add(f"triton {model} cache hits", _ratio(hits, looked_up, 100.0), "%", "triton", "cache", model, w=looked_up)
         batches = get("nv_inference_exec_count")
         tg.add(f"triton {model} batch size", _ratio(get("nv_inference_count"), batches, 1.0), "requests/batch",
                "triton", "batch", model, w=batches)

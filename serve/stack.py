@@ -36,8 +36,10 @@ class Stack:
         self.stop()
 
 
-def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV, timeout_s: float = 300) -> tuple[ServerProcess, TritonOptions]:
-    opts = TritonOptions(repository=repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
+def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV, timeout_s: float = 300,
+                 extra_args: tuple[str, ...] = ()) -> tuple[ServerProcess, TritonOptions]:
+    opts = TritonOptions(repository=repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
+                         extra_args=list(extra_args))
     argv, env = triton_command(TritonInstall.from_env(triton_env), opts)
     server = ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
                            ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready")

@@ -121,7 +121,9 @@ def triton_command(install: TritonInstall, opts: TritonOptions) -> tuple[list[st
 
 
 def install_argv(install: TritonInstall, args: list[str]) -> list[str]:
-    return [str(install.binary), f"--backend-directory={install.backend_dir}", *args]
+    # the response cache's library sits beside the backends (caches/local), in NGC's layout and in pytriton's
+    return [str(install.binary), f"--backend-directory={install.backend_dir}",
+            f"--cache-directory={install.backend_dir.parent / 'caches'}", *args]
 
 
 def install_env(install: TritonInstall, base: dict[str, str] | None = None) -> dict[str, str]:

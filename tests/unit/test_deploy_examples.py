@@ -40,7 +40,7 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
         with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
             render(d, tmp_path / "out", prefix=ROOT)
         return
-    files = render(d, tmp_path / "out", at=Path(f"/opt/rtxserve-{d.name}"), prefix=ROOT)
+    files = render(d, tmp_path / "out", **on_box(d))
     names = {f.relative_to(tmp_path / "out").as_posix() for f in files}
     assert {"compose/compose.yaml", "kubernetes/kustomization.yaml", f"systemd/rtxserve-{d.name}.target"} <= names
 
@@ -99,12 +99,18 @@ def test_the_rendered_load_test_job_drives_the_first_models_own_task(tmp_path):
 # What a schema cannot see, checked over every rendered example: the GPUs asked for exist, each engine's memory
 # share as vLLM computes it fits beside Triton's plan, and vLLM starts after Triton on every target.
 
+def on_box(d) -> dict:
+    """Where the box keeps the rendered folder and rtxserve (as a bundle puts them): never where this checkout is,
+    which may be under /tmp, where no unit is rendered."""
+    return {"at": Path(f"/opt/rtxserve-{d.name}"), "prefix": Path(f"/opt/rtxserve-{d.name}")}
+
+
 def rendered(example: Path, tmp_path: Path):
     d = load_deployment(write_artifacts(Path(shutil.copy(example, tmp_path / example.name))))
     p = plan(d)
     if not d.on_gpu:
         pytest.skip("a CPU box: no GPU to share")
-    render(d, tmp_path / "out", at=Path(f"/opt/rtxserve-{d.name}"), prefix=ROOT)
+    render(d, tmp_path / "out", **on_box(d))
     return d, p, tmp_path / "out"
 
 
@@ -201,10 +207,34 @@ def test_gpu_ids_pinned_at_export_are_not_staged(tmp_path):
     config = read_config(step / "config.pbtxt")
     config.instance_group[0].gpus.append(1)
     write_config(step / "config.pbtxt", config)
-    render(d, tmp_path / "out", at=Path(f"/opt/rtxserve-{d.name}"), prefix=ROOT)
+    render(d, tmp_path / "out", **on_box(d))
     staged = read_config(tmp_path / "out" / "models" / "repository" / step.name / "config.pbtxt")
     assert staged.instance_group[0].kind == staged.instance_group[0].KIND_GPU and list(staged.instance_group[0].gpus) == []
     assert list(read_config(step / "config.pbtxt").instance_group[0].gpus) == [1]  # the export is untouched
+
+
+def test_a_response_cache_is_staged_on_the_entry_and_sized_on_the_server(tmp_path):
+    """response_cache_mb turns Triton's cache on for the entry's own model (the whole request's answer, before any
+    step runs) and gives the server one local cache of the entries' sizes together, on every target."""
+    from deploy.services import build_services
+
+    example = next(p for p in EXAMPLES if p.stem == "one-4090")
+    spec = yaml.safe_load(example.read_text())
+    encoder = next(m for m in spec["models"] if m["kind"] == "encoder")
+    encoder["response_cache_mb"] = 64
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / example.name
+    path.write_text(yaml.safe_dump(spec))
+    d = load_deployment(write_artifacts(path))
+    render(d, tmp_path / "out", **on_box(d))
+    repository = tmp_path / "out" / "models" / "repository"
+    entry, *steps = entry_models(repository, encoder["name"])
+    assert read_config(entry / "config.pbtxt").response_cache.enable
+    assert not any(read_config(step / "config.pbtxt").response_cache.enable for step in steps)
+    (triton,) = [s for s in build_services(d, plan(d)) if s.kind == "triton"]
+    assert f"--cache-config=local,size={64 * 2**20}" in triton.args
+    compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())
+    assert f"--cache-config=local,size={64 * 2**20}" in compose["services"]["triton"]["command"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -266,7 +296,7 @@ def test_no_unit_uses_a_path_its_private_tmp_hides(example, tmp_path):
     assert units and all("PrivateTmp=yes" in u.read_text() for u in units)
     paths = [w for u in units for w in re.findall(r"(?<![\w.])/[\w./-]+", u.read_text())]
     assert paths and not [w for w in paths if w.startswith(("/tmp/", "/var/tmp/"))]
-    written = render(d, tmp_path / "in-tmp", at=Path("/tmp/box"), prefix=ROOT)
+    written = render(d, tmp_path / "in-tmp", at=Path("/tmp/box"), prefix=on_box(d)["prefix"])
     assert not list((tmp_path / "in-tmp" / "systemd").glob("*.service"))
     assert tmp_path / "in-tmp" / "systemd" / "README" in written
     assert "--at /tmp/box" in (tmp_path / "in-tmp" / "systemd" / "README").read_text()

@@ -113,6 +113,21 @@ def test_triton_queue_compute_batch_and_rates_per_model_and_nan_without_new_requ
     assert {"triton reviews requests/s", "triton tokenizer requests/s"} <= set(series)  # every model is kept
 
 
+def test_the_response_cache_hit_rate_of_a_model_that_has_one():
+    def cached(hits, misses):
+        return (triton_text(10, 0, 5000, (100, 2000, 100), 10, 5)
+                + "# HELP nv_cache_num_hits_per_model Number of cache hits per model\n"
+                + "# TYPE nv_cache_num_hits_per_model counter\n"
+                + f'nv_cache_num_hits_per_model{{model="reviews",version="1"}} {hits}\n'
+                + "# HELP nv_cache_num_misses_per_model Number of cache misses per model\n"
+                + "# TYPE nv_cache_num_misses_per_model counter\n"
+                + f'nv_cache_num_misses_per_model{{model="reviews",version="1"}} {misses}\n')
+
+    series = derive(rows("http://triton:8002/metrics", [(0, cached(2, 2)), (1, cached(5, 3)), (2, cached(5, 3))]), T0)
+    np.testing.assert_allclose(y(series, "triton reviews cache hits"), [75.0, np.nan])  # 3 of 4 lookups; none after
+    assert "triton reviews_model cache hits" not in series  # no cache there: no series
+
+
 def test_counter_reset_skips_the_interval_instead_of_a_negative_rate():
     series = derive(rows("http://triton:8002/metrics", [
         (0, triton_text(10, 0, 5000, (0, 1000, 0), 10, 10)),

@@ -1,0 +1,59 @@
+"""Triton's response cache, as a deployment turns it on (`response_cache_mb`), in the real tritonserver: a repeated
+input is answered from the cache with the same answer, and the cache's metrics are the ones the dashboards and the
+load-test report read."""
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.monitoring import dashboards, queried_metrics
+from deploy.plan import plan
+from deploy.repository import assemble_repository, response_cache_args
+from deploy.spec import DeploymentError, load_deployment
+from serve.stack import start_triton
+
+
+def _cache_counts(metrics_url: str, model: str) -> dict[str, float]:
+    text = httpx.get(metrics_url, timeout=10).text
+    return {s.name.removesuffix("_total"): s.value for family in text_string_to_metric_families(text)  # counters: _total
+            for s in family.samples if s.name.startswith("nv_cache_num_") and s.labels.get("model") == model}
+
+
+def test_a_repeated_input_is_answered_from_triton_response_cache(classifier_checkpoint, tmp_path):
+    from export.encoder import export_text_classification
+    from export.triton_entry import EntryOptions
+
+    export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), tmp_path / "exported")
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "cached", "gpus": {"count": 0}, "models": [
+        {"name": "sentiment", "kind": "encoder", "path": "exported/sentiment", "response_cache_mb": 8}]}))
+    d = load_deployment(tmp_path / "box.yaml")
+    repository = assemble_repository(d, plan(d), tmp_path / "repository")
+    assert response_cache_args(d) == [f"--cache-config=local,size={8 * 2**20}"]
+    server, opts = start_triton(repository, tmp_path, extra_args=tuple(response_cache_args(d)))
+    try:
+        infer = f"http://127.0.0.1:{opts.http_port}/v2/models/sentiment/infer"
+        metrics = f"http://127.0.0.1:{opts.metrics_port}/metrics"
+
+        def classify(text: str) -> dict:
+            body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [text]}]}
+            answer = httpx.post(infer, json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            return {o["name"]: o["data"] for o in answer.json()["outputs"]}
+
+        first = classify("what a great day")
+        assert classify("what a great day") == first
+        classify("a dreadful film")
+        counts = _cache_counts(metrics, "sentiment")
+        assert counts["nv_cache_num_hits_per_model"] == 1 and counts["nv_cache_num_misses_per_model"] == 2
+        queried = {n for n in queried_metrics(dashboards(d)["triton.json"]) if n.startswith("nv_cache_")}
+        assert queried and queried <= set(counts)
+    finally:
+        server.stop()
+
+
+def test_a_diffusion_entry_cannot_ask_for_a_response_cache(tmp_path):
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "sd", "models": [
+        {"name": "sd", "kind": "diffusion", "path": "sd", "response_cache_mb": 8}]}))
+    with pytest.raises(DeploymentError, match="images are not cached"):
+        load_deployment(tmp_path / "box.yaml")
