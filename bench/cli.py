@@ -1,4 +1,4 @@
-"""`rtxserve bench llm|export|gateway|batching|accuracy|soak|reliability`: argument parsing only; the work is in the module of
+"""`rtxserve bench llm|export|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
 the same name under bench/."""
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
     tr.add_argument("--users", type=int, default=16, help="closed-loop users")
     tr.add_argument("--out", type=Path, help="folder (default reports/bench-batching-<time>)")
+    ca = sub.add_parser("cache", help="B9: classify QPS with Triton's response cache / without, at repeated inputs")
+    ca.add_argument("--rounds", type=int, default=3)
+    ca.add_argument("--duration", type=float, default=8.0, help="seconds per entry and round")
+    ca.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    ca.add_argument("--repeats", type=float, default=0.5, help="share of requests that repeat an earlier input")
+    ca.add_argument("--out", type=Path, help="folder (default reports/bench-cache-<time>)")
     acc = sub.add_parser("accuracy", help="B6: rtxserve loadtest vs vllm bench serve on the same vLLM and workload")
     acc.add_argument("--url", default="", help="a running vLLM server (default: start one on the fixture Llama)")
     acc.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
@@ -126,6 +132,14 @@ def main(argv: list[str]) -> int:
             return _fail("need --rounds >= 1, --duration > 4 and --users >= 1")
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, users=args.users, progress=_progress)  # noqa: E731
         saved = ("bench-batching.json", "bench-batching.md", "b3-b5.png")
+    elif args.bench == "cache":
+        from .cache import markdown, run
+
+        if args.rounds < 1 or args.duration <= 0 or args.concurrency < 1 or not 0 <= args.repeats <= 1:
+            return _fail("need --rounds >= 1, --duration > 0, --concurrency >= 1 and --repeats within 0..1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=args.concurrency,  # noqa: E731
+                            repeats=args.repeats, progress=_progress)
+        saved = ("bench-cache.json", "bench-cache.md", "b9.png")
     elif args.bench == "accuracy":
         from .accuracy import markdown, run
 
