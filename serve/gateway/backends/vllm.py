@@ -11,6 +11,7 @@ generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,20 @@ _JSON = {"content-type": "application/json"}
 # carries unescaped when a model writes them: the split is on bytes).
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+@contextlib.contextmanager
+def _mapped(model: str):
+    """aiohttp's errors of a call to vLLM, as the gateway's."""
+    try:
+        yield
+    except aiohttp.ClientConnectorError as exc:  # nothing was sent: another replica may take it
+        raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc
+    except asyncio.TimeoutError as exc:
+        raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
+    except aiohttp.ClientError as exc:  # sent, then the answer broke off (reset, cut, garbage): never resent
+        log.warning("vllm %s: %s", model, type(exc).__name__)
+        raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
 
 
 def _error(content: bytes) -> tuple[str, str | None]:
@@ -97,24 +112,14 @@ class VLLMBackend(Backend):
         ]
 
     async def _send(self, path: str, body: dict, model: str) -> aiohttp.ClientResponse:
-        try:
+        with _mapped(model):
             return await self.session.post(f"{self.url}{path}", data=orjson.dumps(body), headers=_JSON)
-        except aiohttp.ClientConnectorError as exc:  # nothing was sent: another replica may take it
-            raise BackendConnectFailed(f"model {model} is not reachable; retry shortly") from exc
-        except asyncio.TimeoutError as exc:
-            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
-        except aiohttp.ClientError as exc:  # sent, then the answer broke off (reset, cut, garbage): never resent
-            log.warning("vllm %s: %s", model, type(exc).__name__)
-            raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
 
     async def generate(self, path: str, body: dict, model: str) -> dict:
         response = await self._send(path, body, model)
         try:
-            content = await response.read()
-        except asyncio.TimeoutError as exc:
-            raise BackendTimeout(f"model {model} did not answer within the deadline") from exc
-        except aiohttp.ClientError as exc:
-            raise BackendError(f"model {model}'s answer broke off before it was complete") from exc
+            with _mapped(model):
+                content = await response.read()
         finally:
             response.release()
         raise_for_status(response.status, content, model)
