@@ -26,8 +26,9 @@ FIGURES = {"ttft_p50": ("median_ttft_ms", ("streaming", "ttft_ms", "p50")),
 
 
 def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
-                     output_len: int, seed: int, metrics: str = "ttft,e2el") -> dict:
-    """`vllm bench serve` (random-token prompts, ignore_eos, streamed completions) against `url`: its result JSON."""
+                     output_len: int, seed: int, metrics: str = "ttft,e2el", failures_ok: bool = False) -> dict:
+    """`vllm bench serve` (random-token prompts, ignore_eos, streamed completions) against `url`: its result JSON.
+    Failed requests raise, unless `failures_ok` (the caller reports `result["failed"]`)."""
     from serve.vllm import DEFAULT_ENV
 
     argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve",
@@ -41,7 +42,7 @@ def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompt
     if done.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {(done.stdout + done.stderr)[-1500:]}")
     result = json.loads((out / "result.json").read_text())
-    if result.get("failed"):
+    if result.get("failed") and not failures_ok:
         raise RuntimeError(f"vllm bench serve: {result['failed']} failed requests")
     return result
 

@@ -39,9 +39,18 @@ def machine() -> str:
     return f"{cpu}{flags}; {os.cpu_count()} cores; {memory:.0f} GiB; {platform.system()} {platform.release()}; Python {platform.python_version()}"
 
 
+def previous_sections(page: Path) -> dict[str, str]:
+    """Each benchmark's section of an existing BENCHMARKS.md (heading, command and page), by title."""
+    if not page.exists():
+        return {}
+    parts = re.split(r"^## ", page.read_text(), flags=re.M)[1:]
+    return {part.split("\n", 1)[0]: "## " + part.rstrip("\n") for part in parts}
+
+
 def run(out: Path, only: list[str] | None = None, log=print) -> Path:
     """Run every benchmark (or those whose title holds one of `only`; the others keep their last pages from
-    `out`), then write BENCHMARKS.md with the plots copied next to it into bench/figures/."""
+    `out`, or else their sections of the current BENCHMARKS.md), then write BENCHMARKS.md with the plots copied
+    next to it into bench/figures/."""
     from bench.cli import main as bench
     from loadtest.pages import versions
 
@@ -49,6 +58,7 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
     figures.mkdir(parents=True, exist_ok=True)
     timings_path = out / "timings.json"
     timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    earlier = previous_sections(Path("BENCHMARKS.md"))
     sections = []
     for title, (args, page) in BENCHES.items():
         folder = out / args[0]
@@ -62,8 +72,12 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
                 log(f"{title} crashed: {type(exc).__name__}: {exc}")
                 code = 1
             timings[title] = {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
-                              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                              "commit": versions()["git commit"]}
         done = timings.get(title, {})
+        if not done and title in earlier:  # neither run now nor in `out`: keep what BENCHMARKS.md says of it
+            sections.append(earlier[title])
+            continue
         if done.get("exit") == 0 and (folder / page).exists():
             body = (folder / page).read_text()
         else:
@@ -77,12 +91,12 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
             return f"![{match.group(1)}](bench/figures/{args[0]}-{image.name})"
 
         body = re.sub(r"^#", "###", re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", keep, body), flags=re.M)
-        when = f" ({done['minutes']} min, {done['when']})" if done else ""
+        when = f" ({done['minutes']} min, {done['when']}, at commit {done.get('commit', '?')})" if done else ""
         sections.append(f"## {title}\n\n`{shlex.join(command)}`{when}\n\n{body}")
     timings_path.write_text(json.dumps(timings, indent=2))
     page = f"""# Benchmarks
 
-Measured on {machine()}; {', '.join(f'{k} {v}' for k, v in versions().items())}.
+Measured on {machine()} (each section says when and at which commit); {', '.join(f'{k} {v}' for k, v in versions().items())}.
 CPU figures are ratios of two things measured side by side in one run (shared/BENCH.md); absolute times on
 this shared machine are not comparable between runs. Regenerate with `make bench`
 (`python -m bench.all reports/bench B6` reruns one and keeps the others).

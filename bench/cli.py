@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
     gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     gw.add_argument("--streams", default="4,16", help="B1s: concurrent streams per level, comma-separated ('' skips it)")
-    gw.add_argument("--stream-prompts", type=int, default=100, help="B1s: requests per vllm bench serve run")
+    gw.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
     tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
     tr.add_argument("--rounds", type=int, default=3)

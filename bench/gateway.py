@@ -139,7 +139,7 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 100, progress=log.info) -> dict:
+        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
     from .all import machine
 

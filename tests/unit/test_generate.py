@@ -14,16 +14,18 @@ from serve.gateway.settings import GatewaySettings
 from .fakes import error_of
 
 
-def FakeStream(lines, reads: int = 1):
-    """vLLM's stream parser over a canned SSE body, arriving in `reads` pieces of about equal size."""
+def FakeStream(lines, reads: int = 1, connection: list | None = None):
+    """vLLM's stream parser over a canned SSE body, arriving in `reads` pieces of about equal size; what becomes of
+    its connection ("closed" or "released") is appended to `connection`."""
     body = "\n\n".join(lines).encode() + b"\n\n"
     size = -(-len(body) // reads)
+    connection = connection if connection is not None else []
 
     async def arriving():
         for i in range(0, len(body), size):
             yield body[i:i + size]
 
-    return SSEStream(arriving(), lambda: None, "llm")
+    return SSEStream(arriving(), lambda: connection.append("closed"), "llm", release=lambda: connection.append("released"))
 
 
 class FakeVLLM(Backend):
@@ -169,6 +171,17 @@ def test_stream_is_relayed_and_usage_chunk_only_sent_when_asked(client, backend)
     assert len(events) == 3 and events[-1] == "data: [DONE]"  # usage chunk dropped: not asked for
     assert backend.bodies[-1]["stream_options"] == {"include_usage": True}  # but always asked of vLLM
     assert backend.stream.closed
+
+
+@pytest.mark.parametrize("lines, fate", [([_chunk("Hel"), "data: [DONE]"], "released"),
+                                         ([_chunk("Hel")], "closed"), ([_chunk("Hel"), "data: {not json"], "closed")])
+def test_a_finished_streams_connection_goes_back_to_the_pool_a_cut_one_is_closed(client, backend, lines, fate):
+    """Closing vLLM's connection is what aborts a generation; after [DONE] it is released instead (closing finished
+    streams' connections made vLLM hold back the whole of later answers)."""
+    connection = []
+    backend.stream = FakeStream(lines, connection=connection)
+    client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert connection == [fate]
 
 
 @pytest.mark.parametrize("reads", [1, 3, 7, 1000])

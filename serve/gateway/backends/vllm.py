@@ -137,16 +137,25 @@ class VLLMBackend(Backend):
                 content = b""
             response.close()
             raise_for_status(response.status, content, model)
-        return SSEStream(response.content.iter_any(), response.close, model)
+        return SSEStream(response.content.iter_any(), response.close, model, release=response.release)
 
 
 class SSEStream(Stream):
     """vLLM's server-sent events (`data: {json}` ending with `data: [DONE]`) from `reads`, the bytes as they
-    arrive; `close` drops the connection."""
+    arrive; `close` drops the connection, `release` hands a connection whose answer was read to its end back to
+    the pool.
 
-    def __init__(self, reads: AsyncIterator[bytes], close: Callable[[], None], model: str):
+    A stream that ended at [DONE] is read to the end of its HTTP body and its connection released; only one that
+    did not (client gone, deadline, error) is closed, which is what aborts its generation in vLLM. Closing
+    finished streams' connections too made vLLM (0.32, CPU) hold back whole answers to the requests after them,
+    headers included: every stream through the gateway arrived in one piece at its end (B1s: TTFT P50 450 ms
+    against nginx's 17 ms at 4 concurrent)."""
+
+    def __init__(self, reads: AsyncIterator[bytes], close: Callable[[], None], model: str,
+                 release: Callable[[], object] | None = None):
         self.reads, self._close, self.model = reads, close, model
-        self.closed = False
+        self._release = release
+        self.closed = self.finished = False
 
     async def __aiter__(self):
         rest = b""
@@ -166,6 +175,9 @@ class SSEStream(Stream):
                     if payload == b"[DONE]":
                         if relay:
                             yield StreamChunk(b"".join(relay))
+                        async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
+                            pass
+                        self.finished = True
                         return
                     chunk = _checked(payload)
                     if chunk.get("usage") and not chunk.get("choices"):  # the final usage chunk: its own event
@@ -183,7 +195,10 @@ class SSEStream(Stream):
 
     async def aclose(self) -> None:
         self.closed = True
-        self._close()  # also what aborts the generation in vLLM when the client left
+        if self.finished and self._release is not None:
+            self._release()
+        else:
+            self._close()  # also what aborts the generation in vLLM when the client left
 
 
 def _checked(payload: bytes) -> dict:
