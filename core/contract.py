@@ -5,8 +5,8 @@ Both sides import this module and nothing of each other."""
 from __future__ import annotations
 
 # Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (core/tasks.py).
-from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION, TEXT_GENERATION,  # noqa: F401
-                    TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
+from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, TEXT_CLASSIFICATION,  # noqa: F401
+                    TEXT_GENERATION, TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
 
 ENCODER_TASKS = of_kind(ENCODER)
 
@@ -25,7 +25,7 @@ PARAM_TASK = "rtxserve_task"  # one of the tasks above; entries without it are i
 PARAM_LABELS = "rtxserve_labels"  # JSON list, index = class id
 PARAM_DIMENSIONS = "rtxserve_dimensions"  # embedding size
 PARAM_AGGREGATION = "rtxserve_aggregation"  # NER default aggregation
-PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a generation request gets when it names no value
+PARAM_DEFAULTS = "rtxserve_defaults"  # JSON: what a request gets when it names no value (generation, detection)
 PARAM_MAX_LENGTH = "rtxserve_max_length"  # the entry's token limit (texts are truncated to it)
 PARAM_TENSORRT_VERSION = "rtxserve_tensorrt_version"  # a plan's TensorRT, which must load it (serve checks it)
 PARAM_COMPUTE_CAPABILITY = "rtxserve_compute_capability"  # the GPU architecture a plan was built for
@@ -42,3 +42,8 @@ MAX_LORA_RANK = LORA_RANKS[-1]
 def padded_lora_rank(rank: int) -> int:
     """The LoRA rank vLLM sizes its slots for (--max-lora-rank takes only LORA_RANKS) for adapters up to `rank`."""
     return next((r for r in LORA_RANKS if r >= rank), MAX_LORA_RANK)
+
+
+# Object detection: the most detections a request may ask for per image (max_det), and each entry's defaults.
+MAX_DETECTIONS = 1000
+DETECTION_DEFAULTS = {"conf": 0.5, "iou": 0.7, "max_det": 100}  # conf: the pipeline's threshold

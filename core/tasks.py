@@ -59,6 +59,11 @@ IMAGE_CLASSIFICATION = _task(
     "image-classification", kind=ENCODER, inputs="image", routes=("/v1/classify",), loadtest=("image",),
     parity="logits within atol; labels as transformers' pipeline", arch_suffix="ForImageClassification",
     auto_class="AutoModelForImageClassification")
+# DETR and the DETR family (Conditional / Deformable DETR) with their image processor: boxes and classes per image.
+OBJECT_DETECTION = _task(
+    "object-detection", kind=ENCODER, inputs="image", routes=("/v1/detect",), loadtest=("detect",),
+    parity="raw outputs within atol; boxes, classes and scores as transformers' pipeline",
+    arch_suffix="ForObjectDetection", auto_class="AutoModelForObjectDetection")
 TEXT_GENERATION = _task(
     "text-generation", kind=LLM, inputs="prompt", routes=("/v1/chat/completions", "/v1/completions"),
     loadtest=("chat", "completions"), parity="merged logits within atol of base + adapter",

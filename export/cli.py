@@ -39,7 +39,8 @@ def _add_onnx(sub) -> None:
     onnx.add_argument("--base", help="an adapter's base model folder (default: the local folder the adapter records)")
     onnx.add_argument("--task", required=True,
                       help="what the model does: text-classification, token-classification (NER), feature-extraction "
-                           "(embeddings; pooling and normalisation from the sentence-transformers files)")
+                           "(embeddings; pooling and normalisation from the sentence-transformers files), "
+                           "image-classification, object-detection (DETR family)")
     onnx.add_argument("--name", required=True, help="model name clients will use")
     onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
                       help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")

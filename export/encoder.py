@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import onnx_export, repository, zero
-from core.tasks import TEXT_CLASSIFICATION
+from core.tasks import OBJECT_DETECTION, TEXT_CLASSIFICATION
 
 from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
 from .exceptions import ExportError
@@ -175,7 +175,8 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
     _check_options(options, entry)
     with contextlib.ExitStack() as scratch:
         source = _resolve(Path(checkpoint).expanduser(), task, entry, repo, options, scratch)
-        steps = Steps(5 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None), log)
+        steps = Steps(5 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None)
+                      + (task == OBJECT_DETECTION), log)  # detection: the served answers against the pipeline's
         if options.command:
             log.info("reproduce with: %s", options.command)
         model, reference, inputs, spec = _load(source, options, steps)
@@ -184,6 +185,11 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", entry.name, entry.target, entry.instances,
               entry.max_batch_size)
         parity, metadata = _record(source, options, entry, reports, plan_info, reference, inputs, spec)
+        if spec.served_check is not None:  # what the served steps answer against the framework's own predict
+            steps("checking the served answers against the framework's own predict")
+            parity["served"] = spec.served_check(served, source.ckpt.path, inputs)
+            if not parity["served"]["passed"] and not options.allow_drift:
+                raise ExportError(f"the served answers differ from the framework's own: {parity['served']['detail']}")
         models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
             from .tensorrt import tensorrt_model
@@ -267,6 +273,9 @@ def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
     model, reference = _load_models(ckpt, spec, adapter)
     if ckpt.task in IMAGE_TASKS:
         inputs = ImageInputs(ckpt, options.sample_images)
+        if inputs.varies and options.tensorrt is not None:
+            raise ExportError(f"{ckpt.task}: a TensorRT plan for images of varying size is not built yet; serve the "
+                              "ONNX graph (--target gpu without --tensorrt runs it on the GPU with onnxruntime)")
     else:
         inputs = TextInputs(ckpt, model, options.max_length if options.max_length is not None else spec.max_length,
                             options.sample_texts)
@@ -284,7 +293,8 @@ def _export_variants(model, reference, inputs, spec, source: _Source, options: E
     served = work / "model.onnx"
     steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
     sample = inputs.sample()
-    onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, served, list(spec.outputs))
+    onnx_export.export(model, {n: torch.from_numpy(v) for n, v in sample.items()}, served, list(spec.outputs),
+                       image_size_varies=getattr(inputs, "varies", False))
     check = _Check(reference, inputs.cases(), inputs, list(spec.outputs), options, source.adapter is not None, steps)
     reports = {"fp32": check(served, "ONNX Runtime (fp32)", lossy=False)}
     if options.optimize:
@@ -320,7 +330,7 @@ class _Check:
 
         from . import variants
 
-        self.steps("validating %s against PyTorch on %d %s", what, len(self.cases) - 1, self.inputs.what)
+        self.steps("validating %s against PyTorch on %d %s", what, len(self.inputs.samples), self.inputs.what)
         session = (_PlanSession(path) if path.suffix == ".plan"
                    else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
         report = _validate(self.reference, session, self.cases, self.options.atol, self.outputs)

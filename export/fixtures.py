@@ -244,6 +244,65 @@ def write_image_classifier(out: str | Path, *, arch: str = "vit", seed: int = 0,
                  "the dominant colour channel. For tests only.\n")
 
 
+DETECTION_LABELS = ["red box", "blue box"]
+
+
+def boxes_images(rng: random.Random, n: int, size: int = 64):
+    """Grey noisy images with one to two solid red or blue rectangles: (uint8 HWC array, [(class id, x1, y1, x2, y2)])."""
+    import numpy as np
+
+    nrng = np.random.default_rng(rng.randrange(2**32))
+    out = []
+    for _ in range(n):
+        image = nrng.integers(90, 150, (size, size, 3)).astype(np.uint8)
+        boxes = []
+        for _ in range(rng.randint(1, 2)):
+            label = rng.randrange(len(DETECTION_LABELS))
+            w, h = rng.randint(size // 5, size // 2), rng.randint(size // 5, size // 2)
+            x1, y1 = rng.randint(0, size - w), rng.randint(0, size - h)
+            image[y1:y1 + h, x1:x1 + w] = (220, 30, 30) if label == 0 else (30, 30, 220)
+            boxes.append((label, x1, y1, x1 + w, y1 + h))
+        out.append((image, boxes))
+    return out
+
+
+def write_detector(out: str | Path, *, seed: int = 0, train_steps: int = 80) -> Path:
+    """Write a tiny fine-tuned DETR (labels "red box", "blue box"; a two-stage ResNet backbone built from its config,
+    no pretrained weights) with its DetrImageProcessor (shortest edge 64, longest 96) to `out`. Trained briefly with
+    DETR's own loss on generated images of coloured rectangles, so that some queries score over the pipeline's
+    threshold."""
+    import torch
+    import transformers
+    from transformers import DetrImageProcessor
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    labels = {"id2label": dict(enumerate(DETECTION_LABELS)), "label2id": {l: i for i, l in enumerate(DETECTION_LABELS)}}
+    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], out_features=["stage2"])
+    config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+                                     d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=8,
+                                     **labels)
+    model = transformers.DetrForObjectDetection(config)
+    processor = DetrImageProcessor(size={"shortest_edge": 64, "longest_edge": 96})
+    data = boxes_images(rng, 64)
+
+    def batch_loss():
+        batch = rng.sample(data, 8)
+        pixels = processor(images=[img for img, _ in batch], return_tensors="pt")
+        targets = [{"class_labels": torch.tensor([b[0] for b in boxes]),
+                    "boxes": torch.tensor([[(b[1] + b[3]) / 128, (b[2] + b[4]) / 128, (b[3] - b[1]) / 64,
+                                            (b[4] - b[2]) / 64] for b in boxes], dtype=torch.float32)}
+                   for _, boxes in batch]
+        return model(pixel_values=pixels["pixel_values"], pixel_mask=pixels["pixel_mask"], labels=targets).loss
+
+    loss = _fit(model, train_steps, 4e-3, batch_loss)
+    log.info("trained the fixture DETR for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, processor, f"# tiny-detr-boxes (rtxserve fixture)\n\nLabels {', '.join(DETECTION_LABELS)}: "
+                 "solid rectangles on grey noise. For tests only.\n")
+
+
 # A Hermes-style template: tools are listed in a system block and calls are written as
 # <tool_call>{"name": ..., "arguments": ...}</tool_call>, which vLLM's `hermes` tool-call parser reads.
 CHAT_TEMPLATE = (
@@ -438,7 +497,7 @@ def write_diffusion_lora(pipeline: str | Path, out: str | Path, *, seed: int = 1
 
 
 FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
-            "image-classifier": write_image_classifier, "llm": write_llm_with_adapters}
+            "image-classifier": write_image_classifier, "detector": write_detector, "llm": write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:

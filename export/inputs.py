@@ -143,8 +143,10 @@ class ImageInputs:
         from .vision import read_image_processor, sample_images
 
         self.path = ckpt.path
-        self.settings = read_image_processor(ckpt.path)
+        self.settings = read_image_processor(ckpt.path, ckpt.task)
         self.preprocess = Preprocess(self.settings)
+        # DETR keeps each image's aspect ratio: pixel tensors differ in size and go through one at a time.
+        self.varies = -1 in self.preprocess.shape
         self.names = ["pixel_values"]
         self.samples = samples or sample_images()
         self.notes: list[str] = []
@@ -162,21 +164,24 @@ class ImageInputs:
         return np.stack(out)
 
     def sample(self) -> dict[str, np.ndarray]:
-        return {"pixel_values": self._pixels(self.samples[:2])}
+        return {"pixel_values": self._pixels(self.samples[:1 if self.varies else 2])}
 
     def cases(self) -> list[dict[str, np.ndarray]]:
         """Each sample alone, then all together; the served pre-processing is first checked against
         transformers' image processor on the same images."""
         from .vision import reference_pixels
 
-        served = self._pixels(self.samples)
-        diff = float(np.abs(served - reference_pixels(self.path, self.samples)).max())
+        served = [self._pixels([image]) for image in self.samples]
+        reference = reference_pixels(self.path, self.samples)
+        diff = max(float(np.abs(s[0] - r).max()) if s[0].shape == r.shape else float("inf")
+                   for s, r in zip(served, reference))
         if diff > PIXEL_ATOL:
             raise ExportError(f"the served image pre-processing differs from transformers' image processor by {diff:.3g} "
                               f"(max abs, tolerance {PIXEL_ATOL}); this image-processor configuration is not reproduced")
         self.notes = [f"served pre-processing matched transformers' image processor on {len(self.samples)} images "
                       f"(max abs diff {diff:.3g})"]
-        return [{"pixel_values": served[i:i + 1]} for i in range(len(served))] + [{"pixel_values": served}]
+        together = [] if self.varies else [{"pixel_values": np.concatenate(served)}]
+        return [{"pixel_values": pixels} for pixels in served] + together
 
     def plan_inputs(self) -> dict:
         return {"pixel_values": self.preprocess.shape}

@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 DEFAULT_OPSET = 17
 
 
-def export(model, sample: dict, path: Path, output_names: list[str], opset: int = DEFAULT_OPSET) -> Path:
+def export(model, sample: dict, path: Path, output_names: list[str], opset: int = DEFAULT_OPSET,
+           image_size_varies: bool = False) -> Path:
     """Export `model` called with the keyword tensors in `sample` to `path`.
 
     Args:
@@ -22,6 +23,7 @@ def export(model, sample: dict, path: Path, output_names: list[str], opset: int 
         path: where to write the .onnx file.
         output_names: names for the model's outputs, in order.
         opset: ONNX opset.
+        image_size_varies: images [batch, 3, H, W] vary in H and W too (a detector that keeps each image's aspect).
 
     Returns:
         `path`.
@@ -32,8 +34,10 @@ def export(model, sample: dict, path: Path, output_names: list[str], opset: int 
     order = list(inspect.signature(model.forward).parameters)
     sample = {name: sample[name] for name in sorted(sample, key=order.index)}
     input_names = list(sample)
-    # Token tensors [batch, seq] vary in both; images [batch, 3, H, W] only in batch.
-    dynamic_axes = {name: {0: "batch", 1: "sequence"} if sample[name].dim() == 2 else {0: "batch"} for name in input_names}
+    # Token tensors [batch, seq] vary in both; images [batch, 3, H, W] in batch (and in H, W where told so).
+    image_axes = {0: "batch", 2: "height", 3: "width"} if image_size_varies else {0: "batch"}
+    dynamic_axes = {name: {0: "batch", 1: "sequence"} if sample[name].dim() == 2 else
+                    image_axes if sample[name].dim() == 4 else {0: "batch"} for name in input_names}
     dynamic_axes.update({name: {0: "batch"} for name in output_names})
     with warnings.catch_warnings(), torch.no_grad():
         # The TorchScript exporter warns about Python control flow on shapes in HF code; the

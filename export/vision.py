@@ -1,11 +1,12 @@
-"""The image pre-processing of an `image-classification` export: the checkpoint's image-processor
-settings, turned into the settings of the Triton pre-processing model
+"""The image pre-processing of an `image-classification` or `object-detection` export: the checkpoint's
+image-processor settings, turned into the settings of the Triton pre-processing model
 (`triton_models/image_preprocess/`), and the transformers reference it is checked against.
 
-Supported: the processors of ViT (also Swin and others that reuse it), DeiT, BEiT, BiT (DINOv2) and
-ConvNeXt (also ResNet and RegNet), in any of their saved spellings (`...ImageProcessor`,
-`...ImageProcessorFast`, `...ImageProcessorPil`, legacy `...FeatureExtractor`). The reference is the PIL
-backend of transformers, the one the pre-processing model reproduces.
+Supported: for classification the processors of ViT (also Swin and others that reuse it), DeiT, BEiT, BiT
+(DINOv2) and ConvNeXt (also ResNet and RegNet); for detection those of DETR, Conditional DETR and Deformable
+DETR; in any of their saved spellings (`...ImageProcessor`, `...ImageProcessorFast`, `...ImageProcessorPil`,
+legacy `...FeatureExtractor`). The reference is the PIL backend of transformers, the one the pre-processing
+model reproduces.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import io
 from pathlib import Path
 
 import numpy as np
+
+from core.tasks import IMAGE_CLASSIFICATION, OBJECT_DETECTION
 
 from .checkpoint import IMAGE_PROCESSOR_FILE as PREPROCESSOR_CONFIG, read_json
 from .exceptions import ExportError
@@ -26,6 +29,9 @@ SUPPORTED_PROCESSORS = (
     "BitImageProcessor",
     "ConvNextImageProcessor",
 )
+# DETR's resize keeps the aspect ratio (shortest / longest edge); a batch of one image needs no padding.
+DETECTION_PROCESSORS = ("DetrImageProcessor", "ConditionalDetrImageProcessor", "DeformableDetrImageProcessor")
+PROCESSORS = {IMAGE_CLASSIFICATION: SUPPORTED_PROCESSORS, OBJECT_DETECTION: DETECTION_PROCESSORS}
 _BILINEAR = 2  # what transformers' PIL backend resizes with when `resample` is unset
 
 
@@ -38,9 +44,8 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _unsupported(name: str) -> ExportError:
-    return ExportError(f"image processor {name!r} is not supported for image-classification; "
-                       f"supported: {', '.join(SUPPORTED_PROCESSORS)}")
+def _unsupported(name: str, task: str) -> ExportError:
+    return ExportError(f"image processor {name!r} is not supported for {task}; supported: {', '.join(PROCESSORS[task])}")
 
 
 def _load_processor(checkpoint_path: Path):
@@ -62,13 +67,14 @@ def _triple(value, name: str) -> list[float]:
     return values
 
 
-def read_image_processor(checkpoint_path: Path) -> dict:
+def read_image_processor(checkpoint_path: Path, task: str = IMAGE_CLASSIFICATION) -> dict:
     """The settings of the pre-processing model, from the checkpoint's `preprocessor_config.json`.
 
     Missing keys take the processor class's defaults, as transformers loads them.
 
     Args:
         checkpoint_path: the fine-tuned checkpoint folder.
+        task: image-classification or object-detection (which processors are supported).
 
     Returns:
         The settings dict `imaging.Preprocess` takes (JSON-serialisable; see imaging.py for the keys).
@@ -80,24 +86,27 @@ def read_image_processor(checkpoint_path: Path) -> dict:
     checkpoint_path = Path(checkpoint_path)
     config_path = checkpoint_path / PREPROCESSOR_CONFIG
     if not config_path.is_file():
-        raise ExportError("image-classification needs preprocessor_config.json beside the model; "
+        raise ExportError(f"{task} needs preprocessor_config.json beside the model; "
                           "save it with image_processor.save_pretrained")
+    supported = PROCESSORS[task]
     raw = read_json(config_path, "image processor config")
     declared = raw.get("image_processor_type") or raw.get("feature_extractor_type")
     if not declared:
-        raise ExportError(f"{PREPROCESSOR_CONFIG} names no image_processor_type; "
-                          f"supported: {', '.join(SUPPORTED_PROCESSORS)}")
-    if _canonical(declared) not in SUPPORTED_PROCESSORS:
-        raise _unsupported(declared)
+        raise ExportError(f"{PREPROCESSOR_CONFIG} names no image_processor_type; supported: {', '.join(supported)}")
+    if _canonical(declared) not in supported:
+        raise _unsupported(declared, task)
 
     processor = _load_processor(checkpoint_path)
     kind = _canonical(type(processor).__name__)
-    if kind not in SUPPORTED_PROCESSORS:
-        raise _unsupported(type(processor).__name__)
-    if getattr(processor, "do_pad", None):
+    if kind not in supported:
+        raise _unsupported(type(processor).__name__, task)
+    if task == OBJECT_DETECTION:
+        if getattr(processor, "pad_size", None):
+            raise ExportError(f"{PREPROCESSOR_CONFIG}: pad_size (padding every image to one size) is not supported")
+    elif getattr(processor, "do_pad", None):
         raise ExportError(f"{PREPROCESSOR_CONFIG}: do_pad is not supported for image-classification")
 
-    size = dict(processor.size) if processor.size is not None else None
+    size = {k: v for k, v in dict(processor.size).items() if v is not None} if processor.size is not None else None
     resample = processor.resample if processor.resample is not None else _BILINEAR
     settings = {
         "image_processor_type": kind,
@@ -106,8 +115,8 @@ def read_image_processor(checkpoint_path: Path) -> dict:
         "size": size,
         "crop_pct": float(processor.crop_pct) if kind == "ConvNextImageProcessor" and processor.crop_pct else None,
         "resample": int(resample),
-        "do_center_crop": bool(processor.do_center_crop),
-        "crop_size": dict(processor.crop_size) if processor.do_center_crop and processor.crop_size else None,
+        "do_center_crop": bool(getattr(processor, "do_center_crop", False)),
+        "crop_size": dict(processor.crop_size) if getattr(processor, "do_center_crop", False) and processor.crop_size else None,
         "do_rescale": bool(processor.do_rescale),
         "rescale_factor": float(processor.rescale_factor),
         "do_normalize": bool(processor.do_normalize),
@@ -177,8 +186,8 @@ def sample_images() -> list[bytes]:
 
 
 def reference_pixels(checkpoint_path: Path, images: list[bytes]) -> np.ndarray:
-    """What transformers' image-classification pipeline feeds the model for each image: `load_image`
-    (EXIF transpose, RGB) then the checkpoint's PIL-backend image processor. float32 [N, 3, H, W]."""
+    """What transformers' image pipelines feed the model for each image: `load_image` (EXIF transpose, RGB) then
+    the checkpoint's PIL-backend image processor. float32 [3, H, W] each (sizes differ for DETR)."""
     from PIL import Image
     from transformers.image_utils import load_image
 
@@ -187,4 +196,4 @@ def reference_pixels(checkpoint_path: Path, images: list[bytes]) -> np.ndarray:
     for data in images:
         image = load_image(Image.open(io.BytesIO(data)))
         pixels.append(np.asarray(processor(images=image, return_tensors="np")["pixel_values"][0], dtype=np.float32))
-    return np.stack(pixels)
+    return pixels

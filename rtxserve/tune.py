@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core import contract
+from core.tasks import TASKS
 
 # The load scenario that exercises each task's route.
-SCENARIO_OF_TASK = {contract.TEXT_CLASSIFICATION: "classify", contract.IMAGE_CLASSIFICATION: "image",
-                    contract.TOKEN_CLASSIFICATION: "ner", contract.FEATURE_EXTRACTION: "embeddings"}
+SCENARIO_OF_TASK = {name: task.loadtest[0] for name, task in TASKS.items() if task.kind == contract.ENCODER}
 SHORT = {"instances": "inst", "max_batch_size": "batch", "max_queue_delay_us": "delay us",
          "max_num_seqs": "seqs", "max_num_batched_tokens": "batched tokens"}
 

@@ -25,6 +25,7 @@ from .options import parse_mix, word_range
 ENCODER_APIS = routes_by_scenario("encoder")
 GENERATION_APIS = routes_by_scenario("llm")
 IMAGES_API = routes_by_scenario("diffusion")["images"]
+IMAGE_APIS = {"image", "detect"}  # the encoder scenarios that send images (a folder as --dataset)
 
 
 class WrongAnswer(Exception):
@@ -60,7 +61,7 @@ class Load:
         dataset = Path(options.dataset) if options.dataset else None
         if dataset is not None and not dataset.exists():
             raise ValueError(f"dataset {dataset} does not exist")
-        fits = dataset is None or (dataset.is_dir() and "image" in apis) or (
+        fits = dataset is None or (dataset.is_dir() and bool(apis & IMAGE_APIS)) or (
             dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", "images", *GENERATION_APIS}))
         if not fits:  # never fall back to the built-in workload behind the user's back
             raise ValueError(f"--dataset {dataset} fits none of {', '.join(sorted(apis))}: texts and prompts come "
@@ -69,7 +70,7 @@ class Load:
             raise ValueError("--workload file needs --dataset")
         if apis & {"classify", "ner", "embeddings", "images"}:  # texts; for images, the prompts
             load.texts = workloads.read_texts(dataset) if dataset and dataset.is_file() else workloads.TEXTS
-        if "image" in apis:
+        if apis & IMAGE_APIS:
             load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
         if apis & GENERATION_APIS.keys():
             load.prompts = load._prompts(dataset, options.seed + index)
@@ -136,7 +137,7 @@ def _failed_status(response) -> bool:
 def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> float:
     load = user.load
     n = load.options.batch
-    inputs = ([{"image": i} for i in rng.choices(load.images, k=n)] if api == "image" else rng.choices(load.texts, k=n))
+    inputs = [{"image": i} for i in rng.choices(load.images, k=n)] if api in IMAGE_APIS else rng.choices(load.texts, k=n)
     with user.client.post(ENCODER_APIS[api], json={"model": model, "input": inputs}, name=api, headers=load.headers,
                           catch_response=True, context=context) as response:
         if _failed_status(response):
@@ -190,6 +191,8 @@ def _check_encoded(api: str, data, n: int) -> None:
         raise WrongAnswer("a result has no label")
     if api == "ner" and not all(isinstance(d.get("entities"), list) for d in data):
         raise WrongAnswer("a result has no entity list")
+    if api == "detect" and not all(isinstance(d.get("detections"), list) for d in data):
+        raise WrongAnswer("a result has no detection list")
     if api == "embeddings":
         sizes = {len(d.get("embedding") or ()) for d in data}
         if len(sizes) != 1 or 0 in sizes:

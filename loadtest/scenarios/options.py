@@ -8,7 +8,10 @@ can check a run's options in its own process before it starts any load.
 
 from __future__ import annotations
 
-SCENARIOS = ("classify", "image", "ner", "embeddings", "chat", "completions", "images", "mix")
+from core.tasks import TASKS
+
+# Each task's scenarios (core/tasks.py: classify, ner, embeddings, image, detect, chat, completions, images), and mix.
+SCENARIOS = (*(scenario for task in TASKS.values() for scenario in task.loadtest), "mix")
 ARRIVALS = ("closed", "poisson", "gamma")
 WORKLOADS = ("builtin", "random", "file")
 

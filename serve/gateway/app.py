@@ -17,6 +17,7 @@ from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
 from .classify.router import HOT as CLASSIFY, router as classify_router
+from .detect.router import router as detect_router
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
 from .exceptions import install_handlers
 from .frontdoor import FrontDoor
@@ -93,6 +94,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(embeddings_router)
     app.include_router(ner_router)
     app.include_router(images_router)
+    app.include_router(detect_router)
     hot = [CLASSIFY, EMBEDDINGS, NER]
     app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
                        documented={r.path: r for router in (classify_router, embeddings_router, ner_router)

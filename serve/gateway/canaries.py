@@ -2,9 +2,10 @@
 declares that request beside its route (its package's serving.py); the app hands them all to the state."""
 
 from .classify.serving import CANARIES as CLASSIFY
+from .detect.serving import CANARIES as DETECT
 from .embeddings.serving import CANARIES as EMBEDDINGS
 from .generate.serving import CANARIES as GENERATE
 from .images.serving import CANARIES as IMAGES
 from .ner.serving import CANARIES as NER
 
-CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES}
+CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES, **DETECT}

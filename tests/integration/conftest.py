@@ -1,5 +1,5 @@
 """Real servers, one of each per session: the fixture classifier, a LoRA adapter on it (merged), the real
-MiniLM embedder, the fixture NER tagger and the fixture ViT behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
+MiniLM embedder, the fixture NER tagger, the fixture ViT and the fixture DETR behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
 
 import time
 
@@ -7,7 +7,7 @@ import pytest
 
 from export.encoder import export_encoder, export_text_classification
 from export.triton_entry import EntryOptions
-from export.fixtures import write_encoder_adapter, write_image_classifier, write_llm_with_adapters
+from export.fixtures import write_detector, write_encoder_adapter, write_image_classifier, write_llm_with_adapters
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
 from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES
@@ -16,6 +16,7 @@ MODEL = "tiny_sentiment"
 EMBEDDER = "minilm"
 TAGGER = "tiny_ner"
 VISION = "tiny_vit"
+DETECTOR = "tiny_detr"
 LORA_CLASSIFIER = "tiny_sentiment_lora"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
 
@@ -43,18 +44,25 @@ def vit_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def detector_checkpoint(tmp_path_factory):
+    """The fixture DETR (red and blue rectangles) with its DetrImageProcessor."""
+    return write_detector(tmp_path_factory.mktemp("ckpt") / "detr")
+
+
+@pytest.fixture(scope="session")
 def classifier_adapter(classifier_checkpoint, tmp_path_factory):
     """A LoRA adapter (with its own classifier head) on the fixture classifier."""
     return write_encoder_adapter(classifier_checkpoint, tmp_path_factory.mktemp("ckpt") / "classifier-lora")
 
 
 @pytest.fixture(scope="session")
-def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, classifier_adapter, tmp_path_factory):
+def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, classifier_adapter, tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
     export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
+    export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running

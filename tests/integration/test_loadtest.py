@@ -15,7 +15,7 @@ from loadtest.report import load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
 from loadtest.sweep import sweep
 
-from .conftest import EMBEDDER, MODEL, TAGGER, VISION
+from .conftest import DETECTOR, EMBEDDER, MODEL, TAGGER, VISION
 
 quiet = dict(log=lambda m: None)
 
@@ -46,7 +46,8 @@ def test_a_run_reports_percentiles_plots_and_the_servers_side_and_loses_no_reque
 
 
 @pytest.mark.parametrize("arrival", ["closed", "poisson"])
-@pytest.mark.parametrize("scenario, model", [("ner", TAGGER), ("embeddings", EMBEDDER), ("image", VISION)])
+@pytest.mark.parametrize("scenario, model", [("ner", TAGGER), ("embeddings", EMBEDDER), ("image", VISION),
+                                             ("detect", DETECTOR)])
 def test_every_encoder_api_answers_under_closed_and_open_loop_load(stack, tmp_path, scenario, model, arrival):
     options = scenario_options(scenario=scenario, model=model, batch=2, arrival=arrival, rate=10.0)
     s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=5, warmup_s=1), tmp_path / "report", **quiet).summary

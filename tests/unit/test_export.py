@@ -111,4 +111,4 @@ def test_truncated_weights_are_named_in_the_error(classifier_checkpoint, tmp_pat
 def test_unsupported_task_lists_the_supported_ones(classifier_checkpoint, tmp_path, capsys):
     code, lines = _run_cli(capsys, classifier_checkpoint, "--task", "summarization", "--name", "m",
                            "--repository", tmp_path / "repo")
-    assert code == 2 and lines == ["rtxserve export: error: unsupported task 'summarization'; supported tasks: feature-extraction, image-classification, text-classification, token-classification"]
+    assert code == 2 and lines == ["rtxserve export: error: unsupported task 'summarization'; supported tasks: feature-extraction, image-classification, object-detection, text-classification, token-classification"]

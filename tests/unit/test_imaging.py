@@ -89,7 +89,7 @@ def test_pixels_match_transformers_image_processor_on_every_sample(tmp_path, ima
     json.dumps(settings)  # goes into config.pbtxt as a string parameter
     preprocess = Preprocess(settings)
     got = np.stack([preprocess(data) for data in images])
-    want = reference_pixels(folder, images)
+    want = np.stack(reference_pixels(folder, images))
     assert got.dtype == np.float32 and got.shape[1:] == preprocess.shape
     assert _max_diff(got, want) <= ATOL
 
@@ -100,7 +100,7 @@ def test_legacy_feature_extractor_config_reads_as_convnext(tmp_path, images):
     assert settings["image_processor_type"] == "ConvNextImageProcessor"
     assert settings["size"] == {"shortest_edge": 224} and settings["crop_pct"] == 0.875
     got = np.stack([Preprocess(settings)(data) for data in images])
-    assert _max_diff(got, reference_pixels(folder, images)) <= ATOL
+    assert _max_diff(got, np.stack(reference_pixels(folder, images))) <= ATOL
 
 
 def test_settings_are_the_processors_values_in_plain_json(tmp_path):
@@ -289,7 +289,7 @@ def test_triton_model_fails_only_the_request_with_a_bad_image(monkeypatch, image
 
 def test_triton_model_checks_its_config_at_load(monkeypatch):
     module, fake = _load_triton_model(monkeypatch)
-    with pytest.raises(fake.TritonModelException, match=r"output must be pixel_values \[3, 224, 224\]"):
+    with pytest.raises(fake.TritonModelException, match=r"outputs must be pixel_values \[3, 224, 224\]"):
         module.TritonPythonModel().initialize(_model_config(_vit_settings(), dims=(3, 256, 256)))
     with pytest.raises(fake.TritonModelException, match=r"bad 'image_processor' parameter"):
         module.TritonPythonModel().initialize(_model_config({**_vit_settings(), "resample": 42}))

@@ -21,6 +21,6 @@ def test_scenarios_call_their_tasks_routes():
     from loadtest.scenarios import apis
 
     assert apis.ENCODER_APIS == {"classify": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings",
-                                 "image": "/v1/classify"}
+                                 "image": "/v1/classify", "detect": "/v1/detect"}
     assert apis.GENERATION_APIS == {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     assert apis.IMAGES_API == "/v1/images/generations"

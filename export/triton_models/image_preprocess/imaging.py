@@ -1,4 +1,4 @@
-"""Encoded image bytes -> the pixel values a Hugging Face vision classifier takes. NumPy + Pillow only.
+"""Encoded image bytes -> the pixel values a Hugging Face vision classifier or detector takes. NumPy + Pillow only.
 
 Copied beside `model.py` into `<name>_preprocess/1/` by `rtxserve export`; the export side imports it
 too (settings validation, parity). It reproduces, operation for operation, what
@@ -12,7 +12,9 @@ too (settings validation, parity). It reproduces, operation for operation, what
 * resize on the uint8 PIL image (`image_transforms.resize` turns the uint8 array back into a PIL image
   without rescaling), output size of a shortest-edge resize truncated with `int()` as
   `get_resize_output_image_size`; ConvNeXt's rule: shortest edge < 384 resizes the shortest edge to
-  `int(shortest_edge / crop_pct)` then center-crops to a square, >= 384 warps to a square;
+  `int(shortest_edge / crop_pct)` then center-crops to a square, >= 384 warps to a square; DETR's rule
+  (shortest and longest edge: the short side to `shortest_edge` unless the long side would pass
+  `longest_edge`, as `get_size_with_aspect_ratio`) keeps the aspect ratio, so its output size varies;
 * center crop on uint8 (zero-padded where the image is smaller than the crop);
 * rescale in float64 then cast to float32, normalise in float32 (mean and std as float32 arrays).
 
@@ -22,7 +24,8 @@ Settings (a JSON object, written by `export.vision.read_image_processor`):
     image_processor_type  str, informational
     do_convert_rgb        bool: composite colour-keyed transparency onto white (transformers' convert_to_rgb)
     do_resize             bool
-    size                  {"height": int, "width": int} or {"shortest_edge": int}
+    size                  {"height": int, "width": int}, {"shortest_edge": int} or
+                          {"shortest_edge": int, "longest_edge": int} (DETR: the output size varies)
     crop_pct              float or null; set (with shortest_edge) = ConvNeXt's resize rule
     resample              int, PIL filter code (0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming)
     do_center_crop        bool
@@ -131,6 +134,21 @@ def shortest_edge_size(height: int, width: int, shortest_edge: int) -> tuple[int
     return (new_long, new_short) if width <= height else (new_short, new_long)
 
 
+def size_with_aspect_ratio(height: int, width: int, size: int, max_size: int) -> tuple[int, int]:
+    """(height, width) as transformers' `get_size_with_aspect_ratio` (DETR's processors): the short side at `size`
+    unless the long side would then pass `max_size`, in which case the long side is at `max_size`."""
+    raw_size = None
+    low, high = float(min(height, width)), float(max(height, width))
+    if high / low * size > max_size:
+        raw_size = max_size * low / high
+        size = int(round(raw_size))
+    if (height <= width and height == size) or (width <= height and width == size):
+        return height, width
+    if width < height:
+        return int((raw_size if raw_size is not None else size) * height / width), size
+    return size, int((raw_size if raw_size is not None else size) * width / height)
+
+
 def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
     """transformers' `center_crop` on an HWC array, zero padding where the image is smaller than the crop."""
     orig_h, orig_w = array.shape[:2]
@@ -156,8 +174,8 @@ class Preprocess:
         s = settings
         self.do_convert_rgb = bool(s.get("do_convert_rgb", False))
         self.do_resize = bool(s.get("do_resize", True))
-        self.size = _size_dict(s.get("size"), "size", (("height", "width"), ("shortest_edge",))) \
-            if self.do_resize else None
+        self.size = _size_dict(s.get("size"), "size", (("height", "width"), ("shortest_edge",),
+                                                       ("shortest_edge", "longest_edge"))) if self.do_resize else None
         self.crop_pct = s.get("crop_pct")
         if self.crop_pct is not None:
             if not isinstance(self.crop_pct, (int, float)) or not 0 < self.crop_pct:
@@ -189,12 +207,14 @@ class Preprocess:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """The output shape (3, H, W): the same for every image."""
+        """The output shape (3, H, W), the same for every image; (3, -1, -1) where it follows the image's (DETR)."""
         return (3, self.height, self.width)
 
     def _output_size(self) -> tuple[int, int]:
         if self.do_center_crop:
             return self.crop_size["height"], self.crop_size["width"]
+        if self.do_resize and "longest_edge" in self.size:
+            return -1, -1
         if self.do_resize and "height" in self.size:
             return self.size["height"], self.size["width"]
         if self.do_resize and self.crop_pct is not None:
@@ -226,6 +246,9 @@ class Preprocess:
         if self.do_resize:
             if "height" in self.size:
                 image = self._resize(image, self.size["height"], self.size["width"])
+            elif "longest_edge" in self.size:
+                image = self._resize(image, *size_with_aspect_ratio(image.height, image.width, self.size["shortest_edge"],
+                                                                    self.size["longest_edge"]))
             elif self.crop_pct is None:
                 image = self._resize(image, *shortest_edge_size(image.height, image.width,
                                                                 self.size["shortest_edge"]))

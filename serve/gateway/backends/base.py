@@ -49,6 +49,15 @@ class Tagging:
     tokens: int
 
 
+@dataclass(frozen=True, eq=False)
+class Detections:
+    """One image's detections, best first: rows of (x1, y1, x2, y2, score, class id) in its pixels, and its size."""
+
+    rows: np.ndarray
+    width: int
+    height: int
+
+
 @dataclass(frozen=True)
 class StreamChunk:
     """What a streamed generation relays at once: one or more SSE events as the backend sent them, and, for the
@@ -103,6 +112,11 @@ class Backend(ABC):
 
     async def tag(self, model: ModelInfo, texts: list[str], aggregation: str, timeout_s: float) -> list[Tagging]:
         raise NotImplementedError(f"{self.kind} backends do not serve token classification")
+
+    async def detect(self, model: ModelInfo, images: list[bytes], options: tuple[float, float, int],
+                     timeout_s: float) -> list[Detections]:
+        """Each encoded image's detections; `options` (conf, iou, max_det)."""
+        raise NotImplementedError(f"{self.kind} backends do not serve object detection")
 
     async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
         """PNG images for a text-to-image request (`params` as images/serving.py makes them), and the count of

@@ -28,7 +28,7 @@ from ..exceptions import (
     BackendUnavailable,
     InvalidRequest,
 )
-from .base import Backend, Classification, Embedding, ModelInfo, Tagging
+from .base import Backend, Classification, Detections, Embedding, ModelInfo, Tagging
 
 log = logging.getLogger("rtxserve.gateway.triton")
 
@@ -202,6 +202,34 @@ class TritonBackend(Backend):
             except (ValueError, KeyError, TypeError) as exc:
                 raise BackendError(f"model {model.name} returned entities the gateway cannot read") from exc
         return results
+
+    async def detect(self, model: ModelInfo, images: list[bytes], options: tuple[float, float, int],
+                     timeout_s: float) -> list[Detections]:
+        """One request per image (a detector's images keep their own sizes, so they do not batch in one request),
+        sent together; Triton's dynamic batcher may still group equal sizes."""
+        return list(await asyncio.gather(*(self._detect_one(model, image, options, timeout_s) for image in images)))
+
+    async def _detect_one(self, model: ModelInfo, image: bytes, options: tuple[float, float, int],
+                          timeout_s: float) -> Detections:
+        request = service_pb2.ModelInferRequest(model_name=model.name)
+        request.inputs.add(name="IMAGE", datatype="BYTES", shape=(1, 1))
+        request.raw_input_contents.append(serialize_byte_tensor(np.array([image], dtype=np.object_)).item())
+        request.inputs.add(name="OPTIONS", datatype="FP32", shape=(1, 3))
+        request.raw_input_contents.append(np.array([options], dtype=np.float32).tobytes())
+        for name in ("DETECTIONS", "IMAGE_SIZE"):
+            request.outputs.add(name=name)
+        try:
+            response = await self._infer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
+        found = {meta.name: (tuple(meta.shape), raw) for meta, raw in zip(response.outputs, response.raw_output_contents)}
+        try:
+            shape, raw = found["DETECTIONS"]
+            rows = np.frombuffer(raw, dtype=np.float32).reshape(shape)[0]
+            height, width = (int(v) for v in np.frombuffer(found["IMAGE_SIZE"][1], dtype=np.int64)[:2])
+        except (KeyError, ValueError, IndexError) as exc:
+            raise BackendError(f"model {model.name} returned detections the gateway cannot read") from exc
+        return Detections(rows[rows[:, 4] >= 0], width, height)  # rows padded with score -1 within a batch
 
     async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
         request = service_pb2.ModelInferRequest(model_name=model.name)

@@ -1,0 +1,47 @@
+"""POST /v1/detect logic, testable without a server."""
+
+from __future__ import annotations
+
+import json
+
+from core.contract import DETECTION_DEFAULTS, OBJECT_DETECTION
+
+from ..classify.serving import CANARY_IMAGE, decode_images
+from ..exceptions import InvalidRequest
+from ..state import GatewayState
+from .protocol import DetectRequest, DetectResponse, Detection, ImageDetections
+
+TASK = OBJECT_DETECTION
+
+
+def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
+    """(conf, iou, max_det): the request's, else the entry's defaults (set at export), else ours."""
+    pick = lambda key: getattr(request, key) if getattr(request, key) is not None else defaults.get(key, DETECTION_DEFAULTS[key])  # noqa: E731
+    return float(pick("conf")), float(pick("iou")), int(pick("max_det"))
+
+
+async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
+    limits = state.settings
+    info = state.resolve(request.model, TASK)
+    encoded = decode_images(state, request.input)
+    labels = info.labels
+    unknown = sorted({c for c in request.classes or () if c >= len(labels)})
+    if unknown:
+        raise InvalidRequest(f"model {info.name!r} has {len(labels)} classes (ids 0-{len(labels) - 1}); "
+                             f"classes {unknown} do not exist", param="classes")
+    defaults = json.loads(info.extra.get("defaults") or "{}")
+    chosen = options(defaults, request)
+    results = await state.call(info, lambda b, m: b.detect(m, encoded, chosen, limits.request_timeout_s))
+    wanted = set(request.classes) if request.classes else None
+    data = []
+    for i, found in enumerate(results):
+        detections = [Detection(box=[round(float(v), 2) for v in row[:4]], score=float(row[4]), class_id=int(row[5]),
+                                label=labels[int(row[5])] if int(row[5]) < len(labels) else str(int(row[5])))
+                      for row in found.rows if wanted is None or int(row[5]) in wanted]
+        data.append(ImageDetections(index=i, width=found.width, height=found.height, detections=detections))
+    return DetectResponse(model=info.name, data=data)
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+_CANARY_OPTIONS = (DETECTION_DEFAULTS["conf"], DETECTION_DEFAULTS["iou"], DETECTION_DEFAULTS["max_det"])
+CANARIES = {TASK: lambda backend, model, timeout: backend.detect(model, [CANARY_IMAGE], _CANARY_OPTIONS, timeout)}

@@ -1,0 +1,70 @@
+"""Through the real tritonserver and the gateway, with raw HTTP: the fixture DETR's served detections equal
+transformers' object-detection pipeline on the same images (same classes, box IoU >= 0.99, scores within 1e-3),
+the export recorded the same check in parity.json, and bad input is a 400 that names it."""
+
+import base64
+import io
+import json
+
+import httpx
+
+from export.fixtures import boxes_images
+from export.tasks import PARITY_THRESHOLD, compare_detections, pipeline_detections
+from export.vision import sample_images
+
+from .conftest import DETECTOR
+
+
+def _png(array) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _detect(stack, images: list[bytes], **options) -> httpx.Response:
+    return httpx.post(f"{stack.gateway_url}/v1/detect", timeout=60, json={
+        "model": DETECTOR, "input": [{"image": base64.b64encode(i).decode()} for i in images], **options})
+
+
+def test_served_detections_are_the_pipelines(stack, detector_checkpoint):
+    import random
+
+    images = [_png(a) for a, _ in boxes_images(random.Random(7), 4)] + sample_images()  # odd sizes, EXIF, modes
+    r = _detect(stack, images, conf=PARITY_THRESHOLD, max_det=1000)
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    served = [[[*d["box"], d["score"], d["class_id"]] for d in image["detections"]] for image in data]
+    assert sum(map(len, served)) > 0  # the fixture finds its rectangles
+    check = compare_detections(served, pipeline_detections(detector_checkpoint, images, PARITY_THRESHOLD))
+    assert check["passed"], check
+    from PIL import Image, ImageOps
+
+    for image, data_ in zip(images, data):  # sizes as the image is shown (EXIF orientation applied)
+        upright = ImageOps.exif_transpose(Image.open(io.BytesIO(image)))
+        assert (data_["width"], data_["height"]) == upright.size
+
+
+def test_the_export_recorded_the_same_check(stack):
+    from pathlib import Path
+
+    repository = next(Path(a.split("=", 1)[1]) for a in stack.triton.command if a.startswith("--model-repository="))
+    served = json.loads((repository / f"{DETECTOR}_model" / "parity.json").read_text())["served"]
+    assert served["passed"] and served["detections"] > 0, served
+
+
+def test_max_det_classes_and_bad_images(stack):
+    import random
+
+    image = _png(boxes_images(random.Random(7), 1)[0][0])
+    one = _detect(stack, [image], conf=0.0, max_det=1).json()["data"][0]["detections"]
+    assert len(one) == 1
+    everything = _detect(stack, [image], conf=0.0, max_det=1000).json()["data"][0]["detections"]
+    assert one[0] == everything[0] and len(everything) == 8  # the fixture's 8 queries, best first
+    blue = _detect(stack, [image], conf=0.0, classes=[1]).json()["data"][0]["detections"]
+    assert {d["label"] for d in blue} <= {"blue box"}
+    r = _detect(stack, [image, image[:40]])
+    assert r.status_code == 400 and "image" in r.json()["error"]["message"], r.text
+    r = _detect(stack, [image], conf=2)
+    assert r.status_code == 422

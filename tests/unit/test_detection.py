@@ -1,0 +1,143 @@
+"""Object detection: the served pre- and post-processing against transformers' own code, and POST /v1/detect
+in-process with a fake backend (options, bounds, the class filter, the Triton request it makes)."""
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from core.contract import MAX_DETECTIONS
+from export.triton_models.detection_postprocess.detections import detr_detections
+from export.triton_models.image_preprocess.imaging import size_with_aspect_ratio
+from serve.gateway.app import create_app
+from serve.gateway.backends.base import Detections, ModelInfo
+from serve.gateway.backends.triton import TritonBackend
+from serve.gateway.settings import GatewaySettings
+
+from .fakes import MODELS, FakeTriton, error_of, infer_response
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 20
+DETECTOR = ModelInfo("boxes", "object-detection", "triton", True, ("cat", "dog", "car"), 4,
+                     extra={"defaults": json.dumps({"conf": 0.4, "iou": 0.6, "max_det": 50})})
+# x1 y1 x2 y2 score class, best first
+ROWS = np.array([[1, 2, 30, 40, 0.9, 2], [5, 5, 9, 9, 0.8, 0], [0, 0, 3, 3, 0.5, 2]], dtype=np.float32)
+
+
+@pytest.mark.parametrize("height, width", [(480, 640), (640, 480), (64, 64), (5, 7), (90, 800), (800, 90), (333, 334),
+                                           (1000, 1333), (1333, 1000), (61, 83)])
+@pytest.mark.parametrize("shortest, longest", [(800, 1333), (64, 96), (32, 32)])
+def test_detr_resize_size_is_transformers(height, width, shortest, longest):
+    from transformers.image_transforms import get_size_with_aspect_ratio
+
+    assert size_with_aspect_ratio(height, width, shortest, longest) == \
+        get_size_with_aspect_ratio((height, width), shortest, longest)
+
+
+def test_detections_are_detrs_post_processing_sorted_and_capped():
+    import torch
+    from transformers.models.detr.image_processing_pil_detr import DetrImageProcessorPil
+
+    rng = np.random.default_rng(0)
+    logits, boxes = rng.normal(0, 2, (1, 20, 4)).astype(np.float32), rng.uniform(0.1, 0.6, (1, 20, 4)).astype(np.float32)
+
+    class Out:
+        pass
+
+    out = Out()
+    out.logits, out.pred_boxes = torch.from_numpy(logits), torch.from_numpy(boxes)
+    (want,) = DetrImageProcessorPil().post_process_object_detection(out, threshold=0.3, target_sizes=[(50, 70)])
+    got = detr_detections(logits[0], boxes[0], 50, 70, 0.3, 1000)
+    order = torch.argsort(want["scores"], descending=True, stable=True)
+    assert len(got) == len(order) > 0
+    np.testing.assert_allclose(got[:, 4], want["scores"][order].numpy(), atol=1e-6)
+    np.testing.assert_array_equal(got[:, 5], want["labels"][order].numpy())
+    np.testing.assert_allclose(got[:, :4], want["boxes"][order].numpy(), atol=1e-4)
+    assert list(got[:, 4]) == sorted(got[:, 4], reverse=True)
+    assert len(detr_detections(logits[0], boxes[0], 50, 70, 0.3, 2)) == 2
+
+
+class FakeDetector(FakeTriton):
+    def __init__(self):
+        super().__init__(models=(*MODELS, DETECTOR))
+        self.options = []
+
+    async def detect(self, model, images, options, timeout_s):
+        self._record(images)
+        self.options.append(tuple(options))
+        return [Detections(ROWS[ROWS[:, 4] > options[0]][:options[2]], 70, 50) for _ in images]
+
+
+@pytest.fixture
+def detector():
+    return FakeDetector()
+
+
+@pytest.fixture
+def dclient(detector):
+    with TestClient(create_app(GatewaySettings(max_inputs=4, health_interval_s=60), [detector]),
+                    raise_server_exceptions=False) as c:
+        yield c
+
+
+def _detect(client, **body):
+    return client.post("/v1/detect", json={"model": "boxes", "input": [{"image": base64.b64encode(PNG).decode()}], **body})
+
+
+def test_detections_come_back_per_image_with_labels_and_the_entrys_defaults(dclient, detector):
+    r = _detect(dclient)
+    assert r.status_code == 200, r.text
+    (image,) = r.json()["data"]
+    assert (image["index"], image["width"], image["height"]) == (0, 70, 50)
+    assert [(d["label"], d["score"], d["box"]) for d in image["detections"]] == [
+        ("car", pytest.approx(0.9), [1, 2, 30, 40]), ("cat", pytest.approx(0.8), [5, 5, 9, 9]),
+        ("car", pytest.approx(0.5), [0, 0, 3, 3])]
+    assert detector.options == [(0.4, 0.6, 50)]  # the entry's defaults, set at export
+    assert detector.calls == [[PNG]]
+
+
+def test_the_requests_options_and_class_filter_apply(dclient, detector):
+    r = _detect(dclient, conf=0.6, iou=0.1, max_det=1, classes=[2])
+    assert [d["class_id"] for d in r.json()["data"][0]["detections"]] == [2]
+    assert detector.options == [(0.6, pytest.approx(0.1), 1)]
+    r = _detect(dclient, classes=[0])
+    assert [d["label"] for d in r.json()["data"][0]["detections"]] == ["cat"]
+
+
+@pytest.mark.parametrize("body, param", [({"conf": 1.5}, "conf"), ({"iou": -0.1}, "iou"),
+                                         ({"max_det": MAX_DETECTIONS + 1}, "max_det"), ({"max_det": 0}, "max_det"),
+                                         ({"classes": [-1]}, "classes"), ({"input": []}, "input")])
+def test_options_out_of_bounds_are_refused(dclient, detector, body, param):
+    r = _detect(dclient, **body)
+    assert r.status_code == 422
+    assert param in r.text
+    assert detector.calls == []
+
+
+def test_an_unknown_class_an_undecodable_image_and_a_classifier_are_400s(dclient, detector):
+    r = _detect(dclient, classes=[1, 7])
+    assert "classes [7] do not exist" in error_of(r, 400)["message"]
+    r = dclient.post("/v1/detect", json={"model": "boxes", "input": [{"image": base64.b64encode(PNG).decode()},
+                                                                       {"image": base64.b64encode(b"GIF89a").decode()}]})
+    assert "image 1 is not a PNG or JPEG file" in error_of(r, 400)["message"]
+    r = dclient.post("/v1/detect", json={"model": "vit", "input": [{"image": base64.b64encode(PNG).decode()}]})
+    assert "vit" in error_of(r, r.status_code)["message"] and r.status_code in (400, 404)
+    assert detector.calls == []
+
+
+def test_the_triton_client_sends_each_image_with_its_options_and_drops_padding_rows():
+    sent = []
+
+    async def infer(request, timeout):
+        sent.append(request)
+        padded = np.concatenate([ROWS, np.full((2, 6), -1, np.float32)])[None]
+        return infer_response(request, {"DETECTIONS": padded, "IMAGE_SIZE": np.array([[50, 70]], dtype=np.int64)})
+
+    backend = TritonBackend("unused:1")
+    backend._infer = infer
+    found = asyncio.run(backend.detect(DETECTOR, [PNG, PNG], (0.25, 0.5, 10), 5.0))
+    assert len(sent) == 2 and [i.name for i in sent[0].inputs] == ["IMAGE", "OPTIONS"]
+    np.testing.assert_allclose(np.frombuffer(sent[0].raw_input_contents[1], dtype=np.float32), [0.25, 0.5, 10])
+    assert [(f.width, f.height, len(f.rows)) for f in found] == [(70, 50, 3), (70, 50, 3)]
