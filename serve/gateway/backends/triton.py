@@ -136,6 +136,16 @@ class TritonBackend(Backend):
         parts = await asyncio.gather(*(infer_chunk(model, chunk, timeout_s, *args) for chunk in chunks))
         return [r for part in parts for r in part]
 
+    async def _send(self, model: ModelInfo, request, outputs: tuple[str, ...], timeout_s: float) -> dict:
+        """Ask `request` for `outputs`, send it, map Triton's errors: output name -> (its metadata, its raw bytes)."""
+        for name in outputs:
+            request.outputs.add(name=name)
+        try:
+            response = await self._infer(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
+        return {meta.name: (meta, raw) for meta, raw in zip(response.outputs, response.raw_output_contents)}
+
     async def _infer_texts(self, model: ModelInfo, texts: list[str | bytes], outputs: tuple[str, ...], timeout_s: float,
                            parameters: dict | None = None, input_name: str = "TEXT"):
         """One batch of texts (or encoded images) as `input_name` [n, 1], errors mapped; the named outputs as
@@ -145,16 +155,10 @@ class TritonBackend(Backend):
         request.inputs.add(name=input_name, datatype="BYTES", shape=(len(texts), 1))
         data = np.array([t.encode("utf-8") if isinstance(t, str) else t for t in texts], dtype=np.object_)
         request.raw_input_contents.append(serialize_byte_tensor(data).item())  # as tritonclient does
-        for name in outputs:
-            request.outputs.add(name=name)
         for key, value in (parameters or {}).items():
             request.parameters[key].string_param = value
-        try:
-            response = await self._infer(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
         found = {}
-        for meta, raw in zip(response.outputs, response.raw_output_contents):
+        for meta, raw in (await self._send(model, request, outputs, timeout_s)).values():
             if meta.datatype == "BYTES":
                 array = deserialize_bytes_tensor(raw)
             else:
@@ -216,16 +220,10 @@ class TritonBackend(Backend):
         request.raw_input_contents.append(serialize_byte_tensor(np.array([image], dtype=np.object_)).item())
         request.inputs.add(name="OPTIONS", datatype="FP32", shape=(1, 3))
         request.raw_input_contents.append(np.array([options], dtype=np.float32).tobytes())
-        for name in ("DETECTIONS", "IMAGE_SIZE"):
-            request.outputs.add(name=name)
+        found = await self._send(model, request, ("DETECTIONS", "IMAGE_SIZE"), timeout_s)
         try:
-            response = await self._infer(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
-        found = {meta.name: (tuple(meta.shape), raw) for meta, raw in zip(response.outputs, response.raw_output_contents)}
-        try:
-            shape, raw = found["DETECTIONS"]
-            rows = np.frombuffer(raw, dtype=np.float32).reshape(shape)[0]
+            meta, raw = found["DETECTIONS"]
+            rows = np.frombuffer(raw, dtype=np.float32).reshape(tuple(meta.shape))[0]
             height, width = (int(v) for v in np.frombuffer(found["IMAGE_SIZE"][1], dtype=np.int64)[:2])
         except (KeyError, ValueError, IndexError) as exc:
             raise BackendError(f"model {model.name} returned detections the gateway cannot read") from exc
@@ -245,13 +243,7 @@ class TritonBackend(Backend):
             else:
                 raw = np.array([value], dtype=triton_to_np_dtype(datatype)).tobytes()
             request.raw_input_contents.append(raw)
-        for name in ("IMAGES", "PROMPT_TRUNCATED"):
-            request.outputs.add(name=name)
-        try:
-            response = await self._infer(request, timeout=timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            _raise_mapped(InferenceServerException(exc.details(), status=str(exc.code())), model.name)
-        found = {meta.name: (meta, raw) for meta, raw in zip(response.outputs, response.raw_output_contents)}
+        found = await self._send(model, request, ("IMAGES", "PROMPT_TRUNCATED"), timeout_s)
         if "IMAGES" not in found:
             raise BackendError(f"model {model.name} returned no images")
         images = [bytes(b) for b in deserialize_bytes_tensor(found["IMAGES"][1]).reshape(-1)]
