@@ -218,6 +218,11 @@ def main(argv: list[str]) -> int:
           f"({result.parity['variant']} parity {'passed' if result.parity['passed'] else 'DRIFTED'}: "
           + ", ".join(f"{k} max abs diff {v['max_abs_diff']:.2g}, min cosine {v['min_cosine']:.6f}"
                       for k, v in result.parity["outputs"].items()) + ")")
+    served = result.parity.get("served")
+    if served:
+        print(f"served answers against {served.get('reference', 'the framework')}: {served['detail']} "
+              f"({served.get('detections', 0)} detections on {served['images']} images, min box IoU "
+              f"{served.get('min_box_iou', 1.0)}, max score diff {served.get('max_score_diff', 0.0):.2g})")
     return 0
 
 

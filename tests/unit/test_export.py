@@ -112,3 +112,13 @@ def test_unsupported_task_lists_the_supported_ones(classifier_checkpoint, tmp_pa
     code, lines = _run_cli(capsys, classifier_checkpoint, "--task", "summarization", "--name", "m",
                            "--repository", tmp_path / "repo")
     assert code == 2 and lines == ["rtxserve export: error: unsupported task 'summarization'; supported tasks: feature-extraction, image-classification, object-detection, text-classification, token-classification"]
+
+
+@pytest.mark.parametrize("given", ["weights/best.pt", "."])
+def test_an_ultralytics_run_is_named_with_its_task(tmp_path, capsys, given):
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "best.pt").write_bytes(b"not read")
+    (tmp_path / "args.yaml").write_text("task: pose\nmodel: yolo11n-pose.pt\n")
+    code, lines = _run_cli(capsys, tmp_path / given, "--task", "object-detection", "--name", "m",
+                           "--repository", tmp_path / "repo")
+    assert code == 2 and "is an Ultralytics checkpoint (task: pose)" in lines[0] and len(lines) == 1
