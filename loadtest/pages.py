@@ -45,13 +45,15 @@ mean output tokens per request: {streaming['mean_output_tokens']:.1f}.
 
 
 def _images_section(images: dict) -> str:
+    found = images.get("detections_per_image")
+    detections = "" if found is None else f" The detector found **{found:.2f} objects per image** on average."
     heads = " | ".join(f"P{p:g}" for p in STREAM_PERCENTILES)
     values = " | ".join(f"{images['per_image_ms'][f'p{p:g}']:.0f}" for p in STREAM_PERCENTILES)
     return f"""
 ## Images
 
 {images['images']} images in {images['requests']} successful requests after warm-up: **{images['images_per_s']:.2f}
-images/s**. Per-image latency is each request's latency divided by the images it asked for.
+images/s**. Per-image latency is each request's latency divided by the images it asked for.{detections}
 
 | per image | {heads} |
 |---|{'---|' * len(STREAM_PERCENTILES)}

@@ -30,7 +30,8 @@ class Samples:
     itl_ms: list[np.ndarray] | None = None
     names: np.ndarray | None = None  # the API of each request (classify, chat, ...)
     wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
-    images: np.ndarray | None = None  # image generation: images asked per request (NaN for other APIs)
+    images: np.ndarray | None = None  # image generation and detection: images per request (NaN for other APIs)
+    detections: np.ndarray | None = None  # detection: objects found per request (NaN for other APIs)
 
     @property
     def start(self) -> np.ndarray:
@@ -43,7 +44,8 @@ class Samples:
                        errors=[e for e, k in zip(self.errors, mask[~self.ok]) if k], ttft_ms=cut(self.ttft_ms),
                        output_tokens=cut(self.output_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
-                       names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images))
+                       names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images),
+                       detections=cut(self.detections))
 
     @property
     def streamed(self) -> np.ndarray:
@@ -71,6 +73,9 @@ def load_samples(path: str | Path) -> Samples:
     images = _floats(rows, "images")
     if np.isfinite(images).any():
         samples.images = images
+    detections = _floats(rows, "detections")
+    if np.isfinite(detections).any():
+        samples.detections = detections
     tokens = _floats(rows, "output_tokens")
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
@@ -149,9 +154,12 @@ def _streaming(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
 def _images(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
     """Images per second over the measured window, and each request's latency divided by its images."""
     count = samples.images[use]
-    return {"requests": int(use.sum()), "images": int(count.sum()),
-            "images_per_s": float(count.sum() / duration_s) if duration_s > 0 else 0.0,
-            "per_image_ms": _ranks(samples.latency_ms[use] / count)}
+    figures = {"requests": int(use.sum()), "images": int(count.sum()),
+               "images_per_s": float(count.sum() / duration_s) if duration_s > 0 else 0.0,
+               "per_image_ms": _ranks(samples.latency_ms[use] / count)}
+    if samples.detections is not None:  # a detector's: how many objects it found per image
+        figures["detections_per_image"] = float(np.nansum(samples.detections[use]) / count.sum())
+    return figures
 
 
 MAX_ERROR_FRACTION = 0.01  # a run with more failed requests does not hold its load, whatever its P99

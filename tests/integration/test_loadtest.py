@@ -53,6 +53,9 @@ def test_every_encoder_api_answers_under_closed_and_open_loop_load(stack, tmp_pa
     s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=5, warmup_s=1), tmp_path / "report", **quiet).summary
     assert s.requests > 5 and s.errors == 0, s.error_kinds
     assert bool(s.late_arrivals) == (arrival == "poisson")  # open-loop requests carry their lateness
+    if scenario == "detect":  # images/s, per-image latency and objects per image (the fixture finds 0 to 8)
+        assert s.images["images"] == 2 * s.requests and 0 < s.images["detections_per_image"] <= 8, s.images
+        assert "objects per image" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_open_loop_poisson_arrivals_hold_the_offered_rate(stack, tmp_path):
