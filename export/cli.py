@@ -222,7 +222,8 @@ def main(argv: list[str]) -> int:
     if served:
         print(f"served answers against {served.get('reference', 'the framework')}: {served['detail']} "
               f"({served.get('detections', 0)} detections on {served['images']} images, min box IoU "
-              f"{served.get('min_box_iou', 1.0)}, max score diff {served.get('max_score_diff', 0.0):.2g})")
+              f"{served.get('min_box_iou', 1.0)}, max score diff {served.get('max_score_diff', 0.0):.2g})"
+              + (f"; gate: {served['gate']}" if "gate" in served else ""))
     return 0
 
 

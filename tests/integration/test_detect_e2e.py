@@ -68,3 +68,14 @@ def test_max_det_classes_and_bad_images(stack):
     assert r.status_code == 400 and "image" in r.json()["error"]["message"], r.text
     r = _detect(stack, [image], conf=2)
     assert r.status_code == 422
+
+
+def test_an_int8_export_records_what_it_costs_against_the_pipeline(detector_checkpoint, tmp_path):
+    from export.encoder import EncoderOptions, export_encoder
+    from export.triton_entry import EntryOptions
+
+    result = export_encoder(detector_checkpoint, "object-detection", EntryOptions(name="detr_int8"), tmp_path / "repo",
+                            EncoderOptions(precision="int8"))
+    served = result.parity["served"]
+    assert result.parity["variant"] == "int8" and served["gate"].startswith("none for int8")
+    assert served["images"] == 13 and "min_box_iou" in served  # recorded whether or not it meets the fp32 bar
