@@ -99,9 +99,12 @@ def test_detections_come_back_per_image_with_labels_and_the_entrys_defaults(dcli
 
 
 def test_the_requests_options_and_class_filter_apply(dclient, detector):
-    r = _detect(dclient, conf=0.6, iou=0.1, max_det=1, classes=[2])
+    r = _detect(dclient, conf=0.6, iou=0.1, max_det=1)
     assert [d["class_id"] for d in r.json()["data"][0]["detections"]] == [2]
     assert detector.options == [(0.6, pytest.approx(0.1), 1)]
+    r = _detect(dclient, conf=0.4, max_det=1, classes=[0])  # the filter first, then max_det
+    assert [d["label"] for d in r.json()["data"][0]["detections"]] == ["cat"]
+    assert detector.options[-1] == (0.4, pytest.approx(0.6), MAX_DETECTIONS)
     r = _detect(dclient, classes=[0])
     assert [d["label"] for d in r.json()["data"][0]["detections"]] == ["cat"]
 

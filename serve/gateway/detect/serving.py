@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core.contract import DETECTION_DEFAULTS, OBJECT_DETECTION
+from core.contract import DETECTION_DEFAULTS, MAX_DETECTIONS, OBJECT_DETECTION
 
 from ..classify.serving import CANARY_IMAGE, decode_images
 from ..exceptions import InvalidRequest
@@ -16,8 +16,11 @@ TASK = OBJECT_DETECTION
 
 def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
     """(conf, iou, max_det): the request's, else the entry's defaults (set at export), else ours."""
-    pick = lambda key: getattr(request, key) if getattr(request, key) is not None else defaults.get(key, DETECTION_DEFAULTS[key])  # noqa: E731
-    return float(pick("conf")), float(pick("iou")), int(pick("max_det"))
+    chosen = {}
+    for key, ours in DETECTION_DEFAULTS.items():
+        given = getattr(request, key)
+        chosen[key] = given if given is not None else defaults.get(key, ours)
+    return float(chosen["conf"]), float(chosen["iou"]), int(chosen["max_det"])
 
 
 async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
@@ -29,15 +32,17 @@ async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
     if unknown:
         raise InvalidRequest(f"model {info.name!r} has {len(labels)} classes (ids 0-{len(labels) - 1}); "
                              f"classes {unknown} do not exist", param="classes")
-    defaults = json.loads(info.extra.get("defaults") or "{}")
-    chosen = options(defaults, request)
-    results = await state.call(info, lambda b, m: b.detect(m, encoded, chosen, limits.request_timeout_s))
+    conf, iou, max_det = options(json.loads(info.extra.get("defaults") or "{}"), request)
     wanted = set(request.classes) if request.classes else None
+    # The class filter comes before max_det (as Ultralytics' classes= does): ask for all, cut after filtering.
+    asked = (conf, iou, MAX_DETECTIONS if wanted else max_det)
+    results = await state.call(info, lambda b, m: b.detect(m, encoded, asked, limits.request_timeout_s))
     data = []
     for i, found in enumerate(results):
+        rows = [row for row in found.rows if wanted is None or int(row[5]) in wanted][:max_det]
         detections = [Detection(box=[round(float(v), 2) for v in row[:4]], score=float(row[4]), class_id=int(row[5]),
                                 label=labels[int(row[5])] if int(row[5]) < len(labels) else str(int(row[5])))
-                      for row in found.rows if wanted is None or int(row[5]) in wanted]
+                      for row in rows]
         data.append(ImageDetections(index=i, width=found.width, height=found.height, detections=detections))
     return DetectResponse(model=info.name, data=data)
 
