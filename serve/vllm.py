@@ -129,7 +129,31 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
         check_adapter_base(adapter, model)
     if opts.chat_template and not Path(opts.chat_template).is_file():
         raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
+    if env_dir is not None and _is_speech_model(model):
+        missing = missing_audio_packages(Path(env_dir))
+        if missing:  # else every upload is "Invalid or unsupported audio file", and vLLM's log blames its own name
+            raise VLLMConfigError(f"{model} is a speech model (Whisper) and the vLLM environment {env_dir} lacks "
+                                  f"{' and '.join(missing)}, which vLLM reads uploaded audio with: run `make setup-vllm` "
+                                  "(deploy/vllm/requirements-cpu.txt lists them)")
     return adapters
+
+
+# What vLLM decodes uploaded audio with: soundfile (WAV, FLAC, OGG, MP3) and PyAV (other formats, resampling).
+AUDIO_PACKAGES = ("soundfile", "av")
+
+
+def _is_speech_model(model: Path) -> bool:
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return config.get("model_type") == "whisper" or any("Whisper" in str(a) for a in config.get("architectures") or [])
+
+
+def missing_audio_packages(env: Path) -> list[str]:
+    """The audio packages that no site-packages of the environment at `env` holds."""
+    found = {p.name.split("-")[0].split(".")[0].lower() for p in env.glob("lib/python*/site-packages/*")}
+    return [name for name in AUDIO_PACKAGES if name not in found]
 
 
 def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = None,

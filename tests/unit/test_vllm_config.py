@@ -121,3 +121,22 @@ def test_multimodal_limits_reach_vllm(tmp_path, env):
     assert argv[argv.index("--allowed-media-domains") + 1] == "images.example.com"
     plain, _ = vllm_command(VLLMOptions(model=base, served_name="m"), env)
     assert "--limit-mm-per-prompt" not in plain and "--mm-processor-kwargs" not in plain
+
+
+def test_a_whisper_model_needs_the_audio_packages_in_vllms_environment(tmp_path, env):
+    from serve.vllm import check_vllm
+
+    model = tmp_path / "whisper"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "whisper",
+                                                   "architectures": ["WhisperForConditionalGeneration"]}))
+    site = env / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "soundfile.py").write_text("")
+    with pytest.raises(VLLMConfigError, match="is a speech model \\(Whisper\\) and the vLLM environment .* lacks av,"):
+        check_vllm(VLLMOptions(model=model, served_name="w"), env)
+    (site / "av").mkdir()
+    check_vllm(VLLMOptions(model=model, served_name="w"), env)  # both there
+    text = _model(tmp_path / "llm")
+    (site / "av").rmdir()
+    check_vllm(VLLMOptions(model=text, served_name="t"), env)  # a text model needs neither
