@@ -9,7 +9,7 @@ import json
 import httpx
 
 from export.fixtures import boxes_images
-from export.tasks import PARITY_THRESHOLD, compare_detections, pipeline_detections
+from export.detection import PARITY_THRESHOLD, compare_detections, pipeline_detections
 from export.vision import sample_images
 
 from .conftest import DETECTOR
