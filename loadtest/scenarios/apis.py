@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.tasks import routes_by_scenario
+from core.tasks import ENCODER, TASKS, routes_by_scenario
 
 from . import workloads
 from .options import parse_mix, word_range
@@ -25,7 +25,8 @@ from .options import parse_mix, word_range
 ENCODER_APIS = routes_by_scenario("encoder")
 GENERATION_APIS = routes_by_scenario("llm")
 IMAGES_API = routes_by_scenario("diffusion")["images"]
-IMAGE_APIS = {"image", "detect"}  # the encoder scenarios that send images (a folder as --dataset)
+# The encoder scenarios that send images (image, detect; a folder as --dataset), from the registry.
+IMAGE_APIS = {s for t in TASKS.values() if t.kind == ENCODER and t.inputs == "image" for s in t.loadtest}
 
 
 class WrongAnswer(Exception):
