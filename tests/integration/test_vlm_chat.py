@@ -93,7 +93,11 @@ def test_chat_with_images_under_load_reports_ttft(vlm, tmp_path):
     s = result.summary
     assert s.requests > 0 and s.errors == 0, s.error_kinds
     assert set(s.streaming["ttft_ms"]) == {"p50", "p90", "p99"}
-    # The same 3-word prompts: every request with an image has the Q-Former's query tokens more.
-    assert prompt_tokens(tmp_path / "report") == {t + QUERY_TOKENS for t in prompt_tokens(tmp_path / "plain")}
+    # The same kind of 3-word prompts, with the Q-Former's query tokens more in every request with an image (exactly
+    # so per request in test_an_image_reaches_the_model; here over runs of a few seconds, which need not draw
+    # prompts of every length alike): the two sets of lengths apart, and as far apart as the query tokens.
+    plain, with_images = prompt_tokens(tmp_path / "plain"), prompt_tokens(tmp_path / "report")
+    assert max(plain) < min(with_images)
+    assert min(with_images) - QUERY_TOKENS <= max(plain) and max(with_images) - QUERY_TOKENS >= min(plain)
     page = result.report.read_text()
     assert "TTFT P50" in page and "chat with 1 image per request" in page
