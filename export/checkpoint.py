@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +70,6 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
     path = Path(path).expanduser()
     if not path.exists():
         raise ExportError(f"checkpoint not found: {path}")
-    _refuse_ultralytics(path)
     if not path.is_dir():
         raise ExportError(f"{path} is not a directory; pass the folder written by save_pretrained()")
     config_path = path / "config.json"
@@ -98,22 +96,6 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
             f"task {task} needs a *{suffix} model, but {config_path} names architectures: {found}"
         )
     return Checkpoint(path=path, task=task, config=config, architecture=matching[0], weights=weights)
-
-
-def _refuse_ultralytics(path: Path) -> None:
-    """An Ultralytics run (`best.pt`, or its folder with `args.yaml`) is not a Hugging Face checkpoint: say so, with
-    the task its args.yaml records, rather than that config.json is missing."""
-    if path.suffix == ".pt":  # runs/detect/train/weights/best.pt: args.yaml is in the run's folder
-        run = path.parent.parent if path.parent.name == "weights" else path.parent
-    elif (path / "args.yaml").is_file():
-        run = path
-    else:
-        return
-    args = run / "args.yaml"
-    found = re.search(r"^task:\s*(\S+)", args.read_text(errors="replace"), flags=re.M) if args.is_file() else None
-    task = found.group(1) if found else "unknown"
-    raise ExportError(f"{path} is an Ultralytics checkpoint (task: {task}); rtxserve exports Hugging Face detectors "
-                      "(DETR, Conditional / Deformable DETR) today, Ultralytics YOLO not yet")
 
 
 def check_safetensors(path: str | Path) -> dict[str, list[int]]:

@@ -26,21 +26,24 @@ def _fail(prog: str, message: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rtxserve export", description="Export fine-tuned checkpoints for serving.")
     sub = parser.add_subparsers(dest="format", required=True)
-    _add_onnx(sub)
+    _add_onnx(sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry"))
+    _add_onnx(sub.add_parser("detection", help="an object detector (Ultralytics YOLO best.pt or run folder, or a "
+                                               "DETR-family folder): `onnx --task object-detection`"),
+              task="object-detection")
     _add_llm(sub)
     _add_diffusion(sub)
     return parser
 
 
-def _add_onnx(sub) -> None:
-    onnx = sub.add_parser("onnx", help="ONNX, validated against PyTorch, plus a Triton ensemble entry")
-    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer), or a PEFT LoRA adapter "
-                                         "folder (adapter_config.json), merged into its base before export")
+def _add_onnx(onnx, task: str | None = None) -> None:
+    onnx.add_argument("checkpoint", help="folder written by save_pretrained() (model + tokenizer), a PEFT LoRA adapter "
+                                         "folder (adapter_config.json), merged into its base before export, or an "
+                                         "Ultralytics YOLO detector (best.pt, or the run folder with args.yaml)")
     onnx.add_argument("--base", help="an adapter's base model folder (default: the local folder the adapter records)")
-    onnx.add_argument("--task", required=True,
+    onnx.add_argument("--task", required=task is None, default=task,
                       help="what the model does: text-classification, token-classification (NER), feature-extraction "
                            "(embeddings; pooling and normalisation from the sentence-transformers files), "
-                           "image-classification, object-detection (DETR family)")
+                           "image-classification, object-detection (DETR family, Ultralytics YOLO)")
     onnx.add_argument("--name", required=True, help="model name clients will use")
     onnx.add_argument("--repository", type=Path, default=Path(os.environ.get("RTXSERVE_REPOSITORY", "model_repository")),
                       help="Triton model repository to write into (env RTXSERVE_REPOSITORY; default: %(default)s)")

@@ -172,6 +172,14 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
     Returns the written model folders, the parity report and the wall time. Raises ExportError on bad input, a
     failed load, or a parity breach (nothing is written then).
     """
+    from .yolo import ultralytics_checkpoint
+
+    weights = ultralytics_checkpoint(Path(checkpoint).expanduser())
+    if weights is not None:  # exported by Ultralytics itself, in its own environment
+        from .yolo import check_task, export_yolo
+
+        check_task(weights, task)
+        return ExportResult(*export_yolo(weights, entry, repo, options))
     _check_options(options, entry)
     with contextlib.ExitStack() as scratch:
         source = _resolve(Path(checkpoint).expanduser(), task, entry, repo, options, scratch)

@@ -496,8 +496,17 @@ def write_diffusion_lora(pipeline: str | Path, out: str | Path, *, seed: int = 1
     return Path(out)
 
 
+def write_yolo(out: str | Path) -> Path:
+    """A tiny Ultralytics YOLO11n run (weights/best.pt, args.yaml) trained from random weights on generated coloured
+    rectangles, in the Ultralytics environment (`make setup-ultralytics`); returns the run folder."""
+    from .yolo import train_fixture
+
+    return train_fixture(Path(out))
+
+
 FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
-            "image-classifier": write_image_classifier, "detector": write_detector, "llm": write_llm_with_adapters}
+            "image-classifier": write_image_classifier, "detector": write_detector, "yolo": write_yolo,
+            "llm": write_llm_with_adapters}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:

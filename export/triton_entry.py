@@ -355,19 +355,31 @@ def detection_entry(
     image_processor: dict,
     pixel_shape: tuple[int, int, int],
     labels: list[str],
-    queries: int,
     defaults: dict,
     metadata: dict,
     parity: dict,
+    queries: int | None = None,
+    letterbox: dict | None = None,
 ) -> list[ModelDir]:
-    """preprocess (encoded image -> pixel_values and the image's size) -> model (logits, pred_boxes) -> postprocess
-    (boxes in the image's pixels over the request's conf, at most its max_det). The request's OPTIONS (conf, iou,
-    max_det) travel beside the image; the ensemble answers DETECTIONS and IMAGE_SIZE."""
+    """preprocess (encoded image -> pixel_values and the image's size) -> model -> postprocess (boxes in the image's
+    pixels over the request's conf, at most its max_det). The request's OPTIONS (conf, iou, max_det) travel beside
+    the image; the ensemble answers DETECTIONS and IMAGE_SIZE.
+
+    A DETR-family model answers `logits` and `pred_boxes` for a fixed count of `queries`; an Ultralytics YOLO (given
+    its `letterbox`: imgsz and stride, as the preprocess step's) answers `output0`, whose anchors follow the
+    letterboxed image's size, and its postprocess runs NMS."""
     pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
     size = TensorSpec("image_size", "TYPE_INT64", (2,))
     options = TensorSpec("OPTIONS", "TYPE_FP32", (3,))
-    # A fixed count of queries: the CPU model step cuts outputs whose first dim is -1 to the input's sequence length.
-    raw = (TensorSpec("logits", "TYPE_FP32", (queries, len(labels) + 1)), TensorSpec("pred_boxes", "TYPE_FP32", (queries, 4)))
+    if letterbox is None:
+        # A fixed count of queries: the CPU model step cuts outputs whose first dim is -1 to the input's sequence length.
+        raw = (TensorSpec("logits", "TYPE_FP32", (queries, len(labels) + 1)),
+               TensorSpec("pred_boxes", "TYPE_FP32", (queries, 4)))
+        decoder = {"decoder": "detr"}
+    else:  # Ultralytics' graph: images -> output0
+        raw = (TensorSpec("output0", "TYPE_FP32", (4 + len(labels), -1)),)
+        decoder = {"decoder": "yolo", "letterbox": json.dumps(letterbox)}
+    graph_input = TensorSpec("pixel_values" if letterbox is None else "images", "TYPE_FP32", pixel_shape)
     detections = TensorSpec("DETECTIONS", "TYPE_FP32", (-1, 6))
     preprocess = ModelConfig(
         name=opts.step("preprocess"), backend="python", max_batch_size=opts.max_batch_size,
@@ -375,30 +387,33 @@ def detection_entry(
         instance_groups=(InstanceGroup(count=opts.instances),), dynamic_batching=opts.batching(),
         parameters={"image_processor": json.dumps(image_processor)},
     )
-    model = _onnx_model(opts, onnx_path, ["pixel_values"], raw, parity, inputs=(pixels,))
+    model = _onnx_model(opts, onnx_path, [graph_input.name], raw, parity, inputs=(graph_input,))
     postprocess = ModelConfig(
         name=opts.step("postprocess"), backend="python", max_batch_size=opts.max_batch_size,
         inputs=(*raw, size, options), outputs=(detections,),
-        instance_groups=(InstanceGroup(count=1),), dynamic_batching=opts.batching(),
+        instance_groups=(InstanceGroup(count=1),), dynamic_batching=opts.batching(), parameters=decoder,
     )
+    raw_names = {t.name: t.name for t in raw}
     ensemble = ModelConfig(
         name=opts.name, platform="ensemble", max_batch_size=opts.max_batch_size,
         inputs=(TensorSpec("IMAGE", "TYPE_STRING", (1,)), options),
         outputs=(detections, TensorSpec("IMAGE_SIZE", "TYPE_INT64", (2,))),
         ensemble_steps=(
             EnsembleStep(preprocess.name, {"IMAGE": "IMAGE"}, {"pixel_values": "pixel_values", "image_size": "IMAGE_SIZE"}),
-            EnsembleStep(opts.step("model"), {"pixel_values": "pixel_values"},
-                         {"logits": "logits", "pred_boxes": "pred_boxes"}),
-            EnsembleStep(postprocess.name, {"logits": "logits", "pred_boxes": "pred_boxes", "image_size": "IMAGE_SIZE",
-                                            "OPTIONS": "OPTIONS"}, {"DETECTIONS": "DETECTIONS"}),
+            EnsembleStep(opts.step("model"), {graph_input.name: "pixel_values"}, raw_names),
+            EnsembleStep(postprocess.name, {**raw_names, "image_size": "IMAGE_SIZE", "OPTIONS": "OPTIONS"},
+                         {"DETECTIONS": "DETECTIONS"}),
         ),
         parameters={contract.PARAM_TASK: contract.OBJECT_DETECTION, contract.PARAM_LABELS: json.dumps(labels),
                     contract.PARAM_DEFAULTS: json.dumps(defaults)},
     )
     pre_dir, post_dir = PYTHON_MODELS / "image_preprocess", PYTHON_MODELS / "detection_postprocess"
+    post_files = {"1/model.py": post_dir / "model.py", "1/detections.py": post_dir / "detections.py"}
+    if letterbox is not None:
+        post_files["1/imaging.py"] = pre_dir / "imaging.py"
     return [
         ModelDir(ensemble, {"rtxserve.json": entry_metadata_json(metadata)}),
         ModelDir(preprocess, {"1/model.py": pre_dir / "model.py", "1/imaging.py": pre_dir / "imaging.py"}),
         model,
-        ModelDir(postprocess, {"1/model.py": post_dir / "model.py", "1/detections.py": post_dir / "detections.py"}),
+        ModelDir(postprocess, post_files),
     ]

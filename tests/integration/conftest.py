@@ -1,11 +1,13 @@
 """Real servers, one of each per session: the fixture classifier, a LoRA adapter on it (merged), the real
-MiniLM embedder, the fixture NER tagger, the fixture ViT and the fixture DETR behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind vLLM + gateway."""
+MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR and the fixture YOLO (trained and exported
+by Ultralytics in its own environment) behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind
+vLLM + gateway."""
 
 import time
 
 import pytest
 
-from export.encoder import export_encoder, export_text_classification
+from export.encoder import EncoderOptions, export_encoder, export_text_classification
 from export.triton_entry import EntryOptions
 from export.fixtures import write_detector, write_encoder_adapter, write_image_classifier, write_llm_with_adapters
 from serve.stack import start_gateway, start_stack, start_vllm
@@ -17,6 +19,7 @@ EMBEDDER = "minilm"
 TAGGER = "tiny_ner"
 VISION = "tiny_vit"
 DETECTOR = "tiny_detr"
+YOLO = "tiny_yolo"
 LORA_CLASSIFIER = "tiny_sentiment_lora"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
 
@@ -50,19 +53,35 @@ def detector_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def yolo_run(tmp_path_factory):
+    """The fixture YOLO11n run (weights/best.pt, args.yaml, and data/ with the rectangles it learnt)."""
+    from export.yolo import train_fixture
+
+    return train_fixture(tmp_path_factory.mktemp("ckpt") / "yolo")
+
+
+def yolo_images(run) -> list[bytes]:
+    """The fixture YOLO's validation images (rectangles it did not train on)."""
+    return [p.read_bytes() for p in sorted((run.parent / "data" / "images" / "val").glob("*.png"))]
+
+
+@pytest.fixture(scope="session")
 def classifier_adapter(classifier_checkpoint, tmp_path_factory):
     """A LoRA adapter (with its own classifier head) on the fixture classifier."""
     return write_encoder_adapter(classifier_checkpoint, tmp_path_factory.mktemp("ckpt") / "classifier-lora")
 
 
 @pytest.fixture(scope="session")
-def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, classifier_adapter, tmp_path_factory):
+def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, yolo_run, classifier_adapter,
+          tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
     export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
+    export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",
+                   EncoderOptions(sample_images=yolo_images(yolo_run)))
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running

@@ -144,3 +144,18 @@ def test_the_triton_client_sends_each_image_with_its_options_and_drops_padding_r
     assert len(sent) == 2 and [i.name for i in sent[0].inputs] == ["IMAGE", "OPTIONS"]
     np.testing.assert_allclose(np.frombuffer(sent[0].raw_input_contents[1], dtype=np.float32), [0.25, 0.5, 10])
     assert [(f.width, f.height, len(f.rows)) for f in found] == [(70, 50, 3), (70, 50, 3)]
+
+
+def test_detections_are_paired_by_class_score_and_box_not_by_rank():
+    from export.detection import compare_detections
+
+    reference = [[(1.0, 0, [0, 0, 10, 10]), (1.0, 0, [20, 20, 30, 30]), (0.5, 1, [5, 5, 15, 15])]]
+    tied_swapped = [[[20, 20, 30, 30, 1.0, 0], [0, 0, 10, 10, 1.0, 0], [5, 5, 15, 15, 0.5, 1]]]
+    assert compare_detections(tied_swapped, reference)["passed"]
+    wrong_class = [[[0, 0, 10, 10, 1.0, 0], [20, 20, 30, 30, 1.0, 0], [5, 5, 15, 15, 0.5, 0]]]
+    check = compare_detections(wrong_class, reference)
+    assert not check["passed"] and "class 1" in check["detail"]
+    moved = [[[0, 0, 10, 10, 1.0, 0], [20, 20, 30, 31, 1.0, 0], [5, 5, 15, 15, 0.5, 1]]]
+    check = compare_detections(moved, reference)
+    assert not check["passed"] and check["min_box_iou"] < 0.99
+    assert "1 detections served" in compare_detections([moved[0][:1]], reference)["detail"]

@@ -121,4 +121,4 @@ def test_an_ultralytics_run_is_named_with_its_task(tmp_path, capsys, given):
     (tmp_path / "args.yaml").write_text("task: pose\nmodel: yolo11n-pose.pt\n")
     code, lines = _run_cli(capsys, tmp_path / given, "--task", "object-detection", "--name", "m",
                            "--repository", tmp_path / "repo")
-    assert code == 2 and "is an Ultralytics checkpoint (task: pose)" in lines[0] and len(lines) == 1
+    assert code == 2 and "is an Ultralytics pose model (its args.yaml says task: pose)" in lines[0] and len(lines) == 1

@@ -1,4 +1,6 @@
-"""A DETR-family detector's raw outputs -> boxes in the original image's pixels. NumPy only.
+"""A detector's raw outputs -> boxes in the original image's pixels. NumPy only.
+
+Two decoders: a DETR-family detector's (`detr_detections`) and an Ultralytics YOLO's (`yolo_detections`).
 
 Copied beside `model.py` into `<name>_postprocess/1/` by `rtxserve export`; export imports it too (parity
 against transformers' pipeline). It is what `post_process_object_detection` of DETR's image processors does:
@@ -7,6 +9,12 @@ boxes from (centre x, centre y, width, height) relative to the image to (x1, y1,
 width and height, queries kept whose score is over the threshold. Then, as a client expects of a detector
 service: sorted by score, highest first, and at most `max_det` of them. DETR predicts a set (one query per
 object), so there is no NMS.
+
+YOLO's is what Ultralytics' `non_max_suppression` and `scale_boxes` do for a detect model's predictions
+[4 + classes, anchors] (centre x, centre y, width, height in the letterboxed tensor's pixels, then each class's
+score): the best class per anchor, scores over `conf`, greedy class-aware NMS at `iou` (boxes of different
+classes never suppress each other), at most `max_det` kept, boxes moved out of the letterbox into the image
+and clipped to it.
 """
 
 from __future__ import annotations
@@ -37,3 +45,63 @@ def detr_detections(logits: np.ndarray, boxes: np.ndarray, height: int, width: i
     keep = np.flatnonzero(scores > conf)
     keep = keep[np.argsort(-scores[keep], kind="stable")][:max_det]
     return np.concatenate([corners[keep], scores[keep, None], classes[keep, None].astype(np.float32)], axis=1)
+
+
+# Ultralytics' non_max_suppression: at most this many candidates enter NMS, the best-scored.
+MAX_NMS = 30_000
+
+
+def yolo_detections(predictions: np.ndarray, letterboxed: tuple[int, int], height: int, width: int, conf: float,
+                    iou: float, max_det: int) -> np.ndarray:
+    """One image's detections, float32 [n, 6] in COLUMNS order, best first.
+
+    Args:
+        predictions: [4 + classes, anchors]: cx, cy, w, h in the letterboxed tensor's pixels, then class scores.
+        letterboxed: the (height, width) of the tensor the model saw (imaging.letterbox_geometry).
+        height, width: the image's size in pixels (as decoded and turned upright).
+        conf: keep scores strictly over it.
+        iou: suppress a box whose IoU with a better one of its class is over it.
+        max_det: the most detections to keep.
+    """
+    x = predictions.astype(np.float32, copy=False).T
+    scores_all = x[:, 4:]
+    classes = scores_all.argmax(axis=1)
+    scores = scores_all[np.arange(len(x)), classes]
+    keep = np.flatnonzero(scores > conf)
+    if keep.size > MAX_NMS:
+        keep = keep[np.argsort(-scores[keep], kind="stable")[:MAX_NMS]]
+    xy, half = x[keep, :2], x[keep, 2:4] / 2
+    boxes, scores, classes = np.concatenate([xy - half, xy + half], axis=1), scores[keep], classes[keep]
+    kept = _nms(boxes, scores, classes, iou)[:max_det]
+    boxes = _unletterbox(boxes[kept], letterboxed, height, width)
+    return np.concatenate([boxes, scores[kept, None], classes[kept, None].astype(np.float32)], axis=1)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> np.ndarray:
+    """Greedy NMS, per class (as torchvision's `batched_nms` trick of shifting each class's boxes apart): indices
+    kept, best score first."""
+    order = np.argsort(-scores, kind="stable")
+    kept = []
+    while order.size:
+        best, rest = order[0], order[1:]
+        kept.append(best)
+        same = rest[classes[rest] == classes[best]]
+        b = boxes[best]
+        w = np.clip(np.minimum(b[2], boxes[same, 2]) - np.maximum(b[0], boxes[same, 0]), 0, None)
+        h = np.clip(np.minimum(b[3], boxes[same, 3]) - np.maximum(b[1], boxes[same, 1]), 0, None)
+        inter = w * h
+        area = (b[2] - b[0]) * (b[3] - b[1])
+        areas = (boxes[same, 2] - boxes[same, 0]) * (boxes[same, 3] - boxes[same, 1])
+        overlap = inter / (area + areas - inter)
+        order = rest[~np.isin(rest, same[overlap > iou])]
+    return np.asarray(kept, dtype=np.int64)
+
+
+def _unletterbox(boxes: np.ndarray, letterboxed: tuple[int, int], height: int, width: int) -> np.ndarray:
+    """Ultralytics' scale_boxes: from the letterboxed tensor's pixels back to the image's, clipped to it."""
+    gain = min(letterboxed[0] / height, letterboxed[1] / width)
+    new_h, new_w = max(round(height * gain), 1), max(round(width * gain), 1)
+    pad_x, pad_y = round((letterboxed[1] - new_w) / 2 - 0.1), round((letterboxed[0] - new_h) / 2 - 0.1)
+    boxes = (boxes - np.array([pad_x, pad_y, pad_x, pad_y], dtype=np.float32)) / np.array(
+        [new_w / width, new_h / height, new_w / width, new_h / height], dtype=np.float32)
+    return np.clip(boxes, 0, np.array([width, height, width, height], dtype=np.float32)).astype(np.float32)

@@ -1,13 +1,17 @@
-"""Triton python-backend model: a DETR-family detector's outputs -> each image's detections.
+"""Triton python-backend model: a detector's outputs -> each image's detections.
 
-Copied into `<name>_postprocess/1/model.py` by `rtxserve export`, with `detections.py` beside it.
-Inputs:  logits [batch, queries, classes + 1] FP32, pred_boxes [batch, queries, 4] FP32, image_size [batch, 2]
-         INT64 (height, width), OPTIONS [batch, 3] FP32 (conf, iou, max_det: the request's; iou is for detectors
-         with NMS and unused here).
+Copied into `<name>_postprocess/1/model.py` by `rtxserve export`, with `detections.py` (and, for YOLO, `imaging.py`)
+beside it. The string parameter `decoder` says whose outputs these are:
+  detr: logits [batch, queries, classes + 1] FP32, pred_boxes [batch, queries, 4] FP32;
+  yolo: output0 [batch, 4 + classes, anchors] FP32, in the letterboxed tensor's pixels (parameter `letterbox`:
+        {"imgsz", "stride"}, as the preprocess step's, to find where the image lay in it).
+Inputs besides: image_size [batch, 2] INT64 (height, width), OPTIONS [batch, 3] FP32 (conf, iou, max_det: the
+request's; iou is for YOLO's NMS, DETR has none).
 Outputs: DETECTIONS [batch, n, 6] FP32 (x1, y1, x2, y2 in the image's pixels, score, class id), best first.
 A request carries one image (the ensemble's images are not resized to one size), so n is that image's count.
 """
 
+import json
 import os
 import sys
 
@@ -20,22 +24,46 @@ if _HERE not in sys.path[:1]:
 
 import detections  # noqa: E402
 
+DECODERS = ("detr", "yolo")
+
 
 class TritonPythonModel:
     def initialize(self, args):
-        pass
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.decoder = params.get("decoder", "detr")
+        if self.decoder not in DECODERS:
+            raise pb_utils.TritonModelException(f"detection postprocess: decoder must be one of {DECODERS}, "
+                                                f"got {self.decoder!r}")
+        if self.decoder == "yolo":
+            import imaging  # the preprocess step's own geometry, so that boxes leave the letterbox as they entered
+
+            letterbox = json.loads(params["letterbox"])
+            self.geometry = lambda h, w: imaging.letterbox_geometry(h, w, letterbox["imgsz"], letterbox["stride"])
+
+    def _detections(self, request, sizes, options):
+        if self.decoder == "detr":
+            logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
+            boxes = pb_utils.get_input_tensor_by_name(request, "pred_boxes").as_numpy()
+            return [detections.detr_detections(logits[i], boxes[i], int(sizes[i, 0]), int(sizes[i, 1]),
+                                               float(options[i, 0]), int(options[i, 2])) for i in range(len(sizes))]
+        predictions = pb_utils.get_input_tensor_by_name(request, "output0").as_numpy()
+        found = []
+        for i in range(len(sizes)):
+            height, width = int(sizes[i, 0]), int(sizes[i, 1])
+            new_h, new_w, top, bottom, left, right = self.geometry(height, width)
+            found.append(detections.yolo_detections(predictions[i], (new_h + top + bottom, new_w + left + right),
+                                                    height, width, float(options[i, 0]), float(options[i, 1]),
+                                                    int(options[i, 2])))
+        return found
 
     def execute(self, requests):
         responses = []
         for request in requests:
             try:
-                logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
-                boxes = pb_utils.get_input_tensor_by_name(request, "pred_boxes").as_numpy()
                 sizes = pb_utils.get_input_tensor_by_name(request, "image_size").as_numpy()
                 options = pb_utils.get_input_tensor_by_name(request, "OPTIONS").as_numpy()
-                found = [detections.detr_detections(logits[i], boxes[i], int(sizes[i, 0]), int(sizes[i, 1]),
-                                                    float(options[i, 0]), int(options[i, 2]))
-                         for i in range(len(logits))]
+                found = self._detections(request, sizes, options)
                 most = max(len(f) for f in found)
                 # One image per request in practice; rows of a batch are padded with score -1 to one length.
                 out = np.full((len(found), most, 6), -1.0, dtype=np.float32)

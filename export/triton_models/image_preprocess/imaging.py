@@ -1,4 +1,5 @@
-"""Encoded image bytes -> the pixel values a Hugging Face vision classifier or detector takes. NumPy + Pillow only.
+"""Encoded image bytes -> the pixel values a Hugging Face vision classifier or detector, or an Ultralytics YOLO,
+takes. NumPy + Pillow (and OpenCV for YOLO's letterbox, the library Ultralytics resizes with).
 
 Copied beside `model.py` into `<name>_preprocess/1/` by `rtxserve export`; the export side imports it
 too (settings validation, parity). It reproduces, operation for operation, what
@@ -36,6 +37,8 @@ Settings (a JSON object, written by `export.vision.read_image_processor`):
     image_mean, image_std [float, float, float]
     height, width         int, the output size (checked against the size the steps above give)
     max_pixels            int, optional: larger images are refused before decoding (default 50 M)
+    letterbox             {"imgsz": int, "stride": int} or absent: Ultralytics' pre-processing instead of the
+                          steps above (see `letterbox`); the output size follows the image's aspect ratio
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: 
 _ACCEPTED = ("PNG", "JPEG")
 _KEYS = {"image_processor_type", "do_convert_rgb", "do_resize", "size", "crop_pct", "resample", "do_center_crop",
          "crop_size", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std", "height", "width",
-         "max_pixels"}
+         "max_pixels", "letterbox"}
+# Ultralytics' LetterBox: the grey it pads with.
+LETTERBOX_PAD = 114
 # ConvNeXt evaluates at >= 384 by warping to a square, below it by resize + crop (as its processor).
 _CONVNEXT_WARP_FROM = 384
 
@@ -164,6 +169,29 @@ def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
     return padded[max(0, top):min(new_h, top + height), max(0, left):min(new_w, left + width)]
 
 
+def letterbox_geometry(height: int, width: int, imgsz: int, stride: int) -> tuple[int, int, int, int, int, int]:
+    """Where an image lands in the tensor Ultralytics' predictor feeds a PyTorch (or dynamic ONNX) YOLO: LetterBox
+    with `auto` (the least padding that makes each side a multiple of `stride`), centred, scaled up or down.
+
+    Returns (resized height, resized width, top, bottom, left, right padding); the tensor is (resized + padding)."""
+    r = min(imgsz / height, imgsz / width)
+    new_w, new_h = max(round(width * r), 1), max(round(height * r), 1)
+    dw, dh = (imgsz - new_w) % stride / 2, (imgsz - new_h) % stride / 2
+    return new_h, new_w, round(dh - 0.1), round(dh + 0.1), round(dw - 0.1), round(dw + 0.1)
+
+
+def letterbox(array: np.ndarray, imgsz: int, stride: int) -> np.ndarray:
+    """An RGB uint8 [H, W, 3] image as Ultralytics' predictor prepares it: OpenCV's bilinear resize and a grey
+    border (LetterBox), then 0-1 floats, float32 [3, H', W']."""
+    import cv2
+
+    new_h, new_w, top, bottom, left, right = letterbox_geometry(array.shape[0], array.shape[1], imgsz, stride)
+    if (new_h, new_w) != array.shape[:2]:
+        array = cv2.resize(array, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    array = cv2.copyMakeBorder(array, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(LETTERBOX_PAD,) * 3)
+    return np.ascontiguousarray(array.transpose(2, 0, 1)).astype(np.float32) / np.float32(255)
+
+
 class Preprocess:
     """Image bytes -> float32 [3, H, W] pixel values, configured once from a settings dict."""
 
@@ -172,6 +200,16 @@ class Preprocess:
         if unknown:
             raise ValueError(f"unknown image settings {sorted(unknown)}; valid: {sorted(_KEYS)}")
         s = settings
+        self.max_pixels = int(s.get("max_pixels", DEFAULT_MAX_PIXELS))
+        if self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        self.letterbox = s.get("letterbox")
+        if self.letterbox is not None:  # Ultralytics' steps, none of the image processor's
+            if set(self.letterbox) != {"imgsz", "stride"} or not all(
+                    isinstance(v, int) and v > 0 for v in self.letterbox.values()):
+                raise ValueError(f"letterbox must be {{'imgsz': int, 'stride': int}}, got {self.letterbox!r}")
+            self.height = self.width = -1
+            return
         self.do_convert_rgb = bool(s.get("do_convert_rgb", False))
         self.do_resize = bool(s.get("do_resize", True))
         self.size = _size_dict(s.get("size"), "size", (("height", "width"), ("shortest_edge",),
@@ -196,9 +234,6 @@ class Preprocess:
             self.std = _triple(s.get("image_std"), "image_std")
             if not np.all(self.std != 0):
                 raise ValueError(f"image_std must not contain 0, got {s.get('image_std')!r}")
-        self.max_pixels = int(s.get("max_pixels", DEFAULT_MAX_PIXELS))
-        if self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
         self.height, self.width = self._output_size()
         declared = (s.get("height"), s.get("width"))
         if declared != (None, None) and declared != (self.height, self.width):
@@ -237,6 +272,8 @@ class Preprocess:
         Raises:
             ValueError: the resize would exceed `max_pixels` (extreme aspect ratio with a shortest-edge resize).
         """
+        if self.letterbox is not None:
+            return letterbox(np.asarray(image), self.letterbox["imgsz"], self.letterbox["stride"])
         if self.do_convert_rgb and ("A" in image.getbands() or image.info.get("transparency") is not None):
             # transformers' convert_to_rgb: transparency (here, a colour key Pillow kept) onto white
             rgba = image.convert("RGBA")

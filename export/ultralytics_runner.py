@@ -1,0 +1,137 @@
+"""Runs inside the Ultralytics environment (`.envs/ultralytics`, `make setup-ultralytics`), never imported by
+rtxserve: Ultralytics is AGPL-3.0 and needs a torchvision that does not load beside rtxserve's CPU torch, so
+`export/ultralytics.py` starts this file with that environment's Python (`python -P`, so that export/'s own
+modules do not shadow installed ones) and reads back what it writes.
+
+    python -P ultralytics_runner.py export REQUEST.json
+    python -P ultralytics_runner.py train REQUEST.json     (the test fixture: `rtxserve fixtures yolo`)
+
+REQUEST.json: {"checkpoint": best.pt, "work": a folder to write into, "images": [.npy files of upright RGB uint8
+images, decoded by rtxserve], "conf", "iou", "max_det": the predict settings the reference answers use}.
+
+It writes into `work`:
+  model.onnx       Ultralytics' own ONNX export of the checkpoint (dynamic batch, height and width; no NMS)
+  reference.npz    per image i: input_i (the tensor Ultralytics' predictor feeds the model) and output_i (what the
+                   PyTorch model answers to it): the graph's parity against PyTorch
+  result.json      {"names", "imgsz", "stride", "task", "args", "versions", "predictions": per image
+                   [[x1, y1, x2, y2, score, class id], ...] from `model.predict`, best first}
+An error the user can act on is written as {"error": "..."} to result.json, with exit status 3.
+
+`train` (REQUEST.json: {"out": a folder, "imgsz", "epochs", "images"}) writes a dataset of coloured rectangles on
+grey (classes red and blue, YOLO labels) under out/data and trains a YOLO11n from its YAML (random weights; nothing
+is downloaded) on it into out/run: weights/best.pt and args.yaml, as `yolo train` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+SUPPORTED_TASK = "detect"
+EXIT_REFUSED = 3
+
+
+def _refuse(work: Path, message: str) -> None:
+    (work / "result.json").write_text(json.dumps({"error": message}))
+    sys.exit(EXIT_REFUSED)
+
+
+def _offline(folder: Path) -> None:
+    """Offline, nothing installed behind our back, settings and fonts in our own folder, not the user's home."""
+    os.environ.update(YOLO_OFFLINE="1", YOLO_AUTOINSTALL="false", YOLO_VERBOSE="false",
+                      YOLO_CONFIG_DIR=str(folder / "ultralytics-config"))
+
+
+CLASSES = {0: ("red", (220, 40, 40)), 1: ("blue", (40, 40, 220))}
+
+
+def train(request: dict) -> None:
+    out = Path(request["out"])
+    _offline(out)
+    import numpy as np
+    from PIL import Image, ImageDraw
+    from ultralytics import YOLO
+
+    rng, size = np.random.default_rng(0), request["imgsz"]
+    for split in ("train", "val"):
+        (out / "data" / "images" / split).mkdir(parents=True, exist_ok=True)
+        (out / "data" / "labels" / split).mkdir(parents=True, exist_ok=True)
+        for i in range(request["images"]):
+            image, lines = Image.new("RGB", (size, size), (90, 90, 90)), []
+            draw = ImageDraw.Draw(image)
+            for _ in range(2):
+                c = int(rng.integers(0, len(CLASSES)))
+                w, h = (int(v) for v in rng.integers(size // 5, size // 2, 2))
+                x, y = int(rng.integers(0, size - w)), int(rng.integers(0, size - h))
+                draw.rectangle([x, y, x + w - 1, y + h - 1], fill=CLASSES[c][1])
+                lines.append(f"{c} {(x + w / 2) / size:.6f} {(y + h / 2) / size:.6f} {w / size:.6f} {h / size:.6f}")
+            image.save(out / "data" / "images" / split / f"{i}.png")
+            (out / "data" / "labels" / split / f"{i}.txt").write_text("\n".join(lines) + "\n")
+    names = "".join(f"  {k}: {v[0]}\n" for k, v in CLASSES.items())
+    (out / "data.yaml").write_text(f"path: {out / 'data'}\ntrain: images/train\nval: images/val\nnames:\n{names}")
+    # No augmentation and a steady learning rate: a few seconds of CPU that leave a model finding the rectangles.
+    YOLO("yolo11n.yaml").train(
+        data=str(out / "data.yaml"), epochs=request["epochs"], imgsz=size, batch=request["images"], workers=0,
+        device="cpu", project=str(out), name="run", exist_ok=True, plots=False, amp=False, val=False, verbose=False,
+        seed=0, deterministic=True, optimizer="AdamW", lr0=0.003, warmup_epochs=0, mosaic=0.0, hsv_h=0.0, hsv_s=0.0,
+        hsv_v=0.0, fliplr=0.0, scale=0.0, translate=0.0)
+
+
+def export(request: dict) -> None:
+    work = Path(request["work"])
+    _offline(work)
+    import numpy as np
+    import torch
+    import ultralytics
+    from ultralytics import YOLO
+
+    # Exported from a copy: Ultralytics writes the .onnx beside the weights, and the user's run folder stays as it was.
+    weights = work / "weights.pt"
+    shutil.copyfile(request["checkpoint"], weights)
+    try:
+        model = YOLO(str(weights))
+    except Exception as exc:  # a file that is not a checkpoint, or one of a newer Ultralytics
+        _refuse(work, f"Ultralytics cannot load {request['checkpoint']}: {type(exc).__name__}: {exc}")
+    if model.task != SUPPORTED_TASK:
+        _refuse(work, f"{request['checkpoint']} is an Ultralytics {model.task} model; rtxserve serves detect models "
+                      f"(not yet {model.task})")
+    imgsz = model.overrides.get("imgsz", 640)
+    imgsz = int(imgsz if isinstance(imgsz, int) else max(imgsz))
+    stride = int(max(model.model.stride))
+
+    onnx_path = model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, nms=False, device="cpu",
+                             half=False, verbose=False)
+    shutil.move(onnx_path, work / "model.onnx")
+
+    settings = {k: request[k] for k in ("conf", "iou", "max_det")}
+    predictions, tensors = [], {}
+    for i, path in enumerate(request["images"]):
+        bgr = np.ascontiguousarray(np.load(path)[..., ::-1])  # Ultralytics takes arrays as OpenCV's BGR
+        result = model.predict(bgr, device="cpu", verbose=False, **settings)[0]
+        boxes = result.boxes
+        rows = torch.cat([boxes.xyxy, boxes.conf[:, None], boxes.cls[:, None]], dim=1) if len(boxes) else torch.zeros(0, 6)
+        predictions.append(rows.tolist())
+        predictor = model.predictor
+        tensor = predictor.preprocess([bgr])
+        with torch.no_grad():
+            raw = predictor.model(tensor)
+        raw = raw[0] if isinstance(raw, (list, tuple)) else raw
+        tensors[f"input_{i}"], tensors[f"output_{i}"] = tensor.numpy(), raw.numpy()
+    np.savez(work / "reference.npz", **tensors)
+
+    args = {k: v for k, v in model.ckpt.get("train_args", {}).items() if isinstance(v, (str, int, float, bool))}
+    import onnx
+    import onnxruntime
+
+    (work / "result.json").write_text(json.dumps({
+        "names": {int(k): str(v) for k, v in model.names.items()}, "imgsz": imgsz, "stride": stride,
+        "task": model.task, "args": args, "predictions": predictions,
+        "versions": {"ultralytics": ultralytics.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                     "onnxruntime": onnxruntime.__version__}}))
+
+
+if __name__ == "__main__":
+    {"export": export, "train": train}[sys.argv[1]](json.loads(Path(sys.argv[2]).read_text()))

@@ -1,0 +1,238 @@
+"""Export an Ultralytics YOLO detector (`best.pt` / `last.pt` of `yolo train`, or its run folder) to a Triton entry.
+
+Ultralytics itself does the ONNX export and the reference answers, in its own environment (`.envs/ultralytics`,
+`make setup-ultralytics`: it is AGPL-3.0 and needs a torchvision that does not load beside our CPU torch), through
+`ultralytics_runner.py`. Here: the graph checked against the PyTorch model's outputs (atol; min cosine for int8 /
+fp16 variants), the served steps (`imaging.letterbox`, the graph in ONNX Runtime, `detections.yolo_detections`)
+checked against Ultralytics' own `model.predict` on the sample images, and the entry written as for DETR
+(export/triton_entry.detection_entry). Nothing of Ultralytics is imported by rtxserve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from core.envs import ULTRALYTICS, env_dir
+from core.tasks import OBJECT_DETECTION
+
+from . import repository, variants
+from .detection import compare_detections
+from .exceptions import ExportError
+from .parity import ParityReport
+from .progress import Steps
+from .triton_entry import EntryOptions, detection_entry
+from .triton_models.detection_postprocess.detections import yolo_detections
+from .triton_models.image_preprocess import imaging
+
+log = logging.getLogger(__name__)
+
+RUNNER = Path(__file__).with_name("ultralytics_runner.py")
+EXIT_REFUSED = 3  # the runner's status for an error the user can act on (its message in result.json)
+# Ultralytics' predict defaults; a checkpoint's args.yaml overrides them where it sets them.
+PREDICT_DEFAULTS = {"conf": 0.25, "iou": 0.7, "max_det": 300}
+# The served answers are checked at a threshold low enough that a briefly trained model finds something.
+PARITY_CONF = 0.01
+RUNNER_TIMEOUT_S = 1800
+
+
+def ultralytics_checkpoint(path: Path) -> Path | None:
+    """The weights of an Ultralytics run: `path` itself (a .pt file), or a run folder's weights/best.pt (else
+    last.pt); None for anything else (a Hugging Face folder)."""
+    if path.is_file() and path.suffix == ".pt":
+        return path
+    if path.is_dir() and (path / "args.yaml").is_file():
+        for name in ("best.pt", "last.pt"):
+            if (path / "weights" / name).is_file():
+                return path / "weights" / name
+        raise ExportError(f"{path} is an Ultralytics run folder (args.yaml) without weights/best.pt or weights/last.pt")
+    return None
+
+
+def recorded_task(weights: Path) -> str | None:
+    """The task the run's args.yaml records (detect, segment, pose, obb, classify), or None without one."""
+    run = weights.parent.parent if weights.parent.name == "weights" else weights.parent
+    args = run / "args.yaml"
+    found = re.search(r"^task:\s*(\S+)", args.read_text(errors="replace"), flags=re.M) if args.is_file() else None
+    return found.group(1) if found else None
+
+
+def check_task(weights: Path, task: str) -> None:
+    """Refuse, before any work, a run of another task than detect, or a YOLO named for another rtxserve task."""
+    if task != OBJECT_DETECTION:
+        raise ExportError(f"{weights} is an Ultralytics checkpoint: export it with --task {OBJECT_DETECTION} "
+                          f"(not {task})")
+    recorded = recorded_task(weights)
+    if recorded not in (None, "detect"):
+        raise ExportError(f"{weights} is an Ultralytics {recorded} model (its args.yaml says task: {recorded}); "
+                          "rtxserve serves detect models, not yet " + recorded)
+
+
+def _python() -> Path:
+    python = env_dir(ULTRALYTICS) / "bin" / "python"
+    if not python.is_file():
+        raise ExportError(f"Ultralytics exports run in their own environment, and {python} is missing: "
+                          "run `make setup-ultralytics`")
+    return python
+
+
+def _run(command: str, request: dict, scratch: Path, what: str) -> subprocess.CompletedProcess:
+    path = scratch / f"{command}-request.json"
+    path.write_text(json.dumps(request))
+    try:
+        done = subprocess.run([str(_python()), "-P", str(RUNNER), command, str(path)], capture_output=True, text=True,
+                              timeout=RUNNER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ExportError(f"{what} did not finish in {RUNNER_TIMEOUT_S} s") from None
+    result = scratch / "result.json"
+    if done.returncode == EXIT_REFUSED and result.is_file():
+        raise ExportError(json.loads(result.read_text())["error"])
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise ExportError(f"{what} failed (exit {done.returncode}):\n{tail}")
+    return done
+
+
+def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int = 8) -> Path:
+    """A tiny YOLO11n trained from random weights on generated rectangles (ultralytics_runner.py's `train`), in
+    `out`; returns its run folder (weights/best.pt, args.yaml)."""
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    _run("train", {"out": str(out), "imgsz": imgsz, "epochs": epochs, "images": images}, out,
+         "training the YOLO fixture")
+    return out / "run"
+
+
+def run_ultralytics(weights: Path, images: list[np.ndarray], settings: dict, scratch: Path) -> dict:
+    """Ultralytics' export and predictions in its own environment (ultralytics_runner.py): result.json's contents,
+    with model.onnx and reference.npz beside it in `scratch`."""
+    paths = []
+    for i, image in enumerate(images):
+        paths.append(str(scratch / f"image_{i}.npy"))
+        np.save(paths[-1], image)
+    _run("export", {"checkpoint": str(weights.resolve()), "work": str(scratch), "images": paths, **settings}, scratch,
+         f"Ultralytics' export of {weights}")
+    return json.loads((scratch / "result.json").read_text())
+
+
+def _graph_parity(onnx_path: Path, reference: dict, imgsz: int, atol: float, min_cosine: float | None,
+                  allow_drift: bool) -> dict:
+    """The graph's output0 against the PyTorch model's on the tensors Ultralytics' predictor made: its boxes
+    (in pixels, compared as fractions of imgsz, so that one atol means the same as for scores) and its scores."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    report = ParityReport(atol=atol, min_cosine=min_cosine)
+    split = lambda out: {"boxes": out[:, :4] / imgsz, "scores": out[:, 4:]}  # noqa: E731
+    for i in range(len(reference) // 2):
+        got = session.run(["output0"], {"images": reference[f"input_{i}"]})[0]
+        report.add(split(reference[f"output_{i}"]), split(got))
+    report.notes.append("reference: the PyTorch model as Ultralytics' predictor runs it, on its own letterboxed "
+                        f"tensors; output0 split into boxes (divided by imgsz {imgsz}) and class scores")
+    report.check(allow_drift)
+    return report.to_dict()
+
+
+def served_detections(onnx_path: Path, images: list[np.ndarray], letterbox: dict, conf: float, iou: float,
+                      max_det: int) -> list[np.ndarray]:
+    """What the entry's steps answer for each image: imaging.letterbox, the graph, detections.yolo_detections."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    found = []
+    for image in images:
+        pixels = imaging.letterbox(image, letterbox["imgsz"], letterbox["stride"])
+        output = session.run(["output0"], {"images": pixels[None]})[0][0]
+        found.append(yolo_detections(output, pixels.shape[1:], image.shape[0], image.shape[1], conf, iou, max_det))
+    return found
+
+
+def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tuple[list[Path], dict, float]:
+    """Export the Ultralytics detector `weights` (see ultralytics_checkpoint) as the Triton entry `entry` in `repo`.
+
+    `options` are the encoder export's (export.encoder.EncoderOptions): atol, allow_drift, force, sample_images,
+    precision (fp32, int8 or fp16), min_cosine, command. Returns (the written model folders, the parity report,
+    seconds). Raises ExportError on bad input, a failed export or a parity breach (nothing is written then).
+    """
+    if options.tensorrt is not None:
+        raise ExportError("TensorRT plans of an Ultralytics YOLO are not built yet; serve the ONNX graph "
+                          "(--target gpu runs it with onnxruntime on the GPU)")
+    if options.optimize:
+        raise ExportError("--optimize applies ONNX Runtime's transformer fusions; a YOLO has none: drop it")
+    if options.precision not in variants.PRECISIONS:
+        raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    if options.precision == "int8":  # dynamic quantisation only touches MatMul / Gemm, and a YOLO is convolutions
+        raise ExportError("--precision int8 of an Ultralytics YOLO needs static quantisation calibrated on images, "
+                          "which is not built yet; export fp32 (or fp16 for a GPU)")
+    repository.check_free(repo, entry.model_names(), options.force)
+    steps = Steps(5 + (options.precision != "fp32"), log)
+    if options.command:
+        log.info("reproduce with: %s", options.command)
+    from .vision import sample_images
+
+    images = [np.asarray(imaging.decode(data)) for data in (options.sample_images or sample_images())]
+    with tempfile.TemporaryDirectory(prefix="rtxserve-ultralytics-") as scratch, repository.work_dir(repo) as work:
+        scratch = Path(scratch)
+        steps("exporting %s with Ultralytics (its own environment) and its predictions on %d images", weights,
+              len(images))
+        result = run_ultralytics(weights, images, {"conf": PARITY_CONF, "iou": PREDICT_DEFAULTS["iou"],
+                                                   "max_det": PREDICT_DEFAULTS["max_det"]}, scratch)
+        served = work / "model.onnx"
+        (scratch / "model.onnx").rename(served)
+        with np.load(scratch / "reference.npz") as npz:
+            reference = dict(npz)
+        steps("validating ONNX Runtime (fp32) against PyTorch on %d images", len(images))
+        imgsz = result["imgsz"]
+        reports = {"fp32": _graph_parity(served, reference, imgsz, options.atol, None, options.allow_drift)}
+        if options.precision != "fp32":
+            convert = variants.quantize_int8 if options.precision == "int8" else variants.to_fp16
+            served = convert(served, work / f"model.{options.precision}.onnx")
+            steps("validating the %s graph against PyTorch", options.precision)
+            min_cosine = options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision]
+            reports[options.precision] = _graph_parity(served, reference, imgsz, options.atol, min_cosine,
+                                                       options.allow_drift)
+        letterbox = {"imgsz": imgsz, "stride": result["stride"]}
+        steps("checking the served answers against Ultralytics' predict (conf %g)", PARITY_CONF)
+        parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
+        parity["served"] = {**compare_detections(
+            served_detections(served, images, letterbox, PARITY_CONF, PREDICT_DEFAULTS["iou"], PREDICT_DEFAULTS["max_det"]),
+            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]]),
+            "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
+        if options.precision != "fp32":  # lossy by design: gated on min cosine; these figures show the cost
+            parity["served"]["gate"] = f"none for {options.precision} (recorded; the variant is gated on min cosine)"
+        elif not parity["served"]["passed"] and not options.allow_drift:
+            raise ExportError(f"the served answers differ from Ultralytics' predict: {parity['served']['detail']}")
+        labels = [result["names"][str(i)] for i in range(len(result["names"]))]
+        args = result["args"]
+        defaults = {k: args[k] if isinstance(args.get(k), (int, float)) and not isinstance(args.get(k), bool) else v
+                    for k, v in PREDICT_DEFAULTS.items()}
+        metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
+        steps("writing Triton entry %s (%s, %d instance(s))", entry.name, entry.target, entry.instances)
+        models = detection_entry(entry, onnx_path=served, image_processor={"image_processor_type": "UltralyticsLetterBox",
+                                                                         "letterbox": letterbox},
+                                 pixel_shape=(3, -1, -1), labels=labels, defaults=defaults, metadata=metadata,
+                                 parity=parity, letterbox=letterbox)
+        written = repository.commit(repo, models, work, options.force)
+    steps("done: %s", ", ".join(p.name for p in written))
+    return written, parity, steps.seconds
+
+
+def _metadata(weights: Path, entry: EntryOptions, options, result: dict, parity: dict, defaults: dict,
+              letterbox: dict) -> dict:
+    import time
+
+    return {
+        "task": OBJECT_DETECTION, "source": str(weights.resolve()), "architecture": "UltralyticsYOLO",
+        "labels": [result["names"][str(i)] for i in range(len(result["names"]))], "detection_defaults": defaults,
+        "nms": False, "letterbox": letterbox, "image_size_varies": True, "target": entry.target,
+        "instances": entry.instances, "max_batch_size": entry.max_batch_size, "command": options.command,
+        "precision": options.precision, "optimized": False,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": result["versions"],
+        "parity_passed": parity["passed"],
+    }
