@@ -2,6 +2,8 @@
 
 - `optimize`: ONNX Runtime's transformer graph fusions (attention, layer norm, GELU, skip-layer-norm);
 - `quantize_int8`: dynamic INT8 quantisation of the MatMul weights, for CPUs (activations stay float);
+- `quantize_static_int8`: static INT8 quantisation of convolutions (weights and activations, QDQ), calibrated on
+  sample inputs: for convolutional models (YOLO), where the dynamic form finds nothing to quantise;
 - `to_fp16`: float16 weights and compute for GPUs, inputs and outputs left in float32.
 """
 
@@ -60,6 +62,25 @@ def quantize_int8(source: Path, out: Path) -> Path:
             "DefaultTensorType": onnx.TensorProto.FLOAT,
         },
     )
+    return out
+
+
+def quantize_static_int8(source: Path, out: Path, feeds) -> Path:
+    """Convolutions to INT8 with activation ranges calibrated (min / max) on `feeds`, an iterable of input dicts.
+    Everything else, a detector's box and score arithmetic included, stays float."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Feeds(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantize_static(str(source), str(out), Feeds(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["Conv"],
+                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    # 7-bit weights on CPUs without VNNI, as for quantize_int8
+                    reduce_range=True)
     return out
 
 

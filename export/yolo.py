@@ -167,9 +167,6 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         raise ExportError("--optimize applies ONNX Runtime's transformer fusions; a YOLO has none: drop it")
     if options.precision not in variants.PRECISIONS:
         raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
-    if options.precision == "int8":  # dynamic quantisation only touches MatMul / Gemm, and a YOLO is convolutions
-        raise ExportError("--precision int8 of an Ultralytics YOLO needs static quantisation calibrated on images, "
-                          "which is not built yet; export fp32 (or fp16 for a GPU)")
     repository.check_free(repo, entry.model_names(), options.force)
     steps = Steps(5 + (options.precision != "fp32"), log)
     if options.command:
@@ -190,14 +187,17 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         steps("validating ONNX Runtime (fp32) against PyTorch on %d images", len(images))
         imgsz = result["imgsz"]
         reports = {"fp32": _graph_parity(served, reference, imgsz, options.atol, None, options.allow_drift)}
+        letterbox = {"imgsz": imgsz, "stride": result["stride"]}
+        if options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on the samples
+            feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in images)
+            served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds)
+        elif options.precision == "fp16":
+            served = variants.to_fp16(served, work / "model.fp16.onnx")
         if options.precision != "fp32":
-            convert = variants.quantize_int8 if options.precision == "int8" else variants.to_fp16
-            served = convert(served, work / f"model.{options.precision}.onnx")
             steps("validating the %s graph against PyTorch", options.precision)
             min_cosine = options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision]
             reports[options.precision] = _graph_parity(served, reference, imgsz, options.atol, min_cosine,
                                                        options.allow_drift)
-        letterbox = {"imgsz": imgsz, "stride": result["stride"]}
         steps("checking the served answers against Ultralytics' predict (conf %g)", PARITY_CONF)
         parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
         parity["served"] = {**compare_detections(

@@ -87,3 +87,18 @@ def test_bad_images_and_options_are_400s_that_name_them(stack, yolo_run):
     r = _detect(stack, [image], classes=[5])
     assert r.status_code == 400 and "classes" in r.json()["error"]["message"], r.text
 
+
+
+def test_an_int8_export_is_calibrated_smaller_and_records_what_it_costs(yolo_run, tmp_path):
+    from export.encoder import EncoderOptions, export_encoder
+    from export.triton_entry import EntryOptions
+
+    result = export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo_int8"), tmp_path / "repo",
+                            EncoderOptions(precision="int8", sample_images=yolo_images(yolo_run)))
+    parity = result.parity
+    assert parity["variant"] == "int8" and parity["passed"] and parity["min_cosine"] == 0.95
+    assert parity["outputs"]["scores"]["max_abs_diff"] > parity["variants"]["fp32"]["outputs"]["scores"]["max_abs_diff"]
+    assert parity["served"]["gate"].startswith("none for int8") and parity["served"]["images"] == 8
+    sizes = {p.name: (p / "1" / "model.onnx").stat().st_size for p in result.entry if p.name.endswith("_model")}
+    # Ultralytics saves fp16 weights: the fp32 graph is about twice best.pt, the int8 one under half of that
+    assert sizes["yolo_int8_model"] < (yolo_run / "weights" / "best.pt").stat().st_size

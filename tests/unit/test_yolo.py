@@ -99,11 +99,3 @@ def test_without_the_ultralytics_environment_the_error_says_how_to_make_it(tmp_p
         export_yolo(tmp_path / "best.pt", EntryOptions(name="y"), tmp_path / "repo", EncoderOptions())
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
 
-
-def test_int8_of_a_yolo_is_refused_until_it_is_calibrated(tmp_path):
-    from export.encoder import EncoderOptions
-    from export.triton_entry import EntryOptions
-    from export.yolo import export_yolo
-
-    with pytest.raises(ExportError, match="static quantisation"):
-        export_yolo(tmp_path / "best.pt", EntryOptions(name="y"), tmp_path / "repo", EncoderOptions(precision="int8"))
