@@ -20,6 +20,7 @@ BENCHES = {
     "B3 / B5 Triton batching and instances": (["batching"], "bench-batching.md"),
     "B4 vLLM continuous batching": (["llm"], "bench-llm.md"),
     "B6 measurement accuracy": (["accuracy"], "bench-accuracy.md"),
+    "B7 object detection": (["detection"], "bench-detection.md"),
     "B9 Triton response cache": (["cache"], "bench-cache.md"),
     "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),
 }

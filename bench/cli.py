@@ -1,4 +1,4 @@
-"""`rtxserve bench llm|export|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
+"""`rtxserve bench llm|export|detection|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
 the same name under bench/."""
 
 from __future__ import annotations
@@ -43,6 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--streams", default="4,16", help="B1s: concurrent streams per level, comma-separated ('' skips it)")
     gw.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
+    det = sub.add_parser("detection", help="B7: PyTorch eager vs ONNX Runtime FP32 / INT8 on a yolo11s-shaped model at "
+                         "640, and the mAP the exports keep (Ultralytics' validator, the fixture YOLO)")
+    det.add_argument("--rounds", type=int, default=3)
+    det.add_argument("--iterations", type=int, default=10, help="calls per form and round")
+    det.add_argument("--threads", type=int, default=None, help="threads for PyTorch and ONNX Runtime (default: all cores)")
+    det.add_argument("--model", default="yolo11s.yaml", help="the Ultralytics model YAML timed (random weights)")
+    det.add_argument("--val-images", type=int, default=64, help="generated validation images the mAP is scored on")
+    det.add_argument("--out", type=Path, help="folder (default reports/bench-detection-<time>)")
     tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
     tr.add_argument("--rounds", type=int, default=3)
     tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
@@ -125,6 +133,14 @@ def main(argv: list[str]) -> int:
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, requests=args.requests,  # noqa: E731
                             progress=_progress)
         saved = ("reliability.json", "reliability.md", "reliability.png")
+    elif args.bench == "detection":
+        from .detection import markdown, run
+
+        if args.rounds < 1 or args.iterations < 1 or args.val_images < 1 or (args.threads is not None and args.threads < 1):
+            return _fail("need --rounds, --iterations, --val-images (and --threads) >= 1")
+        bench = lambda: run(out, rounds=args.rounds, iterations=args.iterations, threads=args.threads,  # noqa: E731
+                            yaml=args.model, val_images=args.val_images, progress=_progress)
+        saved = ("bench-detection.json", "bench-detection.md", "b7.png")
     elif args.bench == "batching":
         from .batching import markdown, run
 
@@ -168,9 +184,11 @@ def main(argv: list[str]) -> int:
                             skip={"B4"} if args.skip_b4 else set())
         bench = lambda: run(opts, progress=_progress)  # noqa: E731
         saved = ("bench-llm.json", "bench-llm.md")
+    from export.exceptions import ExportError
+
     try:
         result = bench()
-    except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired) as exc:
+    except (RuntimeError, ValueError, OSError, subprocess.TimeoutExpired, ExportError) as exc:
         return _fail(str(exc))
     print(markdown(result))
     print("saved: " + ", ".join(str(out / name) for name in saved))

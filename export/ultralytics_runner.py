@@ -5,6 +5,7 @@ modules do not shadow installed ones) and reads back what it writes.
 
     python -P ultralytics_runner.py export REQUEST.json
     python -P ultralytics_runner.py train REQUEST.json     (the test fixture: `rtxserve fixtures yolo`)
+    python -P ultralytics_runner.py build|time|val REQUEST.json   (benchmark B7: `rtxserve bench detection`)
 
 REQUEST.json: {"checkpoint": best.pt, "work": a folder to write into, "images": [.npy files of upright RGB uint8
 images, decoded by rtxserve], "conf", "iou", "max_det": the predict settings the reference answers use}.
@@ -17,7 +18,13 @@ It writes into `work`:
                    [[x1, y1, x2, y2, score, class id], ...] from `model.predict`, best first}
 An error the user can act on is written as {"error": "..."} to result.json, with exit status 3.
 
-`train` (REQUEST.json: {"out": a folder, "imgsz", "epochs", "images"}) writes a dataset of coloured rectangles on
+`build` ({"yaml": e.g. yolo11s.yaml, "out": a .pt}) saves a model of that shape with random weights; `time`
+({"weights", "input": an .npy tensor, "iterations", "threads", "work"}) writes the median milliseconds of the PyTorch
+model's forward on it, as Ultralytics' predictor runs it, to work/result.json; `val` ({"models": [.pt or .onnx],
+"data": a dataset yaml, "imgsz", "work"}) writes each model's box mAP@0.5 and mAP@0.5:0.95 from Ultralytics' own
+validator (ONNX graphs run by its ONNX Runtime backend).
+
+`train` (REQUEST.json: {"out": a folder, "imgsz", "epochs", "images", "val_images"}) writes a dataset of coloured rectangles on
 grey (classes red and blue, YOLO labels) under out/data and trains a YOLO11n from its YAML (random weights; nothing
 is downloaded) on it into out/run: weights/best.pt and args.yaml, as `yolo train` writes them.
 """
@@ -56,10 +63,10 @@ def train(request: dict) -> None:
     from ultralytics import YOLO
 
     rng, size = np.random.default_rng(0), request["imgsz"]
-    for split in ("train", "val"):
+    for split, count in (("train", request["images"]), ("val", request.get("val_images", request["images"]))):
         (out / "data" / "images" / split).mkdir(parents=True, exist_ok=True)
         (out / "data" / "labels" / split).mkdir(parents=True, exist_ok=True)
-        for i in range(request["images"]):
+        for i in range(count):
             image, lines = Image.new("RGB", (size, size), (90, 90, 90)), []
             draw = ImageDraw.Draw(image)
             for _ in range(2):
@@ -78,6 +85,52 @@ def train(request: dict) -> None:
         device="cpu", project=str(out), name="run", exist_ok=True, plots=False, amp=False, val=False, verbose=False,
         seed=0, deterministic=True, optimizer="AdamW", lr0=0.003, warmup_epochs=0, mosaic=0.0, hsv_h=0.0, hsv_s=0.0,
         hsv_v=0.0, fliplr=0.0, scale=0.0, translate=0.0)
+
+
+def build(request: dict) -> None:
+    out = Path(request["out"])
+    _offline(out.parent)
+    from ultralytics import YOLO
+
+    YOLO(request["yaml"]).save(str(out))
+
+
+def time_forward(request: dict) -> None:
+    work = Path(request["work"])
+    _offline(work)
+    import statistics
+    import time
+
+    import numpy as np
+    import torch
+    from ultralytics import YOLO
+
+    torch.set_num_threads(request["threads"])
+    model = YOLO(request["weights"])
+    tensor = torch.from_numpy(np.load(request["input"]))
+    model.predict(np.zeros((64, 64, 3), np.uint8), device="cpu", verbose=False)  # builds the predictor's fused model
+    forward, times = model.predictor.model, []
+    with torch.no_grad():
+        for i in range(request["iterations"] + 3):  # three warm-up calls
+            started = time.perf_counter()
+            forward(tensor)
+            if i >= 3:
+                times.append((time.perf_counter() - started) * 1000)
+    (work / "result.json").write_text(json.dumps({"median_ms": statistics.median(times), "torch": torch.__version__}))
+
+
+def val(request: dict) -> None:
+    work = Path(request["work"])
+    _offline(work)
+    from ultralytics import YOLO
+
+    found = {}
+    for path in request["models"]:
+        metrics = YOLO(path, task="detect").val(data=request["data"], imgsz=request["imgsz"], batch=1, device="cpu",
+                                                plots=False, verbose=False, project=str(work), name="val",
+                                                exist_ok=True, workers=0)
+        found[path] = {"map50": float(metrics.box.map50), "map50_95": float(metrics.box.map)}
+    (work / "result.json").write_text(json.dumps(found))
 
 
 def export(request: dict) -> None:
@@ -134,4 +187,5 @@ def export(request: dict) -> None:
 
 
 if __name__ == "__main__":
-    {"export": export, "train": train}[sys.argv[1]](json.loads(Path(sys.argv[2]).read_text()))
+    commands = {"export": export, "train": train, "build": build, "time": time_forward, "val": val}
+    commands[sys.argv[1]](json.loads(Path(sys.argv[2]).read_text()))

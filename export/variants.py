@@ -65,9 +65,10 @@ def quantize_int8(source: Path, out: Path) -> Path:
     return out
 
 
-def quantize_static_int8(source: Path, out: Path, feeds) -> Path:
-    """Convolutions to INT8 with activation ranges calibrated (min / max) on `feeds`, an iterable of input dicts.
-    Everything else, a detector's box and score arithmetic included, stays float."""
+def quantize_static_int8(source: Path, out: Path, feeds, exclude: list[str] = ()) -> Path:
+    """Convolutions to INT8 with activation ranges calibrated (min / max) on `feeds`, an iterable of input dicts,
+    but for the nodes named in `exclude`. Everything else, a detector's box and score arithmetic included, stays
+    float."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Feeds(CalibrationDataReader):
@@ -77,10 +78,15 @@ def quantize_static_int8(source: Path, out: Path, feeds) -> Path:
         def get_next(self):
             return next(self.feeds, None)
 
-    quantize_static(str(source), str(out), Feeds(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["Conv"],
-                    per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    # 7-bit weights on CPUs without VNNI, as for quantize_int8
-                    reduce_range=True)
+    root = logging.getLogger()  # the quantiser logs a line per bias it copies on the root logger, at info
+    level, root.level = root.level, max(root.level, logging.WARNING)
+    try:
+        quantize_static(str(source), str(out), Feeds(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["Conv"],
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        # 7-bit weights on CPUs without VNNI, as for quantize_int8
+                        reduce_range=True, nodes_to_exclude=list(exclude))
+    finally:
+        root.setLevel(level)
     return out
 
 

@@ -85,6 +85,7 @@ def _python() -> Path:
 def _run(command: str, request: dict, scratch: Path, what: str) -> subprocess.CompletedProcess:
     path = scratch / f"{command}-request.json"
     path.write_text(json.dumps(request))
+    (scratch / "result.json").unlink(missing_ok=True)
     try:
         done = subprocess.run([str(_python()), "-P", str(RUNNER), command, str(path)], capture_output=True, text=True,
                               timeout=RUNNER_TIMEOUT_S)
@@ -99,14 +100,24 @@ def _run(command: str, request: dict, scratch: Path, what: str) -> subprocess.Co
     return done
 
 
-def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int = 8) -> Path:
+def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int = 8,
+                  val_images: int | None = None) -> Path:
     """A tiny YOLO11n trained from random weights on generated rectangles (ultralytics_runner.py's `train`), in
-    `out`; returns its run folder (weights/best.pt, args.yaml)."""
+    `out`, with `val_images` more (default `images`) under out/data/images/val; returns its run folder
+    (weights/best.pt, args.yaml)."""
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    _run("train", {"out": str(out), "imgsz": imgsz, "epochs": epochs, "images": images}, out,
-         "training the YOLO fixture")
+    _run("train", {"out": str(out), "imgsz": imgsz, "epochs": epochs, "images": images,
+                   "val_images": images if val_images is None else val_images}, out, "training the YOLO fixture")
     return out / "run"
+
+
+def run_in_ultralytics(command: str, request: dict, scratch: Path):
+    """One of ultralytics_runner.py's other commands (build, time, val): its result.json, where it writes one."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    _run(command, {**request, "work": str(scratch)}, scratch, f"Ultralytics' {command}")
+    result = scratch / "result.json"
+    return json.loads(result.read_text()) if result.is_file() else None
 
 
 def run_ultralytics(weights: Path, images: list[np.ndarray], settings: dict, scratch: Path) -> dict:
@@ -137,6 +148,17 @@ def _graph_parity(onnx_path: Path, reference: dict, imgsz: int, atol: float, min
                         f"tensors; output0 split into boxes (divided by imgsz {imgsz}) and class scores")
     report.check(allow_drift)
     return report.to_dict()
+
+
+def head_convolutions(onnx_path: Path) -> list[str]:
+    """The convolutions of the graph's last module, the Detect head (Ultralytics names nodes /model.<i>/...): kept
+    float at int8, where the box distributions and class scores are made (a quarter of the convolutions, a small
+    share of the work)."""
+    import onnx
+
+    convs = [n.name for n in onnx.load(str(onnx_path)).graph.node if n.op_type == "Conv"]
+    found = [int(m.group(1)) for n in convs if (m := re.match(r"/model\.(\d+)/", n))]
+    return [n for n in convs if found and n.startswith(f"/model.{max(found)}/")]
 
 
 def served_detections(onnx_path: Path, images: list[np.ndarray], letterbox: dict, conf: float, iou: float,
@@ -190,7 +212,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         letterbox = {"imgsz": imgsz, "stride": result["stride"]}
         if options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on the samples
             feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in images)
-            served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds)
+            served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds, head_convolutions(served))
         elif options.precision == "fp16":
             served = variants.to_fp16(served, work / "model.fp16.onnx")
         if options.precision != "fp32":

@@ -1,0 +1,161 @@
+"""`rtxserve bench detection`: benchmark B7 (shared BENCH.md), what the export of an Ultralytics detector buys on
+this CPU, and what INT8 costs in accuracy.
+
+Speed: a yolo11s-shaped model (Ultralytics builds it from its YAML, random weights) at 640x640, batch 1, exported by
+`rtxserve export detection` at fp32 and at int8; PyTorch eager is Ultralytics' own predictor model run in its
+environment (a process per round, its median over the round's calls), the two ONNX Runtime forms in this process,
+on the same letterboxed tensor with the same threads, interleaved over rounds (rotating the order), medians.
+Accuracy: the fixture YOLO11n (trained here from random weights on generated rectangles) and its fp32 and int8
+exports, each scored by Ultralytics' own validator (box mAP@0.5 and @0.5:0.95) on a generated validation set.
+Targets: ONNX Runtime FP32 >= 1.3x eager, INT8 >= 2x with an mAP@0.5 drop <= 0.01.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+FORMS = ("pytorch eager", "onnxruntime fp32", "onnxruntime int8")
+TARGETS = {"onnxruntime fp32": 1.3, "onnxruntime int8": 2.0, "int8 map50 drop": 0.01}
+
+
+def _export(weights: Path, repo: Path, name: str, precision: str, images: list[bytes] | None = None) -> Path:
+    from core.tasks import OBJECT_DETECTION
+    from export.encoder import EncoderOptions, export_encoder
+    from export.triton_entry import EntryOptions
+
+    export_encoder(weights, OBJECT_DETECTION, EntryOptions(name=name), repo,
+                   EncoderOptions(precision=precision, sample_images=images))
+    return repo / f"{name}_model" / "1" / "model.onnx"
+
+
+def _timed(call, iterations: int) -> float:
+    call()  # warm-up
+    times = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None = None, yaml: str = "yolo11s.yaml",
+        val_images: int = 64, progress=print) -> dict:
+    import onnxruntime as ort
+
+    from .all import machine
+    from export.triton_models.image_preprocess import imaging
+    from export.yolo import run_in_ultralytics, train_fixture
+
+    threads = threads or os.cpu_count() or 1
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-detection-", dir=out) as work:
+        work = Path(work)
+        progress(f"building {yaml} (random weights) and exporting it at fp32 and int8")
+        weights = work / "speed.pt"
+        run_in_ultralytics("build", {"yaml": yaml, "out": str(weights)}, work)
+        graphs = {form: _export(weights, work / "repo", form.split()[-1], form.split()[-1]) for form in FORMS[1:]}
+        rng = np.random.default_rng(0)
+        image = rng.integers(0, 256, (640, 640, 3), dtype=np.uint8)
+        tensor = imaging.letterbox(image, 640, 32)[None]
+        np.save(work / "input.npy", tensor)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        sessions = {form: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                    for form, path in graphs.items()}
+        torch_version = ""
+
+        def eager() -> float:
+            nonlocal torch_version
+            found = run_in_ultralytics("time", {"weights": str(weights), "input": str(work / "input.npy"),
+                                                "iterations": iterations, "threads": threads}, work / "eager")
+            torch_version = found["torch"]
+            return found["median_ms"]
+
+        measure = {"pytorch eager": eager, **{form: (lambda s=s: _timed(lambda: s.run(["output0"], {"images": tensor}),
+                                                                       iterations)) for form, s in sessions.items()}}
+        per_round: dict[str, list[float]] = {form: [] for form in FORMS}
+        for r in range(rounds):
+            for form in FORMS[r % len(FORMS):] + FORMS[: r % len(FORMS)]:
+                per_round[form].append(measure[form]())
+            progress(f"  round {r + 1}/{rounds}: " + ", ".join(f"{f} {per_round[f][-1]:.1f} ms" for f in FORMS))
+        sizes = {"pytorch eager": weights.stat().st_size, **{f: p.stat().st_size for f, p in graphs.items()}}
+
+        progress(f"training the fixture YOLO11n ({val_images} validation images) and scoring it and its exports "
+                 "with Ultralytics' validator")
+        run = train_fixture(work / "fixture", val_images=val_images)
+        samples = [p.read_bytes() for p in sorted((run.parent / "data" / "images" / "train").glob("*.png"))]
+        scored = {"pytorch eager": run / "weights" / "best.pt",
+                  **{form: _export(run / "weights" / "best.pt", work / "fixture-repo", form.split()[-1],
+                                   form.split()[-1], samples) for form in FORMS[1:]}}
+        found = run_in_ultralytics("val", {"models": [str(p) for p in scored.values()],
+                                           "data": str(run.parent / "data.yaml"), "imgsz": 128}, work / "val-work")
+        accuracy = {form: found[str(path)] for form, path in scored.items()}
+
+    medians = {form: statistics.median(v) for form, v in per_round.items()}
+    result = {
+        "id": "B7", "cpu": machine(), "model": f"{yaml} (random weights), 640x640, batch 1", "threads": threads, "rounds": rounds,
+        "iterations_per_round": iterations, "median_ms": medians, "per_round_ms": per_round,
+        "speedup_vs_eager": {f: medians["pytorch eager"] / v for f, v in medians.items()},
+        "size_bytes": sizes, "accuracy_model": f"fixture YOLO11n at 128, {val_images} generated validation images",
+        "accuracy": accuracy, "map50_drop_int8": accuracy["pytorch eager"]["map50"] - accuracy["onnxruntime int8"]["map50"],
+        "targets": TARGETS, "versions": {"torch (Ultralytics' environment)": torch_version, "onnxruntime": ort.__version__},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    (out / "bench-detection.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "bench-detection.md").write_text(markdown(result))
+    plot(result, out / "b7.png")
+    return result
+
+
+def markdown(result: dict) -> str:
+    rows = [f"| {f} | {result['median_ms'][f]:.1f} | {result['speedup_vs_eager'][f]:.2f}x | "
+            f"{result['size_bytes'][f] / 1e6:.1f} | {result['accuracy'][f]['map50']:.4f} | "
+            f"{result['accuracy'][f]['map50_95']:.4f} |" for f in FORMS]
+    return "\n".join([
+        "# rtxserve bench detection (B7)", "",
+        f"CPU: {result.get('cpu', '?')}.", "",
+        f"Speed: {result['model']}, {result['threads']} thread(s), median over {result['rounds']} interleaved rounds of "
+        f"{result['iterations_per_round']} calls. Accuracy: {result['accuracy_model']}, Ultralytics' validator. "
+        f"{', '.join(f'{k} {v}' for k, v in result['versions'].items())}.", "",
+        "![latency and mAP by form](b7.png)", "",
+        "| form | latency ms (median) | vs PyTorch eager | file MB | mAP@0.5 | mAP@0.5:0.95 |", "|---|---|---|---|---|---|",
+        *rows, "",
+        f"mAP@0.5 drop at int8: {result['map50_drop_int8']:+.4f}. Targets: ONNX Runtime FP32 >= "
+        f"{TARGETS['onnxruntime fp32']}x, INT8 >= {TARGETS['onnxruntime int8']}x with an mAP@0.5 drop <= "
+        f"{TARGETS['int8 map50 drop']}. (PyTorch eager's file is Ultralytics' checkpoint, saved in fp16.)", "",
+    ])
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4.5))
+    speed.barh(FORMS, [result["median_ms"][f] for f in FORMS], color="tab:blue", alpha=0.6)
+    for i, f in enumerate(FORMS):
+        speed.scatter(result["per_round_ms"][f], [i] * len(result["per_round_ms"][f]), color="black", s=10, zorder=3)
+        speed.text(max(result["median_ms"][f], *result["per_round_ms"][f]), i, f"  {result['speedup_vs_eager'][f]:.2f}x",
+                   va="center")
+    speed.invert_yaxis()
+    speed.set_xlabel("latency per image, ms (bar: median over rounds; dots: each round)")
+    speed.set_xlim(0, 1.25 * max(v for f in FORMS for v in result["per_round_ms"][f]))
+    speed.set_title(result["model"], fontsize=9)
+    acc.barh(FORMS, [result["accuracy"][f]["map50"] for f in FORMS], color="tab:green", alpha=0.6, label="mAP@0.5")
+    acc.barh(FORMS, [result["accuracy"][f]["map50_95"] for f in FORMS], color="tab:green", alpha=0.9,
+             label="mAP@0.5:0.95", height=0.4)
+    for i, f in enumerate(FORMS):
+        acc.text(result["accuracy"][f]["map50"], i, f"  {result['accuracy'][f]['map50']:.3f}", va="center")
+    acc.invert_yaxis()
+    acc.set_xlim(0, 1)
+    acc.set_yticklabels([])
+    acc.set_xlabel("box mAP (Ultralytics' validator)")
+    acc.set_title(result["accuracy_model"], fontsize=9)
+    acc.legend(loc="lower right", fontsize=8)
+    return save(fig, path, "B7: Ultralytics YOLO, PyTorch eager vs the exported graph")
