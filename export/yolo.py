@@ -132,6 +132,19 @@ def run_ultralytics(weights: Path, images: list[np.ndarray], settings: dict, scr
     return json.loads((scratch / "result.json").read_text())
 
 
+def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:
+    """An NMS-free model (YOLO26, YOLOv10) exports output0 [batch, 300, 6], rows of boxes already chosen: not served
+    yet, and said so rather than written as an entry that would misread them."""
+    import onnx
+
+    dims = [d.dim_value or d.dim_param for d in onnx.load(str(onnx_path), load_external_data=False)
+            .graph.output[0].type.tensor_type.shape.dim]
+    if len(dims) == 3 and isinstance(dims[2], int) and dims[2] == 6 and isinstance(dims[1], int):
+        raise ExportError(f"{weights} is an end-to-end (NMS-free) model, YOLO26 or YOLOv10 (its graph answers {dims[1]} "
+                          "chosen boxes per image); rtxserve serves YOLO detectors with NMS (YOLOv8, YOLO11) today, "
+                          "end-to-end ones not yet")
+
+
 def _graph_parity(onnx_path: Path, reference: dict, imgsz: int, atol: float, min_cosine: float | None,
                   allow_drift: bool) -> dict:
     """The graph's output0 against the PyTorch model's on the tensors Ultralytics' predictor made: its boxes
@@ -204,6 +217,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
                                                    "max_det": PREDICT_DEFAULTS["max_det"]}, scratch)
         served = work / "model.onnx"
         (scratch / "model.onnx").rename(served)
+        _refuse_end_to_end(served, weights)
         with np.load(scratch / "reference.npz") as npz:
             reference = dict(npz)
         steps("validating ONNX Runtime (fp32) against PyTorch on %d images", len(images))

@@ -99,3 +99,21 @@ def test_without_the_ultralytics_environment_the_error_says_how_to_make_it(tmp_p
         export_yolo(tmp_path / "best.pt", EntryOptions(name="y"), tmp_path / "repo", EncoderOptions())
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
 
+
+
+@pytest.mark.parametrize("dims, refused", [(["batch", 300, 6], True), (["batch", 6, "anchors"], False)])
+def test_an_end_to_end_yolo_is_named_not_misread(tmp_path, dims, refused):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from export.yolo import _refuse_end_to_end
+
+    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["output0"])], "g",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, dims)])
+    onnx.save(helper.make_model(graph), tmp_path / "model.onnx")
+    if refused:
+        with pytest.raises(ExportError, match="end-to-end .*YOLO26 or YOLOv10"):
+            _refuse_end_to_end(tmp_path / "model.onnx", tmp_path / "best.pt")
+    else:
+        _refuse_end_to_end(tmp_path / "model.onnx", tmp_path / "best.pt")
