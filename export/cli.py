@@ -240,7 +240,7 @@ def fixtures_main(argv: list[str]) -> int:
     _setup_logging()
     try:
         written = write_fixtures(args.out, args.names or None)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, ExportError) as exc:  # ExportError: the YOLO fixture's environment is missing
         return _fail("rtxserve fixtures", str(exc))
     for name, path in written.items():
         print(f"{name}: {path}")

@@ -77,7 +77,7 @@ def check_task(weights: Path, task: str) -> None:
 def _python() -> Path:
     python = env_dir(ULTRALYTICS) / "bin" / "python"
     if not python.is_file():
-        raise ExportError(f"Ultralytics exports run in their own environment, and {python} is missing: "
+        raise ExportError(f"Ultralytics runs in its own environment, and {python} is missing: "
                           "run `make setup-ultralytics`")
     return python
 
