@@ -97,7 +97,8 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
     timings_path.write_text(json.dumps(timings, indent=2))
     page = f"""# Benchmarks
 
-Measured on {machine()} (each section says when and at which commit); {', '.join(f'{k} {v}' for k, v in versions().items())}.
+Last written on {machine()}; each section says when and at which commit it was measured, the machines differ (most
+sections name their CPU); {', '.join(f'{k} {v}' for k, v in versions().items())}.
 CPU figures are ratios of two things measured side by side in one run (shared/BENCH.md); absolute times on
 this shared machine are not comparable between runs. Regenerate with `make bench`
 (`python -m bench.all reports/bench B6` reruns one and keeps the others).
