@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .exceptions import ExportError
+
 # The detectors whose outputs are DETR's (logits with a trailing no-object class, relative cx cy w h boxes).
 DETR_FAMILY = ("detr", "conditional_detr", "deformable_detr")
 
@@ -89,6 +91,16 @@ def compare_detections(served: list, reference: list[list[tuple]]) -> dict:
         detail = f"worst box IoU {worst_iou:.4f} (needs >= {MIN_IOU}), worst score diff {worst_score:.2g} (<= {SCORE_ATOL})"
     return {"passed": passed, "detail": detail or "matched", "images": len(reference), "detections": count,
             "min_box_iou": round(worst_iou, 6), "max_score_diff": worst_score}
+
+
+def gate_served(served: dict, precision: str, allow_drift: bool) -> dict:
+    """The served-answers check as a gate: an fp32 export whose answers differ from the framework's fails (unless
+    drift is allowed); a lossy variant is gated on min cosine instead, and these figures record what it costs."""
+    if precision != "fp32":
+        served["gate"] = f"none for {precision} (recorded; the variant is gated on min cosine)"
+    elif not served["passed"] and not allow_drift:
+        raise ExportError(f"the served answers differ from {served['reference']}: {served['detail']}")
+    return served
 
 
 def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:

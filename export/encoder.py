@@ -195,11 +195,10 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         parity, metadata = _record(source, options, entry, reports, plan_info, reference, inputs, spec)
         if spec.served_check is not None:  # what the served steps answer against the framework's own predict
             steps("checking the served answers against the framework's own predict")
-            parity["served"] = spec.served_check(served, source.ckpt.path, inputs)
-            if options.precision != "fp32":  # lossy by design: its gate is --min-cosine; these figures show the cost
-                parity["served"]["gate"] = f"none for {options.precision} (recorded; the variant is gated on min cosine)"
-            elif not parity["served"]["passed"] and not options.allow_drift:
-                raise ExportError(f"the served answers differ from the framework's own: {parity['served']['detail']}")
+            from .detection import gate_served
+
+            parity["served"] = gate_served(spec.served_check(served, source.ckpt.path, inputs), options.precision,
+                                           options.allow_drift)
         models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
             from .tensorrt import tensorrt_model

@@ -23,7 +23,7 @@ from core.envs import ULTRALYTICS, env_dir
 from core.tasks import OBJECT_DETECTION
 
 from . import repository, variants
-from .detection import compare_detections
+from .detection import compare_detections, gate_served
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
@@ -240,10 +240,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
             served_detections(served, images, letterbox, PARITY_CONF, PREDICT_DEFAULTS["iou"], PREDICT_DEFAULTS["max_det"]),
             [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]]),
             "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
-        if options.precision != "fp32":  # lossy by design: gated on min cosine; these figures show the cost
-            parity["served"]["gate"] = f"none for {options.precision} (recorded; the variant is gated on min cosine)"
-        elif not parity["served"]["passed"] and not options.allow_drift:
-            raise ExportError(f"the served answers differ from Ultralytics' predict: {parity['served']['detail']}")
+        gate_served(parity["served"], options.precision, options.allow_drift)
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]
         args = result["args"]
         defaults = {k: args[k] if isinstance(args.get(k), (int, float)) and not isinstance(args.get(k), bool) else v

@@ -159,3 +159,17 @@ def test_detections_are_paired_by_class_score_and_box_not_by_rank():
     check = compare_detections(moved, reference)
     assert not check["passed"] and check["min_box_iou"] < 0.99
     assert "1 detections served" in compare_detections([moved[0][:1]], reference)["detail"]
+
+
+def test_the_served_check_gates_fp32_and_records_a_lossy_variant():
+    from export.detection import gate_served
+    from export.exceptions import ExportError
+
+    def differing():
+        return {"passed": False, "detail": "image 0: 1 detections served, 2 from the framework",
+                "reference": "Ultralytics 8.4.190 model.predict"}
+
+    with pytest.raises(ExportError, match="differ from Ultralytics 8.4.190 model.predict: image 0"):
+        gate_served(differing(), "fp32", allow_drift=False)
+    assert "gate" not in gate_served(differing(), "fp32", allow_drift=True)
+    assert gate_served(differing(), "int8", allow_drift=False)["gate"].startswith("none for int8")
