@@ -102,3 +102,13 @@ def test_an_int8_export_is_calibrated_smaller_and_records_what_it_costs(yolo_run
     sizes = {p.name: (p / "1" / "model.onnx").stat().st_size for p in result.entry if p.name.endswith("_model")}
     # Ultralytics saves fp16 weights: the fp32 graph is about twice best.pt, the int8 one under half of that
     assert sizes["yolo_int8_model"] < (yolo_run / "weights" / "best.pt").stat().st_size
+
+
+def test_the_detect_load_test_drives_it(stack, tmp_path):
+    from loadtest.runner import LoadSpec, run, scenario_options
+
+    options = scenario_options(scenario="detect", model=YOLO, batch=2)
+    s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=5, warmup_s=1), tmp_path / "report",
+            log=lambda m: None).summary
+    assert s.requests > 5 and s.errors == 0, s.error_kinds
+    assert s.images["images"] == 2 * s.requests and s.images["detections_per_image"] >= 0, s.images
