@@ -77,7 +77,8 @@ def _add_onnx(onnx, task: str | None = None) -> None:
     trt.add_argument("--trt-batch", help="optimisation profile batch MIN,OPT,MAX (default 1,B,B; B = --max-batch-size)")
     trt.add_argument("--trt-seq", help="optimisation profile tokens MIN,OPT,MAX (default 1,L,L; L = the max length)")
     trt.add_argument("--calibration-texts", type=Path, help="INT8: file with one calibration text per line")
-    trt.add_argument("--calibration-images", type=Path, help="INT8 image models: folder of PNG / JPEG calibration images")
+    trt.add_argument("--calibration-images", type=Path, help="INT8 image models: folder of PNG / JPEG calibration images "
+                     "(also, without --tensorrt, for an Ultralytics YOLO's static --precision int8)")
     trt.add_argument("--workspace-gb", type=float, default=4.0, help="TensorRT builder workspace (default: %(default)s)")
     onnx.add_argument("--aggregation", default="first", choices=("none", "simple", "first", "average", "max"),
                       help="token-classification: how sub-word predictions become entities when a request names none "
@@ -201,19 +202,23 @@ def main(argv: list[str]) -> int:
         from .inputs import read_sample_images
 
         images = read_sample_images(args.sample_images) if args.sample_images else None
-        tensorrt = None
+        tensorrt, calibration_images = None, None
         if args.tensorrt:
             calibration = (_lines(args.calibration_texts) if args.calibration_texts
                            else read_sample_images(args.calibration_images) if args.calibration_images else None)
             tensorrt = TensorRTOptions(batch=args.trt_batch, seq=args.trt_seq, workspace_gb=args.workspace_gb,
                                        calibration=calibration)
+        elif args.calibration_images and args.precision == "int8":  # an Ultralytics YOLO's static INT8
+            calibration_images = read_sample_images(args.calibration_images)
         elif args.trt_batch or args.trt_seq or args.calibration_texts or args.calibration_images:
-            raise ExportError("--trt-batch, --trt-seq and --calibration-* apply to --tensorrt builds only")
+            raise ExportError("--trt-batch, --trt-seq and --calibration-* apply to --tensorrt builds (and "
+                              "--calibration-images to a YOLO's --precision int8) only")
 
         result = export_encoder(args.checkpoint, args.task, opts, args.repository, EncoderOptions(
             max_length=args.max_length, atol=args.atol, allow_drift=args.allow_drift, force=args.force,
             sample_texts=texts, sample_images=images, optimize=args.optimize, tensorrt=tensorrt,
             precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
+            calibration_images=calibration_images,
             command=shlex.join(["rtxserve", "export", *argv])))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export", str(exc))

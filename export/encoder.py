@@ -133,6 +133,8 @@ class EncoderOptions:
         checkpoint without them, the folder with its config and tokenizer.
     tensorrt: build a TensorRT plan from the fp32 graph for `precision` and serve it (target gpu, a machine with a
         GPU and TensorRT 10); the plan is validated like the ONNX variants.
+    calibration_images: encoded images the static INT8 quantisation of an Ultralytics YOLO calibrates on (default:
+        the sample images); other models quantise dynamically and take none.
     """
 
     max_length: int | None = None
@@ -148,6 +150,7 @@ class EncoderOptions:
     aggregation: str = "first"
     base: str | Path | None = None
     tensorrt: TensorRTOptions | None = None
+    calibration_images: list[bytes] | None = None
 
 
 @dataclass
@@ -216,6 +219,9 @@ def _check_options(options: EncoderOptions, entry: EntryOptions) -> None:
 
     if options.precision not in variants.PRECISIONS:
         raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    if options.calibration_images is not None:
+        raise ExportError("--calibration-images without --tensorrt calibrates an Ultralytics YOLO's static INT8; this "
+                          "model's int8 is dynamic and takes none")
     if options.tensorrt is None:
         return
     if entry.target != "gpu":

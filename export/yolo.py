@@ -192,8 +192,9 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
     """Export the Ultralytics detector `weights` (see ultralytics_checkpoint) as the Triton entry `entry` in `repo`.
 
     `options` are the encoder export's (export.encoder.EncoderOptions): atol, allow_drift, force, sample_images,
-    precision (fp32, int8 or fp16), min_cosine, command. Returns (the written model folders, the parity report,
-    seconds). Raises ExportError on bad input, a failed export or a parity breach (nothing is written then).
+    precision (fp32, int8 or fp16), min_cosine, calibration_images (int8; default: the sample images), command.
+    Returns (the written model folders, the parity report, seconds). Raises ExportError on bad input, a failed
+    export or a parity breach (nothing is written then).
     """
     if options.tensorrt is not None:
         raise ExportError("TensorRT plans of an Ultralytics YOLO are not built yet; serve the ONNX graph "
@@ -224,8 +225,10 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         imgsz = result["imgsz"]
         reports = {"fp32": _graph_parity(served, reference, imgsz, options.atol, None, options.allow_drift)}
         letterbox = {"imgsz": imgsz, "stride": result["stride"]}
-        if options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on the samples
-            feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in images)
+        if options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on images
+            calibration = ([np.asarray(imaging.decode(data)) for data in options.calibration_images]
+                           if options.calibration_images else images)
+            feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in calibration)
             served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds, head_convolutions(served))
         elif options.precision == "fp16":
             served = variants.to_fp16(served, work / "model.fp16.onnx")
@@ -234,6 +237,8 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
             min_cosine = options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision]
             reports[options.precision] = _graph_parity(served, reference, imgsz, options.atol, min_cosine,
                                                        options.allow_drift)
+            if options.precision == "int8":
+                reports["int8"]["notes"].append(f"calibrated on {len(calibration)} images")
         steps("checking the served answers against Ultralytics' predict (conf %g)", PARITY_CONF)
         parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
         parity["served"] = {**compare_detections(

@@ -89,13 +89,15 @@ def test_bad_images_and_options_are_400s_that_name_them(stack, yolo_run):
 
 
 
-def test_an_int8_export_is_calibrated_smaller_and_records_what_it_costs(yolo_run, tmp_path):
+def test_an_int8_export_is_calibrated_on_the_images_given_smaller_and_records_what_it_costs(yolo_run, tmp_path):
     from export.encoder import EncoderOptions, export_encoder
     from export.triton_entry import EntryOptions
 
+    train = [p.read_bytes() for p in sorted((yolo_run.parent / "data" / "images" / "train").glob("*.png"))]
     result = export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo_int8"), tmp_path / "repo",
-                            EncoderOptions(precision="int8", sample_images=yolo_images(yolo_run)))
+                            EncoderOptions(precision="int8", sample_images=yolo_images(yolo_run), calibration_images=train))
     parity = result.parity
+    assert f"calibrated on {len(train)} images" in parity["notes"]
     assert parity["variant"] == "int8" and parity["passed"] and parity["min_cosine"] == 0.95
     assert parity["outputs"]["scores"]["max_abs_diff"] > parity["variants"]["fp32"]["outputs"]["scores"]["max_abs_diff"]
     assert parity["served"]["gate"].startswith("none for int8") and parity["served"]["images"] == 8

@@ -122,3 +122,19 @@ def test_an_ultralytics_run_is_named_with_its_task(tmp_path, capsys, given):
     code, lines = _run_cli(capsys, tmp_path / given, "--task", "object-detection", "--name", "m",
                            "--repository", tmp_path / "repo")
     assert code == 2 and "is an Ultralytics pose model (its args.yaml says task: pose)" in lines[0] and len(lines) == 1
+
+
+def test_calibration_images_without_tensorrt_are_for_a_yolos_int8_only(classifier_checkpoint, tmp_path, capsys):
+    images = tmp_path / "images"
+    images.mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(images / "a.png")
+    repo = tmp_path / "repo"
+    code, lines = _run_cli(capsys, classifier_checkpoint, "--task", "text-classification", "--name", "m",
+                           "--repository", repo, "--calibration-images", images)
+    assert code == 2 and "--calibration-images to a YOLO's --precision int8" in _error_line(lines)
+    code, lines = _run_cli(capsys, classifier_checkpoint, "--task", "text-classification", "--name", "m",
+                           "--repository", repo, "--calibration-images", images, "--precision", "int8")
+    assert code == 2 and "dynamic and takes none" in _error_line(lines)
+    assert _leftovers(repo) == []
