@@ -151,10 +151,10 @@ def _encode(image, fmt: str, **kwargs) -> bytes:
     return buffer.getvalue()
 
 
-def sample_images() -> list[bytes]:
+def sample_images(saturating: bool = True) -> list[bytes]:
     """Deterministic synthetic PNG/JPEG images for parity checks: landscape, portrait, panorama and tiny
-    sizes; RGB, RGBA, LA, palette and RGB with colour-keyed transparency, grayscale, 16-bit grayscale,
-    CMYK; EXIF-rotated JPEG and PNG."""
+    sizes; RGB, RGBA, LA, palette and RGB with colour-keyed transparency, grayscale, 16-bit grayscale
+    (a featureless gradient, left out when not `saturating`), CMYK; EXIF-rotated JPEG and PNG."""
     from PIL import Image
 
     rng = np.random.RandomState(1234)
@@ -178,7 +178,7 @@ def sample_images() -> list[bytes]:
         _encode(_pattern(rng, 61, 83, channels=2), "PNG"),
         _encode(palette, "PNG", transparency=0),
         _encode(keyed, "PNG", transparency=tuple(int(v) for v in keyed[3, 5])),
-        _encode(Image.fromarray(sixteen), "PNG"),
+        *([_encode(Image.fromarray(sixteen), "PNG")] if saturating else []),
         _encode(Image.fromarray(_pattern(rng, 90, 120)).convert("CMYK"), "JPEG", quality=90),
         _encode(_pattern(rng, 90, 800), "PNG"),
         _encode(_pattern(rng, 5, 7), "PNG"),

@@ -40,6 +40,8 @@ PREDICT_DEFAULTS = {"conf": 0.25, "iou": 0.7, "max_det": 300}
 # The served answers are checked at a threshold low enough that a briefly trained model finds something.
 PARITY_CONF = 0.01
 RUNNER_TIMEOUT_S = 1800
+# Parity images taken from the run's validation set by default (the first ones by name).
+VALIDATION_SAMPLES = 16
 
 
 def ultralytics_checkpoint(path: Path) -> Path | None:
@@ -61,6 +63,29 @@ def recorded_task(weights: Path) -> str | None:
     args = run / "args.yaml"
     found = re.search(r"^task:\s*(\S+)", args.read_text(errors="replace"), flags=re.M) if args.is_file() else None
     return found.group(1) if found else None
+
+
+def validation_images(weights: Path, limit: int = VALIDATION_SAMPLES) -> list[Path]:
+    """The first `limit` images (by name) of the validation set the run trained against, where its args.yaml names
+    a dataset YAML on this machine whose `val` is a folder ([] otherwise): the images a fine-tune is meant for."""
+    import yaml
+
+    run = weights.parent.parent if weights.parent.name == "weights" else weights.parent
+    try:
+        data = Path(yaml.safe_load((run / "args.yaml").read_text())["data"])
+        dataset = yaml.safe_load(data.read_text())
+        root = Path(dataset.get("path") or data.parent)
+        val = dataset["val"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return []
+    if not isinstance(val, str):
+        return []
+    # a relative `path` is Ultralytics' from the working directory (else its datasets_dir setting); or beside the YAML
+    folders = [root / val] if root.is_absolute() else [root / val, data.parent / root / val]
+    folder = next((f for f in folders if f.is_dir()), None)
+    if folder is None:
+        return []
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in {".png", ".jpg", ".jpeg"})[:limit]
 
 
 def check_task(weights: Path, task: str) -> None:
@@ -207,9 +232,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
     steps = Steps(5 + (options.precision != "fp32"), log)
     if options.command:
         log.info("reproduce with: %s", options.command)
-    from .vision import sample_images
-
-    images = [np.asarray(imaging.decode(data)) for data in (options.sample_images or sample_images())]
+    images = [np.asarray(imaging.decode(data)) for data in (options.sample_images or _default_samples(weights))]
     with tempfile.TemporaryDirectory(prefix="rtxserve-ultralytics-") as scratch, repository.work_dir(repo) as work:
         scratch = Path(scratch)
         steps("exporting %s with Ultralytics (its own environment) and its predictions on %d images", weights,
@@ -259,6 +282,21 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
+
+
+def _default_samples(weights: Path) -> list[bytes]:
+    """The run's validation images, else the synthetic samples less the saturating 16-bit gradient: over 100
+    overlapping boxes scoring 1.0 to within 1e-7 make greedy NMS's choice hang on the scores' last bit, which PyTorch
+    and ONNX Runtime round differently (Ultralytics' own ONNX and PyTorch predict differ there)."""
+    from .vision import sample_images
+
+    found = validation_images(weights)
+    if found:
+        log.info("parity images: %d of the run's validation set (%s)", len(found), found[0].parent)
+        return [p.read_bytes() for p in found]
+    log.info("parity images: synthetic (the run's validation set is not on this machine; --sample-images DIR "
+             "to check on yours)")
+    return sample_images(saturating=False)
 
 
 def _metadata(weights: Path, entry: EntryOptions, options, result: dict, parity: dict, defaults: dict,

@@ -62,7 +62,9 @@ def yolo_run(tmp_path_factory):
 
 def yolo_images(run) -> list[bytes]:
     """The fixture YOLO's validation images (rectangles it did not train on)."""
-    return [p.read_bytes() for p in sorted((run.parent / "data" / "images" / "val").glob("*.png"))]
+    from export.yolo import validation_images
+
+    return [p.read_bytes() for p in validation_images(run / "weights" / "best.pt")]
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +83,7 @@ def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkp
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
     export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",
-                   EncoderOptions(sample_images=yolo_images(yolo_run)))
+                   EncoderOptions())  # parity on the run's validation images, found through its args.yaml
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")
     with start_stack(work / "repo", work / "logs") as running:
         yield running

@@ -8,7 +8,7 @@ import pytest
 from export.exceptions import ExportError
 from export.triton_models.detection_postprocess.detections import yolo_detections
 from export.triton_models.image_preprocess import imaging
-from export.yolo import check_task, ultralytics_checkpoint
+from export.yolo import check_task, ultralytics_checkpoint, validation_images
 
 
 @pytest.mark.parametrize("size, expected", [
@@ -79,6 +79,23 @@ def test_an_ultralytics_run_is_found_by_its_weights(tmp_path):
     check_task(tmp_path / "weights" / "best.pt", "object-detection")
     with pytest.raises(ExportError, match="--task object-detection"):
         check_task(tmp_path / "weights" / "best.pt", "image-classification")
+
+
+def test_parity_images_come_from_the_runs_validation_set(tmp_path):
+    weights = tmp_path / "run" / "weights" / "best.pt"
+    weights.parent.mkdir(parents=True)
+    assert validation_images(weights) == []  # no args.yaml
+    (tmp_path / "run" / "args.yaml").write_text(f"task: detect\ndata: {tmp_path / 'set' / 'data.yaml'}\n")
+    assert validation_images(weights) == []  # its dataset is not on this machine
+    val = tmp_path / "set" / "rel" / "images" / "val"
+    val.mkdir(parents=True)
+    for name in ("b.jpg", "a.PNG", "c.png", "notes.txt"):
+        (val / name).write_bytes(b"x")
+    (tmp_path / "set" / "data.yaml").write_text("path: rel\ntrain: images/train\nval: images/val\nnames: {0: a}\n")
+    assert [p.name for p in validation_images(weights)] == ["a.PNG", "b.jpg", "c.png"]  # path: relative to the YAML
+    assert [p.name for p in validation_images(weights, limit=2)] == ["a.PNG", "b.jpg"]
+    (tmp_path / "set" / "data.yaml").write_text("path: rel\nval: [images/val, images/more]\n")
+    assert validation_images(weights) == []  # a list of folders: the synthetic samples instead
 
 
 @pytest.mark.parametrize("task", ["segment", "obb", "classify"])

@@ -1,4 +1,4 @@
-"""A detector's raw outputs -> boxes in the original image's pixels. NumPy only.
+"""A detector's raw outputs -> boxes in the original image's pixels. NumPy (and OpenCV's NMS for YOLO).
 
 Two decoders: a DETR-family detector's (`detr_detections`) and an Ultralytics YOLO's (`yolo_detections`).
 
@@ -78,23 +78,16 @@ def yolo_detections(predictions: np.ndarray, letterboxed: tuple[int, int], heigh
 
 
 def _nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> np.ndarray:
-    """Greedy NMS, per class (as torchvision's `batched_nms` trick of shifting each class's boxes apart): indices
-    kept, best score first."""
-    order = np.argsort(-scores, kind="stable")
-    kept = []
-    while order.size:
-        best, rest = order[0], order[1:]
-        kept.append(best)
-        same = rest[classes[rest] == classes[best]]
-        b = boxes[best]
-        w = np.clip(np.minimum(b[2], boxes[same, 2]) - np.maximum(b[0], boxes[same, 0]), 0, None)
-        h = np.clip(np.minimum(b[3], boxes[same, 3]) - np.maximum(b[1], boxes[same, 1]), 0, None)
-        inter = w * h
-        area = (b[2] - b[0]) * (b[3] - b[1])
-        areas = (boxes[same, 2] - boxes[same, 0]) * (boxes[same, 3] - boxes[same, 1])
-        overlap = inter / (area + areas - inter)
-        order = rest[~np.isin(rest, same[overlap > iou])]
-    return np.asarray(kept, dtype=np.int64)
+    """Greedy NMS per class (OpenCV's NMSBoxesBatched: boxes of different classes never suppress each other; the
+    same boxes as torchvision's batched_nms keeps): indices kept, best score first."""
+    import cv2
+
+    if not len(boxes):
+        return np.zeros(0, dtype=np.int64)
+    xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+    kept = np.asarray(cv2.dnn.NMSBoxesBatched(xywh.tolist(), scores.tolist(), classes.tolist(), 0.0, iou),
+                      dtype=np.int64).reshape(-1)
+    return kept[np.argsort(-scores[kept], kind="stable")]
 
 
 def _unletterbox(boxes: np.ndarray, letterboxed: tuple[int, int], height: int, width: int) -> np.ndarray:
