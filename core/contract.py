@@ -5,8 +5,8 @@ Both sides import this module and nothing of each other."""
 from __future__ import annotations
 
 # Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (core/tasks.py).
-from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, TEXT_CLASSIFICATION,  # noqa: F401
-                    TEXT_GENERATION, TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
+from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, SPEECH_RECOGNITION,  # noqa: F401
+                    TEXT_CLASSIFICATION, TEXT_GENERATION, TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
 
 ENCODER_TASKS = of_kind(ENCODER)
 
@@ -43,6 +43,10 @@ def padded_lora_rank(rank: int) -> int:
     """The LoRA rank vLLM sizes its slots for (--max-lora-rank takes only LORA_RANKS) for adapters up to `rank`."""
     return next((r for r in LORA_RANKS if r >= rank), MAX_LORA_RANK)
 
+
+# Speech: the audio files soundfile (libsndfile) reads, which the gateway takes as uploads (export and the load
+# tests pick sample files by them).
+AUDIO_SUFFIXES = (".flac", ".mp3", ".ogg", ".wav")
 
 # Object detection: the most detections a request may ask for per image (max_det), and each entry's defaults.
 MAX_DETECTIONS = 1000

@@ -17,13 +17,15 @@ ENCODER = "encoder"  # ONNX + a Triton ensemble
 LLM = "llm"  # a vLLM engine
 DIFFUSION = "diffusion"  # a Triton python-backend pipeline
 KINDS = (ENCODER, LLM, DIFFUSION)
+# A vLLM engine serving a speech-to-text model (Whisper). Not yet a deployment file's kind: served by `serve vllm`.
+SPEECH = "speech"
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # one of KINDS
-    inputs: str  # what a request carries: "text", "image" or "prompt"
+    kind: str  # one of KINDS, or SPEECH
+    inputs: str  # what a request carries: "text", "image", "prompt" or "audio"
     routes: tuple[str, ...]  # the gateway routes that serve it
     loadtest: tuple[str, ...]  # the load-test scenarios that drive it, one per route
     parity: str  # what export (or its tests) holds the served model to
@@ -71,6 +73,13 @@ TEXT_GENERATION = _task(
 TEXT_TO_IMAGE = _task(
     "text-to-image", kind=DIFFUSION, inputs="prompt", routes=("/v1/images/generations",), loadtest=("images",),
     parity="the served PNG equals the pipeline run in-process, same seed")
+
+# Whisper (WhisperForConditionalGeneration) fine-tunes, served by vLLM: OpenAI's audio API, multipart uploads.
+SPEECH_RECOGNITION = _task(
+    "automatic-speech-recognition", kind=SPEECH, inputs="audio",
+    routes=("/v1/audio/transcriptions", "/v1/audio/translations"), loadtest=("transcribe", "translate"),
+    parity="the served transcript is the text transformers' pipeline writes (greedy) of the same audio",
+    auto_class="AutoModelForSpeechSeq2Seq")
 
 
 def of_kind(kind: str) -> tuple[str, ...]:

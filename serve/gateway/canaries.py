@@ -7,5 +7,6 @@ from .embeddings.serving import CANARIES as EMBEDDINGS
 from .generate.serving import CANARIES as GENERATE
 from .images.serving import CANARIES as IMAGES
 from .ner.serving import CANARIES as NER
+from .speech.serving import CANARIES as SPEECH
 
-CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES, **DETECT}
+CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES, **DETECT, **SPEECH}

@@ -81,6 +81,11 @@ class GatewaySettings(BaseSettings):
                                         "for image generation: the text encoder takes 77 tokens")
     image_timeout_s: float = Field(300.0, gt=0, le=3600, description="deadline for one image generation request")
     # The front door: refused before the body is read / the route runs.
+    # Speech uploads: checked (decoded headers) before vLLM sees them.
+    max_audio_bytes: int = Field(25 * 1024 * 1024, ge=1, description="bytes per uploaded audio file (OpenAI's limit)")
+    max_audio_seconds: float = Field(1800.0, gt=0, description="decoded duration per uploaded audio file, seconds")
+    audio_khz: tuple[float, float] = Field((8.0, 192.0), description="lowest and highest sample rate, kHz, of an "
+                                           "uploaded audio file")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="request headers cap, names and values (431)")
 

@@ -16,7 +16,7 @@ from deploy.plan import format_plan, plan
 from deploy.kubernetes import locust_job
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
-from core.tasks import TASKS
+from core.tasks import KINDS, TASKS
 from serve.entry_config import entry_models, read_batching, read_config
 from tests.plan_fixtures import TINY_LLAMA, write_artifacts, write_diffusion_entry, write_entry, write_llama
 
@@ -53,9 +53,12 @@ def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_
 
 
 def every_task(tmp_path) -> list[dict]:
-    """One model of every task in the registry, laid out as a deployment in `tmp_path` lists them."""
+    """One model of every task in the registry that deployment files know (KINDS: not yet speech), laid out as a
+    deployment in `tmp_path` lists them."""
     models = []
     for task, t in TASKS.items():
+        if t.kind not in KINDS:
+            continue
         name = task.replace("-", "_")
         if t.kind == "encoder":
             write_entry(tmp_path / "model_repository", name, task=task,

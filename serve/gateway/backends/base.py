@@ -130,3 +130,17 @@ class Backend(ABC):
     async def open_stream(self, path: str, body: dict, model: str) -> Stream:
         """Start a streamed generation; errors before the first chunk raise like `generate`."""
         raise NotImplementedError(f"{self.kind} backends do not serve generation")
+
+    async def transcribe(self, path: str, fields: list[tuple[str, str]], audio: "Upload", model: str) -> dict:
+        """An OpenAI audio request (`path` /v1/audio/transcriptions or /v1/audio/translations): the form `fields`
+        and the audio file, relayed as a multipart form; the backend's JSON answer."""
+        raise NotImplementedError(f"{self.kind} backends do not serve speech to text")
+
+
+@dataclass(frozen=True, eq=False)
+class Upload:
+    """An uploaded file as the client sent it: its bytes, file name and content type."""
+
+    data: bytes
+    filename: str
+    content_type: str

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import orjson
 
-from core.contract import TEXT_GENERATION
+from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION
 
 from ..exceptions import (
     BackendConnectFailed,
@@ -28,7 +28,7 @@ from ..exceptions import (
     BackendUnavailable,
     InvalidRequest,
 )
-from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk
+from .base import Backend, ModelInfo, Stream, StreamBroken, StreamChunk, Upload
 
 log = logging.getLogger("rtxserve.gateway.vllm")
 _JSON = {"content-type": "application/json"}
@@ -84,6 +84,7 @@ class VLLMBackend(Backend):
     def __init__(self, url: str, timeout_s: float):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.session: aiohttp.ClientSession | None = None
+        self.task: str | None = None  # what the engine serves, read from its routes once it answers
 
     async def start(self) -> None:
         # timeout_s bounds each wait for bytes (as a read timeout), not a whole generation
@@ -103,13 +104,37 @@ class VLLMBackend(Backend):
             async with self.session.get(f"{self.url}/v1/models", timeout=quick) as response:
                 response.raise_for_status()
                 data = orjson.loads(await response.read()).get("data", [])
+            if self.task is None:
+                self.task = await self._served_task(quick)
         except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, AttributeError) as exc:
+            self.task = None  # an engine that comes back may serve another model
             raise BackendUnavailable(f"vLLM at {self.url} is unreachable: {type(exc).__name__}") from exc
         return [
-            ModelInfo(name=m["id"], task=TEXT_GENERATION, backend=self.kind, ready=True,
+            ModelInfo(name=m["id"], task=self.task, backend=self.kind, ready=True,
                       extra={"max_model_len": m.get("max_model_len"), "parent": m.get("parent") or m.get("root")})
             for m in data
         ]
+
+    async def _served_task(self, timeout: aiohttp.ClientTimeout) -> str:
+        """vLLM mounts the routes of what its model does: a speech model (Whisper) gets the audio routes and no chat
+        (its OpenAPI document lists them); anything else is a generator."""
+        async with self.session.get(f"{self.url}/openapi.json", timeout=timeout) as response:
+            paths = orjson.loads(await response.read()).get("paths", {}) if response.status == 200 else {}
+        if "/v1/audio/transcriptions" in paths and "/v1/chat/completions" not in paths:
+            return SPEECH_RECOGNITION
+        return TEXT_GENERATION
+
+    async def transcribe(self, path: str, fields: list[tuple[str, str]], audio: Upload, model: str) -> dict:
+        form = aiohttp.FormData(fields)
+        form.add_field("file", audio.data, filename=audio.filename, content_type=audio.content_type)
+        with _mapped(model):
+            async with self.session.post(f"{self.url}{path}", data=form) as response:
+                content = await response.read()
+        raise_for_status(response.status, content, model)
+        try:
+            return orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(f"model {model} sent an answer that is not JSON") from exc
 
     async def _send(self, path: str, body: dict, model: str) -> aiohttp.ClientResponse:
         with _mapped(model):
