@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .plots import per_second, plot, plot_servers, plot_streaming
-from .report import STREAM_PERCENTILES, Samples, Summary, headline
+from .report import RTF_PERCENTILES, STREAM_PERCENTILES, Samples, Summary, headline
 
 
 def _streaming_section(streaming: dict) -> str:
@@ -41,6 +41,22 @@ successive token events, all gaps pooled; time per output token is (latency - TT
 
 Output tokens/s over the measured window (all requests together): **{streaming['output_tokens_per_s']:.1f}**;
 mean output tokens per request: {streaming['mean_output_tokens']:.1f}.
+"""
+
+
+def _speech_section(speech: dict) -> str:
+    heads = " | ".join(f"P{p:g}" for p in RTF_PERCENTILES)
+    values = " | ".join(f"{speech['per_request_rtf'][f'p{p:g}']:.1f}" for p in RTF_PERCENTILES)
+    return f"""
+## Speech
+
+{speech['audio_s']:.0f} s of audio in {speech['requests']} successful requests after warm-up: a real-time factor of
+**{speech['real_time_factor']:.1f}** (seconds of audio transcribed per second, all requests together). Per request,
+its audio's length over its latency (higher is faster, below 1 is slower than real time; P1 is the slowest 1 %):
+
+| real-time factor | {heads} |
+|---|{'---|' * len(RTF_PERCENTILES)}
+| per request | {values} |
 """
 
 
@@ -244,7 +260,7 @@ not from locust's rounded buckets. QPS counts successful requests.
 | latency{" (pooled over all APIs: see per API below)" if summary.by_name else ""} | ms |
 |---|---|
 {rows}
-{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
+{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_speech_section(summary.speech) if summary.speech else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
 ## Run
 
 | setting | value |

@@ -32,6 +32,7 @@ class Samples:
     wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
     images: np.ndarray | None = None  # image generation and detection: images per request (NaN for other APIs)
     detections: np.ndarray | None = None  # detection: objects found per request (NaN for other APIs)
+    audio_s: np.ndarray | None = None  # speech: seconds of audio per request (NaN for other APIs)
 
     @property
     def start(self) -> np.ndarray:
@@ -45,7 +46,7 @@ class Samples:
                        output_tokens=cut(self.output_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
                        names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images),
-                       detections=cut(self.detections))
+                       detections=cut(self.detections), audio_s=cut(self.audio_s))
 
     @property
     def streamed(self) -> np.ndarray:
@@ -76,6 +77,9 @@ def load_samples(path: str | Path) -> Samples:
     detections = _floats(rows, "detections")
     if np.isfinite(detections).any():
         samples.detections = detections
+    audio = _floats(rows, "audio_s")
+    if np.isfinite(audio).any():
+        samples.audio_s = audio
     tokens = _floats(rows, "output_tokens")
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
@@ -113,6 +117,7 @@ class Summary:
     by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
     late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
     images: dict = field(default_factory=dict)  # image generation: images/s and per-image latency; see _images
+    speech: dict = field(default_factory=dict)  # speech to text: audio seconds per second; see _speech
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,6 +165,18 @@ def _images(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
     if samples.detections is not None:  # a detector's: how many objects it found per image
         figures["detections_per_image"] = float(np.nansum(samples.detections[use]) / count.sum())
     return figures
+
+
+RTF_PERCENTILES = (1, 10, 50)  # a real-time factor is better high: its slow tail is at the low percentiles
+
+
+def _speech(samples: Samples, use: np.ndarray, duration_s: float) -> dict:
+    """Real-time factor: seconds of audio transcribed per second of wall time, over the measured window (all
+    requests together) and per request (its audio over its latency)."""
+    audio = samples.audio_s[use]
+    return {"requests": int(use.sum()), "audio_s": float(audio.sum()),
+            "real_time_factor": float(audio.sum() / duration_s) if duration_s > 0 else 0.0,
+            "per_request_rtf": _ranks(audio / (samples.latency_ms[use] / 1000.0), RTF_PERCENTILES)}
 
 
 MAX_ERROR_FRACTION = 0.01  # a run with more failed requests does not hold its load, whatever its P99
@@ -239,6 +256,10 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
         made = keep & samples.ok & np.isfinite(samples.images)
         if made.any():
             summary.images = _images(samples, made, duration)
+    if samples.audio_s is not None:
+        heard = keep & samples.ok & np.isfinite(samples.audio_s)
+        if heard.any():
+            summary.speech = _speech(samples, heard, duration)
     if samples.names is not None and len(set(samples.names[keep])) > 1:
         for name in sorted(set(samples.names[keep])):
             mine = keep & (samples.names == name)
@@ -278,6 +299,9 @@ def headline(summary: Summary) -> str:
     per_image = summary.images.get("per_image_ms")
     if per_image:
         line += f"; {summary.images['images_per_s']:.2f} images/s, per image P50 {per_image['p50']:.0f} ms, P99 {per_image['p99']:.0f} ms"
+    if summary.speech:
+        line += (f"; real-time factor {summary.speech['real_time_factor']:.1f} (audio s per s), per request P50 "
+                 f"{summary.speech['per_request_rtf']['p50']:.1f}")
     ttft = summary.streaming.get("ttft_ms")
     if ttft:
         line += (f"; TTFT P50 {ttft['p50']:.1f} ms, P99 {ttft['p99']:.1f} ms, "

@@ -25,6 +25,7 @@ from .options import parse_mix, word_range
 ENCODER_APIS = routes_by_scenario("encoder")
 GENERATION_APIS = routes_by_scenario("llm")
 IMAGES_API = routes_by_scenario("diffusion")["images"]
+SPEECH_APIS = routes_by_scenario("speech")
 # The encoder scenarios that send images (image, detect; a folder as --dataset), from the registry.
 IMAGE_APIS = {s for t in TASKS.values() if t.kind == ENCODER and t.inputs == "image" for s in t.loadtest}
 
@@ -42,6 +43,7 @@ class Load:
     weights: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
+    audio: list[workloads.Audio] = field(default_factory=list)  # the speech scenarios' uploads (--audio-dir)
     chat_images: list[str] = field(default_factory=list)  # data URLs attached to chat requests (--chat-images)
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
@@ -71,6 +73,11 @@ class Load:
             raise ValueError("--workload file needs --dataset")
         if apis & {"classify", "ner", "embeddings", "images"}:  # texts; for images, the prompts
             load.texts = workloads.read_texts(dataset) if dataset and dataset.is_file() else workloads.TEXTS
+        if apis & SPEECH_APIS.keys():
+            if not options.audio_dir:
+                raise ValueError(f"--scenario {'/'.join(sorted(apis & SPEECH_APIS.keys()))} needs --audio-dir DIR (audio "
+                                 "files to upload; `rtxserve fixtures whisper` writes some in whisper/audio)")
+            load.audio = workloads.read_audio(Path(options.audio_dir))
         if apis & IMAGE_APIS:
             load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
         if apis & GENERATION_APIS.keys():
@@ -114,6 +121,8 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
         return _generate(user, api, model, rng, context or {})
     if api == "images":
         return _images(user, model, rng, context or {})
+    if api in SPEECH_APIS:
+        return _speech(user, api, model, rng, context or {})
     return _encode(user, api, model, rng, context or {})
 
 
@@ -186,6 +195,28 @@ def _images(user, model: str, rng: random.Random, context: dict) -> float:
                         raise WrongAnswer(f"image {i} is {image.format}, not PNG")
                     image.verify()  # a truncated or corrupt file fails here
         except (WrongAnswer, ValueError, AttributeError, binascii.Error, OSError) as exc:
+            response.failure(f"wrong answer: {exc}")
+    return 0.0
+
+
+def _speech(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+    """One upload as OpenAI's audio API takes it (multipart): a transcript that is a string, or a failure."""
+    load = user.load
+    audio = rng.choice(load.audio)
+    from urllib3 import encode_multipart_formdata  # locust's fast client sends bytes; urllib3 writes the form
+
+    form = {"model": model, **({"language": load.options.language} if load.options.language else {}),
+            "file": (audio.name, audio.data)}
+    body, content_type = encode_multipart_formdata(form)
+    context["audio_s"] = audio.seconds
+    with user.client.post(SPEECH_APIS[api], data=body, name=api, headers={**load.headers, "Content-Type": content_type},
+                          catch_response=True, context=context) as response:
+        if _failed_status(response):
+            return _retry_after(user, response)
+        try:
+            if not isinstance(response.json().get("text"), str):
+                raise WrongAnswer("no text in the answer")
+        except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
 

@@ -34,6 +34,9 @@ def add_options(parser):
                        "message as data URLs, for vision-language models (TTFT then includes encoding them)")
     group.add_argument("--image-dir", default="", help="chat with --chat-images: a folder of .png / .jpg images to "
                        "attach (default: built-in PNGs)")
+    group.add_argument("--audio-dir", default="", help="transcribe / translate: a folder of .wav / .flac / .ogg / .mp3 "
+                       "files to upload (`rtxserve fixtures whisper` writes some in whisper/audio)")
+    group.add_argument("--language", default="", help="transcribe: the language sent (default: none, the model detects it)")
     group.add_argument("--workload", choices=WORKLOADS, default="builtin",
                        help="builtin texts, images and word prompts; random token prompts (needs --tokenizer); "
                             "or --dataset")

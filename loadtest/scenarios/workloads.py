@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.contract import AUDIO_SUFFIXES
+
 TEXTS = [
     "I love this product, it works perfectly.",
     "Terrible. It broke after one day and support never answered.",
@@ -103,6 +105,31 @@ def read_images(folder: Path) -> list[bytes]:
     if not files:
         raise ValueError(f"{folder} holds no .png / .jpg images")
     return [p.read_bytes() for p in files]
+
+
+@dataclass(frozen=True)
+class Audio:
+    """One audio file the speech scenarios upload, and its length (read with soundfile)."""
+
+    name: str
+    data: bytes
+    seconds: float
+
+
+def read_audio(folder: Path) -> list[Audio]:
+    import soundfile
+
+    files = sorted(p for p in _check_file(folder).iterdir() if p.suffix.lower() in AUDIO_SUFFIXES)
+    if not files:
+        raise ValueError(f"{folder} holds no {' / '.join(AUDIO_SUFFIXES)} files")
+    found = []
+    for path in files:
+        try:
+            info = soundfile.info(str(path))
+        except RuntimeError as exc:
+            raise ValueError(f"{path} is not audio soundfile reads: {exc}") from None
+        found.append(Audio(path.name, path.read_bytes(), info.frames / info.samplerate))
+    return found
 
 
 def images_base64(folder: Path | None) -> list[str]:
