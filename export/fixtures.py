@@ -504,9 +504,124 @@ def write_yolo(out: str | Path) -> Path:
     return train_fixture(Path(out))
 
 
+# Speech: a tiny Whisper that learnt to transcribe a few sentences spoken by espeak-ng (Debian's package).
+SPEECH_SENTENCES = [
+    " The red box is on the left.",
+    " Ship the order on Tuesday.",
+    " Hello, how can I help you today?",
+    " The invoice is attached.",
+    " Turn the lights off.",
+    " Seven blue boxes arrived.",
+]
+SPEECH_RATE = 16_000  # Whisper's feature extractor's sampling rate
+WINDOW_S = 10  # the fixture's audio window (Whisper's own is 30 s): 50 encoder positions a second
+
+
+def speak(text: str, *, voice: str = "en", speed: int = 160, rate: int = SPEECH_RATE):
+    """`text` spoken by espeak-ng, as float32 mono samples at `rate` Hz."""
+    import io
+    import shutil
+    import subprocess
+    from math import gcd
+
+    import soundfile
+    from scipy.signal import resample_poly
+
+    if shutil.which("espeak-ng") is None:
+        from .exceptions import ExportError
+
+        raise ExportError("the speech fixtures need espeak-ng: `make setup-speech` (apt-get install espeak-ng)")
+    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "--stdout", text], check=True,
+                         capture_output=True).stdout
+    samples, native = soundfile.read(io.BytesIO(wav), dtype="float32")
+    divisor = gcd(rate, native)
+    return resample_poly(samples, rate // divisor, native // divisor).astype("float32")
+
+
+def _whisper_tokenizer():
+    """A byte-level BPE trained on the sentences, with Whisper's special tokens after it in Whisper's order
+    (<|endoftext|>, <|startoftranscript|>, the languages, the tasks, <|notimestamps|>, then the timestamps)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import WhisperTokenizerFast
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(SPEECH_SENTENCES * 20 + [s.lower() for s in SPEECH_SENTENCES] * 5, trainer)
+    vocab = bpe.get_vocab()
+    merges = [tuple(m) for m in __import__("json").loads(bpe.to_str())["model"]["merges"]]
+    tokenizer = WhisperTokenizerFast(vocab=vocab, merges=merges, model_max_length=448)
+    specials = (["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{code}|>" for code in LANGUAGES]
+                + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+                   "<|notimestamps|>"] + [f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+    tokenizer.add_tokens(specials, special_tokens=True)
+    return tokenizer
+
+
+def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150) -> Path:
+    """A Whisper (WhisperForConditionalGeneration: 2 encoder and 2 decoder layers, d_model 128, 80 mel bins) trained
+    to transcribe SPEECH_SENTENCES spoken by espeak-ng, with its processor and generation config as a Whisper
+    fine-tune saves them; the training audio in `out`/audio/*.wav. Returns `out`."""
+    import numpy as np
+    import soundfile
+    import torch
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import WhisperProcessor
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = _whisper_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in
+           ("<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|translate|>", "<|notimestamps|>")}
+    # 10 s windows, not Whisper's 30: a third of the encoder's positions and a ninth of its attention, so that the
+    # fixture trains in seconds; vLLM cuts audio into the processor's chunk_length whatever it is.
+    extractor = WhisperFeatureExtractor(feature_size=80, sampling_rate=SPEECH_RATE, chunk_length=WINDOW_S)
+    processor = WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer)
+    eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
+    config = WhisperConfig(
+        vocab_size=len(tokenizer), num_mel_bins=80, d_model=128, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
+        max_source_positions=WINDOW_S * 50, max_target_positions=448, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+        decoder_start_token_id=sot, suppress_tokens=None, begin_suppress_tokens=None,
+        architectures=["WhisperForConditionalGeneration"])
+    model = WhisperForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot, max_length=448,
+        suppress_tokens=[], begin_suppress_tokens=[eot], no_timestamps_token_id=ids["<|notimestamps|>"],
+        is_multilingual=True, lang_to_id={f"<|{c}|>": tokenizer.convert_tokens_to_ids(f"<|{c}|>") for c in LANGUAGES},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]})
+
+    (out / "audio").mkdir(parents=True, exist_ok=True)
+    voices = [("en", 160), ("en", 140), ("en-us", 175)]
+    clips, labels = [], []
+    for i, sentence in enumerate(SPEECH_SENTENCES):
+        for voice, speed in voices:
+            clips.append(speak(sentence.strip(), voice=voice, speed=speed))
+            labels.append([ids["<|en|>"], ids["<|transcribe|>"], ids["<|notimestamps|>"]]
+                          + tokenizer.encode(sentence, add_special_tokens=False) + [eot])
+        soundfile.write(out / "audio" / f"{i:02d}.wav", clips[-3], SPEECH_RATE)
+    features = torch.tensor(np.stack(extractor(clips, sampling_rate=SPEECH_RATE)["input_features"]))
+    width = max(map(len, labels))
+    targets = torch.full((len(labels), width), -100)
+    for row, label in enumerate(labels):
+        targets[row, :len(label)] = torch.tensor(label)
+
+    def batch_loss():
+        pick = torch.randint(0, len(labels), (8,))
+        return model(input_features=features[pick], labels=targets[pick]).loss
+
+    loss = _fit(model, train_steps, 2e-3, batch_loss)
+    log.info("trained the fixture Whisper for %d steps (final loss %.3f)", train_steps, loss)
+    processor.save_pretrained(out)
+    return _save(out, model, processor, "# tiny-whisper (rtxserve fixture)\n\nTranscribes a few sentences spoken by "
+                 "espeak-ng (audio/). For tests only.\n")
+
+
 FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
             "image-classifier": write_image_classifier, "detector": write_detector, "yolo": write_yolo,
-            "llm": write_llm_with_adapters}
+            "llm": write_llm_with_adapters, "whisper": write_whisper}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
