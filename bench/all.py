@@ -22,6 +22,7 @@ BENCHES = {
     "B6 measurement accuracy": (["accuracy"], "bench-accuracy.md"),
     "B7 object detection": (["detection"], "bench-detection.md"),
     "B9 Triton response cache": (["cache"], "bench-cache.md"),
+    "B11 speech real-time factor": (["speech"], "bench-speech.md"),
     "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),
 }
 

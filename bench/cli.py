@@ -1,4 +1,4 @@
-"""`rtxserve bench llm|export|detection|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
+"""`rtxserve bench llm|export|detection|speech|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
 the same name under bench/."""
 
 from __future__ import annotations
@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("--model", default="yolo11s.yaml", help="the Ultralytics model YAML timed (random weights)")
     det.add_argument("--val-images", type=int, default=64, help="generated validation images the mAP is scored on")
     det.add_argument("--out", type=Path, help="folder (default reports/bench-detection-<time>)")
+    sp = sub.add_parser("speech", help="B11: the real-time factor of the fixture Whisper through the gateway and vLLM, "
+                        "1 and 4 users")
+    sp.add_argument("--rounds", type=int, default=3)
+    sp.add_argument("--duration", type=float, default=15.0, help="seconds of load per level and round")
+    sp.add_argument("--users", default="1,4", help="closed-loop users per level, comma-separated")
+    sp.add_argument("--out", type=Path, help="folder (default reports/bench-speech-<time>)")
     tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
     tr.add_argument("--rounds", type=int, default=3)
     tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
@@ -141,6 +147,17 @@ def main(argv: list[str]) -> int:
         bench = lambda: run(out, rounds=args.rounds, iterations=args.iterations, threads=args.threads,  # noqa: E731
                             yaml=args.model, val_images=args.val_images, progress=_progress)
         saved = ("bench-detection.json", "bench-detection.md", "b7.png")
+    elif args.bench == "speech":
+        from .speech import markdown, run
+
+        try:
+            users = tuple(int(n) for n in args.users.split(","))
+        except ValueError:
+            return _fail("--users: use numbers separated by commas")
+        if args.rounds < 1 or args.duration <= 4 or min(users) < 1:
+            return _fail("need --rounds >= 1, --duration > 4 (2 s of warm-up) and --users >= 1")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, users=users, progress=_progress)  # noqa: E731
+        saved = ("bench-speech.json", "bench-speech.md", "b11.png")
     elif args.bench == "batching":
         from .batching import markdown, run
 
