@@ -99,6 +99,13 @@ class BackendError(GatewayError):
     status, type, code = 502, "server_error", "backend_error"
 
 
+class ClientGone(GatewayError):
+    """The client left before its answer was ready, and the work for it was cancelled: nginx's 499, which only the
+    metrics and the log see."""
+
+    status, type, code = 499, "invalid_request_error", "client_closed_request"
+
+
 def error_response(status: int, message: str, type_: str, *, param=None, code=None, retry_after=None,
                    headers: dict | None = None) -> JSONResponse:
     headers = dict(headers or {})

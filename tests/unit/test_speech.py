@@ -90,3 +90,36 @@ def test_bad_forms_are_400_naming_the_field_and_never_reach_the_model(client, fi
 def test_a_json_body_is_a_clear_400(client):
     error = error_of(client.post("/v1/audio/transcriptions", json={"model": "whisper", "file": "a.wav"}), 400)
     assert "one audio file" in error["message"]
+
+
+def test_a_client_that_leaves_cancels_the_work_for_it():
+    import asyncio
+
+    from serve.gateway.exceptions import ClientGone
+    from serve.gateway.routing import unless_client_leaves
+
+    class Request:
+        def __init__(self, leaves_after_s):
+            self.leaves_after_s = leaves_after_s
+
+        async def receive(self):
+            await asyncio.sleep(self.leaves_after_s)
+            return {"type": "http.disconnect"}
+
+    async def work(seconds, log):
+        try:
+            await asyncio.sleep(seconds)
+            return "answer"
+        except asyncio.CancelledError:
+            log.append("cancelled")
+            raise
+
+    async def main():
+        log = []
+        assert await unless_client_leaves(Request(5.0), work(0.01, log)) == "answer"
+        with pytest.raises(ClientGone):
+            await unless_client_leaves(Request(0.01), work(5.0, log))
+        await asyncio.sleep(0)  # the cancellation lands in the work at its next step
+        return log
+
+    assert asyncio.run(main()) == ["cancelled"]

@@ -5,7 +5,7 @@ from starlette.datastructures import UploadFile
 from ..auth import admit, authenticate
 from ..backends.base import Upload
 from ..exceptions import InvalidRequest
-from ..routing import gateway_router
+from ..routing import gateway_router, unless_client_leaves
 from .serving import transcribe
 
 router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
@@ -25,7 +25,7 @@ async def _answer(request: Request, path: str) -> Response:
     model = dict(fields).get("model", "")
     if model:
         await admit(request, model)
-    answer = await transcribe(request.app.state.gateway, path, fields, audio)
+    answer = await unless_client_leaves(request, transcribe(request.app.state.gateway, path, fields, audio))
     if isinstance(answer, str):
         return Response(answer, media_type="text/plain; charset=utf-8")
     return Response(orjson.dumps(answer), media_type="application/json")  # vLLM's answer, relayed as is
