@@ -9,6 +9,7 @@ OpenAI answers `response_format=text` in plain text; vLLM 0.32 answers it in JSO
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 from core.contract import SPEECH_RECOGNITION
@@ -81,7 +82,8 @@ async def transcribe(state: GatewayState, path: str, fields: list[tuple[str, str
     """The backend's answer to the form: a dict (json, verbose_json) or the text (response_format text)."""
     found = check_fields(fields)
     info = state.resolve(found["model"], TASK)
-    check_audio(state.settings, audio)
+    # off the event loop: libsndfile counts an MP3's frames by reading it through
+    await asyncio.to_thread(check_audio, state.settings, audio)
     answer = await state.call(info, lambda b, m: b.transcribe(path, fields, audio, m.name))
     return answer.get("text", "") if found.get("response_format") == "text" else answer
 
