@@ -37,7 +37,11 @@ class FakeWhisper(Backend):
 
     async def transcribe(self, path, fields, audio, model):
         self.calls.append((path, fields, audio.filename))
-        return {"text": f" {len(audio.data)} bytes", "usage": {"type": "duration", "seconds": 1}}
+        answer = {"text": f" {len(audio.data)} bytes", "usage": {"type": "duration", "seconds": 1}}
+        if ("response_format", "verbose_json") in fields:
+            answer["segments"] = [{"id": 0, "start": 0.0, "end": 2.5, "text": " Hello there."},
+                                  {"id": 1, "start": 2.5, "end": 3661.25, "text": " An hour later."}]
+        return answer
 
 
 @pytest.fixture
@@ -65,13 +69,32 @@ def test_the_form_is_relayed_as_sent_and_text_is_plain(client):
     assert client.backend.calls[-1][0] == "/v1/audio/translations"
 
 
+def test_srt_and_vtt_are_written_from_the_models_timed_segments(client):
+    import srt
+    import webvtt
+
+    answer = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav(1.0))},
+                         data={"model": "whisper", "response_format": "srt"})
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    assert ("response_format", "verbose_json") in client.backend.calls[-1][1]  # what vLLM can answer
+    cues = list(srt.parse(answer.text))
+    assert [(c.start.total_seconds(), c.end.total_seconds(), c.content) for c in cues] == [
+        (0.0, 2.5, "Hello there."), (2.5, 3661.25, "An hour later.")]
+    assert "01:01:01,250" in answer.text
+    vtt = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", _wav(1.0))},
+                      data={"model": "whisper", "response_format": "vtt"}).text
+    captions = webvtt.from_buffer(io.StringIO(vtt))
+    assert [(c.start, c.end, c.text) for c in captions] == [("00:00:00.000", "00:00:02.500", "Hello there."),
+                                                            ("00:00:02.500", "01:01:01.250", "An hour later.")]
+
+
 @pytest.mark.parametrize("files, data, param, message", [
     ({"file": ("a.wav", b"")}, {}, "file", "file is empty"),
     ({"file": ("a.mp4", b"\0\0\0\x18ftypmp42")}, {}, "file", "'a.mp4' is not audio this gateway reads"),
     ({"file": ("a.wav", _wav(11))}, {}, "file", "11.0 s long; this gateway allows at most 10 s"),
     ({"file": ("a.wav", _wav(12.6))}, {}, "file", "bytes; this gateway allows at most 400000"),
     ({"file": ("a.wav", _wav(0.5, 4000))}, {}, "file", "sampled at 4000 Hz; this gateway takes 8 to 192 kHz"),
-    ({"file": ("a.wav", _wav(0.5))}, {"response_format": "vtt"}, "response_format", "'vtt' is not served here"),
+    ({"file": ("a.wav", _wav(0.5))}, {"response_format": "csv"}, "response_format", "'csv' is not served here"),
     ({"file": ("a.wav", _wav(0.5))}, {"stream": "true"}, "stream", "not relayed by this gateway yet"),
     ({"file": ("a.wav", _wav(0.5))}, {"temperature": "hot"}, "temperature", "'hot' is not a number"),
     ({"file": ("a.wav", _wav(0.5))}, {"temperature": "-1"}, "temperature", "0 to 1"),

@@ -34,7 +34,7 @@ async def _answer(request: Request, path: str) -> Response:
 @router.post("/v1/audio/transcriptions")
 async def transcriptions(request: Request) -> Response:
     """OpenAI audio transcriptions: a multipart form with the audio `file`, `model`, and optionally `language`,
-    `prompt`, `response_format` (json, text, verbose_json), `temperature`, `timestamp_granularities[]`."""
+    `prompt`, `response_format` (json, text, verbose_json, srt, vtt), `temperature`, `timestamp_granularities[]`."""
     return await _answer(request, "/v1/audio/transcriptions")
 
 

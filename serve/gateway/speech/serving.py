@@ -4,7 +4,9 @@ The upload is bounded before the model sees it: its size, that it is audio sound
 FLAC, OGG, MP3), its decoded duration and its sample rate, read from the file's headers. Every other form field
 goes to vLLM as sent, which judges what the gateway does not bound (language, prompt, temperature, ...).
 
-OpenAI answers `response_format=text` in plain text; vLLM 0.32 answers it in JSON, so the gateway unwraps it.
+OpenAI answers `response_format=text` in plain text; vLLM 0.32 answers it in JSON, so the gateway unwraps it. vLLM
+refuses srt and vtt: the gateway asks it for verbose_json and writes its segments as SubRip (the `srt` library) or
+WebVTT (`webvtt-py`) cues; a model that predicts no timestamps has no segments, and so no cues.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from ..settings import GatewaySettings
 from ..state import GatewayState
 
 TASK = SPEECH_RECOGNITION
-# What vLLM 0.32 answers (it refuses srt and vtt).
-RESPONSE_FORMATS = ("json", "text", "verbose_json")
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+SUBTITLES = {"srt", "vtt"}  # written here from vLLM's verbose_json segments
 AUDIO_FORMATS = "WAV, FLAC, OGG or MP3"
 
 
@@ -84,8 +86,30 @@ async def transcribe(state: GatewayState, path: str, fields: list[tuple[str, str
     info = state.resolve(found["model"], TASK)
     # off the event loop: libsndfile counts an MP3's frames by reading it through
     await asyncio.to_thread(check_audio, state.settings, audio)
+    response_format = found.get("response_format", "json")
+    if response_format in SUBTITLES:
+        fields = [(k, "verbose_json" if k == "response_format" else v) for k, v in fields]
     answer = await state.call(info, lambda b, m: b.transcribe(path, fields, audio, m.name))
-    return answer.get("text", "") if found.get("response_format") == "text" else answer
+    if response_format in SUBTITLES:
+        return subtitles(answer.get("segments") or [], response_format)
+    return answer.get("text", "") if response_format == "text" else answer
+
+
+def subtitles(segments: list[dict], response_format: str) -> str:
+    """verbose_json's segments (start and end in seconds, text) as an srt or a vtt file."""
+    if response_format == "srt":
+        import datetime
+
+        import srt
+
+        return srt.compose([srt.Subtitle(i, datetime.timedelta(seconds=s["start"]), datetime.timedelta(seconds=s["end"]),
+                                         s["text"].strip()) for i, s in enumerate(segments, 1)])
+    import webvtt
+    from webvtt.models import Timestamp
+
+    return webvtt.WebVTT(captions=[webvtt.Caption(str(Timestamp.from_seconds(s["start"])),
+                                                  str(Timestamp.from_seconds(s["end"])), s["text"].strip())
+                                   for s in segments]).content
 
 
 # Deep readiness (state.py): a quarter second of silence, transcribed (one token at most).
