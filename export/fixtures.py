@@ -7,6 +7,7 @@ sentences, briefly trained on a toy sentiment set so that its labels mean someth
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
@@ -550,7 +551,7 @@ def _whisper_tokenizer():
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(SPEECH_SENTENCES * 20 + [s.lower() for s in SPEECH_SENTENCES] * 5, trainer)
     vocab = bpe.get_vocab()
-    merges = [tuple(m) for m in __import__("json").loads(bpe.to_str())["model"]["merges"]]
+    merges = [tuple(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
     tokenizer = WhisperTokenizerFast(vocab=vocab, merges=merges, model_max_length=448)
     specials = (["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{code}|>" for code in LANGUAGES]
                 + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
@@ -614,7 +615,6 @@ def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150) -> 
 
     loss = _fit(model, train_steps, 2e-3, batch_loss)
     log.info("trained the fixture Whisper for %d steps (final loss %.3f)", train_steps, loss)
-    processor.save_pretrained(out)
     return _save(out, model, processor, "# tiny-whisper (rtxserve fixture)\n\nTranscribes a few sentences spoken by "
                  "espeak-ng (audio/). For tests only.\n")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import io
 
-from core.contract import SPEECH_RECOGNITION
+from core.contract import AUDIO_SUFFIXES, SPEECH_RECOGNITION
 
 from ..backends.base import Upload
 from ..exceptions import InvalidRequest
@@ -24,11 +24,11 @@ from ..state import GatewayState
 TASK = SPEECH_RECOGNITION
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 SUBTITLES = {"srt", "vtt"}  # written here from vLLM's verbose_json segments
-AUDIO_FORMATS = "WAV, FLAC, OGG or MP3"
+AUDIO_FORMATS = ", ".join(suffix[1:].upper() for suffix in AUDIO_SUFFIXES)
 
 
-def check_audio(limits: GatewaySettings, audio: Upload) -> float:
-    """The upload's duration in seconds, once it is known to be audio within the bounds; else a 400 naming why."""
+def check_audio(limits: GatewaySettings, audio: Upload) -> None:
+    """A 400 naming why, unless the upload is audio within the bounds."""
     import soundfile
 
     if not audio.data:
@@ -51,7 +51,6 @@ def check_audio(limits: GatewaySettings, audio: Upload) -> float:
     if seconds > limits.max_audio_seconds:
         raise InvalidRequest(f"file {audio.filename!r} is {seconds:.1f} s long; this gateway allows at most "
                              f"{limits.max_audio_seconds:g} s", param="file")
-    return seconds
 
 
 def check_fields(fields: list[tuple[str, str]]) -> dict[str, str]:
