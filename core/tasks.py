@@ -16,15 +16,14 @@ from dataclasses import dataclass
 ENCODER = "encoder"  # ONNX + a Triton ensemble
 LLM = "llm"  # a vLLM engine
 DIFFUSION = "diffusion"  # a Triton python-backend pipeline
-KINDS = (ENCODER, LLM, DIFFUSION)
-# A vLLM engine serving a speech-to-text model (Whisper). Not yet a deployment file's kind: served by `serve vllm`.
-SPEECH = "speech"
+SPEECH = "speech"  # a vLLM engine serving a speech-to-text model (Whisper)
+KINDS = (ENCODER, LLM, DIFFUSION, SPEECH)
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # one of KINDS, or SPEECH
+    kind: str  # one of KINDS
     inputs: str  # what a request carries: "text", "image", "prompt" or "audio"
     routes: tuple[str, ...]  # the gateway routes that serve it
     loadtest: tuple[str, ...]  # the load-test scenarios that drive it, one per route

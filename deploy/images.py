@@ -41,6 +41,10 @@ def _pinned(path: Path, name: str) -> str:
 
 VLLM_VERSION = _pinned(HERE / "vllm" / "requirements-cuda.txt", "vllm")
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
+VLLM_IMAGE_PYTHON = "3.12"  # the vLLM image's Python
+# vLLM's images leave its audio packages out (they are LGPL; vLLM's docs say to add them), and without them every
+# upload is "Invalid or unsupported audio file": speech engines run this image, built FROM vLLM's with them.
+SPEECH_VLLM_IMAGE = f"rtxserve-vllm-audio:{__version__}"
 
 
 def image_list(encoders: bool, engines: bool, llms: bool) -> list[str]:
@@ -58,6 +62,11 @@ def triton_image_requirements(diffusion: bool) -> str:
         text += "".join(f"{r.name}\n" if r.name == "torch" else f"{r}\n"
                         for r in _requirements(HERE / "triton" / "requirements-diffusion.txt"))
     return text
+
+
+def speech_image_requirements() -> str:
+    """What the speech engines' image adds to vLLM's: requirements-cuda.txt's audio packages (all but vllm)."""
+    return "".join(f"{r}\n" for r in _requirements(HERE / "vllm" / "requirements-cuda.txt") if r.name != "vllm")
 
 
 def vllm_image_args(args: list[str]) -> list[str]:
@@ -96,4 +105,15 @@ COPY requirements.txt /requirements.txt
 COPY wheels/ /wheels/
 RUN {_OFFLINE_IF_WHEELS} \\
  && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
+"""
+
+
+SPEECH_VLLM_DOCKERFILE = f"""# vLLM with the packages it reads uploaded audio with (soundfile, PyAV), for speech engines (Whisper):
+# docker build -t {SPEECH_VLLM_IMAGE} .
+# From the index; or, when wheels/ holds wheels (rtxserve deploy bundle puts them there), from wheels/ only.
+FROM {VLLM_IMAGE}
+COPY requirements.txt /requirements.txt
+COPY wheels/ /wheels/
+RUN {_OFFLINE_IF_WHEELS} \\
+ && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
 """

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import yaml
 
-from core.tasks import ENCODER, TASKS, of_kind
+from core.tasks import ENCODER, SPEECH, TASKS, of_kind
 
 from . import monitoring
 from .engines import Build, build_script
-from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
-                     vllm_image_args)
+from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE,
+                     VLLM_IMAGE, vllm_image_args)
 from .plan import Plan
 from .services import Service
 from .spec import Deployment, encoder_metadata, llm_app
@@ -123,7 +123,8 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
                                        "metadata": {"name": f"rtxserve-{d.name}",
                                                     "labels": _labels("rules", d) | d.kubernetes.monitoring_labels},
                                        "spec": monitoring.alert_rules(d)}]
-    files["locust.yaml"] = locust_job(d)
+    if any(m.kind != SPEECH for m in d.models):
+        files["locust.yaml"] = locust_job(d)
     return files
 
 
@@ -163,12 +164,13 @@ def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
 
 def _vllm(d: Deployment, s: Service) -> list[dict]:
     """One LLM's Deployment (a pod per replica) and its companions."""
-    model = next(m for m in d.llms if m.name == s.models[0])
+    model = next(m for m in d.vllm_models if m.name == s.models[0])
     app = llm_app(model.name)
     # The plan's --gpu-memory-utilization stays: the pod shares its GPU with Triton's (time-slicing, no memory
     # isolation), so vLLM must hold its planned share and no more.
     args = vllm_image_args(s.args)
-    container = {"name": "vllm", "image": VLLM_IMAGE, "command": ["vllm", "serve"], "args": args,
+    container = {"name": "vllm", "image": image(d, SPEECH_VLLM_IMAGE) if model.kind == SPEECH else VLLM_IMAGE,
+                 "command": ["vllm", "serve"], "args": args,
                  "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
                  "ports": [{"name": "http", "containerPort": s.port}],
                  "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
@@ -236,8 +238,10 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
 
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     """A locust master and its workers as Jobs (the gateway image holds locust and the scenarios), suspended:
-    set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster."""
-    first = d.models[0]
+    set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster. They drive the
+    first model that is not a speech model: a speech load test uploads audio files the gateway image does not hold
+    (run `rtxserve loadtest --scenario transcribe --audio-dir DIR` where they are)."""
+    first = next(m for m in d.models if m.kind != SPEECH)
     # the first model's task, from its entry (an encoder may classify, tag or embed) or its kind (the one task)
     task = encoder_metadata(d, first).task if first.kind == ENCODER else of_kind(first.kind)[0]
     scenario = TASKS[task].loadtest[0]

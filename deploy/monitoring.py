@@ -118,7 +118,7 @@ def dashboards(d: Deployment) -> dict[str, str]:
     boards = {"rtxserve-gateway.json": gateway_dashboard()}
     if d.encoders:
         boards["triton.json"] = triton_dashboard()
-    if d.llms:
+    if d.vllm_models:
         boards["vllm.json"] = vllm_dashboard()
     return {name: JSONEncoder(sort_keys=True, indent=2).encode(board.build()) for name, board in boards.items()}
 

@@ -5,8 +5,9 @@ Estimates, per instance:
   forward pass at the entry's max batch and sequence (the widest layer's live tensors and the attention
   scores, from the checkpoint's dimensions that export records), ONNX Runtime's arena rounding (x2), and a
   per-instance runtime share; plus, once per GPU, the Triton process (CUDA context, backends).
-- LLM (a vLLM engine): weights from the safetensors headers in the serving dtype; the KV cache for
-  `max_num_seqs` x `max_model_len` from layers, KV heads, head size and the KV dtype; vLLM's profiling peak
+- LLM or speech model (a vLLM engine): weights from the safetensors headers in the serving dtype; the KV cache
+  for `max_num_seqs` x `max_model_len` from layers, KV heads, head size and the KV dtype (a Whisper's decoder
+  also caches its encoder states for cross-attention: max_source_positions more tokens per sequence); vLLM's profiling peak
   (one step of `max_num_batched_tokens` through the widest layer, and the sampler's logits); LoRA slots for
   every adapter at the padded rank on every linear layer; CUDA graphs and the CUDA context. The engine is
   then told its share: `--gpu-memory-utilization` = that sum / the card's total memory (vLLM applies the
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.entry_metadata import EntryMetadata
-from core.tasks import DIFFUSION, ENCODER, LLM
+from core.tasks import DIFFUSION, ENCODER
 
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
@@ -222,7 +223,48 @@ def _serving_bytes(m: LLMModel, config: dict, on_gpu: bool) -> int:
     return 2  # vLLM's "auto" on a GPU: float16 for float32 / float16 checkpoints, bfloat16 for bfloat16 ones
 
 
+@dataclass(frozen=True)
+class _Geometry:
+    """What the planner sizes a vLLM engine from, read from the model's config.json."""
+
+    hidden: int
+    layers: int  # the layers that keep a KV cache (a Whisper's decoder layers)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    context: int  # max_model_len when the deployment sets none
+    encoder_tokens: int = 0  # encoder-decoder models: the encoder states each sequence's cross-attention caches
+
+
+def _geometry(config: dict, where: str) -> _Geometry:
+    """A decoder (Llama-style names, as vLLM's supported decoder models write them) or a Whisper."""
+    if config.get("model_type") == "whisper":
+        names = ("d_model", "decoder_layers", "decoder_attention_heads", "max_source_positions", "max_target_positions")
+        missing = [k for k in names if not isinstance(config.get(k), int)]
+        if missing:
+            raise DeploymentError(f"{where} has no {', '.join(missing)}: not a Whisper config as transformers writes it")
+        h, heads = config["d_model"], config["decoder_attention_heads"]
+        # vLLM caches, per decoder layer, the transcript's keys and values and the encoder states' (its
+        # CrossAttentionSpec): 1500 positions for Whisper's 30 s window, max_source_positions in its config.
+        return _Geometry(h, config["decoder_layers"], heads, heads, h // heads,
+                         max(int(config.get("encoder_ffn_dim") or 4 * h), int(config.get("decoder_ffn_dim") or 4 * h)),
+                         int(config.get("vocab_size") or 51866), config["max_target_positions"],
+                         encoder_tokens=config["max_source_positions"])
+    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if not isinstance(config.get(k), int)]
+    if missing:
+        raise DeploymentError(f"{where} has no {', '.join(missing)}: the planner sizes Llama-style configs (those "
+                              "names, as vLLM's supported decoder models write them) and Whisper's")
+    h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    return _Geometry(h, int(config["num_hidden_layers"]), heads, int(config.get("num_key_value_heads") or heads),
+                     int(config.get("head_dim") or h // heads), int(config.get("intermediate_size") or 4 * h),
+                     int(config.get("vocab_size") or 32000), int(config.get("max_position_embeddings") or 2048))
+
+
 def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
+    """One vLLM engine of an LLM or a speech model."""
     from core.contract import padded_lora_rank
 
     path = d.resolve(m.path)
@@ -230,7 +272,7 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise DeploymentError(f"models.{m.name}: {path / 'config.json'} is not readable JSON ({exc})") from None
-    config = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    g = _geometry(config, f"models.{m.name}: {path / 'config.json'}")
     from serve.vllm import base_weights
 
     files = base_weights(path)
@@ -243,34 +285,25 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     quantized = "quantization_config" in config
     width = _serving_bytes(m, config, d.on_gpu)
     weights = (stored if quantized else params * width) / GIB
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if not isinstance(config.get(k), int)]
-    if missing:
-        raise DeploymentError(f"models.{m.name}: {path / 'config.json'} has no {', '.join(missing)}: the planner sizes "
-                              "Llama-style configs (those names, as vLLM's supported decoder models write them)")
-    h = int(config["hidden_size"])
-    layers = int(config["num_hidden_layers"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or h // heads)
-    inter = int(config.get("intermediate_size") or 4 * h)
-    vocab = int(config.get("vocab_size") or 32000)
-    context = m.max_model_len or int(config.get("max_position_embeddings") or 2048)
+    context = m.max_model_len or g.context
     kv_width = 1 if m.kv_cache_dtype == "fp8" else width
-    kv_per_token = 2 * layers * kv_heads * head_dim * kv_width
-    kv = kv_per_token * m.max_num_seqs * context / GIB
-    notes = [f"KV cache {kv_per_token / 1024:.0f} KiB/token x {m.max_num_seqs} seqs x {context} tokens",
+    kv_per_token = 2 * g.layers * g.kv_heads * g.head_dim * kv_width
+    tokens_per_seq = context + g.encoder_tokens
+    kv = kv_per_token * m.max_num_seqs * tokens_per_seq / GIB
+    notes = [f"KV cache {kv_per_token / 1024:.0f} KiB/token x {m.max_num_seqs} seqs x "
+             + (f"({context} tokens + {g.encoder_tokens} encoder states)" if g.encoder_tokens else f"{context} tokens"),
              f"{params / 1e9:.2f} B parameters" + (" (quantised: stored size)" if quantized else f" at {width} bytes")]
     parts = {"weights": weights}
     if d.on_gpu:
         tokens = m.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS["large" if d.gpus.memory_gib >= 70 else "small"]
         parts["kv_cache"] = kv
-        parts["activations"] = (tokens * (4 * h + 3 * inter) * width + 2 * m.max_num_seqs * vocab * 4) / GIB
+        parts["activations"] = (tokens * (4 * g.hidden + 3 * g.intermediate) * width + 2 * m.max_num_seqs * g.vocab * 4) / GIB
         if m.adapters:
             ranks = [int(json.loads((d.resolve(a) / "adapter_config.json").read_text()).get("r", 8)) for a in m.adapters.values()]
             rank = padded_lora_rank(max(ranks))
-            q, kv_out = heads * head_dim, kv_heads * head_dim
+            h, q, kv_out, inter = g.hidden, g.heads * g.head_dim, g.kv_heads * g.head_dim, g.intermediate
             fans = (h + q) + 2 * (h + kv_out) + (q + h) + 2 * (h + inter) + (inter + h)  # q k v o gate up down
-            parts["lora"] = len(m.adapters) * rank * fans * layers * width / GIB
+            parts["lora"] = len(m.adapters) * rank * fans * g.layers * width / GIB
             notes.append(f"{len(m.adapters)} LoRA slot(s) at rank {rank}")
         parts["cuda_graphs"] = VLLM_CUDA_GRAPHS_GIB
         parts["runtime"] = VLLM_CONTEXT_GIB
@@ -279,8 +312,8 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
         parts["runtime"] = CPU_VLLM_PROCESS_GIB
         if kv > m.kv_cache_gib:
             notes.append(f"kv_cache_gib {m.kv_cache_gib:g} holds {m.kv_cache_gib * GIB / kv_per_token:.0f} tokens, "
-                         f"fewer than {m.max_num_seqs} x {context}: vLLM queues the rest")
-    return Estimate(m.name, LLM, sum(parts.values()), parts, notes)
+                         f"fewer than {m.max_num_seqs} x {tokens_per_seq}: vLLM queues the rest")
+    return Estimate(m.name, m.kind, sum(parts.values()), parts, notes)
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -296,14 +329,14 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     if check:
         check_artifacts(d)
     estimates = {m.name: estimate_diffusion(d, m) if isinstance(m, DiffusionModel) else estimate_encoder(d, m)
-                 for m in d.encoders} | {m.name: estimate_llm(d, m) for m in d.llms}
+                 for m in d.encoders} | {m.name: estimate_llm(d, m) for m in d.vllm_models}
     if d.on_gpu:
         devices = [Device(f"GPU {i}", d.gpus.memory_gib) for i in range(d.gpus.count)]
     else:
         devices = [Device("CPU", round(host_memory_gib(), 1))]
     engines: dict[str, list[int]] = {}
     utilization: dict[str, float] = {}
-    for m in sorted(d.llms, key=lambda m: -estimates[m.name].gib):
+    for m in sorted(d.vllm_models, key=lambda m: -estimates[m.name].gib):
         e = estimates[m.name]
         share = e.gib
         if d.on_gpu:  # vLLM holds exactly its share of the card's total: rounded up to the hundredth it is given as
@@ -339,7 +372,7 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in d.encoders:
         gib = estimates[m.name].gib
         more[m.name] = max(0, min(int(dev.free_gib // gib) for dev in devices)) if fits else 0
-    for m in d.llms:
+    for m in d.vllm_models:
         share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
         more[m.name] = sum(1 for dev in devices if not dev.has_engine() and dev.free_gib >= share) if d.on_gpu else 0
     return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more, fits)

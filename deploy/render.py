@@ -2,7 +2,7 @@
 
     DIR/models/              the artifacts, as every target mounts them at /models (hard links, no copies):
                              repository/ (the assembled Triton repository, planned instance counts),
-                             llm/NAME/, adapters/NAME/
+                             llm/NAME/ (LLMs and speech models), adapters/NAME/
     DIR/secrets/keys.json    the gateway's keys file (hashes only), when the deployment has one
     DIR/gateway.yaml         the gateway's settings inside the containers
     DIR/compose/             compose.yaml for one box: the NGC Triton image, one vLLM container per GPU, the
@@ -14,6 +14,7 @@
     DIR/images.txt           every container image to mirror for an air-gapped site
     DIR/gateway-image/       the gateway's Dockerfile, and rtxserve's source in src/ for it to install
     DIR/triton-image/        the Dockerfile of NGC's Triton image with what the entries' Python steps import
+    DIR/vllm-audio-image/    for speech models: vLLM's image with the audio packages it leaves out
 
 Everything is built from the same services (deploy/services.py) that `serve up` starts, with paths and
 hosts of the target. Rendering needs the artifacts (to plan and to check them), not the servers.
@@ -32,8 +33,8 @@ import yaml
 from . import monitoring
 from .compose import compose, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, TRITON_DOCKERFILE, image_list,
-                     triton_image_requirements)
+from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_DOCKERFILE,
+                     image_list, speech_image_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, kubernetes, kustomization, models_loader, time_slicing
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
@@ -68,7 +69,7 @@ def stage_models(d: Deployment, p: Plan, out: Path) -> dict[Path, str]:
     models.mkdir(parents=True, exist_ok=True)
     if d.encoders:
         assemble_repository(d, p, models / "repository")
-    for m in d.llms:
+    for m in d.vllm_models:
         _link_tree(d.resolve(m.path), models / "llm" / m.name)
         where[d.resolve(m.path)] = f"{MODELS}/llm/{m.name}"
         for name, adapter in m.adapters.items():
@@ -123,7 +124,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if d.gateway.keys_file is None:
         raise DeploymentError("gateway.keys_file: rendered deployments listen beyond loopback inside their containers, "
                               "so the gateway needs keys: make them with `rtxserve keys create` and name the file here")
-    if d.llms and not d.on_gpu:
+    if d.vllm_models and not d.on_gpu:
         raise DeploymentError("models: vLLM's images need a GPU, and this deployment has none (gpus.count 0): run a "
                               "CPU box with `rtxserve serve up`, or render it with its GPUs")
     from serve.gateway.keys import KeysFileError, read_keys
@@ -257,7 +258,7 @@ def copy_source(to: Path) -> bool:
 def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
     """images.txt and the Dockerfiles of the images built here: online from the index by default, offline from
     their wheels/ once `deploy bundle` fills it."""
-    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.llms))))
+    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models))))
     wheels_note = "Wheels the image installs with no network: `rtxserve deploy bundle` puts them here.\n"
     files.write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
     files.write("gateway-image/wheels/README", wheels_note)
@@ -272,3 +273,7 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
         files.write("triton-image/Dockerfile", TRITON_DOCKERFILE)
         files.write("triton-image/requirements.txt", triton_image_requirements(bool(d.diffusion)))
         files.write("triton-image/wheels/README", wheels_note)
+    if d.speech_models:
+        files.write("vllm-audio-image/Dockerfile", SPEECH_VLLM_DOCKERFILE)
+        files.write("vllm-audio-image/requirements.txt", speech_image_requirements())
+        files.write("vllm-audio-image/wheels/README", wheels_note)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core import contract
 from core.entry_metadata import FILE as ENTRY_METADATA, EntryMetadata, EntryMetadataError
-from core.tasks import DIFFUSION, ENCODER, KINDS, LLM, TASKS
+from core.tasks import DIFFUSION, ENCODER, KINDS, LLM, SPEECH, TASKS
 from serve.gateway.settings import open_door
 
 log = logging.getLogger("rtxserve.deploy")
@@ -212,7 +212,24 @@ class LLMModel(_Model):
         return value
 
 
-Model = Annotated[EncoderModel | DiffusionModel | LLMModel, Field(discriminator="kind")]
+class SpeechModel(LLMModel):
+    """A Whisper folder (`rtxserve export speech`): run by vLLM as an LLM is (one engine per replica, each on a GPU
+    of its own), served on /v1/audio/transcriptions and /v1/audio/translations. `max_model_len` bounds the
+    transcript's tokens (default: the model's max_target_positions, 448 for Whisper)."""
+
+    kind: Literal[SPEECH]  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _no_chat_options(self):
+        given = [f for f in ("adapters", "tool_call_parser", "chat_template", "max_images", "max_image_pixels")
+                 if getattr(self, f) not in (None, {})]
+        if given:
+            raise ValueError(f"{', '.join(given)}: chat options; a speech model takes none (a LoRA on a Whisper is "
+                             "merged into it first)")
+        return self
+
+
+Model = Annotated[EncoderModel | DiffusionModel | LLMModel | SpeechModel, Field(discriminator="kind")]
 
 
 class Deployment(_Strict):
@@ -247,7 +264,7 @@ class Deployment(_Strict):
             if isinstance(m, EncoderModel) and m.tensorrt and not self.gpus.count:
                 raise ValueError(f"models[{i}].tensorrt: TensorRT plans run on GPUs; this deployment has none (gpus.count 0)")
         names: dict[str, str] = {}
-        for m in self.llms:
+        for m in self.vllm_models:
             name = engine_name(m.name, m.replicas - 1)
             if len(name) > 63:
                 raise ValueError(f"models.{m.name}: its engines would be named {name}, longer than the 63 characters "
@@ -256,7 +273,7 @@ class Deployment(_Strict):
                 raise ValueError(f"models.{m.name}: its engines would have the same names as those of {names[name]} "
                                  f"({name}); rename one of them")
             names[name] = m.name
-        engines = sum(m.replicas for m in self.llms)
+        engines = sum(m.replicas for m in self.vllm_models)
         if engines > max(self.gpus.count, 1):
             raise ValueError(f"models: {engines} vLLM engines in all, one GPU each, but the box has {self.gpus.count} GPU(s)")
         ports: dict[int, str] = {}
@@ -281,13 +298,19 @@ class Deployment(_Strict):
         return [m for m in self.models if isinstance(m, DiffusionModel)]
 
     @property
-    def llms(self) -> list[LLMModel]:
+    def vllm_models(self) -> list[LLMModel]:
+        """Every model vLLM serves: LLMs and speech models."""
         return [m for m in self.models if isinstance(m, LLMModel)]
+
+    @property
+    def speech_models(self) -> list[str]:
+        """The names of the speech models (their engines run vLLM's image with its audio packages added)."""
+        return [m.name for m in self.models if m.kind == SPEECH]
 
     def engines(self) -> list[tuple[LLMModel, int, int]]:
         """Every vLLM engine: (model, replica index, port), in port order."""
         out, port = [], self.ports.vllm
-        for m in self.llms:
+        for m in self.vllm_models:
             for r in range(m.replicas):
                 out.append((m, r, port))
                 port += 1
@@ -404,11 +427,16 @@ def check_artifacts(d: Deployment) -> None:
     """Every artifact exists and is of the kind the file says (DeploymentError naming the first that is not)."""
     for m in d.encoders:
         encoder_metadata(d, m)
-    for m in d.llms:
+    from serve.vllm import is_speech_model
+
+    for m in d.vllm_models:
         path = d.resolve(m.path)
         if not (path / "config.json").is_file():
             hint = " (a Triton entry: use kind: encoder)" if (path / "config.pbtxt").is_file() else ""
             raise DeploymentError(f"models.{m.name}: {path} is not a Hugging Face model folder (no config.json){hint}")
+        if is_speech_model(path) != (m.kind == SPEECH):
+            found, kind = ("a speech model (Whisper)", SPEECH) if m.kind == LLM else ("not a speech model (Whisper)", LLM)
+            raise DeploymentError(f"models.{m.name}: {path} is {found}; use kind: {kind}")
         for name, adapter in m.adapters.items():
             if not (d.resolve(adapter) / "adapter_config.json").is_file():
                 raise DeploymentError(f"models.{m.name}.adapters.{name}: {d.resolve(adapter)} is not a PEFT adapter "

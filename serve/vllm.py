@@ -129,7 +129,12 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
         check_adapter_base(adapter, model)
     if opts.chat_template and not Path(opts.chat_template).is_file():
         raise VLLMConfigError(f"chat template {opts.chat_template} does not exist")
-    if env_dir is not None and _is_speech_model(model):
+    speech = is_speech_model(model)
+    if speech and not any((model / name).is_file() for name in PROCESSOR_FILES):
+        raise VLLMConfigError(f"{model} is a speech model (Whisper) with no {' or '.join(PROCESSOR_FILES)}: vLLM turns "
+                              "audio into the model's input with its feature extractor (`rtxserve export speech` "
+                              "checks and copies it)")
+    if env_dir is not None and speech:
         missing = missing_audio_packages(Path(env_dir))
         if missing:  # else every upload is "Invalid or unsupported audio file", and vLLM's log blames its own name
             raise VLLMConfigError(f"{model} is a speech model (Whisper) and the vLLM environment {env_dir} lacks "
@@ -140,9 +145,11 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
 
 # What vLLM decodes uploaded audio with: soundfile (WAV, FLAC, OGG, MP3) and PyAV (other formats, resampling).
 AUDIO_PACKAGES = ("soundfile", "av")
+# Where a Whisper folder keeps its feature extractor (transformers writes either).
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-def _is_speech_model(model: Path) -> bool:
+def is_speech_model(model: Path) -> bool:
     try:
         config = json.loads((model / "config.json").read_text())
     except (OSError, json.JSONDecodeError):

@@ -1,6 +1,6 @@
 """Planning stand-ins for real-sized models: the files `rtxserve plan` reads, at full size, with no weights.
 
-A Llama-3-8B folder whose model.safetensors has the real header (every tensor's name, dtype and shape) and
+A Llama-3-8B folder (and a Whisper large-v3 one) whose model.safetensors has the real header (every tensor's name, dtype and shape) and
 a hole where the 16 GB of data would be (a sparse file: it takes no disk); LoRA adapters with their
 config; BERT-base Triton entries as `rtxserve export onnx --target gpu --precision fp16` writes them,
 with a sparse graph of the fp16 size. The planner reads headers, configs and file sizes only, so it
@@ -58,6 +58,53 @@ def write_llama(folder: Path, config: dict = LLAMA_3_8B) -> Path:
                     p + "mlp.down_proj.weight": (dt, [h, i]), p + "input_layernorm.weight": (dt, [h]),
                     p + "post_attention_layernorm.weight": (dt, [h])}
     sparse_safetensors(folder / "model.safetensors", tensors)
+    return folder
+
+
+# openai/whisper-large-v3's config.json (the fields the planner and vLLM read), stored in float16 as published
+WHISPER_LARGE_V3 = dict(architectures=["WhisperForConditionalGeneration"], model_type="whisper", d_model=1280,
+                        encoder_layers=32, decoder_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
+                        encoder_ffn_dim=5120, decoder_ffn_dim=5120, vocab_size=51866, num_mel_bins=128,
+                        max_source_positions=1500, max_target_positions=448, torch_dtype="float16")
+TINY_WHISPER = dict(WHISPER_LARGE_V3, d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                    decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256, vocab_size=1960,
+                    num_mel_bins=80, max_source_positions=500, torch_dtype="float32")
+
+
+def write_whisper(folder: Path, config: dict = WHISPER_LARGE_V3) -> Path:
+    """A Whisper folder with transformers' tensor names and shapes for `config` (no data) and its feature extractor."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": config["num_mel_bins"],
+        "sampling_rate": 16000, "chunk_length": 30}))
+    d, dt = config["d_model"], "F16" if config["torch_dtype"] == "float16" else "F32"
+
+    def linear(name: str, fan_in: int, fan_out: int, bias: bool = True) -> dict:
+        return {f"{name}.weight": (dt, [fan_out, fan_in])} | ({f"{name}.bias": (dt, [fan_out])} if bias else {})
+
+    def norm(name: str) -> dict:
+        return {f"{name}.weight": (dt, [d]), f"{name}.bias": (dt, [d])}
+
+    def attention(name: str) -> dict:  # Whisper's k_proj has no bias
+        return (linear(f"{name}.q_proj", d, d) | linear(f"{name}.k_proj", d, d, bias=False)
+                | linear(f"{name}.v_proj", d, d) | linear(f"{name}.out_proj", d, d))
+
+    tensors = {"model.encoder.conv1.weight": (dt, [d, config["num_mel_bins"], 3]), "model.encoder.conv1.bias": (dt, [d]),
+               "model.encoder.conv2.weight": (dt, [d, d, 3]), "model.encoder.conv2.bias": (dt, [d]),
+               "model.encoder.embed_positions.weight": (dt, [config["max_source_positions"], d]),
+               "model.decoder.embed_tokens.weight": (dt, [config["vocab_size"], d]),
+               "model.decoder.embed_positions.weight": (dt, [config["max_target_positions"], d])}
+    for side, layers, ffn in (("encoder", config["encoder_layers"], config["encoder_ffn_dim"]),
+                              ("decoder", config["decoder_layers"], config["decoder_ffn_dim"])):
+        for n in range(layers):
+            p = f"model.{side}.layers.{n}."
+            tensors |= (attention(p + "self_attn") | norm(p + "self_attn_layer_norm") | linear(p + "fc1", d, ffn)
+                        | linear(p + "fc2", ffn, d) | norm(p + "final_layer_norm"))
+            if side == "decoder":
+                tensors |= attention(p + "encoder_attn") | norm(p + "encoder_attn_layer_norm")
+        tensors |= norm(f"model.{side}.layer_norm")
+    sparse_safetensors(folder / "model.safetensors", tensors)  # proj_out is tied to embed_tokens: not stored
     return folder
 
 
@@ -155,6 +202,8 @@ def write_artifacts(deployment: Path) -> Path:
                 write_adapter(base / adapter, config=llama)
         elif m["kind"] == "diffusion":
             write_diffusion_entry(path.parent, path.name, target="gpu" if gpu else "cpu")
+        elif m["kind"] == "speech":
+            write_whisper(path, WHISPER_LARGE_V3 if gpu else TINY_WHISPER)
         else:
             raise ValueError(f"no planning stand-in for kind {m['kind']!r}: add one here")
     if (spec.get("gateway") or {}).get("keys_file"):

@@ -12,8 +12,8 @@ import pytest
 
 from export.fixtures import SPEECH_RATE, WINDOW_S, write_whisper
 from export.speech import export_speech, pipeline_transcripts
-from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
+from deploy.spec import parse_deployment
+from serve.launcher import free_port
 from tests.integration import VLLM_EAGER
 
 MODEL = "tiny-whisper"
@@ -38,17 +38,21 @@ def whisper(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(whisper, tmp_path_factory):
-    """(gateway URL, vLLM URL)."""
-    logs = tmp_path_factory.mktemp("speech-logs")
-    vllm, vllm_url = start_vllm(VLLMOptions(model=whisper[1], served_name=MODEL, max_model_len=448,
-                                            extra_args=VLLM_EAGER), logs)
+    """(gateway URL, vLLM URL): the box that a deployment file naming the package as a speech model brings up, as
+    `rtxserve serve up` does (the planner, vLLM's command and the gateway's settings from the file)."""
+    from deploy.box import down, up
+
+    work = tmp_path_factory.mktemp("speech-box")
+    ports = {"gateway": free_port(), "vllm": free_port()}
+    d = parse_deployment({"name": "speech-box", "ports": ports,
+                          "gateway": {"settings": {"max_audio_seconds": MAX_AUDIO_SECONDS}},
+                          "models": [{"name": MODEL, "kind": "speech", "path": str(whisper[1]), "max_num_seqs": 4,
+                                      "vllm_args": VLLM_EAGER}]}, work)
+    run = up(d, root=work / "runs", log=lambda line: None)
     try:
-        gateway, url = start_gateway("", logs, vllm_url=vllm_url,
-                                     extra_env={"RTXSERVE_MAX_AUDIO_SECONDS": str(MAX_AUDIO_SECONDS)})
-        yield url, vllm_url
-        gateway.stop()
+        yield f"http://127.0.0.1:{ports['gateway']}", f"http://127.0.0.1:{ports['vllm']}"
     finally:
-        vllm.stop()
+        down(run, log=lambda line: None)
 
 
 def _sdk(url: str) -> openai.OpenAI:

@@ -2,6 +2,9 @@
 planning stand-ins of real-sized models (tests/plan_fixtures.py: real headers and configs, no weights)."""
 
 import json
+import re
+
+from pathlib import Path
 
 import pytest
 import yaml
@@ -9,7 +12,7 @@ import yaml
 from deploy.plan import GIB, format_plan, plan
 from deploy.services import Layout, build_services, gateway_settings
 from deploy.spec import DeploymentError, check_artifacts, load_deployment, parse_deployment
-from tests.plan_fixtures import write_boxes, write_entry, write_llama
+from tests.plan_fixtures import TINY_WHISPER, WHISPER_LARGE_V3, write_boxes, write_entry, write_llama, write_whisper
 
 BASE = {"name": "box", "gpus": {"count": 1},
         "models": [{"name": "enc", "kind": "encoder", "path": "repo/enc"}, {"name": "llm", "kind": "llm", "path": "llm"}]}
@@ -37,6 +40,10 @@ def boxes(tmp_path_factory):
     ({"gateway": {"settings": {"max_tokenz": 5}}}, "gateway.settings: max_tokenz: Extra inputs are not permitted"),
     ({"gateway": {"settings": {"max_tokens": 0}}}, "gateway.settings: max_tokens: Input should be greater than or equal to 1"),
     ({"modles": []}, "modles: Extra inputs are not permitted"),
+    ({"models": [{"name": "asr", "kind": "speech", "path": "w", "adapters": {"a": "a"}, "max_images": 1}]},
+     "models[0]: adapters, max_images: chat options; a speech model takes none"),
+    ({"models": [{"name": "asr", "kind": "speech", "path": "w"}, {"name": "llm", "kind": "llm", "path": "l"}]},
+     "models: 2 vLLM engines in all, one GPU each, but the box has 1 GPU(s)"),
 ])
 def test_each_error_names_its_field(change, message):
     with pytest.raises(DeploymentError) as err:
@@ -68,6 +75,12 @@ def test_an_artifact_missing_or_of_the_wrong_kind_is_named(tmp_path):
     on_cpu = BASE | {"gpus": {"count": 0}, "models": [BASE["models"][0]]}
     with pytest.raises(DeploymentError, match="exported for gpu but this deployment runs on cpu; export it again with --target cpu"):
         check_artifacts(parse_deployment(on_cpu, tmp_path))
+    write_whisper(tmp_path / "whisper", TINY_WHISPER)
+    for kind, path, message in (("llm", "whisper", "is a speech model (Whisper); use kind: speech"),
+                                ("speech", "llm", "is not a speech model (Whisper); use kind: llm")):
+        swapped = BASE | {"models": [{"name": "m", "kind": kind, "path": path}]}
+        with pytest.raises(DeploymentError, match=re.escape(f"models.m: {tmp_path / path} {message}")):
+            check_artifacts(parse_deployment(swapped, tmp_path))
     missing = BASE | {"models": [{**BASE["models"][1], "adapters": {"a": "nowhere"}}]}
     with pytest.raises(DeploymentError, match="models.llm.adapters.a: .*/nowhere is not a PEFT adapter folder"):
         check_artifacts(parse_deployment(missing, tmp_path))
@@ -155,10 +168,12 @@ def test_the_services_are_the_servers_options_wherever_they_run(boxes):
 def test_the_bundled_deployment_points_into_the_bundle():
     from deploy.bundle import bundle_deployment
 
-    d = parse_deployment({"name": "box", "gateway": {"keys_file": "k.json"}, "models": [
+    d = parse_deployment({"name": "box", "gpus": {"count": 2}, "gateway": {"keys_file": "k.json"}, "models": [
         {"name": "enc", "kind": "encoder", "path": "/x/enc"}, {"name": "sd", "kind": "diffusion", "path": "/x/sd"},
-        {"name": "llm", "kind": "llm", "path": "/x/llm", "adapters": {"a": "/x/a"}}]})
+        {"name": "llm", "kind": "llm", "path": "/x/llm", "adapters": {"a": "/x/a"}},
+        {"name": "asr", "kind": "speech", "path": "/x/whisper"}]})
     models = {m["name"]: m for m in bundle_deployment(d)["models"]}
+    assert models["asr"]["path"] == "models/llm/asr"
     assert models["enc"]["path"] == "models/repository/enc" and models["sd"]["path"] == "models/repository/sd"
     assert models["llm"]["path"] == "models/llm/llm" and models["llm"]["adapters"] == {"a": "models/adapters/a"}
     assert "adapters" not in models["sd"]
@@ -178,3 +193,52 @@ def test_a_vision_language_model_gets_its_image_limits_and_the_gateways_image_ho
     args = " ".join(build_services(d, plan(d), local)[1].args)
     assert '--limit-mm-per-prompt {"image": 2}' in args and '--mm-processor-kwargs {"max_pixels": 401408}' in args
     assert "--allowed-media-domains images.example.com" in args
+
+
+def test_a_whisper_plans_its_decoder_and_cross_attention_cache_and_runs_vllms_image_with_audio(tmp_path):
+    """Whisper large-v3 (its real header: 1.54 B parameters, 3.09 GB in float16 as published) on one 4090 beside a
+    BERT classifier: vLLM caches, per sequence, the transcript's tokens and the 1500 encoder states in each of 32
+    decoder layers."""
+    from deploy.images import SPEECH_VLLM_IMAGE, VLLM_IMAGE
+    from deploy.render import render
+    from serve.gateway.keys import write_keys
+
+    write_whisper(tmp_path / "whisper-large-v3", WHISPER_LARGE_V3)
+    write_entry(tmp_path / "repo", "enc")
+    write_keys(tmp_path / "keys.json", {})
+    d = parse_deployment({"name": "asr-box", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+                          "kubernetes": {"registry": "registry.example.com/ml"},
+                          "models": [{"name": "enc", "kind": "encoder", "path": "repo/enc"},
+                                     {"name": "whisper", "kind": "speech", "path": "whisper-large-v3", "max_num_seqs": 16}]},
+                         tmp_path)
+    p = plan(d)
+    e = p.estimates["whisper"]
+    assert e.kind == "speech" and e.parts["weights"] == pytest.approx(1_543_490_560 * 2 / GIB)
+    per_token = 2 * 32 * 1280 * 2  # keys and values, 32 decoder layers, d_model 1280, float16: 160 KiB
+    assert e.parts["kv_cache"] == pytest.approx(per_token * 16 * (448 + 1500) / GIB)  # 4.76 GiB
+    assert "(448 tokens + 1500 encoder states)" in " ".join(e.notes) and p.fits and p.engines == {"whisper": [0]}
+    render(d, tmp_path / "out", at=Path("/opt/asr"), prefix=Path("/opt/asr"))
+    out = tmp_path / "out"
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]["vllm-whisper-0"]
+    assert compose["image"] == SPEECH_VLLM_IMAGE and compose["build"] == {"context": "../vllm-audio-image"}
+    assert f"FROM {VLLM_IMAGE}" in (out / "vllm-audio-image" / "Dockerfile").read_text()
+    assert (out / "vllm-audio-image" / "requirements.txt").read_text().split() == ["soundfile>=0.12", "av>=12"]
+    pod = next(doc for doc in yaml.safe_load_all((out / "kubernetes" / "vllm-whisper.yaml").read_text())
+               if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == f"registry.example.com/ml/{SPEECH_VLLM_IMAGE}"
+    assert "--model /opt/asr/models/llm/whisper" in (out / "systemd" / "rtxserve-asr-box-vllm-whisper-0.service").read_text()
+    settings = yaml.safe_load((out / "gateway.yaml").read_text())
+    assert settings["required_models"] == ["enc", "whisper"] and settings["vllm_url"] == "http://vllm-whisper-0:8100"
+
+
+def test_the_whisper_stand_in_has_transformers_own_tensor_names_and_shapes(tmp_path):
+    """The planning stand-in is what save_pretrained writes (its output projection tied to the token embedding)."""
+    from safetensors import safe_open
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = {k: v for k, v in TINY_WHISPER.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    config |= dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"), 1)  # < vocab
+    real = {k: list(v.shape) for k, v in WhisperForConditionalGeneration(WhisperConfig(**config)).state_dict().items()
+            if k != "proj_out.weight"}
+    with safe_open(write_whisper(tmp_path / "w", TINY_WHISPER) / "model.safetensors", "np") as f:
+        assert {k: f.get_slice(k).get_shape() for k in f.keys()} == real

@@ -18,7 +18,8 @@ from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from core.tasks import KINDS, TASKS
 from serve.entry_config import entry_models, read_batching, read_config
-from tests.plan_fixtures import TINY_LLAMA, write_artifacts, write_diffusion_entry, write_entry, write_llama
+from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, write_diffusion_entry, write_entry, write_llama,
+                                 write_whisper)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
@@ -36,7 +37,7 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
     d = load_deployment(path)
     p = plan(d)
     assert p.fits, format_plan(p)
-    if d.llms and not d.on_gpu:  # the CPU box runs with `serve up`; vLLM's images need a GPU
+    if d.vllm_models and not d.on_gpu:  # the CPU box runs with `serve up`; vLLM's images need a GPU
         with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
             render(d, tmp_path / "out", prefix=ROOT)
         return
@@ -53,12 +54,10 @@ def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_
 
 
 def every_task(tmp_path) -> list[dict]:
-    """One model of every task in the registry that deployment files know (KINDS: not yet speech), laid out as a
-    deployment in `tmp_path` lists them."""
+    """One model of every task in the registry, laid out as a deployment in `tmp_path` lists them."""
     models = []
     for task, t in TASKS.items():
-        if t.kind not in KINDS:
-            continue
+        assert t.kind in KINDS, f"task {task}: its kind {t.kind!r} is not a deployment file's kind"
         name = task.replace("-", "_")
         if t.kind == "encoder":
             write_entry(tmp_path / "model_repository", name, task=task,
@@ -68,16 +67,19 @@ def every_task(tmp_path) -> list[dict]:
         elif t.kind == "llm":
             name = task
             write_llama(tmp_path / name, TINY_LLAMA)
+        elif t.kind == "speech":
+            name = task
+            write_whisper(tmp_path / name, TINY_WHISPER)
         else:
             pytest.fail(f"task {task}: no planning stand-in for its kind {t.kind!r} (tests/plan_fixtures.py)")
-        path = name if t.kind == "llm" else f"model_repository/{name}"
+        path = name if t.kind in ("llm", "speech") else f"model_repository/{name}"
         models.append({"name": name, "kind": t.kind, "path": path, "task": task})
     (tmp_path / "keys.json").write_text(json.dumps({"keys": []}))
     return models
 
 
 def deployment(models: list[dict], folder: Path):
-    return parse_deployment({"name": "every-task", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+    return parse_deployment({"name": "every-task", "gpus": {"count": 2}, "gateway": {"keys_file": "keys.json"},
                              "models": [{k: v for k, v in m.items() if k != "task"} for m in models]}, folder)
 
 
@@ -91,12 +93,20 @@ def test_a_deployment_with_one_model_of_every_task_plans_and_renders(tmp_path):
 
 def test_the_rendered_load_test_job_drives_the_first_models_own_task(tmp_path):
     """The Kubernetes locust Job runs the scenario of the first model's task (an NER or embeddings model is not
-    load-tested as a classifier)."""
+    load-tested as a classifier); a speech model's load test uploads audio files the gateway image does not hold,
+    so the Job drives the next model, and a deployment of speech models alone has no Job."""
     models = every_task(tmp_path)
     for first in models:
-        d = deployment([first] + [m for m in models if m is not first], tmp_path)
+        rest = [m for m in models if m is not first]
+        d = deployment([first] + rest, tmp_path)
         master = locust_job(d)[0]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-        assert f"--scenario {TASKS[first['task']].loadtest[0]} --model {first['name']}" in master
+        driven = first if first["kind"] != "speech" else rest[0]
+        assert f"--scenario {TASKS[driven['task']].loadtest[0]} --model {driven['name']}" in master
+    speech = [m for m in models if m["kind"] == "speech"]
+    d = deployment(speech, tmp_path)
+    render(d, tmp_path / "speech-only", prefix=ROOT)
+    assert not (tmp_path / "speech-only" / "kubernetes" / "locust.yaml").exists()
+    assert "locust.yaml" not in (tmp_path / "speech-only" / "kubernetes" / "kustomization.yaml").read_text()
 
 
 # What a schema cannot see, checked over every rendered example: the GPUs asked for exist, each engine's memory
@@ -140,7 +150,7 @@ def test_the_gpus_kubernetes_is_asked_for_exist_on_the_box(example, tmp_path):
         assert resource["name"] == "nvidia.com/gpu" and config["sharing"]["timeSlicing"]["failRequestsGreaterThanOne"]
         slices = resource["replicas"]
     assert asked <= d.gpus.count * slices, f"{asked} GPUs asked of {d.gpus.count} x {slices} slices"
-    assert (slices > 1) == (bool(d.encoders) and bool(d.llms))  # shared only where Triton and vLLM meet on a GPU
+    assert (slices > 1) == (bool(d.encoders) and bool(d.vllm_models))  # shared only where Triton and vLLM meet on a GPU
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -159,7 +169,7 @@ def test_every_engine_share_as_vllm_computes_it_fits_beside_triton(example, tmp_
     assert len(shares) == sum(len(g) for g in p.engines.values())
     for i, dev in enumerate(p.devices):
         others = sum(pl.gib for pl in dev.placements if pl.what != "engine")
-        engines_here = [m.name for m in d.llms for g in p.engines[m.name] if g == i]
+        engines_here = [m.name for m in d.vllm_models for g in p.engines[m.name] if g == i]
         held = sum(p.gpu_memory_utilization[name] * d.gpus.total_gib for name in engines_here)
         assert others + held <= d.gpus.memory_gib, f"GPU {i}: {others:.2f} + {held:.2f} GiB > {d.gpus.memory_gib}"
 
@@ -167,7 +177,7 @@ def test_every_engine_share_as_vllm_computes_it_fits_beside_triton(example, tmp_
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_vllm_starts_after_triton_on_every_target(example, tmp_path):
     d, p, out = rendered(example, tmp_path)
-    if not (d.encoders and d.llms):
+    if not (d.encoders and d.vllm_models):
         pytest.skip("no Triton and vLLM to order")
     compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
     engines = [n for n, s in compose["services"].items() if s.get("image", "").startswith("vllm/")]
@@ -266,7 +276,7 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
                 assert ref is None or ref in generated, ref
             name = c["image"].rsplit("/", 1)[-1].split(":")[0]
             assert c["image"] in pinned or built[name].is_file(), c["image"]
-    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.llms)))
+    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models)))
     for doc in manifests(out):
         if doc["kind"] in ("ServiceMonitor", "PrometheusRule"):
             assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", doc["metadata"]["name"]

@@ -123,13 +123,16 @@ def test_multimodal_limits_reach_vllm(tmp_path, env):
     assert "--limit-mm-per-prompt" not in plain and "--mm-processor-kwargs" not in plain
 
 
-def test_a_whisper_model_needs_the_audio_packages_in_vllms_environment(tmp_path, env):
+def test_a_whisper_model_needs_its_feature_extractor_and_the_audio_packages_in_vllms_environment(tmp_path, env):
     from serve.vllm import check_vllm
 
     model = tmp_path / "whisper"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "whisper",
                                                    "architectures": ["WhisperForConditionalGeneration"]}))
+    with pytest.raises(VLLMConfigError, match="with no preprocessor_config.json or processor_config.json"):
+        check_vllm(VLLMOptions(model=model, served_name="w"), None)  # checked wherever vLLM runs
+    (model / "preprocessor_config.json").write_text(json.dumps({"feature_extractor_type": "WhisperFeatureExtractor"}))
     site = env / "lib" / "python3.11" / "site-packages"
     site.mkdir(parents=True)
     (site / "soundfile.py").write_text("")
