@@ -115,7 +115,9 @@ def _add_llm(sub) -> None:
 def _add_speech(sub) -> None:
     sp = sub.add_parser("speech", help="Whisper fine-tune -> folder vLLM serves on /v1/audio/transcriptions")
     sp.add_argument("source", help="a WhisperForConditionalGeneration folder (save_pretrained, with its processor and "
-                    "generation config)")
+                    "generation config), or a PEFT LoRA adapter folder on one (merged into its base, with parity)")
+    sp.add_argument("--base", type=Path, help="a LoRA's base Whisper folder (default: the base its adapter_config.json "
+                    "records)")
     sp.add_argument("--out", type=Path, required=True, help="folder to write the package into")
     sp.add_argument("--sample-audio", type=Path, help="folder of WAV / FLAC / OGG / MP3 files: transformers' pipeline "
                     "transcribes them into parity.json, the reference the served model is held to")
@@ -178,8 +180,8 @@ def _main_speech(args, argv: list[str]) -> int:
     from .speech import export_speech
 
     try:
-        result = export_speech(args.source, args.out, sample_audio=args.sample_audio, name=args.name, force=args.force,
-                               command=shlex.join(["rtxserve", "export", *argv]))
+        result = export_speech(args.source, args.out, sample_audio=args.sample_audio, base=args.base, name=args.name,
+                               force=args.force, command=shlex.join(["rtxserve", "export", *argv]))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export speech", str(exc))
     print(f"exported the Whisper to {result.out} in {result.seconds:.1f}s ({len(result.metadata['languages'])} "

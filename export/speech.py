@@ -8,7 +8,10 @@ generation config transformers' pipeline decodes with. With `sample_audio`, tran
 `pipeline("automatic-speech-recognition")` transcribes each file greedily and its transcripts are saved as the
 package's parity.json: the text the served model must answer (tests/integration/test_speech_e2e.py holds it to it).
 
-Not yet: a PEFT LoRA on a Whisper (merge it with peft's merge_and_unload first).
+A PEFT LoRA on a Whisper (its adapter folder; the base it records, or `base`) is checked against the base (the one
+LoRA fit check), merged into it (peft's merge_and_unload), saved with the base's processor and tokenizer, reloaded
+and held to base + adapter: their logits on the sample audio (or on a synthetic tone without it) within `atol`,
+recorded under parity.json's "merge". The merged model is then packaged as any Whisper is.
 """
 
 from __future__ import annotations
@@ -18,18 +21,24 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from core import lora
 from core.contract import AUDIO_SUFFIXES
 from core.tasks import SPEECH_RECOGNITION
 
 from .checkpoint import read_json
 from .exceptions import ExportError
-from .llm import _copy, _package, _side_files, _weight_files, _write_metadata
+from .llm import _copy, _package, _side_files, _weight_files, _write_metadata, base_folder, read_lora
+from .parity import ParityReport
 from .progress import Steps
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 # The tokens vLLM's Whisper prompt is made of, beside one per language.
+MERGE_ATOL = 1e-3  # merged vs base + adapter, both float32
+MERGE_SAMPLES = 4  # sample files the merge is checked on
 PROMPT_TOKENS = ("<|startoftranscript|>", "<|transcribe|>", "<|translate|>", "<|notimestamps|>", "<|endoftext|>")
 
 
@@ -45,9 +54,6 @@ def inspect_whisper(path: Path) -> dict:
     """Check that `path` is a Whisper vLLM can serve and the pipeline can run (no weights loaded); its facts."""
     if not path.is_dir():
         raise ExportError(f"model folder not found: {path}" if not path.exists() else f"{path} is not a directory")
-    if (path / "adapter_config.json").is_file():
-        raise ExportError(f"{path} is a PEFT adapter; a LoRA on a Whisper is not exported yet: merge it into its base "
-                          "(peft's merge_and_unload, then save_pretrained) and export the merged folder")
     if not (path / "config.json").is_file():
         raise ExportError(f"{path} is not a Hugging Face model folder: no config.json")
     config = read_json(path / "config.json", "checkpoint")
@@ -112,32 +118,101 @@ def pipeline_transcripts(model: Path, files: list[Path], language: str | None = 
     return found
 
 
-def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | None = None, name: str | None = None,
-                  force: bool = False, command: str = "") -> SpeechExport:
-    """Check the Whisper at `source` and package it into `out` (see the module's docstring)."""
+def _read(files: list[Path], rate: int) -> list[np.ndarray]:
+    """Each file's samples, mono, at `rate` (soundfile reads them; SciPy's polyphase filter resamples)."""
+    import soundfile
+    from scipy.signal import resample_poly
+
+    out = []
+    for file in files:
+        samples, found = soundfile.read(file, dtype="float32", always_2d=True)
+        mono = samples.mean(axis=1)
+        out.append(resample_poly(mono, rate, found).astype(np.float32) if found != rate else mono)
+    return out
+
+
+def merge_lora(adapter_dir: Path, base: Path | None, into: Path, samples: list[Path], *, atol: float = MERGE_ATOL,
+               steps: Steps) -> dict:
+    """The LoRA at `adapter_dir` merged into its Whisper base and saved in `into` with the base's processor and
+    tokenizer; reloaded and held to base + adapter (ExportError beyond `atol`). Returns what the metadata records."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoFeatureExtractor, AutoTokenizer, WhisperForConditionalGeneration
+
+    adapter = read_lora(adapter_dir)
+    base = Path(base_folder(adapter, base)).expanduser()
+    steps("checking the adapter %s against its Whisper base %s", adapter.path, base)
+    inspect_whisper(base)
+    try:
+        lora.check_fit(adapter.path, adapter.config, adapter.shapes, base, lora.tensor_shapes(_weight_files(base)),
+                       read_json(base / "config.json", "checkpoint"), for_vllm=False)
+    except lora.AdapterFitError as exc:
+        raise ExportError(f"{exc} (--base)") from None
+    extractor, tokenizer = AutoFeatureExtractor.from_pretrained(base), AutoTokenizer.from_pretrained(base)
+    rate = extractor.sampling_rate
+    audio = _read(samples[:MERGE_SAMPLES], rate) if samples else [  # without samples: two seconds of a chord
+        sum(np.sin(2 * np.pi * f * np.arange(2 * rate) / rate) for f in (220, 330, 440)).astype(np.float32) / 3]
+    features = torch.from_numpy(extractor(audio, sampling_rate=rate, return_tensors="np").input_features)
+    prompt = torch.tensor([tokenizer.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|transcribe|>",
+                                                            "<|notimestamps|>"])] * len(audio))
+
+    def logits(model) -> np.ndarray:
+        with torch.no_grad():
+            return model(input_features=features, decoder_input_ids=prompt).logits.numpy()
+
+    model = PeftModel.from_pretrained(WhisperForConditionalGeneration.from_pretrained(base, dtype=torch.float32),
+                                      adapter.path).eval()
+    reference = logits(model)
+    with model.disable_adapter():
+        effect = float(np.abs(reference - logits(model)).max())
+    steps("merging (merge_and_unload); comparing the reloaded model's logits with base + adapter on %d input(s)",
+          len(audio))
+    model.merge_and_unload().save_pretrained(into, safe_serialization=True)
+    _copy([f for f in _side_files(base) if not (into / f.name).exists()], into)
+    report = ParityReport(atol=atol)
+    report.add({"logits": reference}, {"logits": logits(WhisperForConditionalGeneration.from_pretrained(into).eval())})
+    report.notes.append(f"the adapter itself moves the base's logits by up to {effect:.3g} (max abs)")
+    report.check(allow_drift=False)
+    return {"adapter": str(adapter.path.resolve()), "base": str(base.resolve()), "rank": adapter.rank,
+            "target_modules": list(adapter.targets), "adapter_effect_max_abs": effect,
+            "inputs": f"{len(audio)} sample file(s)" if samples else "a synthetic 2 s chord", "parity": report.to_dict()}
+
+
+def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | None = None, base: Path | None = None,
+                  name: str | None = None, force: bool = False, command: str = "") -> SpeechExport:
+    """Check the Whisper (or the LoRA on one) at `source` and package it into `out` (see the module's docstring)."""
     source, out = Path(source).expanduser(), Path(out).expanduser()
     if out.exists() and not force:
         raise ExportError(f"{out} exists; pass --force to replace it")
-    steps = Steps(3 + (sample_audio is not None), log)
-    steps("checking the Whisper in %s", source)
-    facts = inspect_whisper(source)
+    is_adapter = (source / "adapter_config.json").is_file()
+    if base is not None and not is_adapter:
+        raise ExportError(f"--base applies to a LoRA adapter; {source} has no adapter_config.json")
+    steps = Steps(3 + (sample_audio is not None) + 2 * is_adapter, log)
     files = []
     if sample_audio is not None:
         files = sorted(p for p in Path(sample_audio).iterdir() if p.suffix.lower() in AUDIO_SUFFIXES) \
             if Path(sample_audio).is_dir() else []
         if not files:
             raise ExportError(f"{sample_audio} holds no {' / '.join(AUDIO_SUFFIXES)} files")
-    steps("packaging %d weight file(s), the processor and the tokenizer into %s", len(facts["weights"]), out)
     with _package(out) as pkg:
-        _copy([*facts["weights"], source / "config.json", *_side_files(source)], pkg)
+        merged = merge_lora(source, base, pkg, files, steps=steps) if is_adapter else None
+        model = pkg if merged else source
+        steps("checking the Whisper in %s", model)
+        facts = inspect_whisper(model)
+        steps("packaging %d weight file(s), the processor and the tokenizer into %s", len(facts["weights"]), out)
+        if not merged:
+            _copy([*facts["weights"], source / "config.json", *_side_files(source)], pkg)
+        parity = {"merge": merged.pop("parity")} if merged else {}
         if files:
             steps("transcribing %d sample file(s) with transformers' pipeline (greedy), the served model's reference",
                   len(files))
-            parity = {"reference": "transformers pipeline('automatic-speech-recognition'), greedy, language en",
-                      "transcripts": pipeline_transcripts(pkg, files)}
+            parity |= {"reference": "transformers pipeline('automatic-speech-recognition'), greedy, language en",
+                       "transcripts": pipeline_transcripts(pkg, files)}
+        if parity:
             (pkg / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
         metadata = {"kind": "speech", "task": SPEECH_RECOGNITION, "source": str(source.resolve()),
-                    **{k: v for k, v in facts.items() if k != "weights"}, "command": command}
+                    **({"merged": merged} if merged else {}), **{k: v for k, v in facts.items() if k != "weights"},
+                    "command": command}
         _write_metadata(pkg, metadata)
     served = name or out.name
     serve_command = f"rtxserve serve vllm {out} --served-model-name {served}"

@@ -184,7 +184,7 @@ def test_the_transcribe_load_test_reports_the_real_time_factor(servers, whisper,
 
 
 @pytest.mark.parametrize("defect, message", [
-    ("adapter", "a LoRA on a Whisper is not exported yet"),
+    ("adapter", "no adapter weights in"),
     ("architecture", "a speech export needs WhisperForConditionalGeneration"),
     ("mel bins", "makes 80 mel bins and the model takes 128"),
     ("no processor", "no processor in"),
@@ -220,3 +220,36 @@ def test_export_refuses_what_vllm_or_the_pipeline_cannot_use(whisper, tmp_path, 
     with pytest.raises(ExportError, match=re.escape(message)):
         export_speech(source, tmp_path / "package")
     assert not (tmp_path / "package").exists()
+
+
+def test_a_lora_on_the_whisper_is_merged_with_parity_and_packaged(whisper, tmp_path):
+    """A PEFT LoRA on the fixture's attention (random, so that it changes the model) exported as its base's folder
+    is: merged, reloaded and held to base + adapter on the sample audio, then transcribed by the pipeline."""
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import WhisperForConditionalGeneration
+
+    from export.exceptions import ExportError
+
+    torch.manual_seed(0)
+    model = get_peft_model(WhisperForConditionalGeneration.from_pretrained(whisper[0]),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    model.save_pretrained(tmp_path / "adapter")  # records its base: the fixture's folder
+    with pytest.raises(ExportError, match="--base applies to a LoRA adapter"):
+        export_speech(whisper[0], tmp_path / "wrong", base=whisper[0])
+    done = export_speech(tmp_path / "adapter", tmp_path / "merged", sample_audio=whisper[0] / "audio")
+    parity = json.loads((done.out / "parity.json").read_text())
+    merge = parity["merge"]
+    assert merge["passed"] and merge["cases"] == 1 and merge["outputs"]["logits"]["max_abs_diff"] <= 1e-3
+    assert done.metadata["merged"]["adapter_effect_max_abs"] > 0.1  # the adapter is not a no-op
+    assert done.metadata["merged"]["base"] == str(whisper[0].resolve()) and done.metadata["merged"]["rank"] == 4
+    assert sorted(parity["transcripts"]) == sorted(p.name for p in (whisper[0] / "audio").iterdir())
+    assert not any(done.out.glob("adapter_*"))  # a standalone Whisper, as vLLM loads it
+    config = json.loads((done.out / "config.json").read_text())
+    assert config["architectures"] == ["WhisperForConditionalGeneration"]
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(
+        {**json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()), "base_model_name_or_path": "/nowhere"}))
+    with pytest.raises(ExportError, match="is not a local folder"):
+        export_speech(tmp_path / "adapter", tmp_path / "none")
