@@ -70,6 +70,8 @@ class Estimate:
     gib: float  # one instance / one engine
     parts: dict[str, float]  # GiB by what it is for
     notes: list[str] = field(default_factory=list)
+    kv_bytes_per_token: int = 0  # vLLM engines: what one token of KV cache takes
+    context: int = 0  # vLLM engines: max_model_len (a Whisper's: plus its encoder states)
 
 
 @dataclass
@@ -113,6 +115,9 @@ class Plan:
     gpu_memory_utilization: dict[str, float]  # llm -> its engines' share of a GPU
     more: dict[str, int]  # model -> how many more instances (encoders) or engines (LLMs) would fit
     fits: bool = True
+    # GPU engines: the KV cache tokens the memory its GPU has left for it holds (what vLLM would give it, were it
+    # given all of that), whether or not the max_num_seqs x max_model_len it was planned for fit
+    kv_room_tokens: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -263,6 +268,13 @@ def _geometry(config: dict, where: str) -> _Geometry:
                      int(config.get("vocab_size") or 32000), int(config.get("max_position_embeddings") or 2048))
 
 
+def _scheme(quantization: dict) -> str:
+    """A checkpoint's quantisation in a few words: its method, and for compressed-tensors the weights' bits."""
+    weights = [g.get("weights") or {} for g in (quantization.get("config_groups") or {}).values()]
+    bits = sorted({f"{w.get('type', 'int')}{w.get('num_bits')}" for w in weights if w.get("num_bits")})
+    return " ".join([str(quantization.get("quant_method", "?")), *bits])
+
+
 def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     """One vLLM engine of an LLM or a speech model."""
     from core.contract import padded_lora_rank
@@ -292,7 +304,8 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     kv = kv_per_token * m.max_num_seqs * tokens_per_seq / GIB
     notes = [f"KV cache {kv_per_token / 1024:.0f} KiB/token x {m.max_num_seqs} seqs x "
              + (f"({context} tokens + {g.encoder_tokens} encoder states)" if g.encoder_tokens else f"{context} tokens"),
-             f"{params / 1e9:.2f} B parameters" + (" (quantised: stored size)" if quantized else f" at {width} bytes")]
+             f"quantised ({_scheme(config['quantization_config'])}): {stored / 1e9:.2f} GB as stored" if quantized
+             else f"{params / 1e9:.2f} B parameters at {width} bytes"]
     parts = {"weights": weights}
     if d.on_gpu:
         tokens = m.max_num_batched_tokens or VLLM_DEFAULT_BATCHED_TOKENS["large" if d.gpus.memory_gib >= 70 else "small"]
@@ -313,7 +326,7 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
         if kv > m.kv_cache_gib:
             notes.append(f"kv_cache_gib {m.kv_cache_gib:g} holds {m.kv_cache_gib * GIB / kv_per_token:.0f} tokens, "
                          f"fewer than {m.max_num_seqs} x {tokens_per_seq}: vLLM queues the rest")
-    return Estimate(m.name, m.kind, sum(parts.values()), parts, notes)
+    return Estimate(m.name, m.kind, sum(parts.values()), parts, notes, kv_per_token, tokens_per_seq)
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -375,7 +388,13 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in d.vllm_models:
         share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
         more[m.name] = sum(1 for dev in devices if not dev.has_engine() and dev.free_gib >= share) if d.on_gpu else 0
-    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more, fits)
+    room = {}
+    for m in d.vllm_models if d.on_gpu else ():
+        e = estimates[m.name]
+        free = min(devices[i].free_gib for i in engines[m.name])  # each replica's GPU, after everything placed
+        share = next(p.gib_each for p in devices[engines[m.name][0]].placements if p.model == m.name)
+        room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
+    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more, fits, room)
 
 
 def format_plan(p: Plan) -> str:
@@ -393,6 +412,11 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {e.model} ({e.kind}): {e.gib:.3f} = {parts}" + (f"; {'; '.join(e.notes)}" if e.notes else ""))
     for name, share in p.gpu_memory_utilization.items():
         lines.append(f"  {name}: each engine runs with --gpu-memory-utilization {share:.2f}")
+    for name, tokens in p.kv_room_tokens.items():
+        e = p.estimates[name]
+        planned = round(e.parts["kv_cache"] * GIB / e.kv_bytes_per_token)
+        lines.append(f"  {name}: its GPU has room for {tokens} tokens of KV cache ({tokens // e.context} sequences of "
+                     f"{e.context}); planned {planned}")
     if p.fits:
         more = [f"{n}: +{k} {'engine(s)' if n in p.engines else 'instance(s) per ' + ('GPU' if p.on_gpu else 'box')}"
                 for n, k in p.more.items()]

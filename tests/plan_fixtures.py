@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-WIDTH = {"F16": 2, "BF16": 2, "F32": 4}
+WIDTH = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I64": 8, "I8": 1, "F8_E4M3": 1}
 LLAMA_3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
                   num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                   max_position_embeddings=131072, torch_dtype="bfloat16", tie_word_embeddings=False)
@@ -42,21 +42,64 @@ def sparse_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]]) ->
         f.truncate(8 + len(raw) + offset)
 
 
-def write_llama(folder: Path, config: dict = LLAMA_3_8B) -> Path:
+# meta-llama/Llama-2-13b-hf's config.json (no grouped-query attention: 40 KV heads), float16 as published
+LLAMA_2_13B = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=5120, intermediate_size=13824,
+                   num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40, vocab_size=32000,
+                   max_position_embeddings=4096, torch_dtype="float16", tie_word_embeddings=False)
+# What llm-compressor 0.14 writes for each scheme (compressed-tensors 0.19, read off its output for the tiny Llama
+# here): every Linear but lm_head quantised; the quantization_config's fields vLLM picks its kernels by.
+QUANTIZED = {
+    "w4a16": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                      "strategy": "group", "group_size": 128}, "input_activations": None},
+    "w8a8-int8": {"format": "int-quantized", "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                         "strategy": "channel"},
+                  "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                                        "dynamic": True}},
+    "w8a8-fp8": {"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "symmetric": True,
+                                                          "strategy": "channel"},
+                 "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                       "dynamic": True}},
+}
+
+
+def _quantized_linear(name: str, out: int, fan_in: int, scheme: str, dt: str) -> dict:
+    """A Linear as compressed-tensors stores it: int4 packed eight to an int32 with a scale per group of 128 inputs;
+    int8 or fp8 with a scale per output channel."""
+    if scheme == "w4a16":
+        return {f"{name}.weight_packed": ("I32", [out, fan_in // 8]), f"{name}.weight_scale": (dt, [out, fan_in // 128]),
+                f"{name}.weight_shape": ("I64", [2])}
+    return {f"{name}.weight": ("I8" if scheme == "w8a8-int8" else "F8_E4M3", [out, fan_in]),
+            f"{name}.weight_scale": (dt, [out, 1])}
+
+
+def write_llama(folder: Path, config: dict = LLAMA_3_8B, quantization: str | None = None) -> Path:
+    """A Llama folder with its real header for `config`, as published or as llm-compressor quantises it."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
     h, i, kv = config["hidden_size"], config["intermediate_size"], config["num_key_value_heads"]
     head = h // config["num_attention_heads"]
-    dt = "BF16"
+    dt = {"float16": "F16", "float32": "F32"}.get(config.get("torch_dtype"), "BF16")
+    written = dict(config)
+    if quantization:
+        group = QUANTIZED[quantization]
+        written["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": group["format"], "quantization_status": "compressed",
+            "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"], "weights": group["weights"],
+                                                                 "input_activations": group["input_activations"]}}}
+    (folder / "config.json").write_text(json.dumps(written))
+
+    def linear(name: str, out: int, fan_in: int) -> dict:
+        if quantization:
+            return _quantized_linear(name, out, fan_in, quantization, dt)
+        return {f"{name}.weight": (dt, [out, fan_in])}
+
     tensors = {"model.embed_tokens.weight": (dt, [config["vocab_size"], h]), "lm_head.weight": (dt, [config["vocab_size"], h]),
                "model.norm.weight": (dt, [h])}
     for n in range(config["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        tensors |= {p + "self_attn.q_proj.weight": (dt, [h, h]), p + "self_attn.k_proj.weight": (dt, [kv * head, h]),
-                    p + "self_attn.v_proj.weight": (dt, [kv * head, h]), p + "self_attn.o_proj.weight": (dt, [h, h]),
-                    p + "mlp.gate_proj.weight": (dt, [i, h]), p + "mlp.up_proj.weight": (dt, [i, h]),
-                    p + "mlp.down_proj.weight": (dt, [h, i]), p + "input_layernorm.weight": (dt, [h]),
-                    p + "post_attention_layernorm.weight": (dt, [h])}
+        tensors |= (linear(p + "self_attn.q_proj", h, h) | linear(p + "self_attn.k_proj", kv * head, h)
+                    | linear(p + "self_attn.v_proj", kv * head, h) | linear(p + "self_attn.o_proj", h, h)
+                    | linear(p + "mlp.gate_proj", i, h) | linear(p + "mlp.up_proj", i, h) | linear(p + "mlp.down_proj", h, i)
+                    | {p + "input_layernorm.weight": (dt, [h]), p + "post_attention_layernorm.weight": (dt, [h])})
     sparse_safetensors(folder / "model.safetensors", tensors)
     return folder
 

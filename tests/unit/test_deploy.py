@@ -242,3 +242,35 @@ def test_the_whisper_stand_in_has_transformers_own_tensor_names_and_shapes(tmp_p
             if k != "proj_out.weight"}
     with safe_open(write_whisper(tmp_path / "w", TINY_WHISPER) / "model.safetensors", "np") as f:
         assert {k: f.get_slice(k).get_shape() for k in f.keys()} == real
+
+
+def _llama_2_13b(tmp_path, quantization, kv_cache_dtype="auto", max_model_len=4096):
+    from tests.plan_fixtures import LLAMA_2_13B
+
+    write_llama(tmp_path / str(quantization), LLAMA_2_13B, quantization)
+    return plan(parse_deployment({"name": "box", "gpus": {"count": 1}, "models": [
+        {"name": "llama-2-13b", "kind": "llm", "path": str(quantization), "max_num_seqs": 24,
+         "max_model_len": max_model_len, "kv_cache_dtype": kv_cache_dtype}]}, tmp_path))
+
+
+def test_a_13b_fits_one_4090_only_quantised_and_its_cache_holds_what_is_left(tmp_path):
+    """Llama-2-13B (13,015,864,320 parameters; 40 KV heads: 2 x 40 layers x 40 x 128 x 2 bytes = 800 KiB a token) on
+    one 4090 with 24 sequences of 4,096 tokens: in float16 its weights alone are over the card; at w4a16 they fit,
+    but 24 x 4,096 tokens of cache do not, and the plan says how many tokens the rest of the card holds."""
+    fp16 = _llama_2_13b(tmp_path, None)
+    e = fp16.estimates["llama-2-13b"]
+    assert not fp16.fits and e.parts["weights"] == pytest.approx(13_015_864_320 * 2 / GIB) and e.parts["weights"] > 23.6
+    assert e.kv_bytes_per_token == 800 * 1024 and fp16.kv_room_tokens == {"llama-2-13b": 0}
+    w4 = _llama_2_13b(tmp_path, "w4a16")
+    e = w4.estimates["llama-2-13b"]
+    # as stored: 12,687,769,600 linear weights at half a byte, a float16 scale per 128 of them, each layer's shape
+    # (2 x int64), and the embeddings, lm_head and norms in float16 (656,189,440 bytes)
+    assert e.parts["weights"] == pytest.approx((6_343_884_800 + 198_246_400 + 280 * 16 + 656_189_440) / GIB)
+    assert "quantised (compressed-tensors int4): 7.20 GB as stored" in e.notes
+    assert e.parts["kv_cache"] == pytest.approx(75.0) and not w4.fits
+    room = w4.kv_room_tokens["llama-2-13b"]
+    assert room == int((23.6 - (e.gib - e.parts["kv_cache"])) * GIB // (800 * 1024)) and room // 4096 == 4
+    assert f"room for {room} tokens of KV cache (4 sequences of 4096); planned 98304" in format_plan(w4)
+    fp8_kv = _llama_2_13b(tmp_path, "w4a16", "fp8")
+    assert fp8_kv.estimates["llama-2-13b"].kv_bytes_per_token == 400 * 1024 and fp8_kv.kv_room_tokens["llama-2-13b"] // 4096 == 9
+    assert _llama_2_13b(tmp_path, "w4a16", max_model_len=640).fits  # 24 x 640 tokens: 11.7 GiB of cache
