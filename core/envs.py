@@ -1,6 +1,6 @@
 """Where the servers' own environments are: `.envs/triton` and `.envs/vllm` (the Makefile and the bundle's
-install.sh make them beside the main `.venv`), and `.envs/ultralytics`, where YOLO exports run (the Makefile's
-setup-ultralytics; never in a bundle). Declared here once; found from any working directory."""
+install.sh make them beside the main `.venv`), `.envs/ultralytics`, where YOLO exports run (the Makefile's
+setup-ultralytics; never in a bundle), and `.envs/llmcompressor`, where LLMs are quantised (setup-quantize). Declared here once; found from any working directory."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 TRITON = "triton"
 VLLM = "vllm"
 ULTRALYTICS = "ultralytics"
+LLMCOMPRESSOR = "llmcompressor"
 FOLDER = ".envs"  # beside the main environment, in a checkout or an installed bundle
 ENVS_DIR_ENV = "RTXSERVE_ENVS_DIR"
 
@@ -30,5 +31,5 @@ def envs_dir() -> Path:
 
 
 def env_dir(name: str) -> Path:
-    """The environment of one server (TRITON or VLLM), or ULTRALYTICS."""
+    """The environment of one server (TRITON or VLLM), or of an exporter's tool (ULTRALYTICS, LLMCOMPRESSOR)."""
     return envs_dir() / name

@@ -105,9 +105,23 @@ def _add_llm(sub) -> None:
     llm.add_argument("--atol", type=float, default=None,
                      help="tolerated max abs logit difference, merged vs base+adapter or converted vs the trainer's "
                           "model (default 1e-3 for float32, 0.25 for 16-bit)")
-    llm.add_argument("--allow-drift", action="store_true", help="keep a merge or conversion that breaches --atol")
+    llm.add_argument("--allow-drift", action="store_true", help="keep a merge or conversion that breaches --atol, or "
+                     "a quantisation past --max-ppl-increase")
     llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the parity check")
     llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
+    qz = llm.add_argument_group("quantisation (llm-compressor, in its own environment: make setup-quantize)")
+    qz.add_argument("--quantize", choices=("w4a16", "w8a8-int8", "w8a8-fp8"),
+                    help="quantise the (merged or converted) model into a compressed-tensors package vLLM loads as it is")
+    qz.add_argument("--calibration", type=Path, help="JSONL of {\"messages\": [...]} or {\"text\": ...}: the "
+                    "fine-tune's own data is best (default: built-in prompts through the chat template)")
+    qz.add_argument("--calibration-samples", type=int, help="records to calibrate on (default: 64, or what the file "
+                    "holds less its held-out tail)")
+    qz.add_argument("--eval", type=Path, dest="eval_file", help="JSONL to measure the accuracy on (default: the "
+                    "calibration file's tail, or built-in held-out prompts)")
+    qz.add_argument("--max-seq-length", type=int, default=512, help="tokens per calibration and evaluation text")
+    qz.add_argument("--max-ppl-increase", type=float, default=5.0,
+                    help="the perplexity increase (%%) the quantisation may cost; beyond it, nothing is written "
+                         "(default: %(default)s; --allow-drift keeps it)")
     llm.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
     llm.add_argument("--force", action="store_true", help="replace --out if it exists")
 
@@ -162,10 +176,14 @@ def _main_llm(args, argv: list[str]) -> int:
         result = export_llm(args.source, args.out, LLMOptions(
             base=args.base, merge=args.merge, qlora=args.qlora, dtype=args.dtype, atol=args.atol,
             allow_drift=args.allow_drift, sample_prompts=_lines(args.sample_prompts), chat_template=args.chat_template,
-            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv])))
+            name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
+            quantize=args.quantize, calibration=args.calibration, calibration_samples=args.calibration_samples,
+            eval_file=args.eval_file, max_seq_length=args.max_seq_length, max_ppl_increase=args.max_ppl_increase / 100))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export llm", str(exc))
     summary = f"exported {result.kind} model to {result.out} in {result.seconds:.1f}s"
+    if result.kind == "quantized":
+        summary += f" ({result.metadata['scheme']}: {result.metadata['accuracy']})"
     parity = result.metadata.get("parity")
     if parity:
         logits = parity["outputs"]["logits"]

@@ -83,7 +83,7 @@ class LLMCheckpoint:
 
 @dataclass
 class LLMExport:
-    kind: str  # "full", "lora" or "merged"
+    kind: str  # "full", "lora", "merged" or "quantized"
     out: Path
     metadata: dict
     serve_command: str
@@ -462,6 +462,9 @@ class LLMOptions:
     name: the served model name (default: the output folder's name).
     force: replace an existing output folder.
     command: the command line that reproduces this export, recorded in the metadata.
+    quantize: a scheme (export/quantize.py): the full-precision model made as above, then quantised.
+    calibration, calibration_samples, eval_file, max_seq_length: the quantisation's data (export/quantize.py).
+    max_ppl_increase: the perplexity increase a quantisation may cost (relative); beyond it the export fails.
     """
 
     base: str | Path | None = None
@@ -475,6 +478,12 @@ class LLMOptions:
     name: str | None = None
     force: bool = False
     command: str = ""
+    quantize: str | None = None
+    calibration: Path | None = None
+    calibration_samples: int | None = None
+    eval_file: Path | None = None
+    max_seq_length: int = 512
+    max_ppl_increase: float = 0.05
 
 
 def export_llm(source: str | Path, out: str | Path, options: LLMOptions = LLMOptions()) -> LLMExport:
@@ -485,6 +494,10 @@ def export_llm(source: str | Path, out: str | Path, options: LLMOptions = LLMOpt
     Raises ExportError (ParityError on a merge that drifted beyond `atol` without `allow_drift`).
     """
     source, out = _check_paths(Path(source).expanduser(), Path(out).expanduser(), options)
+    if options.quantize:
+        from .quantize import export_quantized
+
+        return export_quantized(source, out, options)
     layout = trainers.layout(source)
     trained = trainers.describe(source)
     trainers.check_finetuning_type(source, trained)

