@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.machine import cpu_flags
+
 # name -> (arguments after `rtxserve bench`, the page it writes)
 BENCHES = {
     "B1 gateway overhead": (["gateway"], "bench-gateway.md"),
@@ -31,9 +33,8 @@ def machine() -> str:
     cpu = platform.processor() or platform.machine()
     flags = ""
     try:
-        info = Path("/proc/cpuinfo").read_text()
-        cpu = re.search(r"model name\s*:\s*(.+)", info).group(1)
-        found = sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_tile|amx_bf16)\b", info)))
+        cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()).group(1)
+        found = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
         flags = f"; {' '.join(found)}" if found else ""
     except (OSError, AttributeError):
         pass

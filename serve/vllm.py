@@ -19,6 +19,7 @@ from core import contract
 from core.contract import padded_lora_rank
 from core.weights import WeightsIndexError, safetensors_files
 from core.envs import VLLM, env_dir
+from core.machine import cpu_flags
 
 DEFAULT_ENV = env_dir(VLLM)
 log = logging.getLogger(__name__)
@@ -145,14 +146,6 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
                                   f"{' and '.join(missing)}, which vLLM reads uploaded audio with: run `make setup-vllm` "
                                   "(deploy/vllm/requirements-cpu.txt lists them)")
     return adapters
-
-
-def cpu_flags() -> set[str]:
-    try:
-        return {f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-                for f in line.split(":", 1)[1].split()}
-    except OSError:
-        return set()
 
 
 def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
