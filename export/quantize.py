@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from core.envs import LLMCOMPRESSOR, env_dir
+from core.envs import LLMCOMPRESSOR
 
 from .exceptions import ExportError
-from .llmcompressor_runner import CALIBRATED, EXIT_REFUSED, SCHEMES
+from .llmcompressor_runner import CALIBRATED, SCHEMES
 from .progress import Steps
+from .tool_env import run_tool, tool_python
 
 log = logging.getLogger(__name__)
 
@@ -147,35 +147,8 @@ def read_calibration(tokenizer, calibration: Path | None, samples: int | None, e
     return Calibration(texts, evaluated or held, f"{count} records of {calibration}")
 
 
-def _python() -> Path:
-    python = env_dir(LLMCOMPRESSOR) / "bin" / "python"
-    if not python.is_file():
-        raise ExportError(f"quantisation runs in llm-compressor's own environment, and {python} is missing: run "
-                          "`make setup-quantize`")
-    return python
-
-
-def _run(request: dict, scratch: Path) -> dict:
-    path = scratch / "quantize-request.json"
-    path.write_text(json.dumps(request))
-    try:
-        done = subprocess.run([str(_python()), "-P", str(RUNNER), "quantize", str(path)], capture_output=True,
-                              text=True, timeout=RUNNER_TIMEOUT_S, env={"HF_HUB_OFFLINE": "1", **_env()})
-    except subprocess.TimeoutExpired:
-        raise ExportError(f"quantising did not finish in {RUNNER_TIMEOUT_S} s") from None
-    result = scratch / "result.json"
-    if done.returncode == EXIT_REFUSED and result.is_file():
-        raise ExportError(json.loads(result.read_text())["error"])
-    if done.returncode != 0 or not result.is_file():
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise ExportError(f"llm-compressor failed (exit {done.returncode}):\n{tail}")
-    return json.loads(result.read_text())
-
-
-def _env() -> dict:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+def _run(python: Path, request: dict, scratch: Path) -> dict:
+    return run_tool(python, RUNNER, "quantize", request, scratch, "llm-compressor", RUNNER_TIMEOUT_S)
 
 
 def already_quantized(config: dict) -> str | None:
@@ -202,7 +175,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
     for path, what in ((options.calibration, "--calibration file"), (options.eval_file, "--eval file")):
         if path is not None:
             _jsonl(Path(path), what)  # before any work: it exists, holds records, each a JSON object
-    _python()
+    python = tool_python(LLMCOMPRESSOR, "setup-quantize", "quantisation with llm-compressor")
     layout = trainers.layout(source)
     if layout == "hf":
         found = already_quantized(read_json(source / "config.json", "checkpoint"))
@@ -224,10 +197,10 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
         steps("quantising %s to %s with llm-compressor (calibration: %s); measuring it on %d held-out texts",
               model, scheme, data.source, len(data.eval))
         with _package(out) as pkg:
-            result = _run({"model": str(model), "out": str(pkg), "scheme": scheme, "calibration": data.texts,
-                           "max_seq_length": options.max_seq_length, "eval": data.eval,
-                           "prompts": [_render(tokenizer, p, "built-in prompt") for p in GREEDY_PROMPTS],
-                           "max_new_tokens": 16}, work)
+            result = _run(python, {"model": str(model), "out": str(pkg), "scheme": scheme, "calibration": data.texts,
+                                   "max_seq_length": options.max_seq_length, "eval": data.eval,
+                                   "prompts": [_render(tokenizer, p, "built-in prompt") for p in GREEDY_PROMPTS],
+                                   "max_new_tokens": 16}, work)
             accuracy = result["accuracy"]
             increase = accuracy["perplexity_increase"]
             passed = increase <= options.max_ppl_increase

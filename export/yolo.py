@@ -10,16 +10,14 @@ checked against Ultralytics' own `model.predict` on the sample images, and the e
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import subprocess
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from core.envs import ULTRALYTICS, env_dir
+from core.envs import ULTRALYTICS
 from core.tasks import OBJECT_DETECTION
 
 from . import repository, variants
@@ -27,6 +25,7 @@ from .detection import compare_detections, gate_served
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
+from .tool_env import run_tool, tool_python
 from .triton_entry import EntryOptions, detection_entry
 from .triton_models.detection_postprocess.detections import yolo_detections
 from .triton_models.image_preprocess import imaging
@@ -34,7 +33,6 @@ from .triton_models.image_preprocess import imaging
 log = logging.getLogger(__name__)
 
 RUNNER = Path(__file__).with_name("ultralytics_runner.py")
-EXIT_REFUSED = 3  # the runner's status for an error the user can act on (its message in result.json)
 # Ultralytics' predict defaults; a checkpoint's args.yaml overrides them where it sets them.
 PREDICT_DEFAULTS = {"conf": 0.25, "iou": 0.7, "max_det": 300}
 # The served answers are checked at a threshold low enough that a briefly trained model finds something.
@@ -99,30 +97,9 @@ def check_task(weights: Path, task: str) -> None:
                           "rtxserve serves detect models, not yet " + recorded)
 
 
-def _python() -> Path:
-    python = env_dir(ULTRALYTICS) / "bin" / "python"
-    if not python.is_file():
-        raise ExportError(f"Ultralytics runs in its own environment, and {python} is missing: "
-                          "run `make setup-ultralytics`")
-    return python
-
-
-def _run(command: str, request: dict, scratch: Path, what: str) -> subprocess.CompletedProcess:
-    path = scratch / f"{command}-request.json"
-    path.write_text(json.dumps(request))
-    (scratch / "result.json").unlink(missing_ok=True)
-    try:
-        done = subprocess.run([str(_python()), "-P", str(RUNNER), command, str(path)], capture_output=True, text=True,
-                              timeout=RUNNER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ExportError(f"{what} did not finish in {RUNNER_TIMEOUT_S} s") from None
-    result = scratch / "result.json"
-    if done.returncode == EXIT_REFUSED and result.is_file():
-        raise ExportError(json.loads(result.read_text())["error"])
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise ExportError(f"{what} failed (exit {done.returncode}):\n{tail}")
-    return done
+def _run(command: str, request: dict, scratch: Path, what: str) -> dict | None:
+    python = tool_python(ULTRALYTICS, "setup-ultralytics", "Ultralytics")
+    return run_tool(python, RUNNER, command, request, scratch, what, RUNNER_TIMEOUT_S)
 
 
 def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int = 8,
@@ -140,9 +117,7 @@ def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int
 def run_in_ultralytics(command: str, request: dict, scratch: Path):
     """One of ultralytics_runner.py's other commands (build, time, val): its result.json, where it writes one."""
     scratch.mkdir(parents=True, exist_ok=True)
-    _run(command, {**request, "work": str(scratch)}, scratch, f"Ultralytics' {command}")
-    result = scratch / "result.json"
-    return json.loads(result.read_text()) if result.is_file() else None
+    return _run(command, {**request, "work": str(scratch)}, scratch, f"Ultralytics' {command}")
 
 
 def run_ultralytics(weights: Path, images: list[np.ndarray], settings: dict, scratch: Path) -> dict:
@@ -152,9 +127,8 @@ def run_ultralytics(weights: Path, images: list[np.ndarray], settings: dict, scr
     for i, image in enumerate(images):
         paths.append(str(scratch / f"image_{i}.npy"))
         np.save(paths[-1], image)
-    _run("export", {"checkpoint": str(weights.resolve()), "work": str(scratch), "images": paths, **settings}, scratch,
-         f"Ultralytics' export of {weights}")
-    return json.loads((scratch / "result.json").read_text())
+    return _run("export", {"checkpoint": str(weights.resolve()), "work": str(scratch), "images": paths, **settings},
+                scratch, f"Ultralytics' export of {weights}")
 
 
 def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:

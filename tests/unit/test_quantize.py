@@ -86,7 +86,7 @@ def test_a_quantised_checkpoint_is_never_quantised_twice(base, tmp_path):
 
 def _fake_runner(increase: float):
     """llm-compressor's run as it reports itself, with the perplexity increase asked for."""
-    def run(request, scratch):
+    def run(python, request, scratch):
         (scratch / "result.json").write_text("{}")
         return {"seconds": 1.0, "versions": {"llmcompressor": "fake"}, "accuracy": {
             "tokens": 100, "perplexity": {"reference": 10.0, "quantized": 10.0 * (1 + increase)},
