@@ -104,8 +104,8 @@ $(PROMTOOL):
 	dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
 	ln -sf deb/root/usr/bin/promtool $@
 
-# Every CPU benchmark (B1-B6, about half an hour), then BENCHMARKS.md with the machine and each command.
-bench: setup setup-vllm setup-bench
+# Every CPU benchmark (B1-B11, about an hour), then BENCHMARKS.md with the machine and each command.
+bench: setup setup-vllm setup-ultralytics setup-quantize setup-speech setup-bench
 	$(BIN)/python -m bench.all reports/bench
 
 # The Whisper fixture learns sentences spoken by espeak-ng (Debian's package).

@@ -23,6 +23,7 @@ BENCHES = {
     "B4 vLLM continuous batching": (["llm"], "bench-llm.md"),
     "B6 measurement accuracy": (["accuracy"], "bench-accuracy.md"),
     "B7 object detection": (["detection"], "bench-detection.md"),
+    "B8 quantised LLMs": (["quantize"], "bench-quantize.md"),
     "B9 Triton response cache": (["cache"], "bench-cache.md"),
     "B11 speech real-time factor": (["speech"], "bench-speech.md"),
     "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),

@@ -1,4 +1,4 @@
-"""`rtxserve bench llm|export|detection|speech|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
+"""`rtxserve bench llm|export|detection|speech|quantize|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
 the same name under bench/."""
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--duration", type=float, default=15.0, help="seconds of load per level and round")
     sp.add_argument("--users", default="1,4", help="closed-loop users per level, comma-separated")
     sp.add_argument("--out", type=Path, help="folder (default reports/bench-speech-<time>)")
+    qz = sub.add_parser("quantize", help="B8: the B4 model quantised with each scheme (llm-compressor) against float32 "
+                        "and bfloat16: perplexity, size, output tokens/s at 1 and 16 streams through vLLM")
+    qz.add_argument("--rounds", type=int, default=3)
+    qz.add_argument("--duration", type=float, default=6.0, help="seconds per stream level, form and round")
+    qz.add_argument("--max-tokens", type=int, default=64)
+    qz.add_argument("--out", type=Path, help="folder (default reports/bench-quantize-<time>)")
     tr = sub.add_parser("batching", help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier")
     tr.add_argument("--rounds", type=int, default=3)
     tr.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
@@ -158,6 +164,14 @@ def main(argv: list[str]) -> int:
             return _fail("need --rounds >= 1, --duration > 4 (2 s of warm-up) and --users >= 1")
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, users=users, progress=_progress)  # noqa: E731
         saved = ("bench-speech.json", "bench-speech.md", "b11.png")
+    elif args.bench == "quantize":
+        from .quantize import markdown, run
+
+        if args.rounds < 1 or args.duration <= 0 or args.max_tokens < 2:
+            return _fail("need --rounds >= 1, --duration > 0 and --max-tokens >= 2")
+        bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens,  # noqa: E731
+                            progress=_progress)
+        saved = ("bench-quantize.json", "bench-quantize.md", "b8.png")
     elif args.bench == "batching":
         from .batching import markdown, run
 
