@@ -50,8 +50,8 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
         extra += ["--max-num-batched-tokens", str(m.max_num_batched_tokens)]
     if d.on_gpu:
         extra += ["--gpu-memory-utilization", f"{p.gpu_memory_utilization[m.name]:.2f}"]
-        if m.kv_cache_dtype != "auto":
-            extra += ["--kv-cache-dtype", m.kv_cache_dtype]
+    if m.kv_cache_dtype != "auto":  # vLLM's CPU attention keeps an fp8 cache too
+        extra += ["--kv-cache-dtype", m.kv_cache_dtype]
     return VLLMOptions(model=d.resolve(m.path), served_name=m.name, host=bind, port=port, max_model_len=m.max_model_len,
                        kv_cache_gib=m.kv_cache_gib, adapters={n: d.resolve(a) for n, a in m.adapters.items()},
                        dtype=m.dtype, tool_call_parser=m.tool_call_parser,

@@ -274,3 +274,20 @@ def test_a_13b_fits_one_4090_only_quantised_and_its_cache_holds_what_is_left(tmp
     fp8_kv = _llama_2_13b(tmp_path, "w4a16", "fp8")
     assert fp8_kv.estimates["llama-2-13b"].kv_bytes_per_token == 400 * 1024 and fp8_kv.kv_room_tokens["llama-2-13b"] // 4096 == 9
     assert _llama_2_13b(tmp_path, "w4a16", max_model_len=640).fits  # 24 x 640 tokens: 11.7 GiB of cache
+
+
+def test_an_fp8_kv_cache_reaches_vllm_on_a_cpu_box_too(tmp_path):
+    """vLLM's CPU attention keeps an fp8 cache as well: the option is passed wherever the engine runs, and the
+    planner counts half the bytes per token."""
+    from tests.plan_fixtures import TINY_LLAMA
+
+    write_llama(tmp_path / "llm", TINY_LLAMA)
+    estimates = {}
+    for dtype in ("auto", "fp8"):
+        d = parse_deployment({"name": "box", "models": [{"name": "llm", "kind": "llm", "path": "llm",
+                                                          "kv_cache_dtype": dtype, "dtype": "float16"}]}, tmp_path)
+        p = plan(d)
+        estimates[dtype] = p.estimates["llm"].kv_bytes_per_token
+        args = build_services(d, p, Layout(path=str, repository="r", gateway_config="g"))[0].args
+        assert ("--kv-cache-dtype" in args) == (dtype == "fp8")
+    assert estimates["fp8"] * 2 == estimates["auto"]
