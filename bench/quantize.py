@@ -126,8 +126,9 @@ streamed), median of {result['rounds']} interleaved rounds x {result['duration_s
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-The model is barely trained (a fixture): the accuracy columns say each path works and what it moves, not what a
-real fine-tune loses; on a real model, measure with your own data (`--calibration`, `--eval`).
+bfloat16 is the float32 checkpoint cast by vLLM as it loads (its size: what vLLM holds). The model is barely trained
+(a fixture): the accuracy columns say each path works and what it moves, not what a real fine-tune loses; on a real
+model, measure with your own data (`--calibration`, `--eval`).
 """
 
 
