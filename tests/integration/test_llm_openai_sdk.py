@@ -73,3 +73,23 @@ def test_a_chat_that_names_no_length_stops_at_the_gateways_max_tokens(llm_server
         assert chunks[-1].usage.completion_tokens == 16
     finally:
         gateway.stop()
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_tokenize_and_detokenize_through_the_gateway_answer_as_vllm_does(llm_servers, model):
+    """vLLM's /tokenize (a prompt, or a chat through the model's template) and /detokenize, relayed for a base model
+    and its adapters; vLLM's own 400 comes back in the gateway's error shape."""
+    import httpx
+
+    url, vllm_url, _ = llm_servers
+    for body in ({"model": model, "prompt": "hello, how can i help you today?"},
+                 {"model": model, "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": True}):
+        ours = httpx.post(f"{url}/tokenize", json=body, timeout=30)
+        assert ours.status_code == 200 and ours.json() == httpx.post(f"{vllm_url}/tokenize", json=body, timeout=30).json()
+        assert ours.json()["count"] == len(ours.json()["tokens"]) > 0
+    tokens = {"model": model, "tokens": ours.json()["tokens"]}
+    back = httpx.post(f"{url}/detokenize", json=tokens, timeout=30)
+    assert back.status_code == 200 and back.json() == httpx.post(f"{vllm_url}/detokenize", json=tokens, timeout=30).json()
+    assert "hi" in back.json()["prompt"]
+    neither = httpx.post(f"{url}/tokenize", json={"model": model}, timeout=30)  # no prompt, no messages: vLLM's to say
+    assert neither.status_code == 400 and set(neither.json()["error"]) == {"message", "type", "param", "code"}

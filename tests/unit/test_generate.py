@@ -263,3 +263,26 @@ def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend
         assert 0 < float(r.headers["x-rtxserve-overhead-ms"]) < 300, r.headers["x-rtxserve-overhead-ms"]
     assert answered.elapsed.total_seconds() >= 0.3
     assert counted() - before == 2
+
+
+def test_tokenize_and_detokenize_relay_to_the_models_engine_bounded_as_prompts_are(client, backend):
+    r = client.post("/tokenize", json={"model": "llm-lora", "prompt": "hello", "add_special_tokens": False})
+    assert r.status_code == 200 and backend.bodies[-1] == {"model": "llm-lora", "prompt": "hello",
+                                                           "add_special_tokens": False}
+    assert client.post("/tokenize", json={"model": "llm", "messages": [{"role": "user", "content": "hi"}],
+                                          "add_generation_prompt": True}).status_code == 200
+    assert client.post("/detokenize", json={"model": "llm", "tokens": [1, 2, 3]}).status_code == 200
+    assert backend.bodies[-1] == {"model": "llm", "tokens": [1, 2, 3]}
+    sent = len(backend.bodies)
+    for path, body, status, message in (
+            ("/tokenize", {"model": "llm", "prompt": "x" * 501}, 400,
+             "the prompt has 501 characters; this gateway allows at most 500"),
+            ("/tokenize", {"model": "llm", "messages": [{"role": "user", "content": "hi"}] * 9}, 400,
+             "9 messages; this gateway allows at most 8"),
+            ("/detokenize", {"model": "llm", "tokens": [1] * 501}, 400,
+             "the tokens has 501 tokens; this gateway allows at most 500"),
+            ("/detokenize", {"model": "llm", "tokens": [-1]}, 422, "tokens.0: Input should be greater than or equal to 0"),
+            ("/tokenize", {"model": "nope", "prompt": "hi"}, 404, "nope")):
+        error = error_of(client.post(path, json=body), status)
+        assert message in f"{error['message']} {error['param']}"
+    assert len(backend.bodies) == sent  # none reached the engine

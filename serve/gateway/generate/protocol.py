@@ -1,4 +1,4 @@
-"""Wire models of /v1/chat/completions and /v1/completions.
+"""Wire models of /v1/chat/completions, /v1/completions, and vLLM's /tokenize and /detokenize.
 
 The gateway is never stricter than vLLM on a valid request: only the fields that cost money or
 memory are typed here (serving.py bounds them against the settings); every other field, OpenAI's
@@ -44,3 +44,23 @@ class CompletionRequest(_Generation):
 
     prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]]
     logprobs: SafeInt | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or chat messages (rendered with the model's chat template); bounded in size, the
+    rest (add_special_tokens, add_generation_prompt, return_token_strs, ...) relayed as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    prompt: StrictStr | None = None
+    messages: list[dict] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    tokens: list[TokenId]

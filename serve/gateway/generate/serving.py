@@ -21,10 +21,21 @@ from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from .media import check_chat_images
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 log = logging.getLogger("rtxserve.gateway")
 TASK = TEXT_GENERATION
+
+
+def _messages_size(messages: list[dict]) -> int:
+    size = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return size
 
 
 def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
@@ -34,14 +45,7 @@ def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
         prompts = [request.prompt] if isinstance(request.prompt, str) or (
             request.prompt and isinstance(request.prompt[0], int)) else request.prompt
         return sum(len(p) for p in prompts)
-    size = 0
-    for message in request.messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            size += len(content)
-        elif isinstance(content, list):
-            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return size
+    return _messages_size(request.messages)
 
 
 def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest) -> None:
@@ -117,6 +121,25 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
     return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
+
+
+async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | DetokenizeRequest) -> dict:
+    """vLLM's /tokenize or /detokenize, bounded as a prompt is (a token id counts one character), relayed."""
+    limits = state.settings
+    if isinstance(request, DetokenizeRequest):
+        size, field = len(request.tokens), "tokens"
+    else:
+        if request.messages is not None and len(request.messages) > limits.max_messages:
+            raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
+                                 param="messages")
+        size = len(request.prompt or "") + _messages_size(request.messages or [])
+        field = "prompt" if request.prompt is not None else "messages"
+    if size > limits.max_prompt_chars:
+        raise InvalidRequest(f"the {field} has {size} {'tokens' if field == 'tokens' else 'characters'}; this gateway "
+                             f"allows at most {limits.max_prompt_chars}", param=field)
+    info = state.resolve(request.model, TASK)
+    body = request.model_dump(exclude_unset=True)
+    return await state.call(info, lambda b, m: b.generate(path, body, m.name))
 
 
 def _error_event(message: str) -> bytes:
