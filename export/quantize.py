@@ -163,7 +163,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
 
     from . import trainers
     from .checkpoint import read_json
-    from .llm import LLMExport, _package, _write_metadata, export_llm
+    from .llm import LLMExport, _add_chat_template, _package, _write_metadata, export_llm, inspect_llm
     from .repository import work_dir
 
     scheme = options.quantize
@@ -182,6 +182,9 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
         if found:
             raise ExportError(f"{source} is quantised already ({found}): export it without --quantize to package it "
                               "as it is (never quantised twice)")
+        if inspect_llm(source, options.chat_template).vision:  # and the weights, the tokenizer: checked here
+            raise ExportError(f"{source} is a vision-language model; quantising one is not supported yet (export it "
+                              "without --quantize)")
     steps = Steps(2 + (layout != "hf"), log)
     with work_dir(out) as work:
         model = source
@@ -192,6 +195,8 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
                                                             force=True, name=None))
             model, upstream = made.out, {k: v for k, v in made.metadata.items() if k != "parity"}
         tokenizer = AutoTokenizer.from_pretrained(model)
+        if options.chat_template is not None:  # the package's template renders its calibration data too
+            tokenizer.chat_template = Path(options.chat_template).read_text()
         data = read_calibration(tokenizer, options.calibration, options.calibration_samples, options.eval_file,
                                 scheme in CALIBRATED)
         steps("quantising %s to %s with llm-compressor (calibration: %s); measuring it on %d held-out texts",
@@ -201,6 +206,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
                                    "max_seq_length": options.max_seq_length, "eval": data.eval,
                                    "prompts": [_render(tokenizer, p, "built-in prompt") for p in GREEDY_PROMPTS],
                                    "max_new_tokens": 16}, work)
+            _add_chat_template(pkg, options.chat_template)
             accuracy = result["accuracy"]
             increase = accuracy["perplexity_increase"]
             passed = increase <= options.max_ppl_increase
