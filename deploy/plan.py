@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.entry_metadata import EntryMetadata
-from core.tasks import DIFFUSION, ENCODER
+from core.tasks import DIFFUSION, ENCODER, OBJECT_DETECTION
 
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
@@ -160,6 +160,10 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
         act_bytes = 2 if meta.precision == "fp16" else 4
         live = batch * seq * (3 * h + inter) + 2 * batch * heads * seq * seq  # widest layer + scores and softmax
         activations = ORT_ARENA_FACTOR * live * act_bytes / GIB
+    elif meta.task == OBJECT_DETECTION:  # convolutions over the whole image (YOLO) or a CNN and a DETR transformer
+        activations = weights
+        notes.append("a detector's activations are not modelled yet: assumed equal to its weights (measure the "
+                     "entry's memory under load before filling a GPU with instances)")
     else:
         activations = weights  # nothing to size them from: assume as much again as the weights
         notes.append("no model dimensions in rtxserve.json or at its source: activations assumed equal to weights "
@@ -419,8 +423,9 @@ def format_plan(p: Plan) -> str:
                      f"{e.context}); planned {planned}")
     if p.fits:
         more = [f"{n}: +{k} {'engine(s)' if n in p.engines else 'instance(s) per ' + ('GPU' if p.on_gpu else 'box')}"
-                for n, k in p.more.items()]
-        lines += ["", "would also fit: " + ", ".join(more)]
+                for n, k in p.more.items() if k > 0]
+        if more:
+            lines += ["", "would also fit: " + ", ".join(more)]
     else:
         over = [f"{dev.name} by {-dev.free_gib:.2f} GiB" for dev in p.devices if dev.free_gib < 0]
         lines += ["", f"DOES NOT FIT: over on {', '.join(over)}"]

@@ -99,7 +99,8 @@ class Kubernetes(_Strict):
     """What the rendered kustomize base needs to know about the cluster."""
 
     registry: str = Field("", description="where the cluster pulls the images built here (rtxserve-triton, "
-                          "rtxserve-gateway) from, e.g. registry.example.com/ml (push them there); empty: their local "
+                          "rtxserve-gateway, and rtxserve-vllm-audio for speech models) from, e.g. "
+                          "registry.example.com/ml (push them there); empty: their local "
                           "names, for a one-node cluster that imported them (k3s ctr images import, kind load)")
     storage_class: str | None = Field(None, description="the models claim's storage class (default: the cluster's default)")
     models_access_mode: Literal["ReadWriteOnce", "ReadOnlyMany"] = Field(

@@ -125,7 +125,8 @@ def test_one_4090_holds_an_8b_llm_with_two_adapters_and_four_bert_base(boxes):
     assert p.gpu_memory_utilization["llama-3-8b"] == pytest.approx(0.86)
     assert p.more == {"bert_classifier": 0, "llama-3-8b": 0} and 0 < p.devices[0].free_gib < p.estimates["bert_classifier"].gib
     table = format_plan(p)
-    assert "GPU 0: " in table and "bert_classifier              instances      4" in table and "would also fit" in table
+    assert "GPU 0: " in table and "bert_classifier              instances      4" in table
+    assert "would also fit" not in table  # nothing more fits: no "+0" line
 
 
 def test_auto_instances_fill_each_gpu_beside_its_engine(boxes):
@@ -273,7 +274,9 @@ def test_a_13b_fits_one_4090_only_quantised_and_its_cache_holds_what_is_left(tmp
     assert f"room for {room} tokens of KV cache (4 sequences of 4096); planned 98304" in format_plan(w4)
     fp8_kv = _llama_2_13b(tmp_path, "w4a16", "fp8")
     assert fp8_kv.estimates["llama-2-13b"].kv_bytes_per_token == 400 * 1024 and fp8_kv.kv_room_tokens["llama-2-13b"] // 4096 == 9
-    assert _llama_2_13b(tmp_path, "w4a16", max_model_len=640).fits  # 24 x 640 tokens: 11.7 GiB of cache
+    short = _llama_2_13b(tmp_path, "w4a16", max_model_len=640)  # 24 x 640 tokens: 11.7 GiB of cache
+    assert short.fits and short.more == {"llama-2-13b": 0}
+    assert "would also fit" not in format_plan(short)  # nothing more fits: no "+0 engine(s)" line
 
 
 def test_an_fp8_kv_cache_reaches_vllm_on_a_cpu_box_too(tmp_path):
@@ -291,3 +294,27 @@ def test_an_fp8_kv_cache_reaches_vllm_on_a_cpu_box_too(tmp_path):
         args = build_services(d, p, Layout(path=str, repository="r", gateway_config="g"))[0].args
         assert ("--kv-cache-dtype" in args) == (dtype == "fp8")
     assert estimates["fp8"] * 2 == estimates["auto"]
+
+
+def test_the_triton_image_installs_every_package_the_local_triton_environment_serves_entries_with():
+    """The rendered Triton image runs the same python-backend steps as `serve up` here (YOLO's letterbox and NMS
+    import OpenCV): its requirements are the local environment's, less the tritonserver that NGC's image is."""
+    from deploy.images import HERE, _requirements, triton_image_requirements
+
+    local = {str(r) for r in _requirements(HERE / "triton" / "requirements.txt") if r.name != "nvidia-pytriton"}
+    image = {line for line in triton_image_requirements(diffusion=False).splitlines()
+             if line.strip() and not line.startswith("#")}
+    assert image == local and "opencv-python-headless>=4.8" in image
+
+
+def test_a_detector_is_planned_as_an_encoder_entry_and_says_its_activations_are_not_modelled(tmp_path):
+    """A YOLO entry records no transformer dimensions: the planner says its activations are a guess, and does not
+    send the user to export it again (which would record nothing more)."""
+    write_entry(tmp_path / "repo", "yolo", task="object-detection", dims={}, params=9_400_000, precision="fp32")
+    d = parse_deployment({"name": "det-box", "gpus": {"count": 1},
+                          "models": [{"name": "yolo", "kind": "encoder", "path": "repo/yolo", "instances": 2}]},
+                         tmp_path)
+    e = plan(d).estimates["yolo"]
+    assert e.parts["activations"] == pytest.approx(e.parts["weights"]) == pytest.approx(9_400_000 * 4 / GIB)
+    notes = " ".join(e.notes)
+    assert "a detector's activations are not modelled yet" in notes and "export it again" not in notes
