@@ -26,14 +26,17 @@ def _bf16_accuracy(model: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from export.llmcompressor_runner import _accuracy
+    from export.llmcompressor_runner import _accuracy, _reference_pass, _token_ids
     from export.quantize import HELD_OUT, PROMPTS, _render
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = [_render(tokenizer, p, "built-in prompt") for p in PROMPTS[-HELD_OUT:]]
+    ids = _token_ids(tokenizer, [_render(tokenizer, p, "built-in prompt") for p in PROMPTS[-HELD_OUT:]], 512)
     reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    bf16 = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
-    return _accuracy(reference, bf16, tokenizer, texts, 512)
+    with tempfile.TemporaryDirectory() as tmp:
+        table, nll = _reference_pass(reference, ids, Path(tmp) / "reference-logprobs.npy")
+        del reference
+        bf16 = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).eval()
+        return _accuracy(table, nll, bf16, ids)
 
 
 def _throughput(model: Path, dtype: str, work: Path, rounds: int, duration_s: float, max_tokens: int,

@@ -49,29 +49,57 @@ def _refuse(work: Path, message: str) -> None:
     sys.exit(EXIT_REFUSED)
 
 
-def _accuracy(reference, quantized, tokenizer, texts: list[str], max_seq_length: int) -> dict:
-    """Perplexity of both models on `texts`, and per predicted token: top-1 agreement and KL(reference || quantised)."""
+def _token_ids(tokenizer, texts: list[str], max_seq_length: int) -> list:
+    """Each evaluation text's token ids, those with a token to predict."""
+    ids = [tokenizer(t, return_tensors="pt", truncation=True, max_length=max_seq_length).input_ids for t in texts]
+    ids = [i for i in ids if i.shape[1] >= 2]
+    if not ids:
+        raise ValueError("the evaluation texts hold no token to predict")
+    return ids
+
+
+def _log_probs(model, ids):
     import torch
 
-    nll = {"reference": 0.0, "quantized": 0.0}
-    tokens = agree = 0
-    kl = 0.0
-    for text in texts:
-        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_seq_length).input_ids
-        if ids.shape[1] < 2:
-            continue
-        with torch.no_grad():
-            ref = reference(ids).logits[0, :-1].float().log_softmax(-1)
-            got = quantized(ids).logits[0, :-1].float().log_softmax(-1)
-        target = ids[0, 1:]
-        nll["reference"] -= float(ref.gather(1, target[:, None]).sum())
-        nll["quantized"] -= float(got.gather(1, target[:, None]).sum())
+    with torch.no_grad():
+        return model(ids).logits[0, :-1].float().log_softmax(-1)
+
+
+def _reference_pass(model, ids: list, store: Path):
+    """The reference's next-token log-probabilities for every evaluation token, written to a disk-backed array at
+    `store` (float32, exact): the quantised model is then measured against it with one model in memory at a time.
+    Returns the array and the reference's summed negative log-likelihood."""
+    import numpy as np
+
+    rows = sum(i.shape[1] - 1 for i in ids)
+    table, nll, at = None, 0.0, 0
+    for i in ids:
+        ref = _log_probs(model, i)
+        if table is None:
+            table = np.lib.format.open_memmap(store, mode="w+", dtype=np.float32, shape=(rows, ref.shape[-1]))
+        table[at:at + len(ref)] = ref.numpy()
+        nll -= float(ref.gather(1, i[0, 1:, None]).sum())
+        at += len(ref)
+    table.flush()
+    return table, nll
+
+
+def _accuracy(reference_table, reference_nll: float, quantized, ids: list) -> dict:
+    """Perplexity of both models, and per predicted token: top-1 agreement and KL(reference || quantised)."""
+    import math
+
+    import torch
+
+    nll, agree, kl, at = 0.0, 0, 0.0, 0
+    for i in ids:
+        got = _log_probs(quantized, i)
+        ref = torch.from_numpy(reference_table[at:at + len(got)])
+        nll -= float(got.gather(1, i[0, 1:, None]).sum())
         agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
         kl += float((ref.exp() * (ref - got)).sum())
-        tokens += len(target)
-    if not tokens:
-        raise ValueError("the evaluation texts hold no token to predict")
-    ppl = {k: float(torch.exp(torch.tensor(v / tokens))) for k, v in nll.items()}
+        at += len(got)
+    tokens = at
+    ppl = {"reference": math.exp(reference_nll / tokens), "quantized": math.exp(nll / tokens)}
     return {"tokens": tokens, "perplexity": ppl, "perplexity_increase": ppl["quantized"] / ppl["reference"] - 1,
             "top1_agreement": agree / tokens, "mean_kl": kl / tokens}
 
@@ -118,15 +146,20 @@ def quantize(request: dict, work: Path) -> None:
     del model
     # Both sides as vLLM's weights would be read: the quantised one through transformers' compressed-tensors loader,
     # decompressed (run_compressed=False: CPU kernels for the packed formats are vLLM's, not transformers'), so
-    # its activations are quantised as the scheme says and its weights are what was stored.
+    # its activations are quantised as the scheme says and its weights are what was stored. One model in memory at a
+    # time (a 13B in float32 is 52 GB): the reference's answers are kept, on disk, for the quantised one's turn.
+    ids, new, prompts = _token_ids(tokenizer, request["eval"], length), request["max_new_tokens"], request["prompts"]
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    table, reference_nll = _reference_pass(reference, ids, work / "reference-logprobs.npy")
+    reference_greedy = _continuations(reference, tokenizer, prompts, new)
+    del reference
     quantized = AutoModelForCausalLM.from_pretrained(
         out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
-    accuracy = _accuracy(reference, quantized, tokenizer, request["eval"], length)
-    new = request["max_new_tokens"]
+    accuracy = _accuracy(table, reference_nll, quantized, ids)
+    del table
+    (work / "reference-logprobs.npy").unlink()
     accuracy["greedy"] = [{"prompt": p, "reference": r, "quantized": q} for p, r, q in zip(
-        request["prompts"], _continuations(reference, tokenizer, request["prompts"], new),
-        _continuations(quantized, tokenizer, request["prompts"], new))]
+        prompts, reference_greedy, _continuations(quantized, tokenizer, prompts, new))]
     (work / "result.json").write_text(json.dumps({
         "seconds": seconds, "accuracy": accuracy,
         "versions": {"llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__,

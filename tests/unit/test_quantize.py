@@ -168,3 +168,40 @@ def test_fp8_weights_are_refused_where_vllm_cannot_run_them_and_served_weight_on
         assert gpu_cannot_serve(fp8, "8.9") is None  # a 4090: fp8 arithmetic
     assert not caplog.text
     assert gpu_cannot_serve(int8, "7.0") is None and gpu_cannot_serve(fp8, None) is None
+
+
+def test_the_accuracy_figures_measured_one_model_at_a_time_equal_both_in_memory(tmp_path):
+    """The reference's log-probabilities go to disk before the quantised model is loaded (a 13B in float32 is 52 GB):
+    the figures equal those computed with both models side by side."""
+    import math
+    import types
+
+    import torch
+
+    from export.llmcompressor_runner import _accuracy, _reference_pass
+
+    class Toy(torch.nn.Module):
+        def __init__(self, seed: int):
+            super().__init__()
+            self.table = torch.nn.Embedding(40, 40)
+            torch.nn.init.normal_(self.table.weight, generator=torch.Generator().manual_seed(seed))
+
+        def forward(self, ids):
+            return types.SimpleNamespace(logits=self.table(ids))
+
+    reference, quantized = Toy(0), Toy(0)
+    with torch.no_grad():
+        quantized.table.weight.add_(0.3 * torch.randn(40, 40, generator=torch.Generator().manual_seed(1)))
+    ids = [torch.randint(0, 40, (1, n), generator=torch.Generator().manual_seed(n)) for n in (6, 11)]
+    table, nll = _reference_pass(reference, ids, tmp_path / "reference-logprobs.npy")
+    same = _accuracy(table, nll, reference, ids)  # the reference against itself
+    assert same["tokens"] == 15 and same["top1_agreement"] == 1.0
+    assert same["perplexity_increase"] == pytest.approx(0, abs=1e-9) and same["mean_kl"] == pytest.approx(0, abs=1e-6)
+    got = _accuracy(table, nll, quantized, ids)
+    ref = torch.cat([reference(i).logits[0, :-1].log_softmax(-1) for i in ids]).detach()
+    new = torch.cat([quantized(i).logits[0, :-1].log_softmax(-1) for i in ids]).detach()
+    target = torch.cat([i[0, 1:] for i in ids])
+    ppl = [math.exp(-float(lp.gather(1, target[:, None]).sum()) / 15) for lp in (ref, new)]
+    assert got["perplexity"] == pytest.approx({"reference": ppl[0], "quantized": ppl[1]}, rel=1e-5)
+    assert got["top1_agreement"] == pytest.approx(float((ref.argmax(-1) == new.argmax(-1)).float().mean()))
+    assert got["mean_kl"] == pytest.approx(float((ref.exp() * (ref - new)).sum()) / 15, rel=1e-5) and got["mean_kl"] > 0
