@@ -8,3 +8,14 @@ VLLM_EAGER = ["--enforce-eager"]
 # ready engine in 17 s instead of 25 s here. The integration session sets it (conftest.py); test_serve_up takes
 # it out again and starts vLLM as a user's deployment does.
 VLLM_TWO_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def png(array) -> bytes:
+    """An HWC uint8 array as the bytes of a PNG file, as a client would upload it."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer.getvalue()

@@ -12,15 +12,8 @@ from export.fixtures import boxes_images
 from export.detection import PARITY_THRESHOLD, compare_detections, pipeline_detections
 from export.vision import sample_images
 
+from . import png
 from .conftest import DETECTOR
-
-
-def _png(array) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 def _detect(stack, images: list[bytes], **options) -> httpx.Response:
@@ -31,7 +24,7 @@ def _detect(stack, images: list[bytes], **options) -> httpx.Response:
 def test_served_detections_are_the_pipelines(stack, detector_checkpoint):
     import random
 
-    images = [_png(a) for a, _ in boxes_images(random.Random(7), 4)] + sample_images()  # odd sizes, EXIF, modes
+    images = [png(a) for a, _ in boxes_images(random.Random(7), 4)] + sample_images()  # odd sizes, EXIF, modes
     r = _detect(stack, images, conf=PARITY_THRESHOLD, max_det=1000)
     assert r.status_code == 200, r.text
     data = r.json()["data"]
@@ -57,7 +50,7 @@ def test_the_export_recorded_the_same_check(stack):
 def test_max_det_classes_and_bad_images(stack):
     import random
 
-    image = _png(boxes_images(random.Random(7), 1)[0][0])
+    image = png(boxes_images(random.Random(7), 1)[0][0])
     one = _detect(stack, [image], conf=0.0, max_det=1).json()["data"][0]["detections"]
     assert len(one) == 1
     everything = _detect(stack, [image], conf=0.0, max_det=1000).json()["data"][0]["detections"]
