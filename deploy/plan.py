@@ -160,13 +160,11 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
         act_bytes = 2 if meta.precision == "fp16" else 4
         live = batch * seq * (3 * h + inter) + 2 * batch * heads * seq * seq  # widest layer + scores and softmax
         activations = ORT_ARENA_FACTOR * live * act_bytes / GIB
-    elif meta.task == OBJECT_DETECTION:  # convolutions over the whole image (YOLO) or a CNN and a DETR transformer
-        activations = weights
-        notes.append("a detector's activations are not modelled yet: assumed equal to its weights (measure the "
-                     "entry's memory under load before filling a GPU with instances)")
     else:
         activations = weights  # nothing to size them from: assume as much again as the weights
-        notes.append("no model dimensions in rtxserve.json or at its source: activations assumed equal to weights "
+        notes.append("a detector's activations are not modelled yet: assumed equal to its weights (measure the "
+                     "entry's memory under load before filling a GPU with instances)" if meta.task == OBJECT_DETECTION
+                     else "no model dimensions in rtxserve.json or at its source: activations assumed equal to weights "
                      "(export it again to record them)")
     overhead = ENCODER_INSTANCE_GIB if d.on_gpu else CPU_ENCODER_INSTANCE_GIB
     parts = {"weights": weights, "activations": activations, "runtime": overhead}
