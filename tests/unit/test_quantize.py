@@ -157,17 +157,17 @@ def test_fp8_weights_are_refused_where_vllm_cannot_run_them_and_served_weight_on
 
     fp8 = model("fp8", {"num_bits": 8, "type": "float"})
     int8 = model("int8", {"num_bits": 8, "type": "int"})
-    refused = gpu_cannot_serve(fp8, "7.0")  # a V100
+    refused = gpu_cannot_serve(fp8, lambda: "7.0")  # a V100
     assert "fp8 weights (w8a8-fp8)" in refused and "7.5 (Turing) or newer" in refused and "are 7.0" in refused
-    assert "are 7.0,8.9" in gpu_cannot_serve(fp8, "7.0,8.9")  # the oldest GPU decides
+    assert "are 7.0,8.9" in gpu_cannot_serve(fp8, lambda: "7.0,8.9")  # the oldest GPU decides
     with caplog.at_level("WARNING"):
-        assert gpu_cannot_serve(fp8, "8.6") is None  # a 3090: weight-only W8A16
+        assert gpu_cannot_serve(fp8, lambda: "8.6") is None  # a 3090: weight-only W8A16
     assert "weight-only (W8A16, FP8 Marlin)" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
-        assert gpu_cannot_serve(fp8, "8.9") is None  # a 4090: fp8 arithmetic
+        assert gpu_cannot_serve(fp8, lambda: "8.9") is None  # a 4090: fp8 arithmetic
     assert not caplog.text
-    assert gpu_cannot_serve(int8, "7.0") is None and gpu_cannot_serve(fp8, None) is None
+    assert gpu_cannot_serve(int8, lambda: "7.0") is None and gpu_cannot_serve(fp8, lambda: None) is None
 
 
 def test_the_accuracy_figures_measured_one_model_at_a_time_equal_both_in_memory(tmp_path):

