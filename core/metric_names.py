@@ -12,5 +12,7 @@ BACKEND_SECONDS = "rtxserve_backend_request_duration_seconds"  # histogram, by b
 # histogram, by route: the gateway's own time per request (its time minus its backend calls', to the response's start)
 OVERHEAD_SECONDS = "rtxserve_gateway_overhead_seconds"
 OVERHEAD_HEADER = "x-rtxserve-overhead-ms"  # the same figure on every response, in milliseconds
+# histogram, by model: the requests each Triton call carried (classify, embeddings and NER batches are coalesced)
+CALL_REQUESTS = "rtxserve_triton_call_requests"
 BACKEND_UP = "rtxserve_backend_up"  # gauge, by backend
 BREAKER_OPEN = "rtxserve_backend_breaker_open"  # gauge, by backend

@@ -35,6 +35,8 @@ IN_FLIGHT = Gauge(metric_names.IN_FLIGHT, "Model requests being served", multipr
 QUEUED = Gauge(metric_names.QUEUED, "Model requests waiting for a slot", multiprocess_mode="livesum")
 BACKEND_SECONDS = Histogram(metric_names.BACKEND_SECONDS, "Time a backend replica took per call",
                             ("backend",), buckets=BUCKETS)
+CALL_REQUESTS = Histogram(metric_names.CALL_REQUESTS, "Requests coalesced into one Triton call", ("model",),
+                          buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 BACKEND_UP = Gauge(metric_names.BACKEND_UP, "1 when the replica answered its last health check", ("backend",),
                    multiprocess_mode="livemax")
 BREAKER_OPEN = Gauge(metric_names.BREAKER_OPEN, "1 while the replica's circuit breaker keeps traffic away",

@@ -38,6 +38,11 @@ class GatewaySettings(BaseSettings):
     rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
                                     "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
                                     "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
+    coalesce_calls: int = Field(1, ge=0, le=64, description="Triton calls in flight per model and worker for classify, "
+                                "embeddings and NER; the requests that arrive while they are out wait and leave "
+                                "together as one call, up to the model's max_batch_size (benchmark B1). Raise it "
+                                "towards the model's instance count where its instances should run side by side "
+                                "(a GPU with room to spare); 0: each request its own call, at once")
     request_timeout_s: float = Field(30.0, gt=0, le=3600, description="deadline for one Triton call")
     generation_timeout_s: float = Field(600.0, gt=0, le=24 * 3600,
                                         description="deadline for one vLLM answer, or between two chunks of a stream")

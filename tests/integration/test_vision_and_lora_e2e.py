@@ -64,6 +64,41 @@ def test_a_corrupt_image_is_a_400_that_says_why(stack):
     assert len(_classify(stack, VISION, [{"image": _b64(png)}])) == 1  # and the model still serves
 
 
+def _call_requests(stack, model: str) -> tuple[float, float]:
+    """The gateway's histogram of requests per Triton call for `model`: (calls, requests)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{stack.gateway_url}/metrics", timeout=10).text
+    found = {s.name: s.value for f in text_string_to_metric_families(text) if f.name == "rtxserve_triton_call_requests"
+             for s in f.samples if s.labels.get("model") == model and s.name.endswith(("_count", "_sum"))}
+    return found.get("rtxserve_triton_call_requests_count", 0.0), found.get("rtxserve_triton_call_requests_sum", 0.0)
+
+
+def test_concurrent_requests_share_triton_calls_and_a_corrupt_image_fails_only_its_own(stack):
+    """16 requests at once: those that arrive while a call is out leave together (the gateway's coalescing), and
+    when Triton refuses the corrupt image of a coalesced call, only its request hears of it."""
+    import asyncio
+
+    png = sample_images()[0]
+    bodies = [{"model": VISION, "input": [{"image": _b64(png[:60] if i == 5 else png)}]} for i in range(16)]
+    calls_before, requests_before = _call_requests(stack, VISION)
+
+    async def at_once():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(f"{stack.gateway_url}/v1/classify", json=b) for b in bodies))
+
+    responses = asyncio.run(at_once())
+    assert [r.status_code for r in responses] == [400 if i == 5 else 200 for i in range(16)], responses[5].text
+    assert "PNG" in responses[5].json()["error"]["message"]
+    (alone,) = _classify(stack, VISION, [{"image": _b64(png)}])
+    for got in (r.json()["data"][0] for i, r in enumerate(responses) if i != 5):
+        assert got["label"] == alone["label"]
+        assert max(abs(got["scores"][k] - v) for k, v in alone["scores"].items()) < 1e-5
+    calls, requests = _call_requests(stack, VISION)
+    assert requests - requests_before >= 16  # the refused call's requests were sent again, one by one
+    assert calls - calls_before < requests - requests_before  # some call carried more than one request
+
+
 @pytest.fixture(scope="module")
 def peft_reference(classifier_adapter):
     """Softmax of the unmerged PeftModel (base + adapter) on TEXTS, and of the base alone."""

@@ -12,7 +12,7 @@ def make_backend(kind: str, url: str, settings: GatewaySettings) -> Backend:
     if kind == "triton":
         from .triton import TritonBackend
 
-        return TritonBackend(url)
+        return TritonBackend(url, settings.coalesce_calls)
     if kind == "vllm":
         from .vllm import VLLMBackend
 
