@@ -83,8 +83,8 @@ def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
         raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
     if task in IMAGE_TASKS:
         if not (path / IMAGE_PROCESSOR_FILE).is_file():
-            raise ExportError(f"no {IMAGE_PROCESSOR_FILE} in {path}: image-classification needs the image processor "
-                              "beside the model (image_processor.save_pretrained)")
+            raise ExportError(f"no {IMAGE_PROCESSOR_FILE} in {path}: {task} needs the image processor beside the "
+                              "model (image_processor.save_pretrained)")
     elif not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
     suffix = TASKS[task][0]

@@ -267,26 +267,50 @@ def boxes_images(rng: random.Random, n: int, size: int = 64):
     return out
 
 
-def write_detector(out: str | Path, *, seed: int = 0, train_steps: int = 80) -> Path:
-    """Write a tiny fine-tuned DETR (labels "red box", "blue box"; a two-stage ResNet backbone built from its config,
-    no pretrained weights) with its DetrImageProcessor (shortest edge 64, longest 96) to `out`. Trained briefly with
-    DETR's own loss on generated images of coloured rectangles, so that some queries score over the pipeline's
-    threshold."""
+def write_detector(out: str | Path, *, model_type: str = "detr", seed: int = 0, train_steps: int = 80) -> Path:
+    """Write a tiny fine-tuned DETR-family detector (labels "red box", "blue box") to `out`: `model_type` detr, or
+    one of those trained with a sigmoid focal loss (conditional_detr, rt_detr). Built from its config
+    with a small ResNet backbone (no pretrained weights) and its own image processor at 64 pixels (DETR's: shortest
+    edge 64, longest 96; RT-DETR's: 64x64). Trained briefly with the model's own loss on generated images of coloured
+    rectangles, so that some queries score over the pipeline's threshold."""
     import torch
     import transformers
-    from transformers import DetrImageProcessor
 
     out = Path(out)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     labels = {"id2label": dict(enumerate(DETECTION_LABELS)), "label2id": {l: i for i, l in enumerate(DETECTION_LABELS)}}
-    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], out_features=["stage2"])
-    config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
-                                     d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=8,
-                                     **labels)
-    model = transformers.DetrForObjectDetection(config)
-    processor = DetrImageProcessor(size={"shortest_edge": 64, "longest_edge": 96})
+    small = dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=8, **labels)
+    if model_type == "rt_detr":
+        backbone = transformers.RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                                                   layer_type="basic", out_features=["stage2", "stage3", "stage4"])
+        config = transformers.RTDetrConfig(backbone_config=backbone, encoder_hidden_dim=32, encoder_in_channels=[16, 32, 64],
+                                           decoder_in_channels=[32, 32, 32], num_denoising=0, **small)
+        model = transformers.RTDetrForObjectDetection(config)
+        processor = transformers.RTDetrImageProcessor(size={"height": 64, "width": 64})
+    else:
+        config_class, model_class, processor_class = {
+            "detr": (transformers.DetrConfig, transformers.DetrForObjectDetection, transformers.DetrImageProcessor),
+            "conditional_detr": (transformers.ConditionalDetrConfig, transformers.ConditionalDetrForObjectDetection,
+                                 transformers.ConditionalDetrImageProcessor)}[model_type]
+        backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], out_features=["stage2"])
+        config = config_class(use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False, **small)
+        model = model_class(config)
+        processor = processor_class(size={"shortest_edge": 64, "longest_edge": 96})
+    _fit_detector(model, processor, rng, train_steps, model_type)
+    if model_type == "conditional_detr":  # it learns no rectangle this briefly: its class scores centred on 50 %
+        with torch.no_grad():  # instead, so that its parity check has detections to compare
+            pixels = processor(images=[img for img, _ in boxes_images(rng, 8)], return_tensors="pt")
+            model.class_labels_classifier.bias -= model(**pixels).logits.mean()
+    return _save(out, model, processor, f"# tiny-{model_type.replace('_', '-')}-boxes (rtxserve fixture)\n\nLabels "
+                 f"{', '.join(DETECTION_LABELS)}: solid rectangles on grey noise. For tests only.\n")
+
+
+def _fit_detector(model, processor, rng: random.Random, steps: int, name: str) -> None:
+    """Train a DETR-family `model` with its own loss on 64 generated 64x64 images of coloured rectangles."""
+    import torch
+
     data = boxes_images(rng, 64)
 
     def batch_loss():
@@ -296,12 +320,11 @@ def write_detector(out: str | Path, *, seed: int = 0, train_steps: int = 80) -> 
                     "boxes": torch.tensor([[(b[1] + b[3]) / 128, (b[2] + b[4]) / 128, (b[3] - b[1]) / 64,
                                             (b[4] - b[2]) / 64] for b in boxes], dtype=torch.float32)}
                    for _, boxes in batch]
-        return model(pixel_values=pixels["pixel_values"], pixel_mask=pixels["pixel_mask"], labels=targets).loss
+        mask = {"pixel_mask": pixels["pixel_mask"]} if "pixel_mask" in pixels else {}
+        return model(pixel_values=pixels["pixel_values"], labels=targets, **mask).loss
 
-    loss = _fit(model, train_steps, 4e-3, batch_loss)
-    log.info("trained the fixture DETR for %d steps (final loss %.3f)", train_steps, loss)
-    return _save(out, model, processor, f"# tiny-detr-boxes (rtxserve fixture)\n\nLabels {', '.join(DETECTION_LABELS)}: "
-                 "solid rectangles on grey noise. For tests only.\n")
+    loss = _fit(model, steps, 4e-3, batch_loss)
+    log.info("trained the fixture %s for %d steps (final loss %.3f)", name, steps, loss)
 
 
 # A Hermes-style template: tools are listed in a system block and calls are written as

@@ -29,8 +29,10 @@ SUPPORTED_PROCESSORS = (
     "BitImageProcessor",
     "ConvNextImageProcessor",
 )
-# DETR's resize keeps the aspect ratio (shortest / longest edge); a batch of one image needs no padding.
-DETECTION_PROCESSORS = ("DetrImageProcessor", "ConditionalDetrImageProcessor", "DeformableDetrImageProcessor")
+# DETR's resize keeps the aspect ratio (shortest / longest edge); a batch of one image needs no padding. RT-DETR's
+# resizes to a fixed height and width.
+DETECTION_PROCESSORS = ("DetrImageProcessor", "ConditionalDetrImageProcessor", "DeformableDetrImageProcessor",
+                        "RTDetrImageProcessor")
 PROCESSORS = {IMAGE_CLASSIFICATION: SUPPORTED_PROCESSORS, OBJECT_DETECTION: DETECTION_PROCESSORS}
 _BILINEAR = 2  # what transformers' PIL backend resizes with when `resample` is unset
 

@@ -1,6 +1,6 @@
 """Real servers, one of each per session: the fixture classifier, a LoRA adapter on it (merged), the real
-MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR and the fixture YOLO (trained and exported
-by Ultralytics in its own environment) behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind
+MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR and RT-DETR and the fixture YOLO (trained and
+exported by Ultralytics in its own environment) behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind
 vLLM + gateway."""
 
 import time
@@ -19,6 +19,7 @@ EMBEDDER = "minilm"
 TAGGER = "tiny_ner"
 VISION = "tiny_vit"
 DETECTOR = "tiny_detr"
+RT_DETR = "tiny_rt_detr"
 YOLO = "tiny_yolo"
 LORA_CLASSIFIER = "tiny_sentiment_lora"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
@@ -53,6 +54,12 @@ def detector_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def rt_detr_checkpoint(tmp_path_factory):
+    """The fixture RT-DETR (the same rectangles; a sigmoid per class, read by its top-k) with its image processor."""
+    return write_detector(tmp_path_factory.mktemp("ckpt") / "rt-detr", model_type="rt_detr")
+
+
+@pytest.fixture(scope="session")
 def yolo_run(tmp_path_factory):
     """The fixture YOLO11n run (weights/best.pt, args.yaml, and data/ with the rectangles it learnt)."""
     from export.yolo import train_fixture
@@ -74,14 +81,15 @@ def classifier_adapter(classifier_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, yolo_run, classifier_adapter,
-          tmp_path_factory):
+def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, rt_detr_checkpoint, yolo_run,
+          classifier_adapter, tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
     export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
+    export_encoder(rt_detr_checkpoint, "object-detection", EntryOptions(name=RT_DETR), work / "repo")
     export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",
                    EncoderOptions())  # parity on the run's validation images, found through its args.yaml
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")

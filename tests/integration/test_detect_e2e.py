@@ -1,36 +1,40 @@
-"""Through the real tritonserver and the gateway, with raw HTTP: the fixture DETR's served detections equal
-transformers' object-detection pipeline on the same images (same classes, box IoU >= 0.99, scores within 1e-3),
-the export recorded the same check in parity.json, and bad input is a 400 that names it."""
+"""Through the real tritonserver and the gateway, with raw HTTP: the fixture DETR's and RT-DETR's served detections
+equal transformers' object-detection pipeline on the same images (same classes, box IoU >= 0.99, scores within 1e-3),
+the export recorded the same check in parity.json, and bad input is a 400 that names it. A Conditional DETR (read as
+RT-DETR is: a sigmoid per class, the best pairs) is held to the pipeline by its export's check."""
 
 import base64
 import io
 import json
 
 import httpx
+import pytest
 
 from export.fixtures import boxes_images
 from export.detection import PARITY_THRESHOLD, compare_detections, pipeline_detections
 from export.vision import sample_images
 
 from . import png
-from .conftest import DETECTOR
+from .conftest import DETECTOR, RT_DETR
 
 
-def _detect(stack, images: list[bytes], **options) -> httpx.Response:
+def _detect(stack, images: list[bytes], model: str = DETECTOR, **options) -> httpx.Response:
     return httpx.post(f"{stack.gateway_url}/v1/detect", timeout=60, json={
-        "model": DETECTOR, "input": [{"image": base64.b64encode(i).decode()} for i in images], **options})
+        "model": model, "input": [{"image": base64.b64encode(i).decode()} for i in images], **options})
 
 
-def test_served_detections_are_the_pipelines(stack, detector_checkpoint):
+@pytest.mark.parametrize("model, checkpoint", [(DETECTOR, "detector_checkpoint"), (RT_DETR, "rt_detr_checkpoint")])
+def test_served_detections_are_the_pipelines(stack, model, checkpoint, request):
     import random
 
     images = [png(a) for a, _ in boxes_images(random.Random(7), 4)] + sample_images()  # odd sizes, EXIF, modes
-    r = _detect(stack, images, conf=PARITY_THRESHOLD, max_det=1000)
+    r = _detect(stack, images, model, conf=PARITY_THRESHOLD, max_det=1000)
     assert r.status_code == 200, r.text
     data = r.json()["data"]
     served = [[[*d["box"], d["score"], d["class_id"]] for d in image["detections"]] for image in data]
-    assert sum(map(len, served)) > 0  # the fixture finds its rectangles
-    check = compare_detections(served, pipeline_detections(detector_checkpoint, images, PARITY_THRESHOLD))
+    assert sum(map(len, served[:4])) > 0  # the fixture finds its rectangles
+    reference = pipeline_detections(request.getfixturevalue(checkpoint), images, PARITY_THRESHOLD)
+    check = compare_detections(served, reference)
     assert check["passed"], check
     from PIL import Image, ImageOps
 
@@ -72,3 +76,17 @@ def test_an_int8_export_records_what_it_costs_against_the_pipeline(detector_chec
     served = result.parity["served"]
     assert result.parity["variant"] == "int8" and served["gate"].startswith("none for int8")
     assert served["images"] == 13 and "min_box_iou" in served  # recorded whether or not it meets the fp32 bar
+
+
+def test_a_conditional_detr_exports_with_the_pipelines_detections(tmp_path):
+    """Read as RT-DETR is (a sigmoid per class), with its processor's top_k of 100 (query, class) pairs."""
+    from export.encoder import export_encoder
+    from export.fixtures import write_detector
+    from export.triton_entry import EntryOptions
+
+    checkpoint = write_detector(tmp_path / "conditional", model_type="conditional_detr")
+    result = export_encoder(checkpoint, "object-detection", EntryOptions(name="conditional"), tmp_path / "repo")
+    served = result.parity["served"]
+    assert served["passed"] and served["detections"] > 0, served
+    config = (tmp_path / "repo" / "conditional_postprocess" / "config.pbtxt").read_text()
+    assert '"top_k"' in config and '"100"' in config

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from core.contract import MAX_DETECTIONS
-from export.triton_models.detection_postprocess.detections import detr_detections
+from export.triton_models.detection_postprocess.detections import detr_detections, top_k_detections
 from export.triton_models.image_preprocess.imaging import size_with_aspect_ratio
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Detections, ModelInfo
@@ -57,6 +57,37 @@ def test_detections_are_detrs_post_processing_sorted_and_capped():
     np.testing.assert_allclose(got[:, :4], want["boxes"][order].numpy(), atol=1e-4)
     assert list(got[:, 4]) == sorted(got[:, 4], reverse=True)
     assert len(detr_detections(logits[0], boxes[0], 50, 70, 0.3, 2)) == 2
+
+
+@pytest.mark.parametrize("processor, top_k", [("conditional_detr.image_processing_pil_conditional_detr."
+                                                 "ConditionalDetrImageProcessorPil", 100),
+                                                ("deformable_detr.image_processing_pil_deformable_detr."
+                                                 "DeformableDetrImageProcessorPil", 100),
+                                                ("rt_detr.image_processing_pil_rt_detr.RTDetrImageProcessorPil", 20)])
+def test_focal_loss_detections_are_the_image_processors_post_processing(processor, top_k):
+    """Sigmoid per class, the best top_k (query, class) pairs (20 queries x 4 classes: RT-DETR's top_k, the query
+    count, leaves pairs out; 100 keeps them all), a query answering for two classes where both score."""
+    import importlib
+
+    import torch
+
+    module, name = processor.rsplit(".", 1)
+    post = getattr(importlib.import_module(f"transformers.models.{module}"), name)().post_process_object_detection
+    rng = np.random.default_rng(1)
+    logits, boxes = rng.normal(0, 2, (1, 20, 4)).astype(np.float32), rng.uniform(0.1, 0.6, (1, 20, 4)).astype(np.float32)
+
+    class Out:
+        pass
+
+    out = Out()
+    out.logits, out.pred_boxes = torch.from_numpy(logits), torch.from_numpy(boxes)
+    (want,) = post(out, threshold=0.3, target_sizes=[(50, 70)])
+    got = top_k_detections(logits[0], boxes[0], 50, 70, 0.3, 1000, top_k)
+    assert len(got) == len(want["scores"]) > 0
+    np.testing.assert_allclose(got[:, 4], want["scores"].numpy(), atol=1e-6)
+    np.testing.assert_array_equal(got[:, 5], want["labels"].numpy())
+    np.testing.assert_allclose(got[:, :4], want["boxes"].numpy(), atol=1e-4)
+    assert len(top_k_detections(logits[0], boxes[0], 50, 70, 0.3, 2, top_k)) == 2
 
 
 class FakeDetector(FakeTriton):
@@ -173,3 +204,21 @@ def test_the_served_check_gates_fp32_and_records_a_lossy_variant():
         gate_served(differing(), "fp32", allow_drift=False)
     assert "gate" not in gate_served(differing(), "fp32", allow_drift=True)
     assert gate_served(differing(), "int8", allow_drift=False)["gate"].startswith("none for int8")
+
+
+def test_a_deformable_detr_is_refused_with_the_reason(tmp_path):
+    """Its graph would be traced for one image size: refused before anything is exported."""
+    import transformers
+
+    from export.encoder import export_encoder
+    from export.exceptions import ExportError
+    from export.triton_entry import EntryOptions
+
+    config = transformers.DeformableDetrConfig(num_queries=8, id2label={0: "a", 1: "b"}, label2id={"a": 0, "b": 1},
+                                               architectures=["DeformableDetrForObjectDetection"])
+    config.save_pretrained(tmp_path / "ckpt")
+    transformers.DeformableDetrImageProcessor().save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ExportError, match="'deformable_detr' is not supported yet: .*traced for one image size"):
+        export_encoder(tmp_path / "ckpt", "object-detection", EntryOptions(name="x"), tmp_path / "repo")
+    assert not (tmp_path / "repo").exists()

@@ -1,6 +1,7 @@
 """A detector's raw outputs -> boxes in the original image's pixels. NumPy (and OpenCV's NMS for YOLO).
 
-Two decoders: a DETR-family detector's (`detr_detections`) and an Ultralytics YOLO's (`yolo_detections`).
+Three decoders: DETR's (`detr_detections`), that of the DETR-family detectors trained with a sigmoid focal loss
+(Conditional DETR, Deformable DETR, RT-DETR: `top_k_detections`) and an Ultralytics YOLO's (`yolo_detections`).
 
 Copied beside `model.py` into `<name>_postprocess/1/` by `rtxserve export`; export imports it too (parity
 against transformers' pipeline). It is what `post_process_object_detection` of DETR's image processors does:
@@ -39,12 +40,39 @@ def detr_detections(logits: np.ndarray, boxes: np.ndarray, height: int, width: i
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs = shifted / shifted.sum(axis=-1, keepdims=True)
     scores, classes = probs[:, :-1].max(axis=-1), probs[:, :-1].argmax(axis=-1)
-    cx, cy, w, h = boxes.astype(np.float32, copy=False).T
-    corners = np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=-1)
-    corners = corners * np.array([width, height, width, height], dtype=np.float32)
+    corners = _corners(boxes, height, width)
     keep = np.flatnonzero(scores > conf)
     keep = keep[np.argsort(-scores[keep], kind="stable")][:max_det]
     return np.concatenate([corners[keep], scores[keep, None], classes[keep, None].astype(np.float32)], axis=1)
+
+
+def top_k_detections(logits: np.ndarray, boxes: np.ndarray, height: int, width: int, conf: float, max_det: int,
+                     top_k: int) -> np.ndarray:
+    """One image's detections, float32 [n, 6] in COLUMNS order, for a detector trained with a sigmoid focal loss:
+    what `post_process_object_detection` of Conditional DETR's, Deformable DETR's and RT-DETR's image processors
+    does. Each (query, class) pair's sigmoid is a candidate; the `top_k` best pairs are taken (a query may answer
+    for two classes), kept when over `conf`, at most `max_det`, best first.
+
+    Args:
+        logits: [queries, classes], no no-object class.
+        boxes: [queries, 4] (cx, cy, w, h) relative to the image.
+        top_k: 100 for Conditional and Deformable DETR (their processors' default), the query count for RT-DETR.
+    """
+    logits = logits.astype(np.float32, copy=False)
+    flat = (1.0 / (1.0 + np.exp(-logits))).reshape(-1)
+    best = np.argsort(-flat, kind="stable")[:min(top_k, flat.size)]
+    queries, classes = np.divmod(best, logits.shape[-1])
+    keep = flat[best] > conf
+    corners = _corners(boxes, height, width)[queries[keep]][:max_det]
+    scores, classes = flat[best][keep][:max_det], classes[keep][:max_det]
+    return np.concatenate([corners, scores[:, None], classes[:, None].astype(np.float32)], axis=1)
+
+
+def _corners(boxes: np.ndarray, height: int, width: int) -> np.ndarray:
+    """(cx, cy, w, h) relative to the image -> (x1, y1, x2, y2) in its pixels."""
+    cx, cy, w, h = boxes.astype(np.float32, copy=False).T
+    corners = np.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], axis=-1)
+    return corners * np.array([width, height, width, height], dtype=np.float32)
 
 
 # Ultralytics' non_max_suppression: at most this many candidates enter NMS, the best-scored.

@@ -3,6 +3,8 @@
 Copied into `<name>_postprocess/1/model.py` by `rtxserve export`, with `detections.py` (and, for YOLO, `imaging.py`)
 beside it. The string parameter `decoder` says whose outputs these are:
   detr: logits [batch, queries, classes + 1] FP32, pred_boxes [batch, queries, 4] FP32;
+  top_k: logits [batch, queries, classes] FP32 (sigmoid per class), pred_boxes as DETR's; parameter `top_k`, the
+        (query, class) pairs considered (Conditional / Deformable DETR, RT-DETR);
   yolo: output0 [batch, 4 + classes, anchors] FP32, in the letterboxed tensor's pixels (parameter `letterbox`:
         {"imgsz", "stride"}, as the preprocess step's, to find where the image lay in it).
 Inputs besides: image_size [batch, 2] INT64 (height, width), OPTIONS [batch, 3] FP32 (conf, iou, max_det: the
@@ -24,7 +26,7 @@ if _HERE not in sys.path[:1]:
 
 import detections  # noqa: E402
 
-DECODERS = ("detr", "yolo")
+DECODERS = ("detr", "top_k", "yolo")
 
 
 class TritonPythonModel:
@@ -35,6 +37,8 @@ class TritonPythonModel:
         if self.decoder not in DECODERS:
             raise pb_utils.TritonModelException(f"detection postprocess: decoder must be one of {DECODERS}, "
                                                 f"got {self.decoder!r}")
+        if self.decoder == "top_k":
+            self.top_k = int(params["top_k"])
         if self.decoder == "yolo":
             import imaging  # the preprocess step's own geometry, so that boxes leave the letterbox as they entered
 
@@ -42,11 +46,13 @@ class TritonPythonModel:
             self.geometry = lambda h, w: imaging.letterbox_geometry(h, w, letterbox["imgsz"], letterbox["stride"])
 
     def _detections(self, request, sizes, options):
-        if self.decoder == "detr":
+        if self.decoder != "yolo":
             logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
             boxes = pb_utils.get_input_tensor_by_name(request, "pred_boxes").as_numpy()
-            return [detections.detr_detections(logits[i], boxes[i], int(sizes[i, 0]), int(sizes[i, 1]),
-                                               float(options[i, 0]), int(options[i, 2])) for i in range(len(sizes))]
+            decode = (detections.detr_detections if self.decoder == "detr" else
+                      lambda *args: detections.top_k_detections(*args, self.top_k))
+            return [decode(logits[i], boxes[i], int(sizes[i, 0]), int(sizes[i, 1]), float(options[i, 0]),
+                           int(options[i, 2])) for i in range(len(sizes))]
         predictions = pb_utils.get_input_tensor_by_name(request, "output0").as_numpy()
         found = []
         for i in range(len(sizes)):
