@@ -60,7 +60,7 @@ IMAGE_CLASSIFICATION = _task(
     "image-classification", kind=ENCODER, inputs="image", routes=("/v1/classify",), loadtest=("image",),
     parity="logits within atol; labels as transformers' pipeline", arch_suffix="ForImageClassification",
     auto_class="AutoModelForImageClassification")
-# DETR and the DETR family (Conditional / Deformable DETR) with their image processor: boxes and classes per image.
+# DETR and the DETR family (Conditional DETR, RT-DETR) with their image processor: boxes and classes per image.
 OBJECT_DETECTION = _task(
     "object-detection", kind=ENCODER, inputs="image", routes=("/v1/detect",), loadtest=("detect",),
     parity="raw outputs within atol; boxes, classes and scores as transformers' pipeline",
