@@ -19,7 +19,7 @@ from .checkpoint import Checkpoint, read_json
 from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
 from .detection import DETR_FAMILY, NOT_YET, detections_parity, detector, top_k
-from .triton_entry import (EntityRules, classification_entry, detection_entry, embedding_entry,
+from .triton_entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
                            image_classification_entry, token_classification_entry)
 
 from core.contract import DETECTION_DEFAULTS
@@ -195,7 +195,7 @@ def _object_detection(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
     queries = ckpt.config.get("num_queries")
     if not isinstance(queries, int) or queries < 1:
         raise ExportError(f"{ckpt.path / 'config.json'} records no num_queries; cannot size the detector's outputs")
-    entry = functools.partial(detection_entry, labels=ckpt.labels, queries=queries, top_k=top_k(ckpt.config),
+    entry = functools.partial(detection_entry, labels=ckpt.labels, detr=DetrOutputs(queries, top_k(ckpt.config)),
                               defaults=DETECTION_DEFAULTS)
     return TaskSpec(("logits", "pred_boxes"), lambda model, _ckpt: detector(model), entry,
                     metadata={"labels": ckpt.labels, "detection_defaults": DETECTION_DEFAULTS, "nms": False},

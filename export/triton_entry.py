@@ -348,6 +348,16 @@ def image_classification_entry(
     ]
 
 
+@dataclass(frozen=True)
+class DetrOutputs:
+    """A DETR-family graph's outputs: `queries` rows of logits and boxes; the logits read with DETR's softmax and its
+    trailing no-object class (`top_k` None), or, for a detector trained with a sigmoid focal loss, a sigmoid per
+    class and the best `top_k` (query, class) pairs."""
+
+    queries: int
+    top_k: int | None = None
+
+
 def detection_entry(
     opts: EntryOptions,
     *,
@@ -358,16 +368,14 @@ def detection_entry(
     defaults: dict,
     metadata: dict,
     parity: dict,
-    queries: int | None = None,
-    top_k: int | None = None,
+    detr: DetrOutputs | None = None,
     letterbox: dict | None = None,
 ) -> list[ModelDir]:
     """preprocess (encoded image -> pixel_values and the image's size) -> model -> postprocess (boxes in the image's
     pixels over the request's conf, at most its max_det). The request's OPTIONS (conf, iou, max_det) travel beside
     the image; the ensemble answers DETECTIONS and IMAGE_SIZE.
 
-    A DETR-family model answers `logits` and `pred_boxes` for a fixed count of `queries` (with a trailing no-object
-    class, or, given `top_k`, a sigmoid per class read as a focal-loss detector's); an Ultralytics YOLO (given
+    A DETR-family model (`detr`) answers `logits` and `pred_boxes` for a fixed count of queries; an Ultralytics YOLO (given
     its `letterbox`: imgsz and stride, as the preprocess step's) answers `output0`, whose anchors follow the
     letterboxed image's size, and its postprocess runs NMS."""
     pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
@@ -375,9 +383,9 @@ def detection_entry(
     options = TensorSpec("OPTIONS", "TYPE_FP32", (3,))
     if letterbox is None:
         # A fixed count of queries: the CPU model step cuts outputs whose first dim is -1 to the input's sequence length.
-        raw = (TensorSpec("logits", "TYPE_FP32", (queries, len(labels) + (top_k is None))),
-               TensorSpec("pred_boxes", "TYPE_FP32", (queries, 4)))
-        decoder = {"decoder": "detr"} if top_k is None else {"decoder": "top_k", "top_k": str(top_k)}
+        raw = (TensorSpec("logits", "TYPE_FP32", (detr.queries, len(labels) + (detr.top_k is None))),
+               TensorSpec("pred_boxes", "TYPE_FP32", (detr.queries, 4)))
+        decoder = {"decoder": "detr"} if detr.top_k is None else {"decoder": "top_k", "top_k": str(detr.top_k)}
     else:  # Ultralytics' graph: images -> output0
         raw = (TensorSpec("output0", "TYPE_FP32", (4 + len(labels), -1)),)
         decoder = {"decoder": "yolo", "letterbox": json.dumps(letterbox)}

@@ -1,7 +1,8 @@
 """Who may call what: the API key of a request (a route dependency) and the models it may use.
 
 With no keys file the gateway runs open (the settings allow that on loopback only); with one, every
-model route needs `Authorization: Bearer <key>` (what the `openai` SDK sends as its `api_key`).
+model route needs `Authorization: Bearer <key>` (what the `openai` SDK sends as its `api_key`) or `x-api-key: <key>`
+(what the `anthropic` SDK sends).
 Health, readiness and metrics stay open for probes and Prometheus.
 """
 
@@ -13,15 +14,17 @@ from .exceptions import Forbidden, Unauthenticated
 from .keys import ApiKey
 
 
-def key_of(state, authorization: str) -> ApiKey | None:
-    """The key an `Authorization` header names: None when the gateway has no keys; 401 when it has and the header
-    does not name one of them."""
+def key_of(state, authorization: str, api_key: str = "") -> ApiKey | None:
+    """The key an `Authorization: Bearer` header names, else an `x-api-key` header: None when the gateway has no
+    keys; 401 when it has and the headers do not name one of them."""
     ring = state.keys
     if ring is None:
         return None
     scheme, _, secret = authorization.partition(" ")
+    if not authorization and api_key.strip():
+        scheme, secret = "bearer", api_key
     if scheme.lower() != "bearer" or not secret.strip():
-        raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>'")
+        raise Unauthenticated("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')")
     key = ring.lookup(secret.strip())
     if key is None:
         raise Unauthenticated("invalid API key")  # never echo what was sent
@@ -30,7 +33,8 @@ def key_of(state, authorization: str) -> ApiKey | None:
 
 async def authenticate(request: Request) -> None:
     """Route dependency: 401 unless the request carries a valid key (when the gateway has keys)."""
-    request.state.api_key = key_of(request.app.state.gateway, request.headers.get("authorization", ""))
+    request.state.api_key = key_of(request.app.state.gateway, request.headers.get("authorization", ""),
+                                   request.headers.get("x-api-key", ""))
 
 
 def request_key(request: Request) -> ApiKey | None:

@@ -74,7 +74,8 @@ class HotRoutes:
         except orjson.JSONDecodeError as exc:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                            "input": {}, "ctx": {"error": exc.msg}}]) from None
-        key = key_of(self.state, headers.get(b"authorization", b"").decode("latin-1"))
+        key = key_of(self.state, headers.get(b"authorization", b"").decode("latin-1"),
+                     headers.get(b"x-api-key", b"").decode("latin-1"))
         try:
             request = route.request.model_validate(data)
         except ValidationError as exc:

@@ -121,3 +121,14 @@ def test_the_keys_file_is_taken_before_or_after_the_subcommand(tmp_path, capsys,
         if command[0] == "list":
             assert out[-1].startswith("me ")
     assert read_keys(path) == {} and not (tmp_path / "keys.json").exists()
+
+
+def test_an_x_api_key_header_is_a_key_as_anthropics_clients_send_it(gateway, keyfile):
+    """On the hot path (classify) and on FastAPI's routes (models) alike; Bearer wins when both are sent."""
+    _, secrets = keyfile
+    body = {"model": "clf", "input": "good"}
+    assert gateway.post("/v1/classify", json=body, headers={"x-api-key": secrets["clf-only"]}).status_code == 200
+    assert gateway.get("/v1/models", headers={"x-api-key": secrets["admin"]}).status_code == 200
+    error_of(gateway.post("/v1/classify", json=body, headers={"x-api-key": "rtx-not-a-real-key-123"}), 401)
+    both = {"x-api-key": secrets["clf-only"], **bearer("rtx-not-a-real-key-123")}
+    error_of(gateway.post("/v1/classify", json=body, headers=both), 401)

@@ -162,6 +162,9 @@ class VLLMBackend(Backend):
                 content = b""
             response.close()
             raise_for_status(response.status, content, model)
+        if path in TYPED_EVENTS_END:
+            return TypedEventStream(response.content.iter_any(), response.close, model, release=response.release,
+                                    ends=TYPED_EVENTS_END[path])
         return SSEStream(response.content.iter_any(), response.close, model, release=response.release)
 
 
@@ -224,6 +227,54 @@ class SSEStream(Stream):
             self._release()
         else:
             self._close()  # also what aborts the generation in vLLM when the client left
+
+
+# The APIs whose streams are typed events (`event: <type>` beside `data: {"type": <type>, ...}`), and the events that
+# end them: the Responses API's (OpenAI's) and the Messages API's (Anthropic's). Neither sends [DONE].
+TYPED_EVENTS_END = {"/v1/responses": frozenset({"response.completed", "response.incomplete", "response.failed"}),
+                    "/v1/messages": frozenset({"message_stop"})}
+
+
+class TypedEventStream(SSEStream):
+    """A Responses or Messages stream: each event relayed as vLLM sent it (its `event:` line too) and parsed, for its
+    usage (the Responses API's in its last event's response, Anthropic's input tokens in message_start and output
+    tokens in message_delta: merged, and handed over with the last event) and for an error (which ends the stream as
+    broken). It ends at one of `ends`."""
+
+    def __init__(self, reads, close, model: str, *, ends: frozenset[str], release=None):
+        super().__init__(reads, close, model, release)
+        self.ends = ends
+
+    async def __aiter__(self):
+        rest, usage = b"", {}
+        try:
+            async for read in self.reads:
+                *events, rest = _EVENT_END.split(rest + read)
+                relay: list[bytes] = []
+                for event in events:
+                    payload = b"\n".join(line[5:].removeprefix(b" ") for line in _LINE_END.split(event)
+                                          if line.startswith(b"data:")).strip()
+                    if not payload:  # a comment or a keep-alive
+                        continue
+                    chunk = _checked(payload)
+                    if chunk.get("type") == "error":
+                        raise StreamBroken(f"error in stream: {str(chunk)[:300]}")
+                    relay.append(event + b"\n\n")
+                    found = chunk.get("usage") or (chunk.get("response") or {}).get("usage") or \
+                        (chunk.get("message") or {}).get("usage")
+                    if isinstance(found, dict):
+                        usage.update(found)
+                    if chunk.get("type") in self.ends:
+                        yield StreamChunk(b"".join(relay), usage)
+                        async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
+                            pass
+                        self.finished = True
+                        return
+                if relay:
+                    yield StreamChunk(b"".join(relay))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
+        raise StreamBroken("stream ended before its last event")
 
 
 def _checked(payload: bytes) -> dict:

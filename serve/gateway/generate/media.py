@@ -1,7 +1,9 @@
 """Image parts of chat messages, bounded before vLLM decodes or fetches them.
 
 vLLM reads OpenAI's `{"type": "image_url", "image_url": {"url": ...}}`, the shorter `{"image_url": "..."}`
-without a type (which OpenAI takes too, undocumented) and the Responses API's `{"type": "input_image", "image_url": "..."}`. A URL may be a base64 data URL, an http(s) URL that vLLM
+without a type (which OpenAI takes too, undocumented), the Responses API's `{"type": "input_image", "image_url":
+"..."}` and Anthropic's `{"type": "image", "source": {"type": "base64", "data": ...} or {"type": "url", "url": ...}}`
+(a base64 source is held to the data URL's rules). A URL may be a base64 data URL, an http(s) URL that vLLM
 fetches from its own network position, or a file: URL under its --allowed-local-media-path: the gateway lets
 through data URLs within max_image_bytes and http(s) URLs of the hosts in chat_image_domains, nothing else. Other
 part types (text, audio, video, ...) are vLLM's to judge.
@@ -31,7 +33,7 @@ def _image_parts(messages: list[dict]) -> Iterator[tuple[str, dict]]:
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
-            if isinstance(part, dict) and (part.get("type") in ("image_url", "input_image")
+            if isinstance(part, dict) and (part.get("type") in ("image_url", "input_image", "image")
                                            or (part.get("type") is None and "image_url" in part)):
                 yield f"messages[{i}].content[{j}]", part
 
@@ -60,6 +62,16 @@ def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
         raise InvalidRequest(f"{len(parts)} images; this gateway allows at most {limits.max_chat_images} per request",
                              param="messages")
     for where, part in parts:
+        if part.get("type") == "image":  # Anthropic's: a base64 or URL source
+            source = part.get("source") if isinstance(part.get("source"), dict) else {}
+            if source.get("type") == "base64" and isinstance(source.get("data"), str):
+                _check_data_url(limits, where, source["data"], bare=True)
+            elif source.get("type") == "url" and isinstance(source.get("url"), str):
+                _check_remote_url(limits, where, source["url"])
+            else:
+                raise InvalidRequest(f'{where}: an image source must be {{"type": "base64", "data": ...}} or '
+                                     '{"type": "url", "url": ...}', param="messages")
+            continue
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
         if url is None and part.get("uuid") is not None:
@@ -73,9 +85,9 @@ def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
             _check_remote_url(limits, where, url)
 
 
-def _check_data_url(limits: GatewaySettings, where: str, url: str) -> None:
+def _check_data_url(limits: GatewaySettings, where: str, url: str, bare: bool = False) -> None:
     try:
-        data_url.decoded_size(data_url.payload(url), limits.max_image_bytes)
+        data_url.decoded_size(data_url.payload(url, bare_allowed=bare), limits.max_image_bytes)
     except ValueError as exc:
         raise InvalidRequest(f"{where}: {exc}", param="messages") from None
 

@@ -1,4 +1,5 @@
-"""Wire models of /v1/chat/completions, /v1/completions, and vLLM's /tokenize and /detokenize.
+"""Wire models of /v1/chat/completions, /v1/completions, /v1/responses (OpenAI's Responses API), /v1/messages
+(Anthropic's Messages API), and vLLM's /tokenize and /detokenize.
 
 The gateway is never stricter than vLLM on a valid request: only the fields that cost money or
 memory are typed here (serving.py bounds them against the settings); every other field, OpenAI's
@@ -64,3 +65,33 @@ class DetokenizeRequest(BaseModel):
 
     model: StrictStr = Field(min_length=1, max_length=256)
     tokens: list[TokenId]
+
+
+class ResponsesRequest(BaseModel):
+    """OpenAI's Responses API: `input` (a text, or items: messages with text and image parts, tool calls and their
+    outputs), `instructions` and `tools` bounded in count and size, `max_output_tokens` in length; the rest
+    (reasoning, text.format, tool_choice, ...) relayed as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    input: StrictStr | list[dict]
+    instructions: StrictStr | None = None
+    max_output_tokens: SafeInt | None = None
+    tools: list[dict] | None = None
+    stream: bool | None = False
+
+
+class MessagesRequest(BaseModel):
+    """Anthropic's Messages API: `messages` (text, image and tool blocks), `system` and `tools` bounded in count and
+    size, `max_tokens` (required, as Anthropic's API requires it) in length; the rest relayed as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    messages: list[dict] = Field(min_length=1)
+    max_tokens: SafeInt
+    system: StrictStr | list[dict] | None = None
+    stop_sequences: list[StrictStr] | None = None
+    tools: list[dict] | None = None
+    stream: bool | None = False

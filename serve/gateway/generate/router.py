@@ -4,8 +4,9 @@ from fastapi.responses import StreamingResponse
 
 from ..auth import admit, authenticate, request_key
 from ..routing import gateway_router
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .serving import generate, tokenize
+from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest, ResponsesRequest,
+                       TokenizeRequest)
+from .serving import generate, relay_agent_api, tokenize
 
 router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
@@ -28,6 +29,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     """OpenAI text completions (streamed with `stream: true`)."""
     return await _answer(request, "/v1/completions", body)
+
+
+async def _relay_agent_api(request: Request, path: str, body: ResponsesRequest | MessagesRequest):
+    await admit(request, body.model)
+    result = await relay_agent_api(request.app.state.gateway, path, body, request_key(request))
+    if body.stream:
+        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return Response(orjson.dumps(result), media_type="application/json")
+
+
+@router.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    """OpenAI's Responses API (the `openai` SDK's `responses.create`, streamed with `stream: true`), stateless: vLLM
+    keeps no responses for `previous_response_id` unless it is started to store them."""
+    return await _relay_agent_api(request, "/v1/responses", body)
+
+
+@router.post("/v1/messages")
+async def messages(body: MessagesRequest, request: Request):
+    """Anthropic's Messages API (the `anthropic` SDK's `messages.create`, streamed with `stream: true`); the key may
+    come as `x-api-key`, as Anthropic's clients send it, or as a Bearer token."""
+    return await _relay_agent_api(request, "/v1/messages", body)
 
 
 @router.post("/tokenize")

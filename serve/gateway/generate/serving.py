@@ -1,13 +1,17 @@
 """Generation: bounds checked here, then the request is relayed to the backend (streamed or not).
 
-A stream that breaks after it started ends with a terminal SSE error event and no [DONE], so that a
-client can never take a cut answer for a whole one. Token usage is counted in metrics; vLLM is always
-asked for usage on streams, and that chunk is passed on only if the client asked for it too.
+Chat and completions (OpenAI's), the Responses API (OpenAI's) and the Messages API (Anthropic's) have the same
+bounds (length, prompt size, messages, tools, images) and the same accounting. A stream that breaks after it
+started ends with a terminal SSE error event and no end marker ([DONE], response.completed, message_stop), so that a
+client can never take a cut answer for a whole one. Token usage is counted in metrics; vLLM is always asked for usage
+on chat and completion streams, and that chunk is passed on only if the client asked for it too (the Responses and
+Messages streams carry theirs in their own events).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 
 import orjson
@@ -21,7 +25,8 @@ from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from .media import check_chat_images
-from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest,
+                       ResponsesRequest, TokenizeRequest)
 
 log = logging.getLogger("rtxserve.gateway")
 TASK = TEXT_GENERATION
@@ -50,13 +55,9 @@ def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
 
 def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest) -> None:
     """Bound what costs money or memory; everything else is the backend's to judge."""
-    def bound(field: str, value: int | None, limit: int) -> None:
-        if value is not None and value > limit:
-            raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limit}", param=field)
-
-    bound("max_tokens", request.max_tokens, limits.max_tokens)
-    bound("n", request.n, limits.max_n)
-    bound("best_of", request.best_of, limits.max_n)
+    _bound("max_tokens", request.max_tokens, limits.max_tokens)
+    _bound("n", request.n, limits.max_n)
+    _bound("best_of", request.best_of, limits.max_n)
     stops = request.stop_list()
     if len(stops) > limits.max_stop or any(len(s) > 256 for s in stops):
         raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters", param="stop")
@@ -65,20 +66,67 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
         raise InvalidRequest(f"the prompt has {size} characters; this gateway allows at most {limits.max_prompt_chars}",
                              param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
     if isinstance(request, CompletionRequest):
-        bound("logprobs", request.logprobs, limits.max_logprobs)
+        _bound("logprobs", request.logprobs, limits.max_logprobs)
         return
-    bound("max_completion_tokens", request.max_completion_tokens, limits.max_tokens)
-    bound("top_logprobs", request.top_logprobs, limits.max_logprobs)
+    _bound("max_completion_tokens", request.max_completion_tokens, limits.max_tokens)
+    _bound("top_logprobs", request.top_logprobs, limits.max_logprobs)
     if len(request.messages) > limits.max_messages:
         raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
                              param="messages")
     check_chat_images(limits, request.messages)
-    if request.tools:
-        bound("tools", len(request.tools), limits.max_tools)
-        size = len(orjson.dumps(request.tools))
+    _check_tools(limits, request.tools)
+
+
+def _bound(field: str, value: int | None, limit: int) -> None:
+    if value is not None and value > limit:
+        raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limit}", param=field)
+
+
+def _check_tools(limits: GatewaySettings, tools: list[dict] | None) -> None:
+    if tools:
+        _bound("tools", len(tools), limits.max_tools)
+        size = len(orjson.dumps(tools))
         if size > limits.max_tools_bytes:
             raise InvalidRequest(f"the tool definitions take {size} bytes; this gateway allows at most "
                                  f"{limits.max_tools_bytes}", param="tools")
+
+
+# Keys whose strings are not text the model reads: ids, names of roles and types, and images (bounded apart).
+_NOT_TEXT = frozenset({"type", "role", "id", "call_id", "name", "status", "image_url", "source", "file_id", "cache_control"})
+
+
+def _text_size(value) -> int:
+    """Characters of text in a Responses input or in Anthropic messages: every string but ids, types and images."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_size(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for k, v in value.items() if k not in _NOT_TEXT)
+    return 0
+
+
+def _check_agent_bounds(limits: GatewaySettings, request: ResponsesRequest | MessagesRequest) -> None:
+    """The Responses and Messages APIs bounded as chat is: length, prompt size, messages, images and tools."""
+    if isinstance(request, ResponsesRequest):
+        _bound("max_output_tokens", request.max_output_tokens, limits.max_tokens)
+        items, field = ([] if isinstance(request.input, str) else request.input), "input"
+        size = _text_size(request.input) + len(request.instructions or "")
+    else:
+        _bound("max_tokens", request.max_tokens, limits.max_tokens)
+        if len(request.stop_sequences or ()) > limits.max_stop or any(len(s) > 256 for s in request.stop_sequences or ()):
+            raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters",
+                                 param="stop_sequences")
+        items, field = request.messages, "messages"
+        size = _text_size(request.messages) + _text_size(request.system)
+    if size > limits.max_prompt_chars:
+        raise InvalidRequest(f"the prompt has {size} characters; this gateway allows at most {limits.max_prompt_chars}",
+                             param=field)
+    if len(items) > limits.max_messages:
+        raise InvalidRequest(f"{len(items)} {field} items; this gateway allows at most {limits.max_messages}",
+                             param=field)
+    check_chat_images(limits, [i for i in items if isinstance(i, dict)])
+    _check_tools(limits, request.tools)
 
 
 # What vLLM generates for a completion that names no max_tokens (OpenAI's default too).
@@ -98,8 +146,9 @@ def _bound_omitted_length(limits: GatewaySettings, request: ChatCompletionReques
 
 async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
     """Token metrics, and the key's tokens-per-minute charge."""
-    if usage:
-        prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    if usage:  # OpenAI's chat and completions name them prompt / completion, Responses and Anthropic input / output
+        prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
+        completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
         metrics.TOKENS.labels(model, "prompt").inc(prompt)
         metrics.TOKENS.labels(model, "completion").inc(completion)
         if state.quotas is not None:
@@ -121,6 +170,26 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
     return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
+
+
+async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequest | MessagesRequest,
+                          key: ApiKey | None = None):
+    """/v1/responses or /v1/messages: bounded, relayed, counted. Non-streamed: vLLM's JSON answer; streamed: an
+    async iterator of its SSE events, the usage event included."""
+    _check_agent_bounds(state.settings, request)
+    info = state.resolve(request.model, TASK)
+    body = request.model_dump(exclude_unset=True)
+    if isinstance(request, ResponsesRequest) and request.max_output_tokens is None:
+        # Left out, vLLM would generate to the end of the context. It refuses a length over the model's context (and
+        # stops at the context's end within it): the gateway's bound, or the context, whichever is smaller.
+        body["max_output_tokens"] = min(state.settings.max_tokens, info.extra.get("max_model_len") or sys.maxsize)
+    if not request.stream:
+        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+        await _count_usage(state, key, info.name, answer.get("usage"))
+        return answer
+    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
+    return _relay(stream, info.name, True, lambda usage: _count_usage(state, key, info.name, usage),
+                  end=b"", error_event=_typed_error_event)
 
 
 async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | DetokenizeRequest) -> dict:
@@ -147,7 +216,14 @@ def _error_event(message: str) -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage) -> AsyncIterator[bytes]:
+def _typed_error_event(message: str) -> bytes:
+    """The error event of the Responses and Messages streams: Anthropic's shape, which the openai SDK raises on too."""
+    body = {"type": "error", "error": {"type": "api_error", "message": message, "code": "backend_stream_error"}}
+    return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage, end: bytes = b"data: [DONE]\n\n",
+                 error_event=_error_event) -> AsyncIterator[bytes]:
     try:
         async for chunk in stream:
             if chunk.usage is not None:
@@ -159,11 +235,12 @@ async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usa
             yield chunk.raw
     except StreamBroken as exc:
         log.warning("%s: %s", model, exc)
-        yield _error_event(f"model {model} stopped before the answer was complete; the text above is partial")
+        yield error_event(f"model {model} stopped before the answer was complete; the text above is partial")
         return
     finally:
         await stream.aclose()
-    yield b"data: [DONE]\n\n"
+    if end:
+        yield end
 
 
 # Deep readiness (state.py): the first request each model answers before it takes traffic (one token).
