@@ -286,3 +286,75 @@ def test_tokenize_and_detokenize_relay_to_the_models_engine_bounded_as_prompts_a
         error = error_of(client.post(path, json=body), status)
         assert message in f"{error['message']} {error['param']}"
     assert len(backend.bodies) == sent  # none reached the engine
+
+
+def TypedStream(events: list[tuple[str, dict]], path: str, reads: int = 1, connection: list | None = None):
+    """The typed-event stream parser over a canned Responses / Messages body (`event: <type>` and its JSON)."""
+    from serve.gateway.backends.vllm import TYPED_EVENTS_END, TypedEventStream
+
+    body = "".join(f"event: {kind}\ndata: {json.dumps(data)}\n\n" for kind, data in events).encode()
+    size = -(-len(body) // reads)
+    connection = connection if connection is not None else []
+
+    async def arriving():
+        for i in range(0, len(body), size):
+            yield body[i:i + size]
+
+    return TypedEventStream(arriving(), lambda: connection.append("closed"), "llm", ends=TYPED_EVENTS_END[path],
+                            release=lambda: connection.append("released"))
+
+
+MESSAGES_EVENTS = [
+    ("message_start", {"type": "message_start", "message": {"usage": {"input_tokens": 7, "output_tokens": 0}}}),
+    ("content_block_delta", {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "Hi\u2028"}}),
+    ("message_delta", {"type": "message_delta", "usage": {"output_tokens": 3}}),
+    ("message_stop", {"type": "message_stop"})]
+
+
+@pytest.mark.parametrize("reads", [1, 7, 300])
+def test_a_messages_stream_is_relayed_whole_and_its_usage_merged(client, backend, reads):
+    def tokens(kind):
+        line = f'rtxserve_tokens_total{{kind="{kind}",model="llm"}} '
+        return sum(float(l[len(line):]) for l in client.get("/metrics").text.splitlines() if l.startswith(line))
+
+    connection, before = [], (tokens("prompt"), tokens("completion"))
+    backend.stream = TypedStream(MESSAGES_EVENTS, "/v1/messages", reads, connection)
+    r = client.post("/v1/messages", json={"model": "llm", "max_tokens": 5, "stream": True,
+                                          "messages": [{"role": "user", "content": "hi"}]})
+    expected = "".join(f"event: {k}\ndata: {json.dumps(d)}\n\n" for k, d in MESSAGES_EVENTS)
+    assert r.status_code == 200 and r.text == expected  # no [DONE]: message_stop ends it
+    assert connection == ["released"]
+    assert (tokens("prompt") - before[0], tokens("completion") - before[1]) == (7, 3)
+
+
+def test_a_responses_stream_cut_short_or_with_an_error_ends_with_an_error_event(client, backend):
+    created = ("response.created", {"type": "response.created", "response": {"usage": None}})
+    delta = ("response.output_text.delta", {"type": "response.output_text.delta", "delta": "Hi"})
+    for events, connection in (([created, delta], []), ([created, ("error", {"type": "error", "message": "boom"})], [])):
+        backend.stream = TypedStream(events, "/v1/responses", 3, connection)
+        r = client.post("/v1/responses", json={"model": "llm", "input": "hi", "stream": True})
+        last = r.text.strip().split("\n\n")[-1]
+        assert last.startswith("event: error\ndata: ") and "response.completed" not in r.text
+        assert json.loads(last.split("data: ", 1)[1])["error"]["code"] == "backend_stream_error"
+        assert connection == ["closed"]  # what aborts the generation in vLLM
+
+
+def test_agent_apis_are_bounded_as_chat_is(client, backend):
+    """Settings: max_tokens 100, max_messages 8, max_prompt_chars 500, max_tools 3."""
+    cases = [("/v1/responses", {"input": "hi", "max_output_tokens": 101}, "max_output_tokens"),
+             ("/v1/responses", {"input": "x" * 400, "instructions": "y" * 101}, "input"),
+             ("/v1/responses", {"input": [{"role": "user", "content": "hi"}] * 9}, "input"),
+             ("/v1/messages", {"max_tokens": 101, "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+             ("/v1/messages", {"max_tokens": 5, "system": "s" * 300,
+                               "messages": [{"role": "user", "content": [{"type": "text", "text": "t" * 201}]}]},
+              "messages"),
+             ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+                               "tools": [{"name": f"t{i}", "input_schema": {}} for i in range(4)]}, "tools"),
+             ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": [
+                 {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]}]}, "messages")]
+    for path, body, param in cases:
+        assert error_of(client.post(path, json={"model": "llm", **body}), 400)["param"] == param, (path, body)
+    assert not backend.bodies  # nothing reached vLLM
+    r = client.post("/v1/responses", json={"model": "llm", "input": [{"type": "function_call_output", "call_id": "c1",
+                                                                       "output": "sunny"}]})
+    assert r.status_code == 200 and backend.bodies[-1]["max_output_tokens"] == 100  # left out: the bound is sent
