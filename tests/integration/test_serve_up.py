@@ -1,5 +1,6 @@
-"""`rtxserve serve up / status / down` on CPU, through the real CLI: a deployment file with an encoder, a detector and
-an LLM with an adapter brings up the real tritonserver, vLLM and gateway; requests pass through it; `down`
+"""`rtxserve serve up / status / down` on CPU, through the real CLI: a deployment file with an encoder, two detectors
+(DETR, and a YOLO exported by Ultralytics) and an LLM with an adapter brings up the real tritonserver, vLLM and
+gateway; requests pass through it; `down`
 leaves no process behind; a taken port is refused with the process that holds it."""
 
 import base64
@@ -25,6 +26,8 @@ from export.triton_entry import EntryOptions
 from serve.launcher import free_port
 from tests.integration import VLLM_TWO_PROCESSES, png
 
+from .conftest import yolo_images
+
 
 def rtxserve(*args, state: Path, cwd: Path | None = None, timeout=900):
     """The CLI with its state directory set by the environment, as a user's shell would, from `cwd` (vLLM in its
@@ -35,15 +38,17 @@ def rtxserve(*args, state: Path, cwd: Path | None = None, timeout=900):
 
 
 @pytest.fixture(scope="module")
-def deployment(classifier_checkpoint, detector_checkpoint, llm_fixtures, tmp_path_factory):
+def deployment(classifier_checkpoint, detector_checkpoint, yolo_run, llm_fixtures, tmp_path_factory):
     work = tmp_path_factory.mktemp("box")
     export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name="detr"), work / "repo")
+    export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo"), work / "repo")
     export_llm(llm_fixtures / "adapter-a", work / "packages" / "support")
     ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
     spec = {"name": "box", "ports": ports, "gateway": {"settings": {"max_tokens": 64}},
             "models": [{"name": "sentiment", "kind": "encoder", "path": "repo/sentiment", "instances": 2, "slo": "e2el:500"},
                        {"name": "detr", "kind": "encoder", "path": "repo/detr"},  # a detector is an encoder entry
+                       {"name": "yolo", "kind": "encoder", "path": "repo/yolo"},  # its NMS in OpenCV, in Triton's env
                        {"name": "tiny-llama", "kind": "llm", "path": str(llm_fixtures / "base"),
                         "adapters": {"support": "packages/support"}, "max_model_len": 512, "max_num_seqs": 4}]}
     path = work / "deployment.yaml"
@@ -60,19 +65,20 @@ def box(deployment):
     rtxserve("serve", "down", "box", state=runs)
 
 
-def test_requests_pass_through_every_server_it_started(box):
+def test_requests_pass_through_every_server_it_started(box, yolo_run):
     url, run = box
     r = httpx.post(f"{url}/v1/classify", json={"model": "sentiment", "input": ["what a great day"]}, timeout=30)
     assert r.status_code == 200 and r.json()["data"][0]["label"] in {"negative", "neutral", "positive"}
     sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-    assert sorted(m.id for m in sdk.models.list()) == ["detr", "sentiment", "support", "tiny-llama"]
-    images = [array for array, _ in boxes_images(random.Random(7), 4)]
-    detect = httpx.post(f"{url}/v1/detect", timeout=30, json={"model": "detr", "conf": PARITY_THRESHOLD, "input": [
-        {"image": base64.b64encode(png(a)).decode()} for a in images]})
-    assert detect.status_code == 200, detect.text
-    found = detect.json()["data"]
-    assert [(d["width"], d["height"]) for d in found] == [(a.shape[1], a.shape[0]) for a in images]
-    assert sum(len(d["detections"]) for d in found) > 0  # the fixture finds its rectangles
+    assert sorted(m.id for m in sdk.models.list()) == ["detr", "sentiment", "support", "tiny-llama", "yolo"]
+    rectangles = [png(array) for array, _ in boxes_images(random.Random(7), 4)]
+    for detector, images, conf in (("detr", rectangles, PARITY_THRESHOLD), ("yolo", yolo_images(yolo_run), 0.25)):
+        detect = httpx.post(f"{url}/v1/detect", timeout=30, json={"model": detector, "conf": conf, "input": [
+            {"image": base64.b64encode(i).decode()} for i in images]})
+        assert detect.status_code == 200, detect.text
+        found = detect.json()["data"]
+        assert len(found) == len(images) and all(d["width"] > 0 and d["height"] > 0 for d in found)
+        assert sum(len(d["detections"]) for d in found) > 0, detector  # the fixtures find their rectangles
     chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert chat.usage.completion_tokens == 4
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # the deployment's gateway settings apply

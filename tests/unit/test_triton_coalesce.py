@@ -137,3 +137,24 @@ def test_the_gateway_setting_reaches_the_triton_client(monkeypatch):
     assert make_backend("triton", "unused:0", GatewaySettings()).coalesce_calls == 0
     with pytest.raises(ValueError):
         GatewaySettings(coalesce_calls=-1)
+
+
+def test_the_deadline_counts_from_arrival_so_waiting_behind_a_hung_call_is_part_of_it():
+    from serve.gateway.exceptions import BackendTimeout
+
+    backend = _backend()
+
+    async def behind_a_hung_call():
+        first = asyncio.create_task(backend.classify(CLASSIFIER, ["x"], 5.0))  # held: Triton hangs
+        await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(BackendTimeout, match="deadline"):
+            await backend.classify(CLASSIFIER, ["aa"], 0.2)
+        waited = loop.time() - start
+        backend._infer.release.set()
+        await first
+        return waited
+
+    assert 0.19 <= asyncio.run(behind_a_hung_call()) < 1.0  # its 0.2 s, not the hung call's 5 s
+    assert backend._infer.batches == [1]  # the request that timed out while it waited was never sent

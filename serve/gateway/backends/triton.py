@@ -68,7 +68,7 @@ def _raise_mapped(exc: InferenceServerException, model: str) -> None:
 
 @dataclass
 class _Line:
-    waiting: deque = field(default_factory=deque)  # (texts, future) in arrival order
+    waiting: deque = field(default_factory=deque)  # (texts, future, deadline) in arrival order
     in_flight: int = 0
     flush_due: bool = False
 
@@ -181,12 +181,16 @@ class TritonBackend(Backend):
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = _Line()
-        future = asyncio.get_running_loop().create_future()
-        line.waiting.append((texts, future))
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        line.waiting.append((texts, future, loop.time() + timeout_s))
         if line.in_flight < self.coalesce_calls and not line.flush_due:
             line.flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush, line, call)
-        return await future
+            loop.call_soon(self._flush, line, call)
+        try:  # the deadline counts from arrival: time spent waiting for a call is part of it
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise BackendTimeout(f"model {model.name} did not answer within the deadline") from None
 
     def _flush(self, line: "_Line", call: tuple) -> None:
         """Send what waits, as calls of at most max_batch_size rows (whole batches each), while calls are free."""
@@ -213,8 +217,11 @@ class TritonBackend(Backend):
 
     async def _send_group(self, group: list, call: tuple) -> None:
         _call_requests(call[0].name).observe(len(group))
+        model, outputs, _, parameters, input_name = call
+        timeout_s = max(deadline for _, _, deadline in group) - asyncio.get_running_loop().time()  # the latest one's
         try:
-            arrays = await self._infer_now([t for texts, _ in group for t in texts], *call)
+            arrays = await self._infer_now([t for texts, _, _ in group for t in texts], model, outputs, timeout_s,
+                                           parameters, input_name)
         except InvalidRequest as exc:
             if len(group) == 1:
                 _settle(group[0][1], error=exc)
@@ -222,15 +229,15 @@ class TritonBackend(Backend):
                 await asyncio.gather(*(self._send_group([item], call) for item in group))
             return
         except asyncio.CancelledError:  # the gateway is closing: nobody is left waiting
-            for _, future in group:
+            for _, future, _ in group:
                 future.cancel()
             raise
         except Exception as exc:  # unavailable, timed out, failed: the same for every batch of the call
-            for _, future in group:
+            for _, future, _ in group:
                 _settle(future, error=exc)
             return
         start = 0
-        for texts, future in group:
+        for texts, future, _ in group:
             _settle(future, [array[start:start + len(texts)] for array in arrays])
             start += len(texts)
 
