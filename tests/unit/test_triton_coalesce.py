@@ -98,13 +98,12 @@ def test_a_request_cancelled_while_it_waits_is_not_sent():
     assert isinstance(results[1], asyncio.CancelledError) and results[2] == ["3"]
 
 
-def test_a_second_call_allowed_takes_what_arrives_at_once_and_zero_turns_coalescing_off():
-    for calls, batches in ((2, [3, 1]), (0, [1, 1, 1, 1])):  # in the order answered: the held call last
+def test_a_free_call_is_taken_at_once_and_zero_turns_coalescing_off():
+    for calls in (2, 0):
         backend = _backend(calls)
         results = asyncio.run(_while_one_is_out(backend, [["aa"], ["bbb"], ["c"]]))
-        # 2: the three that arrive in one turn of the loop leave at once on the second call, not waiting for the
-        # first; 0: every request on its own
-        assert backend._infer.batches == batches, calls
+        # 2: the second call is free whenever one arrives (the fake answers at once); 0: every request on its own
+        assert backend._infer.batches == [1, 1, 1, 1], calls
         assert results == [["1"], ["2"], ["3"], ["1"]]
 
 
@@ -116,17 +115,21 @@ def test_a_model_that_takes_one_row_per_call_is_not_held_back():
 
 
 def test_calls_with_other_parameters_are_not_merged():
-    backend = TritonBackend("unused:0")
-    backend._infer = FakeGrpc()
+    backend = _backend()
     model = ModelInfo("ner", "token-classification", "triton", True, (), 8)
 
-    async def both():
-        return await asyncio.gather(*(backend.tag(model, ["Ada Lovelace"], how, 1.0)
-                                      for how in ("simple", "first", "simple")))
+    async def tagging():
+        held = asyncio.create_task(backend.tag(model, ["Ada"], "simple", 1.0))
+        await asyncio.sleep(0.01)
+        later = [asyncio.create_task(backend.tag(model, ["Ada Lovelace"], how, 1.0)) for how in ("first", "simple", "simple")]
+        await asyncio.sleep(0.01)
+        backend._infer.release.set()
+        await asyncio.gather(held, *later)
 
-    asyncio.run(both())
-    assert sorted(backend._infer.batches) == [1, 2]
-    assert sorted(p["aggregation"] for p in backend._infer.parameters) == ["first", "simple"]
+    asyncio.run(tagging())
+    # "first" has a line of its own, free: sent at once; the two "simple" waited for the held one, and left together
+    assert backend._infer.batches == [1, 1, 2]
+    assert [p["aggregation"] for p in backend._infer.parameters] == ["first", "simple", "simple"]
 
 
 def test_the_gateway_setting_reaches_the_triton_client(monkeypatch):

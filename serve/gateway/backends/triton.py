@@ -70,7 +70,6 @@ def _raise_mapped(exc: InferenceServerException, model: str) -> None:
 class _Line:
     waiting: deque = field(default_factory=deque)  # (texts, future, deadline) in arrival order
     in_flight: int = 0
-    flush_due: bool = False
 
 
 class TritonBackend(Backend):
@@ -173,7 +172,7 @@ class TritonBackend(Backend):
     async def _infer_texts(self, model: ModelInfo, texts: list[str | bytes], outputs: tuple[str, ...], timeout_s: float,
                            parameters: dict | None = None, input_name: str = "TEXT"):
         """One batch of texts (or encoded images) as `input_name` [n, 1], errors mapped; the named outputs as
-        arrays with n rows. Coalesced with the other batches of this loop turn for the same call (module doc)."""
+        arrays with n rows. Sent at once while a call is free, else coalesced with the others waiting (module doc)."""
         call = (model, outputs, timeout_s, parameters, input_name)
         if not self.coalesce_calls or model.max_batch_size == 1:  # off, or nothing could share a call
             return await self._infer_now(texts, *call)
@@ -181,12 +180,16 @@ class TritonBackend(Backend):
         line = self._lines.get(key)
         if line is None:
             line = self._lines[key] = _Line()
+        if line.in_flight < self.coalesce_calls and not line.waiting:  # a free call and nobody before it: go now
+            line.in_flight += 1
+            _call_requests(model.name).observe(1)
+            try:
+                return await self._infer_now(texts, *call)
+            finally:
+                self._call_done(line, call)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         line.waiting.append((texts, future, loop.time() + timeout_s))
-        if line.in_flight < self.coalesce_calls and not line.flush_due:
-            line.flush_due = True
-            loop.call_soon(self._flush, line, call)
         try:  # the deadline counts from arrival: time spent waiting for a call is part of it
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -194,7 +197,6 @@ class TritonBackend(Backend):
 
     def _flush(self, line: "_Line", call: tuple) -> None:
         """Send what waits, as calls of at most max_batch_size rows (whole batches each), while calls are free."""
-        line.flush_due = False
         limit = call[0].max_batch_size or sys.maxsize
         while line.waiting and line.in_flight < self.coalesce_calls:
             group, rows = [], 0
@@ -207,12 +209,13 @@ class TritonBackend(Backend):
                 line.in_flight += 1
                 task = asyncio.ensure_future(self._send_group(group, call))
                 self._sending.add(task)
-                task.add_done_callback(lambda t, line=line: self._sent(t, line, call))
+                task.add_done_callback(self._sending.discard)
+                task.add_done_callback(lambda _, line=line: self._call_done(line, call))
 
-    def _sent(self, task: asyncio.Task, line: "_Line", call: tuple) -> None:
-        self._sending.discard(task)
+    def _call_done(self, line: "_Line", call: tuple) -> None:
+        """A call returned: what waited for it leaves now."""
         line.in_flight -= 1
-        if line.waiting and not line.flush_due:
+        if line.waiting:
             self._flush(line, call)
 
     async def _send_group(self, group: list, call: tuple) -> None:
