@@ -36,58 +36,50 @@ def test_detr_resize_size_is_transformers(height, width, shortest, longest):
         get_size_with_aspect_ratio((height, width), shortest, longest)
 
 
+def _processors_answer(processor: str, seed: int):
+    """Random logits and boxes (20 queries, 4 logit columns) and what `processor` (a transformers image processor,
+    PIL backend, named under transformers.models) makes of them at threshold 0.3 for a 50x70 image."""
+    import importlib
+    from types import SimpleNamespace
+
+    import torch
+
+    module, name = processor.rsplit(".", 1)
+    post = getattr(importlib.import_module(f"transformers.models.{module}"), name)().post_process_object_detection
+    rng = np.random.default_rng(seed)
+    logits, boxes = rng.normal(0, 2, (1, 20, 4)).astype(np.float32), rng.uniform(0.1, 0.6, (1, 20, 4)).astype(np.float32)
+    (want,) = post(SimpleNamespace(logits=torch.from_numpy(logits), pred_boxes=torch.from_numpy(boxes)), threshold=0.3,
+                   target_sizes=[(50, 70)])
+    return logits[0], boxes[0], want
+
+
 def test_detections_are_detrs_post_processing_sorted_and_capped():
     import torch
-    from transformers.models.detr.image_processing_pil_detr import DetrImageProcessorPil
 
-    rng = np.random.default_rng(0)
-    logits, boxes = rng.normal(0, 2, (1, 20, 4)).astype(np.float32), rng.uniform(0.1, 0.6, (1, 20, 4)).astype(np.float32)
-
-    class Out:
-        pass
-
-    out = Out()
-    out.logits, out.pred_boxes = torch.from_numpy(logits), torch.from_numpy(boxes)
-    (want,) = DetrImageProcessorPil().post_process_object_detection(out, threshold=0.3, target_sizes=[(50, 70)])
-    got = detr_detections(logits[0], boxes[0], 50, 70, 0.3, 1000)
+    logits, boxes, want = _processors_answer("detr.image_processing_pil_detr.DetrImageProcessorPil", 0)
+    got = detr_detections(logits, boxes, 50, 70, 0.3, 1000)
     order = torch.argsort(want["scores"], descending=True, stable=True)
     assert len(got) == len(order) > 0
     np.testing.assert_allclose(got[:, 4], want["scores"][order].numpy(), atol=1e-6)
     np.testing.assert_array_equal(got[:, 5], want["labels"][order].numpy())
     np.testing.assert_allclose(got[:, :4], want["boxes"][order].numpy(), atol=1e-4)
     assert list(got[:, 4]) == sorted(got[:, 4], reverse=True)
-    assert len(detr_detections(logits[0], boxes[0], 50, 70, 0.3, 2)) == 2
+    assert len(detr_detections(logits, boxes, 50, 70, 0.3, 2)) == 2
 
 
 @pytest.mark.parametrize("processor, top_k", [("conditional_detr.image_processing_pil_conditional_detr."
                                                  "ConditionalDetrImageProcessorPil", 100),
-                                                ("deformable_detr.image_processing_pil_deformable_detr."
-                                                 "DeformableDetrImageProcessorPil", 100),
                                                 ("rt_detr.image_processing_pil_rt_detr.RTDetrImageProcessorPil", 20)])
 def test_focal_loss_detections_are_the_image_processors_post_processing(processor, top_k):
     """Sigmoid per class, the best top_k (query, class) pairs (20 queries x 4 classes: RT-DETR's top_k, the query
     count, leaves pairs out; 100 keeps them all), a query answering for two classes where both score."""
-    import importlib
-
-    import torch
-
-    module, name = processor.rsplit(".", 1)
-    post = getattr(importlib.import_module(f"transformers.models.{module}"), name)().post_process_object_detection
-    rng = np.random.default_rng(1)
-    logits, boxes = rng.normal(0, 2, (1, 20, 4)).astype(np.float32), rng.uniform(0.1, 0.6, (1, 20, 4)).astype(np.float32)
-
-    class Out:
-        pass
-
-    out = Out()
-    out.logits, out.pred_boxes = torch.from_numpy(logits), torch.from_numpy(boxes)
-    (want,) = post(out, threshold=0.3, target_sizes=[(50, 70)])
-    got = top_k_detections(logits[0], boxes[0], 50, 70, 0.3, 1000, top_k)
+    logits, boxes, want = _processors_answer(processor, 1)
+    got = top_k_detections(logits, boxes, 50, 70, 0.3, 1000, top_k)
     assert len(got) == len(want["scores"]) > 0
     np.testing.assert_allclose(got[:, 4], want["scores"].numpy(), atol=1e-6)
     np.testing.assert_array_equal(got[:, 5], want["labels"].numpy())
     np.testing.assert_allclose(got[:, :4], want["boxes"].numpy(), atol=1e-4)
-    assert len(top_k_detections(logits[0], boxes[0], 50, 70, 0.3, 2, top_k)) == 2
+    assert len(top_k_detections(logits, boxes, 50, 70, 0.3, 2, top_k)) == 2
 
 
 class FakeDetector(FakeTriton):
