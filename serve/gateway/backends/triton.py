@@ -68,6 +68,8 @@ def _raise_mapped(exc: InferenceServerException, model: str) -> None:
 
 @dataclass
 class _Line:
+    """One model's calls of one shape (outputs, input, parameters): the batches waiting, the calls out."""
+
     waiting: deque = field(default_factory=deque)  # (texts, future, deadline) in arrival order
     in_flight: int = 0
 
