@@ -142,11 +142,13 @@ def test_served_through_vllm_and_the_gateway(runs, exported, name, tmp_path):
         try:
             sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
             assert name in {m.id for m in sdk.models.list()}
+            # ignore_eos: a trainer's run is not bit-reproducible on CPU threads, and a briefly trained model may
+            # answer with end-of-sequence first (CI saw content '' once); the test is that it generates, served
             answer = sdk.chat.completions.create(model=name, messages=[{"role": "user", "content": "where is order 3?"}],
-                                                 max_tokens=8, temperature=0)
+                                                 max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
             choice = answer.choices[0]
-            assert answer.usage.prompt_tokens > 5 and 0 < answer.usage.completion_tokens <= 8
-            assert choice.message.content and choice.finish_reason in ("stop", "length")
+            assert answer.usage.prompt_tokens > 5 and answer.usage.completion_tokens == 8
+            assert isinstance(choice.message.content, str) and choice.finish_reason == "length"
             print(f"{name}: {choice.message.content!r} ({choice.finish_reason})")
         finally:
             gateway.stop()
