@@ -58,9 +58,7 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
     _bound("max_tokens", request.max_tokens, limits.max_tokens)
     _bound("n", request.n, limits.max_n)
     _bound("best_of", request.best_of, limits.max_n)
-    stops = request.stop_list()
-    if len(stops) > limits.max_stop or any(len(s) > 256 for s in stops):
-        raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters", param="stop")
+    _check_stops(limits, request.stop_list(), "stop")
     size = _prompt_size(request)
     if size > limits.max_prompt_chars:
         raise InvalidRequest(f"the prompt has {size} characters; this gateway allows at most {limits.max_prompt_chars}",
@@ -80,6 +78,11 @@ def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | Comp
 def _bound(field: str, value: int | None, limit: int) -> None:
     if value is not None and value > limit:
         raise InvalidRequest(f"{field} is {value}; this gateway allows at most {limit}", param=field)
+
+
+def _check_stops(limits: GatewaySettings, stops: list[str], param: str) -> None:
+    if len(stops) > limits.max_stop or any(len(s) > 256 for s in stops):
+        raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters", param=param)
 
 
 def _check_tools(limits: GatewaySettings, tools: list[dict] | None) -> None:
@@ -114,9 +117,7 @@ def _check_agent_bounds(limits: GatewaySettings, request: ResponsesRequest | Mes
         size = _text_size(request.input) + len(request.instructions or "")
     else:
         _bound("max_tokens", request.max_tokens, limits.max_tokens)
-        if len(request.stop_sequences or ()) > limits.max_stop or any(len(s) > 256 for s in request.stop_sequences or ()):
-            raise InvalidRequest(f"at most {limits.max_stop} stop sequences of at most 256 characters",
-                                 param="stop_sequences")
+        _check_stops(limits, request.stop_sequences or [], "stop_sequences")
         items, field = request.messages, "messages"
         size = _text_size(request.messages) + _text_size(request.system)
     if size > limits.max_prompt_chars:
