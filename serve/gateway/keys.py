@@ -2,13 +2,16 @@
 
 A key is `rtx-` + 32 random bytes (urlsafe base64), shown once when it is made. The file stores its
 SHA-256 (a fast hash is right for a high-entropy token; passwords would need a slow one), the models
-it may use, whether it is an admin key, and its per-minute quotas. The gateway compares a presented
+it may use (names, or shell-style patterns such as `support-*`, so that a team's new adapters are its own without a
+new key), whether it is an admin key, and its per-minute quotas. The gateway compares a presented
 key against every stored hash with `hmac.compare_digest`, so the time taken does not depend on how
 much of a key matched, and rereads the file when it changes, so a revoked key fails on its next request.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import hashlib
 import hmac
 import json
@@ -32,7 +35,7 @@ class KeysFileError(ValueError):
 class ApiKey:
     name: str
     hash: str
-    models: tuple[str, ...] = ("*",)  # "*": every model
+    models: tuple[str, ...] = ("*",)  # names or shell-style patterns; "*": every model
     admin: bool = False
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens per minute (prompt + completion, as the backend counts them)
@@ -45,8 +48,12 @@ class ApiKey:
             if quota is not None and (not isinstance(quota, int) or quota < 1):
                 raise ValueError(f"key {self.name}: quotas are positive integers")
 
+    @functools.cached_property
+    def _patterns(self) -> tuple[str, ...]:
+        return tuple(m for m in self.models if any(c in m for c in "*?["))
+
     def allows(self, model: str) -> bool:
-        return self.admin or "*" in self.models or model in self.models
+        return self.admin or "*" in self.models or model in self.models or any(fnmatch.fnmatchcase(model, p) for p in self._patterns)
 
 
 def new_secret() -> str:

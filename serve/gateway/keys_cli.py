@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("create", help="make a key and print it once", parents=[common])
     c.add_argument("--name", required=True)
-    c.add_argument("--models", default="*", help="comma-separated models the key may use (default: all)")
+    c.add_argument("--models", default="*", help="comma-separated models the key may use, by name or shell-style pattern "
+                   "(support-*: every model whose name starts support-; default: all)")
     c.add_argument("--admin", action="store_true", help="may use every model")
     c.add_argument("--rpm", type=int, help="requests per minute")
     c.add_argument("--tpm", type=int, help="tokens per minute (generation: prompt + completion)")

@@ -76,6 +76,17 @@ def test_a_key_uses_only_its_models_and_lists_only_them(gateway, keyfile):
     assert len(gateway.get("/v1/models", headers=bearer(secrets["admin"])).json()["data"]) == 4
 
 
+def test_a_key_may_name_its_models_by_pattern(gateway, keyfile, capsys):
+    """`support-*`-style scopes: a team's models that appear later are its own without a new key."""
+    team = make_key(keyfile[0], capsys, "--name", "team", "--models", "cl?,x-*")
+    listed = gateway.get("/v1/models", headers=bearer(team)).json()["data"]
+    assert [m["id"] for m in listed] == ["clf"]
+    assert gateway.post("/v1/classify", json={"model": "clf", "input": "good"}, headers=bearer(team)).status_code == 200
+    error_of(gateway.post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers=bearer(team)), 403)
+    key = read_keys(keyfile[0])["team"]
+    assert key.allows("x-new-adapter") and not key.allows("X-new") and not key.allows("clfx")
+
+
 def test_a_key_revoked_mid_run_fails_on_its_next_request(gateway, keyfile, capsys):
     path, secrets = keyfile
     body, auth = {"model": "clf", "input": "good"}, bearer(secrets["clf-only"])
