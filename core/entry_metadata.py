@@ -31,6 +31,9 @@ class EntryMetadata(BaseModel):
     architecture: str | None = None
     # the model's sizes (hidden_size, num_hidden_layers, ...), what the planner sizes activations from
     model_dimensions: dict[str, int] = Field(default_factory=dict)
+    # an image graph's live tensors at its largest input (export/activations.py): per_item_bytes, fixed_bytes,
+    # item_shape; None where onnx-tool could not follow the graph
+    graph_activations: dict[str, Any] | None = None
     # an embedder's output size (after pooling)
     embedding_size: int | None = Field(default=None, ge=1)
     instances: int | None = Field(default=None, ge=1)

@@ -2,8 +2,9 @@
 
 Estimates, per instance:
 - encoder (a Triton entry): its graph's weights as exported (fp32 / fp16 / int8 file), activations of one
-  forward pass at the entry's max batch and sequence (the widest layer's live tensors and the attention
-  scores, from the checkpoint's dimensions that export records), ONNX Runtime's arena rounding (x2), and a
+  forward pass at the entry's max batch (an image graph's: its live tensors at its largest input, laid out by
+  onnx-tool at export; a transformer's otherwise: the widest layer's live tensors and the attention scores at the
+  max sequence, from the checkpoint's dimensions that export records), ONNX Runtime's arena rounding (x2), and a
   per-instance runtime share; plus, once per GPU, the Triton process (CUDA context, backends).
 - LLM or speech model (a vLLM engine): weights from the safetensors headers in the serving dtype; the KV cache
   for `max_num_seqs` x `max_model_len` from layers, KV heads, head size and the KV dtype (a Whisper's decoder
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.entry_metadata import EntryMetadata
-from core.tasks import DIFFUSION, ENCODER, OBJECT_DETECTION
+from core.tasks import DIFFUSION, ENCODER
 
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
@@ -151,7 +152,12 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
     notes = []
     needed = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
     batch = m.max_batch_size or meta.max_batch_size or 1
-    if all(k in dims for k in needed):
+    graph = meta.graph_activations
+    if graph:  # the graph's own live tensors at its largest input (export/activations.py)
+        live = graph["fixed_bytes"] + batch * graph["per_item_bytes"]
+        activations = ORT_ARENA_FACTOR * live / GIB
+        notes.append(f"activations from the graph's tensors at {'x'.join(map(str, graph['item_shape']))} per image")
+    elif all(k in dims for k in needed):
         if "image_size" in dims and "patch_size" in dims:
             seq = (dims["image_size"] // dims["patch_size"]) ** 2 + 1
         else:
@@ -162,9 +168,7 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
         activations = ORT_ARENA_FACTOR * live * act_bytes / GIB
     else:
         activations = weights  # nothing to size them from: assume as much again as the weights
-        notes.append("a detector's activations are not modelled yet: assumed equal to its weights (measure the "
-                     "entry's memory under load before filling a GPU with instances)" if meta.task == OBJECT_DETECTION
-                     else "no model dimensions in rtxserve.json or at its source: activations assumed equal to weights "
+        notes.append("no model dimensions or graph activations in rtxserve.json: activations assumed equal to weights "
                      "(export it again to record them)")
     overhead = ENCODER_INSTANCE_GIB if d.on_gpu else CPU_ENCODER_INSTANCE_GIB
     parts = {"weights": weights, "activations": activations, "runtime": overhead}

@@ -128,6 +128,9 @@ class TextInputs:
         return {"tokenizer_json": self.serving.to_str(), "input_names": self.names, "max_length": self.max_length,
                 "pad_token_id": self.pad_id}
 
+    def activations(self, graph: Path) -> dict:
+        return {}  # sized from the model's dimensions (deploy/plan.py)
+
     def metadata(self) -> dict:
         return {"inputs": self.names, "max_length": self.max_length}
 
@@ -195,6 +198,18 @@ class ImageInputs:
 
     def metadata(self) -> dict:
         return {"inputs": self.names, "image_processor": self.settings}
+
+    def largest(self) -> tuple[int, int, int]:
+        """The largest pixel tensor of one image: the fixed shape, or (DETR's resize) the shortest edge by the longest."""
+        if not self.varies:
+            return tuple(self.preprocess.shape)
+        size = self.preprocess.size
+        return (3, size["shortest_edge"], size["longest_edge"])
+
+    def activations(self, graph: Path) -> dict:
+        from .activations import graph_activations
+
+        return {"graph_activations": graph_activations(graph, "pixel_values", self.largest())}
 
 
 def read_sample_images(folder: Path) -> list[bytes]:

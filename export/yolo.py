@@ -21,6 +21,7 @@ from core.envs import ULTRALYTICS
 from core.tasks import OBJECT_DETECTION
 
 from . import repository, variants
+from .activations import graph_activations
 from .detection import compare_detections, gate_served
 from .exceptions import ExportError
 from .parity import ParityReport
@@ -248,6 +249,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         defaults = {k: args[k] if isinstance(args.get(k), (int, float)) and not isinstance(args.get(k), bool) else v
                     for k, v in PREDICT_DEFAULTS.items()}
         metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
+        metadata["graph_activations"] = graph_activations(served, "images", (3, imgsz, imgsz))  # for `rtxserve plan`
         steps("writing Triton entry %s (%s, %d instance(s))", entry.name, entry.target, entry.instances)
         models = detection_entry(entry, onnx_path=served, image_processor={"image_processor_type": "UltralyticsLetterBox",
                                                                          "letterbox": letterbox},

@@ -49,6 +49,9 @@ def test_the_export_recorded_the_same_check(stack):
     repository = next(Path(a.split("=", 1)[1]) for a in stack.triton.command if a.startswith("--model-repository="))
     served = json.loads((repository / f"{DETECTOR}_model" / "parity.json").read_text())["served"]
     assert served["passed"] and served["detections"] > 0, served
+    # DETR keeps each image's aspect ratio: its largest input is the shortest edge by the longest (64 by 96)
+    graph = json.loads((repository / DETECTOR / "rtxserve.json").read_text())["graph_activations"]
+    assert graph["item_shape"] == [3, 64, 96] and graph["per_item_bytes"] >= 3 * 64 * 96 * 4, graph
 
 
 def test_max_det_classes_and_bad_images(stack):

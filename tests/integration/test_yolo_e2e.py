@@ -71,6 +71,11 @@ def test_the_export_recorded_the_same_check(stack):
     parity = json.loads((repository / f"{YOLO}_model" / "parity.json").read_text())
     assert parity["passed"] and parity["served"]["passed"] and parity["served"]["detections"] > 0, parity
     assert parity["served"]["reference"].startswith("Ultralytics")
+    # what `rtxserve plan` sizes the detector's activations from: its graph's live tensors at the largest letterbox,
+    # each image's at least its own pixels
+    graph = json.loads((repository / YOLO / "rtxserve.json").read_text())["graph_activations"]
+    size = graph["item_shape"][1]
+    assert graph["item_shape"] == [3, size, size] and graph["per_item_bytes"] >= 3 * size * size * 4, graph
 
 
 def test_bad_images_and_options_are_400s_that_name_them(stack, yolo_run):

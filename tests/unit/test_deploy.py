@@ -307,14 +307,27 @@ def test_the_triton_image_installs_every_package_the_local_triton_environment_se
     assert image == local and "opencv-python-headless>=4.8" in image
 
 
-def test_a_detector_is_planned_as_an_encoder_entry_and_says_its_activations_are_not_modelled(tmp_path):
-    """A YOLO entry records no transformer dimensions: the planner says its activations are a guess, and does not
-    send the user to export it again (which would record nothing more)."""
+def test_a_detector_is_planned_from_its_graphs_activations_at_the_deployments_max_batch(tmp_path):
+    """A YOLO entry records no transformer dimensions, but export records its graph's live tensors (fixed, and per
+    image at its largest input): the planner sizes the deployment's max batch from them, with the arena's rounding."""
+    graph = {"per_item_bytes": 48_000_000, "fixed_bytes": 2_000_000, "item_shape": [3, 640, 640]}
+    write_entry(tmp_path / "repo", "yolo", task="object-detection", dims={}, params=9_400_000, precision="fp32",
+                meta={"graph_activations": graph})
+    d = parse_deployment({"name": "det-box", "gpus": {"count": 1},
+                          "models": [{"name": "yolo", "kind": "encoder", "path": "repo/yolo", "instances": 2,
+                                      "max_batch_size": 4}]}, tmp_path)
+    e = plan(d).estimates["yolo"]
+    assert e.parts["activations"] == pytest.approx(2.0 * (2_000_000 + 4 * 48_000_000) / GIB)
+    assert "activations from the graph's tensors at 3x640x640 per image" in e.notes
+
+
+def test_an_entry_without_dimensions_or_graph_activations_is_assumed_and_says_so(tmp_path):
+    """An entry exported before graph activations were recorded: activations as much again as the weights, and the
+    note says to export it again."""
     write_entry(tmp_path / "repo", "yolo", task="object-detection", dims={}, params=9_400_000, precision="fp32")
     d = parse_deployment({"name": "det-box", "gpus": {"count": 1},
                           "models": [{"name": "yolo", "kind": "encoder", "path": "repo/yolo", "instances": 2}]},
                          tmp_path)
     e = plan(d).estimates["yolo"]
     assert e.parts["activations"] == pytest.approx(e.parts["weights"]) == pytest.approx(9_400_000 * 4 / GIB)
-    notes = " ".join(e.notes)
-    assert "a detector's activations are not modelled yet" in notes and "export it again" not in notes
+    assert "activations assumed equal to weights (export it again to record them)" in " ".join(e.notes)
