@@ -72,6 +72,9 @@ def _add_onnx(onnx, task: str | None = None) -> None:
                            "(default 0.95 for int8, 0.999 for fp16)")
 
     onnx.add_argument("--sample-images", type=Path, help="folder of PNG / JPEG files for the parity check of an image model")
+    onnx.add_argument("--nms", action="store_true",
+                      help="object-detection, an Ultralytics YOLO: NMS in the graph (Ultralytics' nms=True), its iou and "
+                           "max_det fixed at export (requests may not change them); default: NMS in the postprocess step")
     trt = onnx.add_argument_group("TensorRT (GPU machines with TensorRT 10; needs --target gpu)")
     trt.add_argument("--tensorrt", action="store_true",
                      help="build a TensorRT plan at --precision from the fp32 graph and serve it as tensorrt_plan")
@@ -265,7 +268,7 @@ def main(argv: list[str]) -> int:
             max_length=args.max_length, atol=args.atol, allow_drift=args.allow_drift, force=args.force,
             sample_texts=texts, sample_images=images, optimize=args.optimize, tensorrt=tensorrt,
             precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
-            calibration_images=calibration_images,
+            calibration_images=calibration_images, nms=args.nms,
             command=shlex.join(["rtxserve", "export", *argv])))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export", str(exc))

@@ -135,6 +135,8 @@ class EncoderOptions:
         GPU and TensorRT 10); the plan is validated like the ONNX variants.
     calibration_images: encoded images the static INT8 quantisation of an Ultralytics YOLO calibrates on (default:
         the sample images); other models quantise dynamically and take none.
+    nms: an Ultralytics YOLO only: NMS in the graph (Ultralytics' nms=True), its iou and max_det fixed at export;
+        otherwise the entry's postprocess step runs NMS, with each request's iou.
     """
 
     max_length: int | None = None
@@ -151,6 +153,7 @@ class EncoderOptions:
     base: str | Path | None = None
     tensorrt: TensorRTOptions | None = None
     calibration_images: list[bytes] | None = None
+    nms: bool = False
 
 
 @dataclass
@@ -223,6 +226,9 @@ def _check_options(options: EncoderOptions, entry: EntryOptions) -> None:
     if options.calibration_images is not None:
         raise ExportError("--calibration-images without --tensorrt calibrates an Ultralytics YOLO's static INT8; this "
                           "model's int8 is dynamic and takes none")
+    if options.nms:
+        raise ExportError("--nms puts an Ultralytics YOLO's NMS in its graph; this model is not one (a DETR-family "
+                          "detector has no NMS)")
     if options.tensorrt is None:
         return
     if entry.target != "gpu":

@@ -377,7 +377,9 @@ def detection_entry(
 
     A DETR-family model (`detr`) answers `logits` and `pred_boxes` for a fixed count of queries; an Ultralytics YOLO (given
     its `letterbox`: imgsz and stride, as the preprocess step's) answers `output0`, whose anchors follow the
-    letterboxed image's size, and its postprocess runs NMS."""
+    letterboxed image's size, and its postprocess runs NMS; or, exported with NMS in its graph (`graph_nms` in its
+    `defaults`: its conf floor, iou and max_det), the boxes NMS kept, which its postprocess only filters and scales
+    back."""
     pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
     size = TensorSpec("image_size", "TYPE_INT64", (2,))
     options = TensorSpec("OPTIONS", "TYPE_FP32", (3,))
@@ -386,6 +388,9 @@ def detection_entry(
         raw = (TensorSpec("logits", "TYPE_FP32", (detr.queries, len(labels) + (detr.top_k is None))),
                TensorSpec("pred_boxes", "TYPE_FP32", (detr.queries, 4)))
         decoder = {"decoder": "detr"} if detr.top_k is None else {"decoder": "top_k", "top_k": str(detr.top_k)}
+    elif "graph_nms" in defaults:  # Ultralytics' graph with NMS in it: images -> output0, the kept boxes
+        raw = (TensorSpec("output0", "TYPE_FP32", (defaults["graph_nms"]["max_det"], 6)),)
+        decoder = {"decoder": "yolo_nms", "letterbox": json.dumps(letterbox)}
     else:  # Ultralytics' graph: images -> output0
         raw = (TensorSpec("output0", "TYPE_FP32", (4 + len(labels), -1)),)
         decoder = {"decoder": "yolo", "letterbox": json.dumps(letterbox)}

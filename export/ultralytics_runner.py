@@ -160,6 +160,19 @@ def export(request: dict) -> None:
     shutil.move(onnx_path, work / "model.onnx")
 
     settings = {k: request[k] for k in ("conf", "iou", "max_det")}
+    train_args = model.ckpt.get("train_args", {})
+    graph_nms = None
+    if request.get("nms"):
+        # NMS in the graph, as Ultralytics' nms=True: its iou and max_det are the run's (else predict's defaults), fixed
+        # in the graph; its conf is a floor under which nothing leaves the graph. `batch`: the most images a call
+        # holds (Ultralytics unrolls its NMS loop to it). The predictions below use the same iou and max_det.
+        graph_nms = {"conf": request["conf"], "iou": float(train_args.get("iou") or request["iou"]),
+                     "max_det": int(train_args.get("max_det") or request["max_det"])}
+        settings |= {"iou": graph_nms["iou"], "max_det": graph_nms["max_det"]}
+        onnx_path = model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, nms=True,
+                                 batch=int(request.get("batch") or 1), device="cpu", half=False, verbose=False,
+                                 **graph_nms)
+        shutil.move(onnx_path, work / "model_nms.onnx")
     predictions, tensors = [], {}
     for i, path in enumerate(request["images"]):
         bgr = np.ascontiguousarray(np.load(path)[..., ::-1])  # Ultralytics takes arrays as OpenCV's BGR
@@ -175,13 +188,13 @@ def export(request: dict) -> None:
         tensors[f"input_{i}"], tensors[f"output_{i}"] = tensor.numpy(), raw.numpy()
     np.savez(work / "reference.npz", **tensors)
 
-    args = {k: v for k, v in model.ckpt.get("train_args", {}).items() if isinstance(v, (str, int, float, bool))}
+    args = {k: v for k, v in train_args.items() if isinstance(v, (str, int, float, bool))}
     import onnx
     import onnxruntime
 
     (work / "result.json").write_text(json.dumps({
         "names": {int(k): str(v) for k, v in model.names.items()}, "imgsz": imgsz, "stride": stride,
-        "task": model.task, "args": args, "predictions": predictions,
+        "task": model.task, "args": args, "predictions": predictions, "graph_nms": graph_nms,
         "versions": {"ultralytics": ultralytics.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
                      "onnxruntime": onnxruntime.__version__}}))
 

@@ -28,7 +28,7 @@ from .parity import ParityReport
 from .progress import Steps
 from .tool_env import run_tool, tool_python
 from .triton_entry import EntryOptions, detection_entry
-from .triton_models.detection_postprocess.detections import yolo_detections
+from .triton_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
 from .triton_models.image_preprocess import imaging
 
 log = logging.getLogger(__name__)
@@ -175,8 +175,9 @@ def head_convolutions(onnx_path: Path) -> list[str]:
 
 
 def served_detections(onnx_path: Path, images: list[np.ndarray], letterbox: dict, conf: float, iou: float,
-                      max_det: int) -> list[np.ndarray]:
-    """What the entry's steps answer for each image: imaging.letterbox, the graph, detections.yolo_detections."""
+                      max_det: int, graph_nms: bool = False) -> list[np.ndarray]:
+    """What the entry's steps answer for each image: imaging.letterbox, the graph, detections.yolo_detections (or,
+    with NMS in the graph, detections.yolo_nms_detections: `iou` is the graph's then)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -184,7 +185,9 @@ def served_detections(onnx_path: Path, images: list[np.ndarray], letterbox: dict
     for image in images:
         pixels = imaging.letterbox(image, letterbox["imgsz"], letterbox["stride"])
         output = session.run(["output0"], {"images": pixels[None]})[0][0]
-        found.append(yolo_detections(output, pixels.shape[1:], image.shape[0], image.shape[1], conf, iou, max_det))
+        height, width = image.shape[:2]
+        found.append(yolo_nms_detections(output, pixels.shape[1:], height, width, conf, max_det) if graph_nms else
+                     yolo_detections(output, pixels.shape[1:], height, width, conf, iou, max_det))
     return found
 
 
@@ -196,13 +199,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
     Returns (the written model folders, the parity report, seconds). Raises ExportError on bad input, a failed
     export or a parity breach (nothing is written then).
     """
-    if options.tensorrt is not None:
-        raise ExportError("TensorRT plans of an Ultralytics YOLO are not built yet; serve the ONNX graph "
-                          "(--target gpu runs it with onnxruntime on the GPU)")
-    if options.optimize:
-        raise ExportError("--optimize applies ONNX Runtime's transformer fusions; a YOLO has none: drop it")
-    if options.precision not in variants.PRECISIONS:
-        raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    _check_options(options)
     repository.check_free(repo, entry.model_names(), options.force)
     steps = Steps(5 + (options.precision != "fp32"), log)
     if options.command:
@@ -212,11 +209,14 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         scratch = Path(scratch)
         steps("exporting %s with Ultralytics (its own environment) and its predictions on %d images", weights,
               len(images))
+        # With --nms, PARITY_CONF is also the graph's conf floor: a request may ask for any conf over it.
         result = run_ultralytics(weights, images, {"conf": PARITY_CONF, "iou": PREDICT_DEFAULTS["iou"],
-                                                   "max_det": PREDICT_DEFAULTS["max_det"]}, scratch)
+                                                   "max_det": PREDICT_DEFAULTS["max_det"], "nms": options.nms,
+                                                   "batch": entry.max_batch_size}, scratch)
         served = work / "model.onnx"
         (scratch / "model.onnx").rename(served)
         _refuse_end_to_end(served, weights)
+        graph_nms = result["graph_nms"]
         with np.load(scratch / "reference.npz") as npz:
             reference = dict(npz)
         steps("validating ONNX Runtime (fp32) against PyTorch on %d images", len(images))
@@ -237,19 +237,25 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
                                                        options.allow_drift)
             if options.precision == "int8":
                 reports["int8"]["notes"].append(f"calibrated on {len(calibration)} images")
-        steps("checking the served answers against Ultralytics' predict (conf %g)", PARITY_CONF)
+        activations = graph_activations(served, "images", (3, imgsz, imgsz))  # the raw graph: NMS adds little
+        if graph_nms is not None:  # the graph checked above is the raw one; the served one has NMS in it
+            served = work / "model_nms.onnx"
+            (scratch / "model_nms.onnx").rename(served)
+            (work / "model.onnx").unlink()
+        settings = graph_nms or {"iou": PREDICT_DEFAULTS["iou"], "max_det": PREDICT_DEFAULTS["max_det"]}
+        steps("checking the served answers against Ultralytics' predict (conf %g%s)", PARITY_CONF,
+              ", NMS in the graph" if graph_nms else "")
         parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
         parity["served"] = {**compare_detections(
-            served_detections(served, images, letterbox, PARITY_CONF, PREDICT_DEFAULTS["iou"], PREDICT_DEFAULTS["max_det"]),
+            served_detections(served, images, letterbox, PARITY_CONF, settings["iou"], settings["max_det"],
+                              graph_nms=graph_nms is not None),
             [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]]),
             "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
         gate_served(parity["served"], options.precision, options.allow_drift)
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]
-        args = result["args"]
-        defaults = {k: args[k] if isinstance(args.get(k), (int, float)) and not isinstance(args.get(k), bool) else v
-                    for k, v in PREDICT_DEFAULTS.items()}
+        defaults = _defaults(result["args"], graph_nms)
         metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
-        metadata["graph_activations"] = graph_activations(served, "images", (3, imgsz, imgsz))  # for `rtxserve plan`
+        metadata |= {"graph_activations": activations, "nms": graph_nms is not None}  # activations: `rtxserve plan`
         steps("writing Triton entry %s (%s, %d instance(s))", entry.name, entry.target, entry.instances)
         models = detection_entry(entry, onnx_path=served, image_processor={"image_processor_type": "UltralyticsLetterBox",
                                                                          "letterbox": letterbox},
@@ -258,6 +264,30 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
+
+
+def _check_options(options) -> None:
+    """Refuse what an Ultralytics export cannot build, before any work."""
+    if options.tensorrt is not None:
+        raise ExportError("TensorRT plans of an Ultralytics YOLO are not built yet; serve the ONNX graph "
+                          "(--target gpu runs it with onnxruntime on the GPU)")
+    if options.optimize:
+        raise ExportError("--optimize applies ONNX Runtime's transformer fusions; a YOLO has none: drop it")
+    if options.precision not in variants.PRECISIONS:
+        raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
+    if options.nms and options.precision != "fp32":
+        raise ExportError(f"--nms with --precision {options.precision} is not built yet (NMS in the graph is fp32 "
+                          "only); drop one of them")
+
+
+def _defaults(args: dict, graph_nms: dict | None) -> dict:
+    """conf / iou / max_det a request gets when it names none: the run's args.yaml, else predict's defaults; with NMS in
+    the graph, the graph's iou and max_det, and `graph_nms`, which the gateway holds requests to."""
+    defaults = {k: args[k] if isinstance(args.get(k), (int, float)) and not isinstance(args.get(k), bool) else v
+                for k, v in PREDICT_DEFAULTS.items()}
+    if graph_nms is not None:
+        defaults |= {"iou": graph_nms["iou"], "max_det": graph_nms["max_det"], "graph_nms": graph_nms}
+    return defaults
 
 
 def _default_samples(weights: Path) -> list[bytes]:
@@ -282,7 +312,7 @@ def _metadata(weights: Path, entry: EntryOptions, options, result: dict, parity:
     return {
         "task": OBJECT_DETECTION, "source": str(weights.resolve()), "architecture": "UltralyticsYOLO",
         "labels": [result["names"][str(i)] for i in range(len(result["names"]))], "detection_defaults": defaults,
-        "nms": False, "letterbox": letterbox, "image_size_varies": True, "target": entry.target,
+        "letterbox": letterbox, "image_size_varies": True, "target": entry.target,
         "instances": entry.instances, "max_batch_size": entry.max_batch_size, "command": options.command,
         "precision": options.precision, "optimized": False,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "versions": result["versions"],

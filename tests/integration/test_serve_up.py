@@ -1,11 +1,12 @@
 """`rtxserve serve up / status / down` on CPU, through the real CLI: a deployment file with an encoder, two detectors
-(DETR, and a YOLO exported by Ultralytics) and an LLM with an adapter brings up the real tritonserver, vLLM and
+(DETR, and a YOLO exported by Ultralytics with its NMS in the graph) and an LLM with an adapter brings up the real tritonserver, vLLM and
 gateway; requests pass through it; `down`
 leaves no process behind; a taken port is refused with the process that holds it."""
 
 import base64
 import http.server
 import io
+import json
 import os
 import random
 import subprocess
@@ -21,7 +22,7 @@ import yaml
 from PIL import Image
 
 from export.detection import PARITY_THRESHOLD
-from export.encoder import export_encoder, export_text_classification
+from export.encoder import EncoderOptions, export_encoder, export_text_classification
 from export.fixtures import boxes_images
 from export.llm import export_llm
 from export.triton_entry import EntryOptions
@@ -44,13 +45,14 @@ def deployment(classifier_checkpoint, detector_checkpoint, yolo_run, llm_fixture
     work = tmp_path_factory.mktemp("box")
     export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name="detr"), work / "repo")
-    export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo"), work / "repo")
+    # NMS in the graph (--nms); the session stack's YOLO runs it in its postprocess step (test_yolo_e2e)
+    export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo"), work / "repo", EncoderOptions(nms=True))
     export_llm(llm_fixtures / "adapter-a", work / "packages" / "support")
     ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
     spec = {"name": "box", "ports": ports, "gateway": {"settings": {"max_tokens": 64}},
             "models": [{"name": "sentiment", "kind": "encoder", "path": "repo/sentiment", "instances": 2, "slo": "e2el:500"},
                        {"name": "detr", "kind": "encoder", "path": "repo/detr"},  # a detector is an encoder entry
-                       {"name": "yolo", "kind": "encoder", "path": "repo/yolo"},  # its NMS in OpenCV, in Triton's env
+                       {"name": "yolo", "kind": "encoder", "path": "repo/yolo"},
                        {"name": "tiny-llama", "kind": "llm", "path": str(llm_fixtures / "base"),
                         "adapters": {"support": "packages/support"}, "max_model_len": 512, "max_num_seqs": 4}]}
     path = work / "deployment.yaml"
@@ -82,6 +84,13 @@ def test_requests_pass_through_every_server_it_started(box, yolo_run):
         sizes = [Image.open(io.BytesIO(i)).size for i in images]  # as the image is (these carry no EXIF rotation)
         assert [(d["width"], d["height"]) for d in found] == sizes
         assert sum(len(d["detections"]) for d in found) > 0, detector  # the fixtures find their rectangles
+    # the YOLO's NMS is its graph's: a request for another iou is refused by name, and the export matched Ultralytics'
+    # predict with NMS in the graph
+    refused = httpx.post(f"{url}/v1/detect", timeout=30, json={"model": "yolo", "iou": 0.3, "input": [
+        {"image": base64.b64encode(yolo_images(yolo_run)[0]).decode()}]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "iou", refused.text
+    parity = json.loads((run / "model_repository" / "yolo_model" / "parity.json").read_text())
+    assert parity["served"]["passed"] and parity["served"]["detections"] > 0, parity["served"]
     chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert chat.usage.completion_tokens == 4
     with pytest.raises(openai.BadRequestError, match="max_tokens"):  # the deployment's gateway settings apply

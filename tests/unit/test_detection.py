@@ -3,6 +3,7 @@ in-process with a fake backend (options, bounds, the class filter, the Triton re
 
 import asyncio
 import base64
+import dataclasses
 import json
 
 import numpy as np
@@ -83,8 +84,8 @@ def test_focal_loss_detections_are_the_image_processors_post_processing(processo
 
 
 class FakeDetector(FakeTriton):
-    def __init__(self):
-        super().__init__(models=(*MODELS, DETECTOR))
+    def __init__(self, info: ModelInfo = DETECTOR):
+        super().__init__(models=(*MODELS, info))
         self.options = []
 
     async def detect(self, model, images, options, timeout_s):
@@ -140,6 +141,21 @@ def test_options_out_of_bounds_are_refused(dclient, detector, body, param):
     assert r.status_code == 422
     assert param in r.text
     assert detector.calls == []
+
+
+@pytest.mark.parametrize("body, param", [({"conf": 0.005}, "conf"), ({"iou": 0.5}, "iou"), ({"max_det": 301}, "max_det")])
+def test_a_model_with_nms_in_its_graph_refuses_what_its_graph_cannot_answer(body, param):
+    """Exported with --nms: no box under the graph's conf floor leaves it, and its iou and max_det are fixed. A request
+    asking otherwise is a 400 naming the option; one within them is answered."""
+    graph_nms = {"conf": 0.01, "iou": 0.6, "max_det": 300}
+    detector = FakeDetector(dataclasses.replace(DETECTOR, extra={"defaults": json.dumps(
+        {"conf": 0.4, "iou": 0.6, "max_det": 50, "graph_nms": graph_nms})}))
+    with TestClient(create_app(GatewaySettings(max_inputs=4, health_interval_s=60), [detector]),
+                    raise_server_exceptions=False) as client:
+        refused = _detect(client, **body)
+        assert error_of(refused, 400)["param"] == param and "exported with --nms" in refused.text
+        assert detector.calls == []
+        assert _detect(client, conf=0.01, iou=0.6, max_det=300).status_code == 200
 
 
 def test_an_unknown_class_an_undecodable_image_and_a_classifier_are_400s(dclient, detector):

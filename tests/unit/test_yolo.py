@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from export.exceptions import ExportError
-from export.triton_models.detection_postprocess.detections import yolo_detections
+from export.triton_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
 from export.triton_models.image_preprocess import imaging
 from export.yolo import check_task, ultralytics_checkpoint, validation_images
 
@@ -64,6 +64,18 @@ def test_boxes_leave_the_letterbox_into_the_image():
     assert found[0, :4].tolist() == [200, 100, 280, 180]
     clipped = yolo_detections(_predictions([(5, 10, 40, 40, 0, 0.9)]), (256, 320), 480, 640, 0.25, 0.7, 300)
     assert clipped[0, :2].tolist() == [0, 0]  # clipped to the image, as scale_boxes does
+
+
+def test_a_graph_with_nms_in_it_is_filtered_cut_and_scaled_back():
+    """Ultralytics' nms=True graph answers [max_det, 6] rows, the kept boxes then zero rows: those over the request's
+    conf leave, best first, at most max_det, out of the letterbox as the postprocess step's NMS would send them."""
+    rows = np.zeros((300, 6), dtype=np.float32)
+    rows[:3] = [[100, 58, 140, 98, 0.6, 1], [100, 58, 140, 98, 0.9, 0], [0, 0, 10, 10, 0.2, 1]]
+    found = yolo_nms_detections(rows, (256, 320), 480, 640, conf=0.25, max_det=300)
+    assert found[:, 4].tolist() == pytest.approx([0.9, 0.6]) and found[:, 5].tolist() == [0, 1]
+    assert found[0, :4].tolist() == [200, 100, 280, 180]  # as test_boxes_leave_the_letterbox_into_the_image's
+    assert len(yolo_nms_detections(rows, (256, 320), 480, 640, conf=0.25, max_det=1)) == 1
+    assert len(yolo_nms_detections(rows, (256, 320), 480, 640, conf=0.01, max_det=300)) == 3  # never the zero rows
 
 
 def test_an_ultralytics_run_is_found_by_its_weights(tmp_path):

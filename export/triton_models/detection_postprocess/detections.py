@@ -105,6 +105,24 @@ def yolo_detections(predictions: np.ndarray, letterboxed: tuple[int, int], heigh
     return np.concatenate([boxes, scores[kept, None], classes[kept, None].astype(np.float32)], axis=1)
 
 
+def yolo_nms_detections(rows: np.ndarray, letterboxed: tuple[int, int], height: int, width: int, conf: float,
+                        max_det: int) -> np.ndarray:
+    """One image's detections from a graph with NMS in it (Ultralytics' nms=True), float32 [n, 6] in COLUMNS order,
+    best first.
+
+    Args:
+        rows: [graph max_det, 6]: x1, y1, x2, y2 in the letterboxed tensor's pixels, score, class id; the graph's
+            kept boxes, zero rows after them.
+        conf: keep scores strictly over it (at least the graph's own floor: the gateway checks).
+        max_det: the most detections to keep.
+    """
+    rows = rows.astype(np.float32, copy=False)
+    rows = rows[rows[:, 4] > conf]
+    rows = rows[np.argsort(-rows[:, 4], kind="stable")][:max_det]
+    boxes = _unletterbox(rows[:, :4], letterboxed, height, width)
+    return np.concatenate([boxes, rows[:, 4:6]], axis=1)
+
+
 def _nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> np.ndarray:
     """Greedy NMS per class (OpenCV's NMSBoxesBatched: boxes of different classes never suppress each other; the
     same boxes as torchvision's batched_nms keeps): indices kept, best score first."""

@@ -6,7 +6,9 @@ beside it. The string parameter `decoder` says whose outputs these are:
   top_k: logits [batch, queries, classes] FP32 (sigmoid per class), pred_boxes as DETR's; parameter `top_k`, the
         (query, class) pairs considered (Conditional / Deformable DETR, RT-DETR);
   yolo: output0 [batch, 4 + classes, anchors] FP32, in the letterboxed tensor's pixels (parameter `letterbox`:
-        {"imgsz", "stride"}, as the preprocess step's, to find where the image lay in it).
+        {"imgsz", "stride"}, as the preprocess step's, to find where the image lay in it);
+  yolo_nms: output0 [batch, max_det, 6] FP32 from a graph with NMS in it (x1, y1, x2, y2 in the letterboxed
+        tensor's pixels, score, class id), parameter `letterbox` as yolo's.
 Inputs besides: image_size [batch, 2] INT64 (height, width), OPTIONS [batch, 3] FP32 (conf, iou, max_det: the
 request's; iou is for YOLO's NMS, DETR has none).
 Outputs: DETECTIONS [batch, n, 6] FP32 (x1, y1, x2, y2 in the image's pixels, score, class id), best first.
@@ -26,7 +28,7 @@ if _HERE not in sys.path[:1]:
 
 import detections  # noqa: E402
 
-DECODERS = ("detr", "top_k", "yolo")
+DECODERS = ("detr", "top_k", "yolo", "yolo_nms")
 
 
 class TritonPythonModel:
@@ -39,14 +41,14 @@ class TritonPythonModel:
                                                 f"got {self.decoder!r}")
         if self.decoder == "top_k":
             self.top_k = int(params["top_k"])
-        if self.decoder == "yolo":
+        if self.decoder in ("yolo", "yolo_nms"):
             import imaging  # the preprocess step's own geometry, so that boxes leave the letterbox as they entered
 
             letterbox = json.loads(params["letterbox"])
             self.geometry = lambda h, w: imaging.letterbox_geometry(h, w, letterbox["imgsz"], letterbox["stride"])
 
     def _detections(self, request, sizes, options):
-        if self.decoder != "yolo":
+        if self.decoder not in ("yolo", "yolo_nms"):
             logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
             boxes = pb_utils.get_input_tensor_by_name(request, "pred_boxes").as_numpy()
             decode = (detections.detr_detections if self.decoder == "detr" else
@@ -58,9 +60,13 @@ class TritonPythonModel:
         for i in range(len(sizes)):
             height, width = int(sizes[i, 0]), int(sizes[i, 1])
             new_h, new_w, top, bottom, left, right = self.geometry(height, width)
-            found.append(detections.yolo_detections(predictions[i], (new_h + top + bottom, new_w + left + right),
-                                                    height, width, float(options[i, 0]), float(options[i, 1]),
-                                                    int(options[i, 2])))
+            letterboxed = (new_h + top + bottom, new_w + left + right)
+            if self.decoder == "yolo_nms":
+                found.append(detections.yolo_nms_detections(predictions[i], letterboxed, height, width,
+                                                            float(options[i, 0]), int(options[i, 2])))
+            else:
+                found.append(detections.yolo_detections(predictions[i], letterboxed, height, width,
+                                                        float(options[i, 0]), float(options[i, 1]), int(options[i, 2])))
         return found
 
     def execute(self, requests):

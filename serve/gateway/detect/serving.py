@@ -15,12 +15,27 @@ TASK = OBJECT_DETECTION
 
 
 def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
-    """(conf, iou, max_det): the request's, else the entry's defaults (set at export), else ours."""
+    """(conf, iou, max_det): the request's, else the entry's defaults (set at export), else ours. A model exported
+    with NMS in its graph (`graph_nms` in its defaults) keeps no box under its conf floor, and its iou and max_det are
+    fixed: a request that asks otherwise is refused, naming the option, rather than answered as it did not ask."""
     chosen = {}
     for key, ours in DETECTION_DEFAULTS.items():
         given = getattr(request, key)
         chosen[key] = given if given is not None else defaults.get(key, ours)
-    return float(chosen["conf"]), float(chosen["iou"]), int(chosen["max_det"])
+    conf, iou, max_det = float(chosen["conf"]), float(chosen["iou"]), int(chosen["max_det"])
+    graph = defaults.get("graph_nms")
+    if graph:
+        fixed = "this model's NMS is in its graph (exported with --nms)"
+        if conf < graph["conf"]:
+            raise InvalidRequest(f"conf {conf:g}: {fixed}, which keeps no box scoring under {graph['conf']:g}",
+                                 param="conf")
+        if request.iou is not None and request.iou != graph["iou"]:
+            raise InvalidRequest(f"iou {request.iou:g}: {fixed}, at iou {graph['iou']:g}; leave iou out",
+                                 param="iou")
+        if max_det > graph["max_det"]:
+            raise InvalidRequest(f"max_det {max_det}: {fixed}, which keeps at most {graph['max_det']} boxes",
+                                 param="max_det")
+    return conf, iou, max_det
 
 
 async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
