@@ -1,4 +1,5 @@
-"""`rtxserve plan DEPLOYMENT`: the GPU memory plan; `rtxserve deploy render|bundle DEPLOYMENT`."""
+"""`rtxserve plan DEPLOYMENT`: the GPU memory plan; `rtxserve deploy render|bundle DEPLOYMENT`; `rtxserve adapters
+add|remove`: LoRA adapters loaded into a running deployment (deploy/adapters.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,37 @@ def plan_main(argv: list[str]) -> int:
             print(f"rtxserve plan --measure: error: {exc}", file=sys.stderr)
             return 2
     return 0 if p.fits else 2
+
+
+def adapters_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtxserve adapters", description="Load a LoRA adapter into a running "
+                                     "deployment's engines, or unload one, without a restart; the deployment file is "
+                                     "updated so that `serve up` brings the same set back.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("add", help="check an adapter against its base, load it on every replica, write it in")
+    add.add_argument("name", help="the model name clients will call it by")
+    add.add_argument("path", type=Path, help="the PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+    add.add_argument("--base", help="the LLM entry it adapts (default: the deployment's only LLM)")
+    remove = sub.add_parser("remove", help="unload an adapter from every replica and take it out of the file")
+    remove.add_argument("name")
+    for p in (add, remove):
+        p.add_argument("--deployment", type=Path, default=Path("deployment.yaml"),
+                       help="the running deployment's file (default: ./deployment.yaml)")
+    args = parser.parse_args(argv)
+    from .adapters import add_adapter, remove_adapter
+    from .spec import DeploymentError
+
+    try:
+        if args.command == "add":
+            m = add_adapter(args.deployment, args.name, args.path, args.base)
+            print(f"{args.name} loaded on every engine of {m.name}, and written into {args.deployment}")
+        else:
+            m = remove_adapter(args.deployment, args.name)
+            print(f"{args.name} unloaded from every engine of {m.name}, and taken out of {args.deployment}")
+    except (DeploymentError, OSError) as exc:
+        print(f"rtxserve adapters {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str]) -> int:

@@ -80,7 +80,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
     model and adapters are checked (serve.vllm.check_vllm: their configs and shapes) on the way; `vllm_env` is
     the vLLM install that will run them on this host (None: elsewhere, e.g. a container)."""
     from serve.triton import TritonOptions, triton_args
-    from serve.vllm import VLLMConfigError, check_vllm, serving_dtype, vllm_args
+    from serve.vllm import VLLMConfigError, check_vllm, runtime_lora_env, serving_dtype, vllm_args
 
     services = []
     if d.encoders:
@@ -98,7 +98,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
         except VLLMConfigError as exc:
             raise DeploymentError(f"models.{m.name}: {exc}") from None
         dtype = serving_dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
-        env = {"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}
+        env = ({"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}) | runtime_lora_env(adapters)
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
                                 gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters]))

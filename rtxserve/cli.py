@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": ("rtxserve.cli", "serve_main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
     "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),
     "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
+    "adapters": ("deploy.cli", "adapters_main", "load or unload a LoRA adapter in a running deployment, without a restart"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
     "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching for the most goodput under an SLO"),

@@ -246,9 +246,15 @@ def vllm_args(opts: VLLMOptions, adapters: list[Adapter], dtype: str | None = No
 def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[str], dict[str, str]]:
     """argv and environment for `vllm serve` on this host; raises VLLMConfigError on a bad model or adapter."""
     adapters = check_vllm(opts, env_dir)
-    env = install_env(env_dir)
+    env = install_env(env_dir) | runtime_lora_env(adapters)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{opts.kv_cache_gib:g}")
     return install_argv(env_dir, vllm_args(opts, adapters, serving_dtype(opts, env_dir))), env
+
+
+def runtime_lora_env(adapters: list[Adapter]) -> dict[str, str]:
+    """An engine with LoRA on also loads and unloads adapters while it runs (`rtxserve adapters add|remove`,
+    deploy/adapters.py), through vLLM's runtime LoRA API, which this variable turns on."""
+    return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if adapters else {}
 
 
 def install_argv(env_dir: Path, args: list[str]) -> list[str]:

@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -111,6 +112,62 @@ def test_the_plan_set_the_instances_and_status_reports_every_server(box):
         rows = lines[2:]
         assert [r.split()[0] for r in rows] == ["triton", "vllm-tiny-llama-0", "gateway"]
         assert all(" alive " in r and " 200 " in r for r in rows)
+
+
+def test_an_adapter_is_added_and_removed_under_load_with_no_failed_request(deployment, box, llm_fixtures):
+    """`rtxserve adapters add|remove` on the running box: streams to the base and its started adapter run throughout;
+    the new adapter is checked, loaded, listed by the gateway within seconds, answers, and is unloaded; the
+    deployment file gains it and loses it again, its comment kept; not one request of the load fails."""
+    path, spec, runs = deployment
+    url, _ = box
+    path.write_text("# the box's deployment: adapters add|remove keep this line\n" + path.read_text())
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    stop, outcomes = threading.Event(), []
+
+    def load(model):
+        while not stop.is_set():
+            try:
+                stream = sdk.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                                     max_tokens=16, stream=True, stream_options={"include_usage": True},
+                                                     extra_body={"ignore_eos": True})
+                outcomes.append([chunk.usage.completion_tokens for chunk in stream if chunk.usage][-1])
+            except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
+                outcomes.append(exc)
+
+    def listed():
+        return {m.id for m in sdk.models.list()}
+
+    threads = [threading.Thread(target=load, args=(m,), daemon=True) for m in ("tiny-llama", "support")]
+    for t in threads:
+        t.start()
+    try:
+        added = rtxserve("adapters", "add", "support-b", llm_fixtures / "adapter-b", "--deployment", path, state=runs)
+        assert added.returncode == 0, added.stderr
+        deadline = time.monotonic() + 10
+        while "support-b" not in listed():
+            assert time.monotonic() < deadline, "the gateway did not list the new adapter within 10 s"
+            time.sleep(0.5)
+        answer = sdk.chat.completions.create(model="support-b", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=4, extra_body={"ignore_eos": True})
+        assert answer.usage.completion_tokens == 4
+        written = yaml.safe_load(path.read_text())["models"][-1]["adapters"]
+        assert written == {"support": "packages/support", "support-b": str(llm_fixtures / "adapter-b")}
+        taken = rtxserve("adapters", "add", "support", llm_fixtures / "adapter-b", "--deployment", path, state=runs)
+        assert taken.returncode == 2 and "support is already served" in taken.stderr
+        removed = rtxserve("adapters", "remove", "support-b", "--deployment", path, state=runs)
+        assert removed.returncode == 0, removed.stderr
+        deadline = time.monotonic() + 10
+        while "support-b" in listed():
+            assert time.monotonic() < deadline, "the gateway still lists the removed adapter after 10 s"
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    failures = [o for o in outcomes if isinstance(o, Exception)]
+    assert not failures and len(outcomes) >= 4 and all(n == 16 for n in outcomes), failures or outcomes
+    text = path.read_text()
+    assert text.startswith("# the box's deployment") and "support-b" not in text
 
 
 def test_a_taken_port_is_refused_with_the_process_holding_it(deployment, box):
