@@ -16,3 +16,5 @@ OVERHEAD_HEADER = "x-rtxserve-overhead-ms"  # the same figure on every response,
 CALL_REQUESTS = "rtxserve_triton_call_requests"
 BACKEND_UP = "rtxserve_backend_up"  # gauge, by backend
 BREAKER_OPEN = "rtxserve_backend_breaker_open"  # gauge, by backend
+ALIAS_REQUESTS = "rtxserve_alias_requests_total"  # counter, by alias, model: the target each request was drawn
+FALLBACKS = "rtxserve_fallbacks_total"  # counter, by model, fallback: requests its fallback answered

@@ -74,6 +74,10 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         for backend in backends:
             await backend.start()
         await state.refresh()  # first look before serving; a backend that is down is not fatal
+        unknown = state.unknown_routes()
+        if unknown:  # a settings error, found once the backends say what they serve
+            raise RuntimeError(f"settings: aliases or fallbacks name models no backend serves: {', '.join(unknown)} "
+                               f"(served: {', '.join(sorted(state.models)) or 'none'})")
         health = asyncio.create_task(state.run_health_loop())
         _drain_on_sigterm(state)
         try:

@@ -12,6 +12,7 @@ from fastapi import Request
 
 from .exceptions import Forbidden, Unauthenticated
 from .keys import ApiKey
+from .state import CALLER
 
 
 def key_of(state, authorization: str, api_key: str = "") -> ApiKey | None:
@@ -44,9 +45,10 @@ def request_key(request: Request) -> ApiKey | None:
 async def admit_key(state, key: ApiKey | None, model: str, scope_state: dict) -> None:
     """403 when `key` may not use `model` (whether or not it exists: no probing by 403/404), 429 when its quota is
     spent; names the model in the metrics labels (`scope_state`, the request's) once it is known."""
-    scope_state["model"] = model if model in state.models else ""
+    scope_state["model"] = model if model in state.models or model in state.settings.aliases else ""
     if key is None:
         return
+    CALLER.set(key.name)
     if not key.allows(model):
         raise Forbidden(f"this API key may not use model {model!r}", param="model")
     await state.quotas.admit(key)

@@ -47,6 +47,9 @@ OVERHEAD_SECONDS = Histogram(metric_names.OVERHEAD_SECONDS, "The gateway's own t
 OVERHEAD_HEADER = metric_names.OVERHEAD_HEADER.encode()
 # Seconds the request being served has waited on backends so far (state.py adds each call's).
 BACKEND_WAIT: ContextVar[list[float]] = ContextVar("backend_wait")
+ALIAS_REQUESTS = Counter(metric_names.ALIAS_REQUESTS, "Requests to a model alias, by the model drawn", ("alias", "model"))
+FALLBACKS = Counter(metric_names.FALLBACKS, "Requests answered by a fallback model (no live replica of the model named)",
+                    ("model", "fallback"))
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
 
 

@@ -6,7 +6,9 @@ import ipaddress
 import os
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -15,6 +17,28 @@ from pydantic_settings import (
 )
 
 from core import contract
+
+
+class Alias(BaseModel):
+    """A model name that sends each request to one of its targets, by weight (a canary: 90 / 10)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: dict[str, int] = Field(description="model -> its share of the alias's requests, in percent (sum 100)")
+    sticky: Literal["none", "key", "user"] = Field("none", description="key / user: the same API key, or the same "
+                                                   "request `user`, always gets the same target")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data):
+        return {"targets": data} if isinstance(data, dict) and "targets" not in data else data
+
+    @field_validator("targets")
+    @classmethod
+    def _weights(cls, targets: dict[str, int]) -> dict[str, int]:
+        if not targets or any(w < 0 for w in targets.values()) or sum(targets.values()) != 100:
+            raise ValueError(f"weights {targets} must be whole percents that sum to 100")
+        return targets
 
 
 class GatewaySettings(BaseSettings):
@@ -55,6 +79,14 @@ class GatewaySettings(BaseSettings):
         'e.g. {"llm": 32}; more wait in a queue of max_queue. Models not named share only max_concurrency')
     queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")
+    aliases: dict[str, Alias] = Field(
+        default_factory=dict, description='model names that split their requests between models by weight, e.g. '
+        '{"reviews": {"reviews-v1": 90, "reviews-v2": 10}}, or {"reviews": {"targets": {...}, "sticky": "key"}}; '
+        'the answer names the model that answered; the alias requests metric counts them by model')
+    fallbacks: dict[str, list[str]] = Field(
+        default_factory=dict, description='model -> models tried in order when it has no live replica (every replica '
+        'down or its breaker open), e.g. {"llm-big": ["llm-small"]}; never once a stream has begun, never for a '
+        "client's error")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
     )
@@ -93,6 +125,21 @@ class GatewaySettings(BaseSettings):
                                            "uploaded audio file")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="request body cap (413)")
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="request headers cap, names and values (431)")
+
+    @model_validator(mode="after")
+    def _routes_are_models(self):
+        for name, alias in self.aliases.items():
+            if name in alias.targets or any(t in self.aliases for t in alias.targets):
+                raise ValueError(f"aliases.{name}: a target is an alias itself; name models")
+        for name, chain in self.fallbacks.items():
+            if not chain or name in chain or name in self.aliases or any(f in self.aliases for f in chain):
+                raise ValueError(f"fallbacks.{name}: name one or more other models (not aliases), in order")
+        return self
+
+    def route_names(self) -> set[str]:
+        """Every model name the aliases and fallbacks refer to (checked against what the backends serve)."""
+        return {t for a in self.aliases.values() for t in a.targets} | set(self.fallbacks) | {
+            f for chain in self.fallbacks.values() for f in chain}
 
     @model_validator(mode="after")
     def _no_open_door_off_loopback(self):

@@ -12,9 +12,13 @@ a request that reached a backend is never sent twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -31,6 +35,7 @@ from .exceptions import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    GatewayError,
     InvalidRequest,
     ModelNotFound,
 )
@@ -84,6 +89,10 @@ class _HeldStream(Stream):
         finally:
             self._release()
             self._release = lambda: None
+
+
+# The API key name of the request being served (set where its key is admitted): what a sticky alias keeps on one model.
+CALLER: ContextVar[str | None] = ContextVar("rtxserve_caller", default=None)
 
 
 class GatewayState:
@@ -167,6 +176,13 @@ class GatewayState:
             except Exception:  # the loop must survive anything a backend does
                 log.exception("health refresh failed")
 
+    def unknown_routes(self) -> list[str]:
+        """The models the aliases and fallbacks name that no backend serves, once every backend has answered (while
+        one is down, what it serves is not known: nothing is called unknown)."""
+        if not all(r.up for r in self.replicas):
+            return []
+        return sorted(self.settings.route_names() - set(self.models))
+
     def ready(self) -> tuple[bool, dict]:
         """Ready when not draining and every required model (default: all known) is served by a live replica."""
         required = self.settings.required_models or list(self.models)
@@ -186,8 +202,29 @@ class GatewayState:
             detail["draining"] = True
         return ok, detail
 
-    def resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
-        """The model a request names (of one of the tasks `task` names), or the error the client should get."""
+    def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None, user: str | None = None) -> ModelInfo:
+        """The model a request names (of one of the tasks `task` names), or the error the client should get.
+
+        An alias (settings.aliases) is one of its targets, by weight: the same one for the same API `key` name or
+        request `user` where the alias is sticky by it, else drawn per request. A model with no live replica is
+        answered by its first ready fallback (settings.fallbacks) of the same task."""
+        alias = self.settings.aliases.get(name)
+        if alias is not None:
+            target = _draw(alias.targets, {"key": key or CALLER.get(), "user": user}.get(alias.sticky))
+            metrics.ALIAS_REQUESTS.labels(name, target).inc()
+            name = target
+        try:
+            return self._resolve(name, task)
+        except BackendUnavailable:
+            for fallback in self.settings.fallbacks.get(name, ()):
+                with contextlib.suppress(GatewayError):
+                    info = self._resolve(fallback, task)
+                    log.warning("model %s has no live replica: answering with its fallback %s", name, fallback)
+                    metrics.FALLBACKS.labels(name, fallback).inc()
+                    return info
+            raise
+
+    def _resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
         if name not in self.models:
             if not all(r.up for r in self.replicas):
                 raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
@@ -213,7 +250,26 @@ class GatewayState:
     async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
         """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`, within the model's
         own concurrency limit if it has one. A failed connect is tried on the next replica; anything else is
-        the answer. A Stream keeps its replica (and its slot) busy until closed."""
+        the answer. A Stream keeps its replica (and its slot) busy until closed. A model with no live replica left
+        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun."""
+        chain = self.settings.fallbacks.get(info.name)
+        if not chain:
+            return await self._gated(info, fn)
+        try:
+            return await self._gated(info, fn)
+        except BackendUnavailable as exc:
+            for name in chain:
+                fallback = self.models.get(name)
+                if fallback is None or not fallback.ready or fallback.task != info.task:
+                    continue
+                log.warning("model %s has no live replica (%s): answering with its fallback %s", info.name, exc.message,
+                            name)
+                metrics.FALLBACKS.labels(info.name, name).inc()
+                with contextlib.suppress(BackendUnavailable):
+                    return await self._gated(fallback, fn)
+            raise
+
+    async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
         gate = self.gates.get(info.name)
         if gate is None:
             return await self._call(info, fn)
@@ -271,3 +327,15 @@ class GatewayState:
                 metrics.BREAKER_OPEN.labels(replica.name).set(1)
             if not held:
                 release()
+
+
+def _draw(weights: dict[str, int], who: str | None) -> str:
+    """One of `weights`' models with its weight's chance: drawn at random, or, for a `who`, from a hash of it (the same
+    `who` always gets the same model while the weights stay)."""
+    point = (int.from_bytes(hashlib.blake2b(who.encode(), digest_size=8).digest()) % 100 if who is not None
+             else random.randrange(100))
+    for model, weight in weights.items():
+        if point < weight:
+            return model
+        point -= weight
+    raise AssertionError("weights sum to 100 (settings.Alias)")

@@ -1,9 +1,11 @@
 """Through the real tritonserver and the gateway: the fixture ViT classifies base64 PNG / JPEG images
-exactly as transformers' image-classification pipeline does (pre-processing included), and a LoRA
-adapter exported merged classifies text exactly as the unmerged PeftModel does."""
+exactly as transformers' image-classification pipeline does (pre-processing included), a LoRA
+adapter exported merged classifies text exactly as the unmerged PeftModel does, and an alias splits
+traffic between the base and its fine-tune (a canary)."""
 
 import base64
 import io
+import json
 
 import httpx
 import numpy as np
@@ -11,7 +13,9 @@ import pytest
 
 from export.vision import sample_images
 
-from .conftest import LORA_CLASSIFIER, VISION
+from serve.stack import start_gateway
+
+from .conftest import LORA_CLASSIFIER, MODEL, VISION
 
 TEXTS = ["I love this product, it works perfectly.", "Terrible. It broke after one day!", "The package arrived.", "ok"]
 
@@ -125,3 +129,22 @@ def test_a_merged_lora_adapter_serves_what_the_peft_model_computes(stack, peft_r
     assert np.abs(probs - with_adapter).max() < 1e-4
     # The adapter is really in the served model (log-probabilities: a confident classifier's probabilities barely move).
     assert np.abs(np.log(probs) - np.log(base)).max() > 0.1
+
+
+def test_an_alias_splits_traffic_between_a_model_and_its_fine_tune(stack, tmp_path):
+    """A canary through a gateway of its own on the session's Triton: `sentiment` sends half its requests to the
+    base and half to the merged LoRA; each answer names its model and is that model's own answer."""
+    direct = {m: _classify(stack, m, TEXTS[:1])[0]["scores"] for m in (MODEL, LORA_CLASSIFIER)}
+    aliases = json.dumps({"sentiment": {MODEL: 50, LORA_CLASSIFIER: 50}})
+    gateway, url = start_gateway(stack.triton_grpc_url, tmp_path, extra_env={"RTXSERVE_ALIASES": aliases})
+    try:
+        answers = [httpx.post(f"{url}/v1/classify", json={"model": "sentiment", "input": TEXTS[:1]}, timeout=60).json()
+                   for _ in range(40)]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    finally:
+        gateway.stop()
+    named = [a["model"] for a in answers]
+    assert set(named) == {MODEL, LORA_CLASSIFIER}  # each with probability 1/2 per request: 2^-39 to see one only
+    for answer in answers:
+        assert answer["data"][0]["scores"] == pytest.approx(direct[answer["model"]], abs=1e-6)
+    assert f'rtxserve_alias_requests_total{{alias="sentiment",model="{MODEL}"}} {named.count(MODEL)}.0' in metrics

@@ -137,6 +137,8 @@ class VLLMBackend(Backend):
             raise BackendError(f"model {model} sent an answer that is not JSON") from exc
 
     async def _send(self, path: str, body: dict, model: str) -> aiohttp.ClientResponse:
+        if body.get("model") != model:  # an alias's target, or a fallback: the engine knows its own names only
+            body = {**body, "model": model}
         with _mapped(model):
             return await self.session.post(f"{self.url}{path}", data=orjson.dumps(body), headers=_JSON)
 

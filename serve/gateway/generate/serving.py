@@ -160,7 +160,8 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
                    key: ApiKey | None = None):
     """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
     _check_bounds(state.settings, request)
-    info = state.resolve(request.model, TASK)
+    user = (request.model_extra or {}).get("user")
+    info = state.resolve(request.model, TASK, key.name if key else None, user if isinstance(user, str) else None)
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
     if not request.stream:

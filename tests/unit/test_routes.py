@@ -1,0 +1,82 @@
+"""Model aliases (a weighted split: canaries) and fallbacks in the gateway's settings, on fake backends: the split
+follows the weights, a sticky alias keeps a key on one model, a model with no live replica is answered by its
+fallback (never for a client's error), and bad settings are refused naming the alias."""
+
+import dataclasses
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.gateway.app import create_app
+from serve.gateway.exceptions import BackendError
+from serve.gateway.keys import ApiKey, hash_key, write_keys
+from serve.gateway.settings import GatewaySettings
+
+from .fakes import MODELS, FakeTriton, error_of
+
+CLF = MODELS[0]
+V2 = dataclasses.replace(CLF, name="clf-v2")
+
+
+@pytest.fixture
+def backends():
+    return FakeTriton(models=(CLF,), url="a"), FakeTriton(models=(V2,), url="b")
+
+
+def _client(backends, **settings):
+    return TestClient(create_app(GatewaySettings(health_interval_s=60, **settings), list(backends)),
+                      raise_server_exceptions=False)
+
+
+def test_an_alias_splits_by_weight_and_each_answer_names_its_model(backends):
+    with _client(backends, aliases={"reviews": {"clf": 90, "clf-v2": 10}}) as client:
+        answers = [client.post("/v1/classify", json={"model": "reviews", "input": "good"}) for _ in range(200)]
+        metrics = client.get("/metrics").text
+    assert all(r.status_code == 200 for r in answers)
+    named = [r.json()["model"] for r in answers]
+    assert [len(b.calls) for b in backends] == [named.count("clf"), named.count("clf-v2")]
+    assert 150 <= named.count("clf") <= 195  # 180 expected; 7 standard deviations either side
+    assert f'rtxserve_alias_requests_total{{alias="reviews",model="clf-v2"}} {named.count("clf-v2")}.0' in metrics
+
+
+def test_a_sticky_alias_keeps_each_key_on_one_model(backends, tmp_path):
+    keys = {name: f"rtx-{name}-secret" for name in ("k1", "k2", "k3", "k4", "k5", "k6")}
+    write_keys(tmp_path / "keys.json", {n: ApiKey(name=n, hash=hash_key(s)) for n, s in keys.items()})
+    with _client(backends, keys_file=tmp_path / "keys.json",
+                 aliases={"reviews": {"targets": {"clf": 50, "clf-v2": 50}, "sticky": "key"}}) as client:
+        seen = {n: {client.post("/v1/classify", json={"model": "reviews", "input": "good"},
+                                headers={"Authorization": f"Bearer {s}"}).json()["model"] for _ in range(5)}
+                for n, s in keys.items()}
+    assert all(len(models) == 1 for models in seen.values()), seen
+    assert {m for models in seen.values() for m in models} == {"clf", "clf-v2"}  # 6 keys: both drawn (1 in 32 not)
+
+
+def test_a_model_with_no_live_replica_is_answered_by_its_fallback_but_not_a_client_error(backends):
+    with _client(backends, fallbacks={"clf": ["clf-v2"]}) as client:
+        backends[0].up = False
+        client.portal.call(client.app.state.gateway.refresh)
+        r = client.post("/v1/classify", json={"model": "clf", "input": "good"})
+        assert r.status_code == 200 and r.json()["model"] == "clf-v2"
+        assert 'rtxserve_fallbacks_total{fallback="clf-v2",model="clf"} 1.0' in client.get("/metrics").text
+        backends[0].up = True
+        client.portal.call(client.app.state.gateway.refresh)
+        backends[0].fail_with = BackendError("the model failed on this input")  # the model's answer, not an outage
+        assert error_of(client.post("/v1/classify", json={"model": "clf", "input": "good"}), 502)
+        assert error_of(client.post("/v1/classify", json={"model": "clf", "input": ["x"] * 1000}), 400)
+        assert len(backends[1].calls) == 1  # neither went to the fallback
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"aliases": {"reviews": {"clf": 90, "clf-v2": 20}}}, "must be whole percents that sum to 100"),
+    ({"aliases": {"reviews": {"reviews": 100}}}, "aliases.reviews: a target is an alias itself"),
+    ({"fallbacks": {"clf": ["clf"]}}, "fallbacks.clf: name one or more other models"),
+])
+def test_bad_routes_are_settings_errors_naming_them(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GatewaySettings(**settings)
+
+
+def test_an_alias_naming_a_model_no_backend_serves_stops_the_start_naming_it(backends):
+    with pytest.raises(RuntimeError, match="aliases or fallbacks name models no backend serves: clf-v3"):
+        with _client(backends, aliases={"reviews": {"clf": 90, "clf-v3": 10}}):
+            pass
