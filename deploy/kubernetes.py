@@ -12,7 +12,7 @@ from core.tasks import ENCODER, SPEECH, TASKS, of_kind
 from . import monitoring
 from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE,
-                     VLLM_IMAGE, vllm_image_args)
+                     REDIS_IMAGE, VLLM_IMAGE, vllm_image_args)
 from .plan import Plan
 from .services import Service
 from .spec import Deployment, encoder_metadata, llm_app
@@ -119,6 +119,8 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
             seen_llms.add(s.models[0])
             files[f"{llm_app(s.models[0])}.yaml"] = _vllm(d, s)
     files["gateway.yaml"] = _gateway(d, next(s for s in services if s.kind == "gateway"), gateway_replicas)
+    if needs_redis(d):
+        files["redis.yaml"] = _redis(d)
     files["prometheus-rules.yaml"] = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
                                        "metadata": {"name": f"rtxserve-{d.name}",
                                                     "labels": _labels("rules", d) | d.kubernetes.monitoring_labels},
@@ -234,6 +236,34 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
                       "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
                           "type": "Utilization", "averageUtilization": 70}}}]}},
             _service_monitor(d, "gateway", "http", "gateway")]
+
+
+REDIS = "rtxserve-redis"  # the quota counters' Service
+REDIS_URI = f"async+redis://{REDIS}:6379"
+
+
+def needs_redis(d: Deployment) -> bool:
+    """The gateway runs as several pods (its HPA), so per-key quotas are counted in one Redis that every pod shares,
+    unless the deployment's gateway settings name a storage of their own."""
+    return "rate_limit_storage" not in d.gateway.settings
+
+
+def _redis(d: Deployment) -> list[dict]:
+    """Counters only: no persistence (a restart starts the current minute again), no auth beyond the policy that
+    lets only the gateway's pods reach it."""
+    container = {"name": "redis", "image": REDIS_IMAGE, "args": ["--save", "", "--appendonly", "no"],
+                 "ports": [{"name": "redis", "containerPort": 6379}],
+                 "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5},
+                 "livenessProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 10},
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}
+    deployment = _deployment(d, REDIS, 1, container)
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"] |= {"runAsNonRoot": True,
+                                                                                  "runAsUser": 999}
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{REDIS}-private"},
+              "spec": {"podSelector": {"matchLabels": _labels(REDIS, d)}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}}],
+                                    "ports": [{"protocol": "TCP", "port": 6379}]}]}}
+    return [deployment, _service(d, REDIS, {"redis": 6379}), policy]
 
 
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:

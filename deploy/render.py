@@ -35,7 +35,7 @@ from .compose import compose, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_DOCKERFILE,
                      image_list, speech_image_requirements, triton_image_requirements)
-from .kubernetes import LOADTEST_KEY_FILE, kubernetes, kustomization, models_loader, time_slicing
+from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis, time_slicing
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError, llm_app
@@ -180,6 +180,8 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     """kubernetes/: one Deployment and Service per LLM in front of its replicas (all on its first engine's port)."""
     settings = settings | {"vllm_url": ",".join(f"http://{llm_app(s.models[0])}:{s.port}"
                                                 for s in services if s.kind == "vllm" and s.name.endswith("-0"))}
+    if needs_redis(d):  # several gateway pods: one set of quota counters
+        settings["rate_limit_storage"] = REDIS_URI
     namespace = f"rtxserve-{d.name}"
     manifests = kubernetes(d, p, services, builds)
     for name, docs in manifests.items():
@@ -258,7 +260,7 @@ def copy_source(to: Path) -> bool:
 def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
     """images.txt and the Dockerfiles of the images built here: online from the index by default, offline from
     their wheels/ once `deploy bundle` fills it."""
-    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models))))
+    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models), needs_redis(d))))
     wheels_note = "Wheels the image installs with no network: `rtxserve deploy bundle` puts them here.\n"
     files.write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
     files.write("gateway-image/wheels/README", wheels_note)

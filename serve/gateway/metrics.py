@@ -50,6 +50,7 @@ BACKEND_WAIT: ContextVar[list[float]] = ContextVar("backend_wait")
 ALIAS_REQUESTS = Counter(metric_names.ALIAS_REQUESTS, "Requests to a model alias, by the model drawn", ("alias", "model"))
 FALLBACKS = Counter(metric_names.FALLBACKS, "Requests answered by a fallback model (no live replica of the model named)",
                     ("model", "fallback"))
+QUOTA_STORAGE_ERRORS = Counter(metric_names.QUOTA_STORAGE_ERRORS, "Quota checks the quota storage (Redis) could not answer")
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
 
 

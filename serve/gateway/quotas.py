@@ -4,7 +4,12 @@ The counters must be exact across the gateway's workers: uvicorn's workers are p
 `limits`' memory storage is per process. So the default storage is a file that every worker of the
 box opens (`sqlite:///path`, the small storage class below: `limits` keeps the algorithm, SQLite's
 locking makes each increment atomic across processes), and a fleet names Redis
-(`RTXSERVE_RATE_LIMIT_STORAGE=async+redis://host:6379`, with the `redis` package installed).
+(`RTXSERVE_RATE_LIMIT_STORAGE=async+redis://host:6379`, through coredis, which the install includes).
+
+While the storage cannot be reached (Redis restarting), `rate_limit_unavailable` decides: "open" (the default)
+admits requests uncounted, with a warning at most every WARN_EVERY_S and a count (metrics.QUOTA_STORAGE_ERRORS);
+"closed" refuses them with 503 + Retry-After. Tokens used meanwhile are not charged. A Redis client gives up
+after STORAGE_TIMEOUT_S, so an unreachable one delays no request by more.
 
 Requests are counted when admitted. Tokens are known only after generation: a request is admitted
 while the key's token window is not spent, and its prompt + completion tokens are charged when its
@@ -13,6 +18,7 @@ usage arrives (as LiteLLM and OpenAI do), so one request may overshoot the quota
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from pathlib import Path
@@ -20,14 +26,26 @@ from pathlib import Path
 from limits import RateLimitItemPerMinute
 from limits.aio.storage import Storage
 from limits.aio.strategies import FixedWindowRateLimiter
+from limits.errors import StorageError
 from limits.storage import storage_from_string
 
+from . import metrics
 from .exceptions import GatewayError
 from .keys import ApiKey
+
+log = logging.getLogger("rtxserve.gateway.quotas")
+STORAGE_TIMEOUT_S = 1.0
+WARN_EVERY_S = 10.0
 
 
 class RateLimited(GatewayError):
     status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class QuotaStorageDown(GatewayError):
+    """rate_limit_unavailable = "closed" and the quota storage cannot be reached."""
+
+    status, type, code = 503, "service_unavailable", "quota_storage_unavailable"
 
 
 class SQLiteStorage(Storage):
@@ -84,8 +102,23 @@ class SQLiteStorage(Storage):
 class Quotas:
     """Admission by the key's requests per minute, and its tokens per minute."""
 
-    def __init__(self, storage_uri: str):
-        self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri))
+    def __init__(self, storage_uri: str, unavailable: str = "open"):
+        options = ({"connect_timeout": STORAGE_TIMEOUT_S, "stream_timeout": STORAGE_TIMEOUT_S}
+                   if storage_uri.startswith("async+redis") else {})
+        self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri, wrap_exceptions=True, **options))
+        self.fail_closed = unavailable == "closed"
+        self._warned = 0.0
+
+    def _unavailable(self, exc: StorageError) -> None:
+        """The storage could not be reached: count it, warn now and then, refuse if the settings say so."""
+        metrics.QUOTA_STORAGE_ERRORS.inc()
+        if time.monotonic() - self._warned > WARN_EVERY_S:
+            self._warned = time.monotonic()
+            log.warning("quota storage unreachable (%s): requests are %s", str(exc).splitlines()[0] if str(exc) else
+                        type(exc).__name__, "refused (503)" if self.fail_closed else "admitted uncounted")
+        if self.fail_closed:
+            raise QuotaStorageDown("per-key quotas cannot be counted right now (their storage is unreachable); retry "
+                                   "shortly", retry_after=1.0) from None
 
     async def _retry_after(self, item, *ids: str) -> float:
         reset, _ = await self.limiter.get_window_stats(item, *ids)
@@ -93,17 +126,26 @@ class Quotas:
 
     async def admit(self, key: ApiKey) -> None:
         """Count one request for `key`; 429 + Retry-After when its minute is spent."""
-        if key.tpm:
-            tokens = RateLimitItemPerMinute(key.tpm)
-            if not await self.limiter.test(tokens, "tpm", key.name):
-                raise RateLimited(f"this API key has used its {key.tpm} tokens per minute; retry later",
-                                  retry_after=await self._retry_after(tokens, "tpm", key.name))
-        if key.rpm:
-            requests = RateLimitItemPerMinute(key.rpm)
-            if not await self.limiter.hit(requests, "rpm", key.name):
-                raise RateLimited(f"this API key has used its {key.rpm} requests per minute; retry later",
-                                  retry_after=await self._retry_after(requests, "rpm", key.name))
+        try:
+            if key.tpm:
+                tokens = RateLimitItemPerMinute(key.tpm)
+                if not await self.limiter.test(tokens, "tpm", key.name):
+                    raise RateLimited(f"this API key has used its {key.tpm} tokens per minute; retry later",
+                                      retry_after=await self._retry_after(tokens, "tpm", key.name))
+            if key.rpm:
+                requests = RateLimitItemPerMinute(key.rpm)
+                if not await self.limiter.hit(requests, "rpm", key.name):
+                    raise RateLimited(f"this API key has used its {key.rpm} requests per minute; retry later",
+                                      retry_after=await self._retry_after(requests, "rpm", key.name))
+        except StorageError as exc:
+            self._unavailable(exc)
 
     async def charge_tokens(self, key: ApiKey | None, tokens: int) -> None:
         if key is not None and key.tpm and tokens > 0:
-            await self.limiter.hit(RateLimitItemPerMinute(key.tpm), "tpm", key.name, cost=tokens)
+            try:
+                await self.limiter.hit(RateLimitItemPerMinute(key.tpm), "tpm", key.name, cost=tokens)
+            except StorageError as exc:
+                try:
+                    self._unavailable(exc)
+                except QuotaStorageDown:
+                    pass  # the answer is given already: its tokens go uncounted

@@ -62,6 +62,9 @@ class GatewaySettings(BaseSettings):
     rate_limit_storage: str = Field("", description="where per-key quotas are counted, a `limits` storage URI: "
                                     "async+sqlite:///FILE shared by one box's workers (what `serve gateway` sets up with "
                                     "several workers), async+redis://HOST:PORT for a fleet; empty: this process's memory")
+    rate_limit_unavailable: Literal["open", "closed"] = Field(
+        "open", description="while the quota storage cannot be reached (Redis restarting): open admits requests "
+        "uncounted (with a warning and a metric), closed refuses them with 503")
     coalesce_calls: int = Field(1, ge=0, le=64, description="Triton calls in flight per model and worker for classify, "
                                 "embeddings and NER; the requests that arrive while they are out wait and leave "
                                 "together as one call, up to the model's max_batch_size (benchmark B1). Raise it "

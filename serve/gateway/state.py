@@ -106,7 +106,8 @@ class GatewayState:
         ]
         self.models: dict[str, ModelInfo] = {}  # every replica's models, ready when one replica serves it
         self.keys = KeyRing(settings.keys_file) if settings.keys_file else None
-        self.quotas = Quotas(settings.rate_limit_storage or "async+memory://") if self.keys else None
+        self.quotas = (Quotas(settings.rate_limit_storage or "async+memory://", settings.rate_limit_unavailable)
+                       if self.keys else None)
         self.draining = False
         self.last_refresh = 0.0
         self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")

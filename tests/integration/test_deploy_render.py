@@ -95,7 +95,7 @@ def test_the_kustomize_build_is_valid_kubernetes(rendered):
                 kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {exc.message}")
-    assert sorted(kinds["Deployment"]) == ["gateway", "triton", "vllm-llama-3-8b"]
+    assert sorted(kinds["Deployment"]) == ["gateway", "rtxserve-redis", "triton", "vllm-llama-3-8b"]  # redis: the quotas
     assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "Secret", "ConfigMap",
             "Job", "PrometheusRule", "PersistentVolumeClaim"} <= set(kinds)
     gpu = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vllm-llama-3-8b")

@@ -13,7 +13,7 @@ import yaml
 
 from deploy.images import image_list
 from deploy.plan import format_plan, plan
-from deploy.kubernetes import locust_job
+from deploy.kubernetes import REDIS, locust_job, needs_redis
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from core.tasks import KINDS, TASKS
@@ -276,7 +276,7 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
                 assert ref is None or ref in generated, ref
             name = c["image"].rsplit("/", 1)[-1].split(":")[0]
             assert c["image"] in pinned or built[name].is_file(), c["image"]
-    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models)))
+    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models), needs_redis(d)))
     for doc in manifests(out):
         if doc["kind"] in ("ServiceMonitor", "PrometheusRule"):
             assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", doc["metadata"]["name"]
@@ -352,11 +352,40 @@ def test_kubernetes_settings_reach_the_manifests(tmp_path):
     assert claim["spec"]["storageClassName"] == "nfs" and claim["spec"]["accessModes"] == ["ReadOnlyMany"]
     gateway = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gateway")
     assert gateway["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com/ml/rtxserve-gateway:")
-    gpu_pods = [doc["spec"]["template"]["spec"] for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] != "gateway"]
+    gpu_pods = [doc["spec"]["template"]["spec"] for doc in docs
+                if doc["kind"] == "Deployment" and doc["metadata"]["name"] not in ("gateway", REDIS)]
     assert gpu_pods and all(pod["runtimeClassName"] == "nvidia" for pod in gpu_pods)
     assert "runtimeClassName" not in gateway["spec"]["template"]["spec"]
     monitors = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
     assert monitors and all(m["metadata"]["labels"]["prometheus"] == "main" for m in monitors)
-    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy" and doc["metadata"]["name"] != f"{REDIS}-private"]
     assert policies and all(pol["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"] ==
                             {"kubernetes.io/metadata.name": "obs"} for pol in policies)
+
+
+@pytest.mark.parametrize("storage", [None, "async+redis://redis.internal:6379"])
+def test_the_gateway_pods_count_quotas_in_one_redis(tmp_path, storage):
+    """The gateway runs as several pods (its HPA): they share one Redis for per-key quotas, which only they may reach,
+    unless the deployment's gateway settings name a storage of their own."""
+    example = next(p for p in EXAMPLES if p.stem == "one-4090")
+    spec = yaml.safe_load(example.read_text())
+    if storage:
+        spec.setdefault("gateway", {}).setdefault("settings", {})["rate_limit_storage"] = storage
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "src" / example.name
+    path.write_text(yaml.safe_dump(spec))
+    render(load_deployment(write_artifacts(path)), tmp_path / "out", prefix=ROOT)
+    docs = manifests(tmp_path / "out")
+    config = yaml.safe_load((tmp_path / "out" / "kubernetes" / "gateway-config.yaml").read_text())
+    redis = [doc for doc in docs if doc.get("metadata", {}).get("name", "").startswith(REDIS)]
+    if storage:
+        assert config["rate_limit_storage"] == storage and not redis
+        return
+    assert config["rate_limit_storage"] == f"async+redis://{REDIS}:6379"
+    assert sorted(doc["kind"] for doc in redis) == ["Deployment", "NetworkPolicy", "Service"]
+    (policy,) = [doc for doc in redis if doc["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "gateway", "app.kubernetes.io/instance": spec["name"],
+        "app.kubernetes.io/part-of": "rtxserve"}}}]
+    gateway_hpa = next(doc for doc in docs if doc["kind"] == "HorizontalPodAutoscaler")
+    assert gateway_hpa["spec"]["maxReplicas"] > 1

@@ -8,8 +8,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.gateway.app import create_app
+from serve.gateway.metrics import QUOTA_STORAGE_ERRORS
 from serve.gateway.quotas import SQLiteStorage  # noqa: F401 - registers the async+sqlite scheme
 from serve.gateway.settings import GatewaySettings
+from limits.aio.storage import Storage
 from limits.storage import storage_from_string
 
 from .fakes import error_of
@@ -77,3 +79,42 @@ def test_the_sqlite_counter_is_exact_across_processes(tmp_path):
         w.join(60)
     assert [w.exitcode for w in workers] == [0, 0, 0]
     assert asyncio.run(storage_from_string(uri).get("k")) == 600
+
+
+class BrokenStorage(Storage):
+    """A quota storage that cannot be reached (Redis restarting), as `limits` sees one."""
+
+    STORAGE_SCHEME = ["async+broken"]
+
+    @property
+    def base_exceptions(self):
+        return ConnectionError
+
+    async def incr(self, key, expiry, amount=1):
+        raise ConnectionError("Connect call failed ('127.0.0.1', 6379)")
+
+    get = get_expiry = incr
+
+    async def check(self):
+        return False
+
+    async def reset(self):
+        return None
+
+    async def clear(self, key):
+        return None
+
+
+@pytest.mark.parametrize("unavailable, status", [("open", 200), ("closed", 503)])
+def test_an_unreachable_quota_storage_admits_uncounted_or_refuses_as_the_settings_say(backend, keys, unavailable,
+                                                                                      status):
+    settings = GatewaySettings(keys_file=keys[0], rate_limit_storage="async+broken://", health_interval_s=60,
+                               rate_limit_unavailable=unavailable)
+    before = QUOTA_STORAGE_ERRORS._value.get()
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
+        answers = [client.post("/v1/classify", json={"model": "clf", "input": "good"}, headers=bearer(keys[1]["slow"]))
+                   for _ in range(5)]  # over its 3 per minute: nothing can count them
+    assert [a.status_code for a in answers] == [status] * 5
+    if status == 503:
+        assert error_of(answers[0], 503)["code"] == "quota_storage_unavailable" and answers[0].headers["retry-after"]
+    assert QUOTA_STORAGE_ERRORS._value.get() - before == 5
