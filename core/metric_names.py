@@ -19,3 +19,4 @@ BREAKER_OPEN = "rtxserve_backend_breaker_open"  # gauge, by backend
 ALIAS_REQUESTS = "rtxserve_alias_requests_total"  # counter, by alias, model: the target each request was drawn
 FALLBACKS = "rtxserve_fallbacks_total"  # counter, by model, fallback: requests its fallback answered
 QUOTA_STORAGE_ERRORS = "rtxserve_quota_storage_errors_total"  # counter: quota checks the storage could not answer
+AFFINITY = "rtxserve_affinity_total"  # counter, by outcome: preferred / spilled (cache-aware routing)

@@ -50,6 +50,8 @@ BACKEND_WAIT: ContextVar[list[float]] = ContextVar("backend_wait")
 ALIAS_REQUESTS = Counter(metric_names.ALIAS_REQUESTS, "Requests to a model alias, by the model drawn", ("alias", "model"))
 FALLBACKS = Counter(metric_names.FALLBACKS, "Requests answered by a fallback model (no live replica of the model named)",
                     ("model", "fallback"))
+AFFINITY = Counter(metric_names.AFFINITY, "Generation requests with a conversation key: on the replica it hashes to "
+                   "(preferred) or, that one over its share of the load, on another (spilled)", ("outcome",))
 QUOTA_STORAGE_ERRORS = Counter(metric_names.QUOTA_STORAGE_ERRORS, "Quota checks the quota storage (Redis) could not answer")
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
 

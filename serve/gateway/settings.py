@@ -90,6 +90,12 @@ class GatewaySettings(BaseSettings):
         default_factory=dict, description='model -> models tried in order when it has no live replica (every replica '
         'down or its breaker open), e.g. {"llm-big": ["llm-small"]}; never once a stream has begun, never for a '
         "client's error")
+    affinity: bool = Field(True, description="generation requests of one conversation go to one vLLM replica, whose "
+                           "prefix cache holds its history: keyed by the x-session-id header, else the request's user, "
+                           "else a hash of its first messages (or the prompt's start)")
+    affinity_load_factor: float = Field(1.25, ge=1.0, le=10.0, description="the most a replica takes of a model's "
+                                        "requests in flight, as a multiple of the average, before a conversation that "
+                                        "hashes to it goes to another (bounded-load hashing)")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
     )

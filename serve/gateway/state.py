@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -238,26 +239,41 @@ class GatewayState:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
         return info
 
-    def _pick(self, model: str, tried: set[Replica]) -> Replica:
+    def _pick(self, model: str, tried: set[Replica], affinity: str | None = None) -> Replica:
+        """The least busy live replica; with an `affinity` (one conversation's key), the replica that key hashes to
+        unless it is over its share of the load, then the next one it hashes to (rendezvous hashing with bounded
+        loads: a replica takes at most affinity_load_factor x the average in flight, counting this request), so
+        that one conversation finds its prefix in one engine's cache and one hot session cannot swamp a replica."""
         candidates = [r for r in self.replicas if r not in tried and r.serves(model)]
         if not candidates:
             waits = [r.breaker.open_remaining for r in self.replicas if r.breaker.state == STATE_OPEN]
             raise BackendUnavailable(f"model {model!r} has no live replica right now; retry shortly",
                                      retry_after=max(1.0, min(waits, default=1.0)))
-        replica = min(candidates, key=lambda r: (r.in_flight, r.picks))
+        replica = None
+        if affinity is not None and len(candidates) > 1:
+            cap = math.ceil(self.settings.affinity_load_factor * (sum(r.in_flight for r in candidates) + 1)
+                            / len(candidates))
+            ranked = sorted(candidates, reverse=True, key=lambda r: hashlib.blake2b(
+                f"{affinity}\0{r.name}".encode(), digest_size=8).digest())
+            replica = next((r for r in ranked if r.in_flight < cap), None)
+            metrics.AFFINITY.labels("preferred" if replica is ranked[0] else "spilled").inc()
+        if replica is None:
+            replica = min(candidates, key=lambda r: (r.in_flight, r.picks))
         replica.picks += 1
         return replica
 
-    async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
+    async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                   affinity: str | None = None) -> T:
         """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`, within the model's
         own concurrency limit if it has one. A failed connect is tried on the next replica; anything else is
         the answer. A Stream keeps its replica (and its slot) busy until closed. A model with no live replica left
-        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun."""
+        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun. `affinity`: see
+        _pick."""
         chain = self.settings.fallbacks.get(info.name)
         if not chain:
-            return await self._gated(info, fn)
+            return await self._gated(info, fn, affinity)
         try:
-            return await self._gated(info, fn)
+            return await self._gated(info, fn, affinity)
         except BackendUnavailable as exc:
             for name in chain:
                 fallback = self.models.get(name)
@@ -267,16 +283,17 @@ class GatewayState:
                             name)
                 metrics.FALLBACKS.labels(info.name, name).inc()
                 with contextlib.suppress(BackendUnavailable):
-                    return await self._gated(fallback, fn)
+                    return await self._gated(fallback, fn, affinity)
             raise
 
-    async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
+    async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                     affinity: str | None = None) -> T:
         gate = self.gates.get(info.name)
         if gate is None:
-            return await self._call(info, fn)
+            return await self._call(info, fn, affinity)
         await gate.acquire()
         try:
-            result = await self._call(info, fn)
+            result = await self._call(info, fn, affinity)
         except BaseException:
             gate.release()
             raise
@@ -285,8 +302,9 @@ class GatewayState:
         gate.release()
         return result
 
-    async def _call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]]) -> T:
-        first = self._pick(info.name, set())
+    async def _call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                    affinity: str | None = None) -> T:
+        first = self._pick(info.name, set(), affinity)
         try:
             return await self._run(first, info, fn)  # the hot path: no retry machinery unless it is needed
         except BackendConnectFailed:
@@ -297,7 +315,7 @@ class GatewayState:
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BackendConnectFailed),
                                            stop=stop_after_attempt(others), reraise=True):
             with attempt:
-                replica = self._pick(info.name, tried)
+                replica = self._pick(info.name, tried, affinity)
                 tried.add(replica)
                 return await self._run(replica, info, fn)
         raise AssertionError("unreachable")  # AsyncRetrying either returns or re-raises

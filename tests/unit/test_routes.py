@@ -13,6 +13,7 @@ from serve.gateway.keys import ApiKey, hash_key, write_keys
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import MODELS, FakeTriton, error_of
+from .test_generate import FakeVLLM
 
 CLF = MODELS[0]
 V2 = dataclasses.replace(CLF, name="clf-v2")
@@ -80,3 +81,56 @@ def test_an_alias_naming_a_model_no_backend_serves_stops_the_start_naming_it(bac
     with pytest.raises(RuntimeError, match="aliases or fallbacks name models no backend serves: clf-v3"):
         with _client(backends, aliases={"reviews": {"clf": 90, "clf-v3": 10}}):
             pass
+
+
+class Engine(FakeVLLM):
+    def __init__(self, url):
+        super().__init__()
+        self.url = url
+
+
+def _chat(client, messages, **headers):
+    r = client.post("/v1/chat/completions", json={"model": "llm", "messages": messages, "max_tokens": 4},
+                    headers=headers)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_a_conversation_stays_on_one_replica_and_conversations_spread():
+    """Cache-aware routing: every turn of a conversation (its first two messages repeated) reaches the replica that
+    holds its prefix; twenty conversations land on both replicas; an x-session-id overrides the content."""
+    engines = [Engine("a"), Engine("b")]
+    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
+        for n in range(20):
+            history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"question {n}"}]
+            for turn in range(3):
+                _chat(client, history)
+                history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"more {turn}"}]
+            holders = [e for e in engines if any(b["messages"][1]["content"] == f"question {n}" for b in e.bodies)]
+            assert len(holders) == 1, n
+        assert all(len(e.bodies) >= 12 for e in engines)  # 60 turns, 20 conversations: both replicas have several
+        before = [len(e.bodies) for e in engines]
+        for n in range(6):  # one session, six different prompts: one replica
+            _chat(client, [{"role": "user", "content": f"unrelated {n}"}], **{"x-session-id": "s-1"})
+        grew = [len(e.bodies) - b for e, b in zip(engines, before)]
+        assert sorted(grew) == [0, 6]
+
+
+def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
+    """Bounded load: while the replica a conversation hashes to carries more than affinity_load_factor x the average
+    in flight, the conversation's next request goes to the other one; without affinity, least busy as before."""
+    engines = [Engine("a"), Engine("b")]
+    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
+        state = client.app.state.gateway
+        messages = [{"role": "user", "content": "the hot one"}]
+        _chat(client, messages)
+        home = next(r for r, e in zip(state.replicas, engines) if e.bodies)
+        home.in_flight = 4  # as if four streams of it were running there
+        _chat(client, messages)
+        home.in_flight = 0
+        assert [len(e.bodies) for e in engines] == [1, 1]
+    engines = [Engine("a"), Engine("b")]
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=False), engines)) as client:
+        for _ in range(4):
+            _chat(client, messages)
+        assert [len(e.bodies) for e in engines] == [2, 2]

@@ -13,7 +13,8 @@ router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
 async def _answer(request: Request, path: str, body):
     await admit(request, body.model)
-    result = await generate(request.app.state.gateway, path, body, request_key(request))
+    result = await generate(request.app.state.gateway, path, body, request_key(request),
+                            request.headers.get("x-session-id"))
     if body.stream:
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return Response(orjson.dumps(result), media_type="application/json")  # vLLM's answer, relayed as is

@@ -10,6 +10,8 @@ Messages streams carry theirs in their own events).
 
 from __future__ import annotations
 
+import hashlib
+
 import logging
 import sys
 from collections.abc import AsyncIterator
@@ -156,21 +158,38 @@ async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usag
             await state.quotas.charge_tokens(key, prompt + completion)
 
 
+def conversation(request: ChatCompletionRequest | CompletionRequest, user: str | None, session: str | None) -> str:
+    """What keeps one conversation on one replica (state._pick): the client's x-session-id, else its `user`, else its
+    start (a chat's first two messages, the system prompt and the first question, which every later turn repeats; a
+    completion's first 1,024 characters)."""
+    if session:
+        return f"session:{session}"
+    if user:
+        return f"user:{user}"
+    if isinstance(request, ChatCompletionRequest):
+        return "chat:" + hashlib.blake2b(orjson.dumps(request.messages[:2], default=str), digest_size=16).hexdigest()
+    prompt = request.prompt if isinstance(request.prompt, str) else orjson.dumps(request.prompt, default=str).decode()
+    return "prompt:" + hashlib.blake2b(prompt[:1024].encode(), digest_size=16).hexdigest()
+
+
 async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest,
-                   key: ApiKey | None = None):
-    """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings."""
+                   key: ApiKey | None = None, session: str | None = None):
+    """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings. `session`: the
+    request's x-session-id header."""
     _check_bounds(state.settings, request)
     user = (request.model_extra or {}).get("user")
-    info = state.resolve(request.model, TASK, key.name if key else None, user if isinstance(user, str) else None)
+    user = user if isinstance(user, str) else None
+    info = state.resolve(request.model, TASK, key.name if key else None, user)
+    affinity = conversation(request, user, session) if state.settings.affinity else None
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
     if not request.stream:
-        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
         await _count_usage(state, key, info.name, answer.get("usage"))
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
-    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
+    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name), affinity)
     return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
 
 
