@@ -25,6 +25,7 @@ BENCHES = {
     "B7 object detection": (["detection"], "bench-detection.md"),
     "B8 quantised LLMs": (["quantize"], "bench-quantize.md"),
     "B9 Triton response cache": (["cache"], "bench-cache.md"),
+    "B10 cache-aware routing": (["affinity"], "bench-affinity.md"),
     "B11 speech real-time factor": (["speech"], "bench-speech.md"),
     "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),
 }

@@ -1,4 +1,4 @@
-"""`rtxserve bench llm|export|detection|speech|quantize|gateway|batching|cache|accuracy|soak|reliability`: argument parsing only; the work is in the module of
+"""`rtxserve bench llm|export|detection|speech|quantize|gateway|batching|cache|affinity|accuracy|soak|reliability`: argument parsing only; the work is in the module of
 the same name under bench/."""
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     ca.add_argument("--repeats", type=float, default=0.5, help="share of requests that repeat an earlier input")
     ca.add_argument("--out", type=Path, help="folder (default reports/bench-cache-<time>)")
+    af = sub.add_parser("affinity", help="B10: cache-aware routing vs least busy on two vLLM replicas, multi-turn chats")
+    af.add_argument("--rounds", type=int, default=3)
+    af.add_argument("--conversations", type=int, default=16)
+    af.add_argument("--turns", type=int, default=6)
+    af.add_argument("--concurrency", type=int, default=8, help="conversations at a time")
+    af.add_argument("--out", type=Path, help="folder (default reports/bench-affinity-<time>)")
     acc = sub.add_parser("accuracy", help="B6: rtxserve loadtest vs vllm bench serve on the same vLLM and workload")
     acc.add_argument("--url", default="", help="a running vLLM server (default: start one on the fixture Llama)")
     acc.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
@@ -187,6 +193,14 @@ def main(argv: list[str]) -> int:
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=args.concurrency,  # noqa: E731
                             repeats=args.repeats, progress=_progress)
         saved = ("bench-cache.json", "bench-cache.md", "b9.png")
+    elif args.bench == "affinity":
+        from .affinity import markdown, run
+
+        if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2:
+            return _fail("need --rounds, --conversations and --concurrency >= 1, and --turns >= 2")
+        bench = lambda: run(out, rounds=args.rounds, conversations=args.conversations, turns=args.turns,  # noqa: E731
+                            concurrency=args.concurrency, progress=_progress)
+        saved = ("bench-affinity.json", "bench-affinity.md", "b10.png")
     elif args.bench == "accuracy":
         from .accuracy import markdown, run
 

@@ -90,9 +90,10 @@ class GatewaySettings(BaseSettings):
         default_factory=dict, description='model -> models tried in order when it has no live replica (every replica '
         'down or its breaker open), e.g. {"llm-big": ["llm-small"]}; never once a stream has begun, never for a '
         "client's error")
-    affinity: bool = Field(True, description="generation requests of one conversation go to one vLLM replica, whose "
+    affinity: bool = Field(False, description="generation requests of one conversation go to one vLLM replica, whose "
                            "prefix cache holds its history: keyed by the x-session-id header, else the request's user, "
-                           "else a hash of its first messages (or the prompt's start)")
+                           "else a hash of its first messages (or the prompt's start). Off: least busy (B10 on a 2-core "
+                           "CPU box: a little more prefix-cache hit, a slower TTFT from the uneven split)")
     affinity_load_factor: float = Field(1.25, ge=1.0, le=10.0, description="the most a replica takes of a model's "
                                         "requests in flight, as a multiple of the average, before a conversation that "
                                         "hashes to it goes to another (bounded-load hashing)")

@@ -100,7 +100,7 @@ def test_a_conversation_stays_on_one_replica_and_conversations_spread():
     """Cache-aware routing: every turn of a conversation (its first two messages repeated) reaches the replica that
     holds its prefix; twenty conversations land on both replicas; an x-session-id overrides the content."""
     engines = [Engine("a"), Engine("b")]
-    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=True), engines)) as client:
         for n in range(20):
             history = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"question {n}"}]
             for turn in range(3):
@@ -118,9 +118,9 @@ def test_a_conversation_stays_on_one_replica_and_conversations_spread():
 
 def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
     """Bounded load: while the replica a conversation hashes to carries more than affinity_load_factor x the average
-    in flight, the conversation's next request goes to the other one; without affinity, least busy as before."""
+    in flight, the conversation's next request goes to the other one; without affinity (the default), least busy."""
     engines = [Engine("a"), Engine("b")]
-    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=True), engines)) as client:
         state = client.app.state.gateway
         messages = [{"role": "user", "content": "the hot one"}]
         _chat(client, messages)
@@ -130,7 +130,7 @@ def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
         home.in_flight = 0
         assert [len(e.bodies) for e in engines] == [1, 1]
     engines = [Engine("a"), Engine("b")]
-    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=False), engines)) as client:
+    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
         for _ in range(4):
             _chat(client, messages)
         assert [len(e.bodies) for e in engines] == [2, 2]

@@ -1,0 +1,157 @@
+"""B10: cache-aware routing against least-busy, on two vLLM replicas, with a multi-turn chat workload.
+
+Each conversation opens with a document of its own (about 1,000 characters) under a short system prompt that all
+share, as a chat over an uploaded file or a long agent transcript does: what a later turn can find cached is mostly
+its own conversation's, which only the replica that served its earlier turns holds.
+
+Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
+with `affinity` (a conversation's requests go to the replica its first messages hash to, with bounded loads) and one
+without (least busy). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round runs both gateways in turn (the first one alternating), each with
+system prompts and questions of its own, so that no run finds another's prefixes cached. Figures per mode: vLLM's
+prefix-cache hit rate over the run (hit tokens / queried tokens, summed over both engines' /metrics), and TTFT P50 /
+P90 of the later turns (those that could hit) and P50 of the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+MODES = ("affinity", "least busy")
+SERVED = "bench-llm"
+
+
+def _prefix_counters(urls: list[str]) -> tuple[float, float]:
+    """(hit tokens, queried tokens) of vLLM's prefix cache, summed over the engines."""
+    import httpx
+
+    hits = queries = 0.0
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        for name, value in re.findall(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} ([0-9.e+]+)$", text, re.M):
+            if name == "hits":
+                hits += float(value)
+            else:
+                queries += float(value)
+    return hits, queries
+
+
+async def _conversation(client, url: str, system: str, opening: str, turns: int, rng: random.Random,
+                        ttfts: list[tuple[int, float]]) -> None:
+    """One conversation, turn after turn: (turn, TTFT ms) of each into `ttfts`."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
+    for turn in range(turns):
+        start, first = time.perf_counter(), None
+        async with client.stream("POST", f"{url}/v1/chat/completions", json={
+                "model": SERVED, "messages": messages, "max_tokens": 16, "stream": True, "ignore_eos": True}) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {") and '"content"' in line:
+                    first = time.perf_counter() - start
+        ttfts.append((turn, (first or time.perf_counter() - start) * 1000))
+        messages += [{"role": "assistant", "content": f"answer {turn}"},
+                     {"role": "user", "content": f"and then {rng.randrange(10**6)}?"}]
+
+
+async def _run_mode(url: str, engines: list[str], seed: int, conversations: int, turns: int, concurrency: int) -> dict:
+    import httpx
+
+    rng = random.Random(seed)
+    system = f"[{seed}] You answer briefly. " + " ".join(f"rule {i}: {rng.randrange(10**6)}." for i in range(15))
+    before = _prefix_counters(engines)
+    ttfts: list[tuple[int, float]] = []
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=300) as client:
+        async def one(n: int):
+            async with gate:
+                document = " ".join(f"fact {i}: {rng.randrange(10**6)}." for i in range(60))  # the conversation's own
+                await _conversation(client, url, system, f"About this document ({seed}-{n}): {document} Summarise it.",
+                                    turns, rng, ttfts)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(n) for n in range(conversations)))
+        seconds = time.perf_counter() - start
+    after = _prefix_counters(engines)
+    queried = after[1] - before[1]
+    later = [t for turn, t in ttfts if turn > 0]
+    return {"hit_rate": round((after[0] - before[0]) / queried, 4) if queried else 0.0,
+            "ttft_p50_ms": round(float(np.percentile(later, 50)), 2), "ttft_p90_ms": round(float(np.percentile(later, 90)), 2),
+            "first_turn_ttft_p50_ms": round(float(np.percentile([t for turn, t in ttfts if turn == 0], 50)), 2),
+            "requests": len(ttfts), "seconds": round(seconds, 2)}
+
+
+def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 8,
+        progress=print) -> dict:
+    from export.fixtures import write_llm
+    from serve.stack import start_gateway, start_vllm
+    from serve.vllm import VLLMOptions
+
+    model = write_llm(out / "tiny-llama", max_length=2048)
+    figures: dict[str, list[dict]] = {m: [] for m in MODES}
+    with contextlib.ExitStack() as stack:
+        engines = []
+        for core in ("0", "1"):  # one engine's worker on each core
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = core
+            server, url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048), out / f"vllm-{core}",
+                                     timeout_s=900)
+            stack.callback(server.stop)
+            engines.append(url)
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        gateways = {}
+        for mode in MODES:
+            server, url = start_gateway("", out / mode.replace(" ", "-"), vllm_url=",".join(engines),
+                                        extra_env={"RTXSERVE_AFFINITY": str(mode == "affinity").lower()})
+            stack.callback(server.stop)
+            gateways[mode] = url
+        for r in range(rounds):
+            for i, mode in enumerate(MODES[r % 2:] + MODES[:r % 2]):
+                result = asyncio.run(_run_mode(gateways[mode], engines, seed=100 * r + i, conversations=conversations,
+                                               turns=turns, concurrency=concurrency))
+                figures[mode].append(result)
+                progress(f"B10 round {r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, "
+                         f"later turns' TTFT P50 {result['ttft_p50_ms']:.1f} ms")
+    medians = {m: {k: round(statistics.median(f[k] for f in runs), 4) for k in runs[0]} for m, runs in figures.items()}
+    result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), two vLLM CPU engines", "rounds": rounds,
+              "conversations": conversations, "turns": turns, "concurrency": concurrency, "medians": medians,
+              "runs": figures}
+    (out / "bench-affinity.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / "b10.png")
+    (out / "bench-affinity.md").write_text(markdown(result))
+    return result
+
+
+def markdown(result: dict) -> str:
+    lines = [f"## B10: cache-aware routing ({result['model']}; {result['conversations']} conversations x "
+             f"{result['turns']} turns, {result['concurrency']} at a time, each opening with its own document under a shared "
+             f"system prompt; median of "
+             f"{result['rounds']} alternating rounds)", "", "![hit rate and TTFT per mode](b10.png)", "",
+             "| routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P90 ms, later turns | "
+             "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|"]
+    for mode, m in result["medians"].items():
+        lines.append(f"| {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | {m['ttft_p90_ms']} | "
+                     f"{m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "hit_rate", "prefix-cache hit rate"), (axes[1], "ttft_p50_ms", "TTFT P50, later turns (ms)")):
+        for i, mode in enumerate(MODES):
+            ax.bar(i, result["medians"][mode][key], color=("tab:green", "tab:grey")[i], alpha=0.8)
+            ax.scatter([i] * len(result["runs"][mode]), [r[key] for r in result["runs"][mode]], color="black", s=10,
+                       zorder=3)
+        ax.set_xticks(range(len(MODES)), MODES)
+        ax.set_ylabel(label)
+    return save(fig, path, "B10: affinity vs least busy on two vLLM replicas (bars: median; dots: rounds)")
