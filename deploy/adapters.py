@@ -67,7 +67,7 @@ def _post(url: str, path: str, body: dict) -> str | None:
         message = r.json().get("error", {}).get("message") or r.text
     except ValueError:
         message = r.text
-    if r.status_code == 404 and "load_lora_adapter" in path + message:
+    if r.status_code == 404 and r.text.strip() == '{"detail":"Not Found"}':  # the route itself is missing
         message = "its runtime LoRA API is off (start it again with `serve up`, which turns it on)"
     return f"{url} answered {r.status_code}: {' '.join(str(message).split())[:300]}"
 
