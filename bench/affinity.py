@@ -6,10 +6,11 @@ its own conversation's, which only the replica that served its earlier turns hol
 
 Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
 with `affinity` (a conversation's requests go to the replica its first messages hash to, with bounded loads) and one
-without (least busy). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round runs both gateways in turn (the first one alternating), each with
-system prompts and questions of its own, so that no run finds another's prefixes cached. Figures per mode: vLLM's
-prefix-cache hit rate over the run (hit tokens / queried tokens, summed over both engines' /metrics), and TTFT P50 /
-P90 of the later turns (those that could hit) and P50 of the first.
+without (least busy). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
+runs both gateways in turn (the first one alternating), each with system prompts and documents of its own, so that no
+run finds another's prefixes cached. Figures per mode: vLLM's prefix-cache hit rate over the run (hit tokens / queried
+tokens, summed over both engines' /metrics), TTFT P50 / P90 of the later turns (those that could hit) and P50 of the
+first.
 """
 
 from __future__ import annotations
