@@ -11,7 +11,6 @@ Messages streams carry theirs in their own events).
 from __future__ import annotations
 
 import hashlib
-
 import logging
 import sys
 from collections.abc import AsyncIterator
