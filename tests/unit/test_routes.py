@@ -33,11 +33,14 @@ def test_an_alias_splits_by_weight_and_each_answer_names_its_model(backends):
     with _client(backends, aliases={"reviews": {"clf": 90, "clf-v2": 10}}) as client:
         answers = [client.post("/v1/classify", json={"model": "reviews", "input": "good"}) for _ in range(200)]
         metrics = client.get("/metrics").text
+        listed = client.get("/v1/models").json()["data"]
     assert all(r.status_code == 200 for r in answers)
     named = [r.json()["model"] for r in answers]
     assert [len(b.calls) for b in backends] == [named.count("clf"), named.count("clf-v2")]
     assert 150 <= named.count("clf") <= 195  # 180 expected; 7 standard deviations either side
     assert f'rtxserve_alias_requests_total{{alias="reviews",model="clf-v2"}} {named.count("clf-v2")}.0' in metrics
+    alias = next(m for m in listed if m["id"] == "reviews")
+    assert alias["alias_of"] == {"clf": 90, "clf-v2": 10} and alias["ready"] and alias["task"] == "text-classification"
 
 
 def test_a_sticky_alias_keeps_each_key_on_one_model(backends, tmp_path):

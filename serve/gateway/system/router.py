@@ -41,7 +41,8 @@ async def prometheus() -> Response:
 
 @router.get("/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 async def list_models(request: Request) -> dict:
-    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use."""
+    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use, and the
+    aliases (settings.aliases) whose targets are known, with their weights; an alias is ready when a target is."""
     state, key = request.app.state.gateway, request_key(request)
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
@@ -49,4 +50,9 @@ async def list_models(request: Request) -> dict:
         for info in sorted(state.models.values(), key=lambda m: m.name)
         if key is None or key.allows(info.name)
     ]
+    for name, alias in sorted(state.settings.aliases.items()):
+        targets = [state.models[t] for t in alias.targets if t in state.models]
+        if targets and (key is None or key.allows(name)):
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "rtxserve", "task": targets[0].task,
+                         "backend": "alias", "ready": any(t.ready for t in targets), "alias_of": alias.targets})
     return {"object": "list", "data": data}
