@@ -109,14 +109,15 @@ class Quotas:
         self.fail_closed = unavailable == "closed"
         self._warned = 0.0
 
-    def _unavailable(self, exc: StorageError) -> None:
-        """The storage could not be reached: count it, warn now and then, refuse if the settings say so."""
+    def _unavailable(self, exc: StorageError, refuse: bool = True) -> None:
+        """The storage could not be reached: count it, warn now and then, refuse (where `refuse`: a request not yet
+        answered) if the settings say so."""
         metrics.QUOTA_STORAGE_ERRORS.inc()
         if time.monotonic() - self._warned > WARN_EVERY_S:
             self._warned = time.monotonic()
             log.warning("quota storage unreachable (%s): requests are %s", str(exc).splitlines()[0] if str(exc) else
                         type(exc).__name__, "refused (503)" if self.fail_closed else "admitted uncounted")
-        if self.fail_closed:
+        if self.fail_closed and refuse:
             raise QuotaStorageDown("per-key quotas cannot be counted right now (their storage is unreachable); retry "
                                    "shortly", retry_after=1.0) from None
 
@@ -145,7 +146,4 @@ class Quotas:
             try:
                 await self.limiter.hit(RateLimitItemPerMinute(key.tpm), "tpm", key.name, cost=tokens)
             except StorageError as exc:
-                try:
-                    self._unavailable(exc)
-                except QuotaStorageDown:
-                    pass  # the answer is given already: its tokens go uncounted
+                self._unavailable(exc, refuse=False)  # the answer is given already: its tokens go uncounted

@@ -217,14 +217,21 @@ class GatewayState:
             name = target
         try:
             return self._resolve(name, task)
-        except BackendUnavailable:
-            for fallback in self.settings.fallbacks.get(name, ()):
-                with contextlib.suppress(GatewayError):
-                    info = self._resolve(fallback, task)
-                    log.warning("model %s has no live replica: answering with its fallback %s", name, fallback)
-                    metrics.FALLBACKS.labels(name, fallback).inc()
-                    return info
+        except BackendUnavailable as exc:
+            for fallback in self._fallbacks(name, task, exc):
+                return fallback
             raise
+
+    def _fallbacks(self, name: str, task: str | tuple[str, ...], why: BackendUnavailable):
+        """The ready fallbacks of `name` (settings.fallbacks) of one of the tasks, in order, each logged and counted
+        as it is taken."""
+        for fallback in self.settings.fallbacks.get(name, ()):
+            with contextlib.suppress(GatewayError):
+                info = self._resolve(fallback, task)
+                log.warning("model %s has no live replica (%s): answering with its fallback %s", name, why.message,
+                            fallback)
+                metrics.FALLBACKS.labels(name, fallback).inc()
+                yield info
 
     def _resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
         if name not in self.models:
@@ -275,13 +282,7 @@ class GatewayState:
         try:
             return await self._gated(info, fn, affinity)
         except BackendUnavailable as exc:
-            for name in chain:
-                fallback = self.models.get(name)
-                if fallback is None or not fallback.ready or fallback.task != info.task:
-                    continue
-                log.warning("model %s has no live replica (%s): answering with its fallback %s", info.name, exc.message,
-                            name)
-                metrics.FALLBACKS.labels(info.name, name).inc()
+            for fallback in self._fallbacks(info.name, info.task, exc):
                 with contextlib.suppress(BackendUnavailable):
                     return await self._gated(fallback, fn, affinity)
             raise
