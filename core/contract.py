@@ -6,7 +6,7 @@ from __future__ import annotations
 
 # Tasks: how an entry (or a vLLM model) says what it does; declared in the registry (core/tasks.py).
 from .tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, SPEECH_RECOGNITION,  # noqa: F401
-                    TEXT_CLASSIFICATION, TEXT_GENERATION, TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
+                    TEXT_CLASSIFICATION, TEXT_GENERATION, TEXT_RANKING, TEXT_TO_IMAGE, TOKEN_CLASSIFICATION, ENCODER, of_kind)
 
 ENCODER_TASKS = of_kind(ENCODER)
 

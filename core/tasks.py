@@ -69,6 +69,13 @@ TEXT_GENERATION = _task(
     "text-generation", kind=LLM, inputs="prompt", routes=("/v1/chat/completions", "/v1/completions"),
     loadtest=("chat", "completions"), parity="merged logits within atol of base + adapter",
     auto_class="AutoModelForCausalLM", peft_task_type="CAUSAL_LM")
+# Cross-encoders (a *ForSequenceClassification with one label, as sentence-transformers' CrossEncoder saves them),
+# served by vLLM: a relevance score per (query, document) pair. Deployed as `kind: llm` (vLLM picks its pooling
+# runner from the architecture); `/v2/rerank` (Cohere's shape) and vLLM's unversioned paths are served too.
+TEXT_RANKING = _task(
+    "text-ranking", kind=LLM, inputs="text", routes=("/v1/rerank", "/v1/score"), loadtest=("rerank", "score"),
+    parity="scores as sentence-transformers' CrossEncoder.predict",
+    auto_class="AutoModelForSequenceClassification")
 TEXT_TO_IMAGE = _task(
     "text-to-image", kind=DIFFUSION, inputs="prompt", routes=("/v1/images/generations",), loadtest=("images",),
     parity="the served PNG equals the pipeline run in-process, same seed")
@@ -85,6 +92,7 @@ def of_kind(kind: str) -> tuple[str, ...]:
     return tuple(name for name, t in TASKS.items() if t.kind == kind)
 
 
-def routes_by_scenario(*kinds: str) -> dict[str, str]:
-    """Load-test scenario -> the route it calls, for the tasks of these kinds."""
-    return {scenario: route for t in TASKS.values() if t.kind in kinds for scenario, route in zip(t.loadtest, t.routes)}
+def routes_by_scenario(*kinds: str, tasks: tuple[str, ...] = ()) -> dict[str, str]:
+    """Load-test scenario -> the route it calls, for the tasks of these kinds and the tasks named."""
+    return {scenario: route for t in TASKS.values() if t.kind in kinds or t.name in tasks
+            for scenario, route in zip(t.loadtest, t.routes)}

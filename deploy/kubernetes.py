@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from core.tasks import ENCODER, SPEECH, TASKS, of_kind
+from core.tasks import ENCODER, LLM, SPEECH, TASKS, of_kind
+from serve.vllm import served_task
 
 from . import monitoring
 from .engines import Build, build_script
@@ -272,8 +273,14 @@ def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     first model that is not a speech model: a speech load test uploads audio files the gateway image does not hold
     (run `rtxserve loadtest --scenario transcribe --audio-dir DIR` where they are)."""
     first = next(m for m in d.models if m.kind != SPEECH)
-    # the first model's task, from its entry (an encoder may classify, tag or embed) or its kind (the one task)
-    task = encoder_metadata(d, first).task if first.kind == ENCODER else of_kind(first.kind)[0]
+    # the first model's task, from its entry (an encoder may classify, tag or embed), from its config (a vLLM engine
+    # may generate or rank) or its kind (the one task)
+    if first.kind == ENCODER:
+        task = encoder_metadata(d, first).task
+    elif first.kind == LLM:
+        task = served_task(d.resolve(first.path))
+    else:
+        task = of_kind(first.kind)[0]
     scenario = TASKS[task].loadtest[0]
     locustfile = "$(python -c 'import loadtest, os; print(os.path.dirname(loadtest.__file__))')/scenarios/locustfile.py"
     common = f"locust -f {locustfile} --scenario {scenario} --model {first.name}"

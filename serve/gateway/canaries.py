@@ -7,6 +7,7 @@ from .embeddings.serving import CANARIES as EMBEDDINGS
 from .generate.serving import CANARIES as GENERATE
 from .images.serving import CANARIES as IMAGES
 from .ner.serving import CANARIES as NER
+from .rank.serving import CANARIES as RANK
 from .speech.serving import CANARIES as SPEECH
 
-CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES, **DETECT, **SPEECH}
+CANARIES = {**CLASSIFY, **EMBEDDINGS, **NER, **GENERATE, **IMAGES, **DETECT, **SPEECH, **RANK}

@@ -102,6 +102,8 @@ class GatewaySettings(BaseSettings):
     )
     max_inputs: int = Field(256, ge=1, le=65536, description="texts per classify request")
     max_input_chars: int = Field(32768, ge=1, description="characters per text (the tokenizer truncates to tokens)")
+    max_documents: int = Field(1000, ge=1, description="documents per rerank request, texts a side per score request "
+                                "(Cohere's limit)")
     max_image_bytes: int = Field(16 * 1024 * 1024, ge=1, description="encoded bytes per image (after base64 decoding), "
                                  "of classify inputs and of chat image parts")
     # Bounds on generation parameters, checked before vLLM sees a request.

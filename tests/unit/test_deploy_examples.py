@@ -64,9 +64,10 @@ def every_task(tmp_path) -> list[dict]:
                         meta={"embedding_size": 768} if task == "feature-extraction" else None)
         elif t.kind == "diffusion":
             write_diffusion_entry(tmp_path / "model_repository", name)
-        elif t.kind == "llm":
+        elif t.kind == "llm":  # a generator, or a cross-encoder that ranks
             name = task
-            write_llama(tmp_path / name, TINY_LLAMA)
+            write_llama(tmp_path / name, TINY_LLAMA if task == "text-generation" else
+                        dict(TINY_LLAMA, architectures=["LlamaForSequenceClassification"], num_labels=1))
         elif t.kind == "speech":
             name = task
             write_whisper(tmp_path / name, TINY_WHISPER)
@@ -79,7 +80,8 @@ def every_task(tmp_path) -> list[dict]:
 
 
 def deployment(models: list[dict], folder: Path):
-    return parse_deployment({"name": "every-task", "gpus": {"count": 2}, "gateway": {"keys_file": "keys.json"},
+    engines = sum(m["kind"] in ("llm", "speech") for m in models)  # one GPU each
+    return parse_deployment({"name": "every-task", "gpus": {"count": max(2, engines)}, "gateway": {"keys_file": "keys.json"},
                              "models": [{k: v for k, v in m.items() if k != "task"} for m in models]}, folder)
 
 

@@ -23,4 +23,5 @@ def test_scenarios_call_their_tasks_routes():
     assert apis.ENCODER_APIS == {"classify": "/v1/classify", "ner": "/v1/ner", "embeddings": "/v1/embeddings",
                                  "image": "/v1/classify", "detect": "/v1/detect"}
     assert apis.GENERATION_APIS == {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    assert apis.RANK_APIS == {"rerank": "/v1/rerank", "score": "/v1/score"}
     assert apis.IMAGES_API == "/v1/images/generations"

@@ -156,3 +156,17 @@ def test_vllm_cpu_on_an_amx_cpu_asks_for_amx_tile_state_and_nowhere_else(env):
     assert install_env(env, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "amx_tile"})["PYTHONPATH"] == str(AMX_SITE)
     assert (AMX_SITE / "sitecustomize.py").is_file()
     assert "PYTHONPATH" not in install_env(env, base={"PYTHONPATH": "/elsewhere"}, flags={"avx512f", "avx2"})
+
+
+@pytest.mark.parametrize("config, task", [
+    ({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, "text-generation"),
+    ({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 1}, "text-ranking"),
+    ({"model_type": "qwen3", "architectures": ["Qwen3ForSequenceClassification"]}, "text-ranking"),
+    ({"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]}, "automatic-speech-recognition"),
+    ({"model_type": "llama"}, "text-generation"),  # no architectures: vLLM's default, a generator
+])
+def test_a_model_folder_is_served_as_what_its_architecture_does(tmp_path, config, task):
+    from serve.vllm import served_task
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert served_task(tmp_path) == task

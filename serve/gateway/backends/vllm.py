@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import orjson
 
-from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION
+from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION, TEXT_RANKING
 
 from ..exceptions import (
     BackendConnectFailed,
@@ -116,12 +116,16 @@ class VLLMBackend(Backend):
         ]
 
     async def _served_task(self, timeout: aiohttp.ClientTimeout) -> str:
-        """vLLM mounts the routes of what its model does: a speech model (Whisper) gets the audio routes and no chat
-        (its OpenAPI document lists them); anything else is a generator."""
+        """vLLM mounts the routes of what its model does (its OpenAPI document lists them): a speech model (Whisper)
+        gets the audio routes and no chat, a cross-encoder (pooling) the rerank routes and no chat; anything else is a
+        generator."""
         async with self.session.get(f"{self.url}/openapi.json", timeout=timeout) as response:
             paths = orjson.loads(await response.read()).get("paths", {}) if response.status == 200 else {}
-        if "/v1/audio/transcriptions" in paths and "/v1/chat/completions" not in paths:
-            return SPEECH_RECOGNITION
+        if "/v1/chat/completions" not in paths:
+            if "/v1/audio/transcriptions" in paths:
+                return SPEECH_RECOGNITION
+            if "/v1/rerank" in paths:
+                return TEXT_RANKING
         return TEXT_GENERATION
 
     async def transcribe(self, path: str, fields: list[tuple[str, str]], audio: Upload, model: str) -> dict:

@@ -26,8 +26,8 @@ _REMOTE = ("remote image URLs are not allowed by this gateway: send the image in
            "(RTXSERVE_CHAT_IMAGE_DOMAINS)")
 
 
-def _image_parts(messages: list[dict]) -> Iterator[tuple[str, dict]]:
-    """Each image part of the messages, with where it is (messages[i].content[j])."""
+def _image_parts(messages: list[dict], field: str) -> Iterator[tuple[str, dict]]:
+    """Each image part of the messages, with where it is (messages[i].content[j], `field` naming the list)."""
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, list):
@@ -35,32 +35,32 @@ def _image_parts(messages: list[dict]) -> Iterator[tuple[str, dict]]:
         for j, part in enumerate(content):
             if isinstance(part, dict) and (part.get("type") in ("image_url", "input_image", "image")
                                            or (part.get("type") is None and "image_url" in part)):
-                yield f"messages[{i}].content[{j}]", part
+                yield f"{field}[{i}].content[{j}]", part
 
 
 # Other media parts vLLM fetches by URL: their sources follow the images' rules (their sizes are vLLM's to bound).
 _MEDIA_URL_PARTS = ("video_url", "audio_url")
 
 
-def _media_parts(messages: list[dict]) -> Iterator[tuple[str, str | None]]:
+def _media_parts(messages: list[dict], field: str) -> Iterator[tuple[str, str | None]]:
     for i, message in enumerate(messages):
         content = message.get("content")
         for j, part in enumerate(content if isinstance(content, list) else ()):
             if isinstance(part, dict) and part.get("type") in _MEDIA_URL_PARTS:
                 media = part.get(part["type"])
-                yield f"messages[{i}].content[{j}]", media.get("url") if isinstance(media, dict) else media
+                yield f"{field}[{i}].content[{j}]", media.get("url") if isinstance(media, dict) else media
 
 
-def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
+def check_chat_images(limits: GatewaySettings, messages: list[dict], field: str = "messages") -> None:
     """Count, size and source of the images of a chat request, and the source of its video and audio URLs;
-    InvalidRequest (param "messages") when out of bounds."""
-    for where, url in _media_parts(messages):
+    InvalidRequest (param `field`: the request's name for `messages`, items with content parts) when out of bounds."""
+    for where, url in _media_parts(messages, field):
         if isinstance(url, str) and url[:5].lower() != "data:":
             _check_remote_url(limits, where, url)
-    parts = list(_image_parts(messages))
+    parts = list(_image_parts(messages, field))
     if len(parts) > limits.max_chat_images:
         raise InvalidRequest(f"{len(parts)} images; this gateway allows at most {limits.max_chat_images} per request",
-                             param="messages")
+                             param=field)
     for where, part in parts:
         if part.get("type") == "image":  # Anthropic's: a base64 or URL source
             source = part.get("source") if isinstance(part.get("source"), dict) else {}
@@ -70,7 +70,7 @@ def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
                 _check_remote_url(limits, where, source["url"])
             else:
                 raise InvalidRequest(f'{where}: an image source must be {{"type": "base64", "data": ...}} or '
-                                     '{"type": "url", "url": ...}', param="messages")
+                                     '{"type": "url", "url": ...}', param=_param(where))
             continue
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
@@ -78,18 +78,22 @@ def check_chat_images(limits: GatewaySettings, messages: list[dict]) -> None:
             continue  # an image vLLM cached under this uuid: nothing to fetch or decode
         if not isinstance(url, str):
             raise InvalidRequest(f'{where}: image_url must be {{"url": "data:image/...;base64,..."}} or that URL '
-                                 "as a string", param="messages")
+                                 "as a string", param=_param(where))
         if url[:5].lower() == "data:":
             _check_data_url(limits, where, url)
         else:
             _check_remote_url(limits, where, url)
 
 
+def _param(where: str) -> str:
+    return where.split("[", 1)[0]
+
+
 def _check_data_url(limits: GatewaySettings, where: str, url: str, bare: bool = False) -> None:
     try:
         data_url.decoded_size(data_url.payload(url, bare_allowed=bare), limits.max_image_bytes)
     except ValueError as exc:
-        raise InvalidRequest(f"{where}: {exc}", param="messages") from None
+        raise InvalidRequest(f"{where}: {exc}", param=_param(where)) from None
 
 
 def _check_remote_url(limits: GatewaySettings, where: str, url: str) -> None:
@@ -99,9 +103,9 @@ def _check_remote_url(limits: GatewaySettings, where: str, url: str) -> None:
         parts = None
     if parts is None or parts.scheme not in ("http", "https"):
         raise InvalidRequest(f"{where}: an image URL must be a base64 data URL (data:image/png;base64,...) or an "
-                             "http(s) URL; file:, ftp: and other URLs are not accepted", param="messages")
+                             "http(s) URL; file:, ftp: and other URLs are not accepted", param=_param(where))
     if "@" in parts.netloc or _AMBIGUOUS.search(url):
         raise InvalidRequest(f"{where}: an image URL may not hold credentials, spaces or backslashes",
-                             param="messages")
+                             param=_param(where))
     if parts.hostname not in {d.lower() for d in limits.chat_image_domains}:
-        raise InvalidRequest(f"{where}: {_REMOTE}", param="messages")
+        raise InvalidRequest(f"{where}: {_REMOTE}", param=_param(where))

@@ -19,12 +19,12 @@ import orjson
 
 from core.contract import TEXT_GENERATION
 
-from .. import metrics
 from ..backends.base import Stream, StreamBroken
 from ..exceptions import InvalidRequest
 from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
+from ..usage import count_usage
 from .media import check_chat_images
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
@@ -127,7 +127,7 @@ def _check_agent_bounds(limits: GatewaySettings, request: ResponsesRequest | Mes
     if len(items) > limits.max_messages:
         raise InvalidRequest(f"{len(items)} {field} items; this gateway allows at most {limits.max_messages}",
                              param=field)
-    check_chat_images(limits, [i for i in items if isinstance(i, dict)])
+    check_chat_images(limits, [i for i in items if isinstance(i, dict)], field)
     _check_tools(limits, request.tools)
 
 
@@ -144,17 +144,6 @@ def _bound_omitted_length(limits: GatewaySettings, request: ChatCompletionReques
             body["max_tokens"] = min(COMPLETIONS_DEFAULT_MAX_TOKENS, limits.max_tokens)
     elif request.max_tokens is None and request.max_completion_tokens is None:
         body["max_completion_tokens"] = limits.max_tokens
-
-
-async def _count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
-    """Token metrics, and the key's tokens-per-minute charge."""
-    if usage:  # OpenAI's chat and completions name them prompt / completion, Responses and Anthropic input / output
-        prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
-        completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
-        metrics.TOKENS.labels(model, "prompt").inc(prompt)
-        metrics.TOKENS.labels(model, "completion").inc(completion)
-        if state.quotas is not None:
-            await state.quotas.charge_tokens(key, prompt + completion)
 
 
 def conversation(request: ChatCompletionRequest | CompletionRequest, user: str | None, session: str | None) -> str:
@@ -184,12 +173,12 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     _bound_omitted_length(state.settings, request, body)
     if not request.stream:
         answer = await state.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
-        await _count_usage(state, key, info.name, answer.get("usage"))
+        await count_usage(state, key, info.name, answer.get("usage"))
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name), affinity)
-    return _relay(stream, info.name, client_wants_usage, lambda usage: _count_usage(state, key, info.name, usage))
+    return _relay(stream, info.name, client_wants_usage, lambda usage: count_usage(state, key, info.name, usage))
 
 
 async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequest | MessagesRequest,
@@ -205,10 +194,10 @@ async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequ
         body["max_output_tokens"] = min(state.settings.max_tokens, info.extra.get("max_model_len") or sys.maxsize)
     if not request.stream:
         answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
-        await _count_usage(state, key, info.name, answer.get("usage"))
+        await count_usage(state, key, info.name, answer.get("usage"))
         return answer
     stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
-    return _relay(stream, info.name, True, lambda usage: _count_usage(state, key, info.name, usage),
+    return _relay(stream, info.name, True, lambda usage: count_usage(state, key, info.name, usage),
                   end=b"", error_event=_typed_error_event)
 
 

@@ -1,0 +1,57 @@
+"""Rerank and score: bounded here, relayed to the vLLM engine that serves the cross-encoder, usage counted."""
+
+from __future__ import annotations
+
+from core.contract import TEXT_RANKING
+
+from ..exceptions import InvalidRequest
+from ..generate.media import check_chat_images
+from ..keys import ApiKey
+from ..settings import GatewaySettings
+from ..state import GatewayState
+from ..usage import count_usage
+from .protocol import RerankRequest, ScoreRequest
+
+TASK = TEXT_RANKING
+# The fields of a score request that hold one side of its pairs, by any of vLLM's names for them.
+SCORE_SIDES = ("queries", "documents", "items", "text_1", "text_2", "data_1", "data_2")
+
+
+def _characters(item: str | dict) -> int:
+    if isinstance(item, str):
+        return len(item)
+    content = item.get("content")
+    return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)) \
+        if isinstance(content, list) else 0
+
+
+def _check_side(limits: GatewaySettings, field: str, value: str | dict | list) -> None:
+    """At most max_documents texts, each within max_input_chars, their images bounded as a chat's are."""
+    items = value if isinstance(value, list) else [value]
+    if len(items) > limits.max_documents:
+        raise InvalidRequest(f"{len(items)} {field}; this gateway allows at most {limits.max_documents} per request",
+                             param=field)
+    for i, item in enumerate(items):
+        size = _characters(item)
+        if size > limits.max_input_chars:
+            raise InvalidRequest(f"{field}[{i}] has {size} characters; the limit is {limits.max_input_chars}",
+                                 param=field)
+    check_chat_images(limits, [item if isinstance(item, dict) else {} for item in items], field)
+
+
+async def rank(state: GatewayState, path: str, request: RerankRequest | ScoreRequest, key: ApiKey | None = None) -> dict:
+    """vLLM's answer to /v1/rerank, /v2/rerank, /rerank, /v1/score or /score (its own shape for each)."""
+    body = request.model_dump(exclude_unset=True)
+    sides = ("query", "documents") if isinstance(request, RerankRequest) else SCORE_SIDES
+    for field in sides:
+        if body.get(field) is not None:
+            _check_side(state.settings, field, body[field])
+    info = state.resolve(request.model, TASK)
+    answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+    await count_usage(state, key, info.name, answer.get("usage"))
+    return answer
+
+
+# Deep readiness (state.py): the first request each model answers before it takes traffic.
+CANARIES = {TEXT_RANKING: lambda backend, model, timeout: backend.generate(
+    "/v1/rerank", {"model": model.name, "query": "ok", "documents": ["ok"]}, model.name)}
