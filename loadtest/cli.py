@@ -52,10 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", type=Path)
     p.add_argument("--warmup", type=float, default=None, help="default: the run's own")
     p.add_argument("--slo", default="", help="goodput limits, as for run")
-    c = sub.add_parser("compare", help="before/after: every figure of two runs (or sweeps) side by side, curves overlaid")
+    c = sub.add_parser("compare", help="before/after: every figure of two runs (or sweeps) side by side, curves "
+                       "overlaid; of one run: the two models that answered it (an alias's targets)")
     c.add_argument("before", type=Path)
-    c.add_argument("after", type=Path)
-    c.add_argument("--out", type=Path, default=None, help="folder for compare.md/.html (default: AFTER/compare)")
+    c.add_argument("after", type=Path, nargs="?", default=None)
+    c.add_argument("--models", default=None, help="one run: the two models to compare, A,B (default: the two that "
+                   "answered, when two did)")
+    c.add_argument("--out", type=Path, default=None, help="folder for compare.md/.html (default: AFTER/compare, or "
+                   "RUN/compare-models)")
     return parser
 
 
@@ -81,9 +85,17 @@ def main(argv: list[str]) -> int:
         if args.command == "report":
             return _report(args)
         if args.command == "compare":
-            from .compare import compare
+            from .compare import compare, compare_models
 
-            path = compare(args.before, args.after, args.out or args.after / "compare")
+            if args.after is not None:
+                if args.models:
+                    return _fail("--models compares two models within one run: give one folder")
+                path = compare(args.before, args.after, args.out or args.after / "compare")
+            else:
+                models = tuple(m.strip() for m in args.models.split(",")) if args.models else None
+                if models is not None and len(models) != 2:
+                    return _fail(f"--models takes two models, A,B; got {args.models!r}")
+                path = compare_models(args.before, args.out or args.before / "compare-models", models)
             print(f"comparison: {path}")
             return 0
         spec = _spec(args)

@@ -1,11 +1,14 @@
 """`rtxserve loadtest compare BEFORE AFTER`: every figure of two runs (or two sweeps) side by side with its
 change, and their curves overlaid: the latency distributions of two runs, the latency and goodput curves
-of two sweeps."""
+of two sweeps. `rtxserve loadtest compare RUN` does the same for two models that answered one run: the targets of
+an alias that split its traffic (a canary beside the version it may replace)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import numpy as np
 
 from .pages import flat, write_html
 from .plots import latency_cdf, pyplot, save
@@ -46,15 +49,18 @@ def _sweep_figures(folder: Path) -> dict:
     return figures
 
 
+def _measured_latencies(folder: Path, model: str | None = None) -> np.ndarray:
+    """The latencies of a run's successful requests after its warm-up; of those `model` answered, if named."""
+    samples = load_samples(folder / "samples.csv")
+    use = samples.ok & measured(samples, json.loads((folder / "report.json").read_text())["warmup_s"])
+    return samples.latency_ms[use & (samples.models == model)] if model is not None else samples.latency_ms[use]
+
+
 def _plot_runs(before: Path, after: Path, path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
-    lines = []
-    for folder, name, colour in ((before, "before", "tab:blue"), (after, "after", "tab:orange")):
-        samples = load_samples(folder / "samples.csv")
-        warmup = json.loads((folder / "report.json").read_text())["warmup_s"]
-        lines.append((f"{name} ({folder.name})", samples.latency_ms[samples.ok & measured(samples, warmup)], colour))
-    latency_cdf(ax, lines)
+    latency_cdf(ax, [(f"{name} ({folder.name})", _measured_latencies(folder), colour)
+                     for folder, name, colour in ((before, "before", "tab:blue"), (after, "after", "tab:orange"))])
     return save(fig, path, "latency distributions, before and after")
 
 
@@ -82,11 +88,40 @@ def compare(before: Path, after: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     figures = _sweep_figures if kind == "sweep" else _run_figures
     (_plot_sweeps if kind == "sweep" else _plot_runs)(before, after, out / "compare.png")
-    rows = _rows(figures(before), figures(after))
-    table = "\n".join(f"| {' | '.join(r)} |" for r in rows)
-    md = f"""# rtxserve compare: {before.name} → {after.name}
+    return _write(out, f"{before.name} → {after.name}", f"Before: `{before}`; after: `{after}` ({kind}s).",
+                  _rows(figures(before), figures(after)))
 
-Before: `{before}`; after: `{after}` ({kind}s). The change is (after − before) / before.
+
+def compare_models(run: Path, out: Path, models: tuple[str, str] | None = None) -> Path:
+    """The same for two models that answered one run (`models`: which, first as before; default: the two that
+    answered, when two did): their figures side by side and their latency distributions overlaid."""
+    if _kind(run) != "run":
+        raise ValueError(f"{run} is a sweep: compare two models within one run")
+    by_model = json.loads((run / "report.json").read_text()).get("by_model") or {}
+    if models is None:
+        if len(by_model) != 2:
+            raise ValueError(f"{len(by_model)} models answered the run in {run} ({', '.join(by_model) or 'none named'}): "
+                             "name two with --models A,B" if by_model else
+                             f"one model answered every request of the run in {run}: nothing to compare within it")
+        models = tuple(by_model)
+    unknown = [m for m in models if m not in by_model]
+    if unknown:
+        raise ValueError(f"no answer of the run in {run} names {', '.join(unknown)}; it has {', '.join(by_model)}")
+    out.mkdir(parents=True, exist_ok=True)
+    first, second = models
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    latency_cdf(ax, [(m, _measured_latencies(run, m), colour) for m, colour in ((first, "tab:blue"), (second, "tab:orange"))])
+    save(fig, out / "compare.png", f"latency distributions: {first} and {second}, one run")
+    return _write(out, f"{first} → {second}", f"Both answered the run in `{run}`, under the same load at the same time.",
+                  _rows(flat(by_model[first]), flat(by_model[second])))
+
+
+def _write(out: Path, title: str, what: str, rows: list[list[str]]) -> Path:
+    table = "\n".join(f"| {' | '.join(r)} |" for r in rows)
+    md = f"""# rtxserve compare: {title}
+
+{what} The change is (after − before) / before.
 
 ![the two overlaid](compare.png)
 
@@ -96,5 +131,5 @@ Before: `{before}`; after: `{after}` ({kind}s). The change is (after − before)
 """
     path = out / "compare.md"
     path.write_text(md)
-    write_html(md, out, f"rtxserve compare: {before.name} → {after.name}", "compare.html")
+    write_html(md, out, f"rtxserve compare: {title}", "compare.html")
     return path

@@ -114,13 +114,20 @@ a limit applies to the requests that have its figure). P99 is {verdict} the SLO.
 """
 
 
-def _by_name_section(by_name: dict) -> str:
+def _split_section(split: dict, heading: str, label: str, note: str = "") -> str:
     rows = [[name, f["requests"], f["errors"], f"{f['qps']:.1f}",
              *(f"{f['latency_ms'].get(p, float('nan')):.1f}" for p in ("p50", "p90", "p99")),
              *(f"{f['ttft_ms'][p]:.1f}" if "ttft_ms" in f else "-" for p in ("p50", "p99"))]
-            for name, f in by_name.items()]
-    return "\n## Per API\n\n" + _table(rows, ["API", "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms",
-                                              "TTFT P50 ms", "TTFT P99 ms"]) + "\n"
+            for name, f in split.items()]
+    return f"\n## {heading}\n\n{note}" + _table(rows, [label, "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms",
+                                                      "TTFT P50 ms", "TTFT P99 ms"]) + "\n"
+
+
+def _by_model_section(by_model: dict) -> str:
+    return _split_section(by_model, "Per answering model", "model",
+                          "The model each answer names: behind an alias, the target that answered (a failed request "
+                          "names none and is counted in the whole run's errors only). `rtxserve loadtest compare RUN` "
+                          "sets two of them side by side.\n\n")
 
 
 def _warnings(summary: Summary) -> list[str]:
@@ -260,7 +267,7 @@ not from locust's rounded buckets. QPS counts successful requests.
 | latency{" (pooled over all APIs: see per API below)" if summary.by_name else ""} | ms |
 |---|---|
 {rows}
-{_goodput_section(summary.goodput) if summary.goodput else ""}{_by_name_section(summary.by_name) if summary.by_name else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_speech_section(summary.speech) if summary.speech else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
+{_goodput_section(summary.goodput) if summary.goodput else ""}{_split_section(summary.by_name, "Per API", "API") if summary.by_name else ""}{_by_model_section(summary.by_model) if summary.by_model else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_speech_section(summary.speech) if summary.speech else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
 ## Run
 
 | setting | value |

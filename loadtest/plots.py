@@ -101,10 +101,11 @@ def per_second(samples: Samples, t0: float | None = None) -> dict[str, np.ndarra
 
 def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution; a mix
-    of APIs gets a row of its own per API, each on its own scale."""
+    of APIs gets a row of its own per API, each on its own scale, and so does each model behind an alias."""
     plt = pyplot()
-    # the APIs the summary has figures for (a mix's, after warm-up): a row each
+    # the APIs the summary has figures for (a mix's, after warm-up), else the models that answered: a row each
     rows = [(api, samples.where(samples.names == api), f["latency_ms"]) for api, f in summary.by_name.items()] \
+        or [(f"model {m}", samples.where(samples.models == m), f["latency_ms"]) for m, f in summary.by_model.items()] \
         or [("", samples, summary.latency_ms)]
     fig, axes = plt.subplots(len(rows), 2, figsize=(13, 4.8 * len(rows)), squeeze=False)
     t0 = samples.start.min() if len(samples.end) else 0.0

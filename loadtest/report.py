@@ -33,6 +33,7 @@ class Samples:
     images: np.ndarray | None = None  # image generation and detection: images per request (NaN for other APIs)
     detections: np.ndarray | None = None  # detection: objects found per request (NaN for other APIs)
     audio_s: np.ndarray | None = None  # speech: seconds of audio per request (NaN for other APIs)
+    models: np.ndarray | None = None  # the model each answer names ("" if none): behind an alias, the target
 
     @property
     def start(self) -> np.ndarray:
@@ -46,7 +47,7 @@ class Samples:
                        output_tokens=cut(self.output_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
                        names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images),
-                       detections=cut(self.detections), audio_s=cut(self.audio_s))
+                       detections=cut(self.detections), audio_s=cut(self.audio_s), models=cut(self.models))
 
     @property
     def streamed(self) -> np.ndarray:
@@ -70,6 +71,7 @@ def load_samples(path: str | Path) -> Samples:
         end=_floats(rows, "end"), latency_ms=_floats(rows, "latency_ms"), ok=ok,
         errors=[r["error"] for r in rows if r["ok"] != "1"],
         names=np.array([r["name"] for r in rows], dtype=object), wait_ms=_floats(rows, "wait_ms"),
+        models=np.array([r.get("model") or "" for r in rows], dtype=object),
     )
     images = _floats(rows, "images")
     if np.isfinite(images).any():
@@ -115,6 +117,7 @@ class Summary:
     streaming: dict = field(default_factory=dict)  # see _streaming; empty for runs that did not stream
     goodput: dict = field(default_factory=dict)  # see _goodput; empty without an SLO
     by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
+    by_model: dict = field(default_factory=dict)  # the same per model that answered, where more than one did (an alias)
     late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
     images: dict = field(default_factory=dict)  # image generation: images/s and per-image latency; see _images
     speech: dict = field(default_factory=dict)  # speech to text: audio seconds per second; see _speech
@@ -260,20 +263,32 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
         heard = keep & samples.ok & np.isfinite(samples.audio_s)
         if heard.any():
             summary.speech = _speech(samples, heard, duration)
-    if samples.names is not None and len(set(samples.names[keep])) > 1:
-        for name in sorted(set(samples.names[keep])):
-            mine = keep & (samples.names == name)
-            good = mine & samples.ok
-            summary.by_name[name] = {"requests": int(mine.sum()), "errors": int((mine & ~samples.ok).sum()),
-                                     "qps": float(good.sum() / duration) if duration > 0 else 0.0,
-                                     "latency_ms": _latency_figures(samples.latency_ms[good])}
-            if (good & samples.streamed).any():
-                summary.by_name[name]["ttft_ms"] = _ranks(samples.ttft_ms[good & samples.streamed])
+    summary.by_name = _split(samples, keep, samples.names, duration)
+    # A failed request names no model: the split is over the answers, and their errors stay in the whole's figures.
+    summary.by_model = _split(samples, keep & (samples.models != ""), samples.models, duration) \
+        if samples.models is not None else {}
     if samples.wait_ms is not None and np.isfinite(samples.wait_ms[keep]).any():
         waits = samples.wait_ms[keep & np.isfinite(samples.wait_ms)]
         summary.late_arrivals = {"requests": int((waits > LATE_MS).sum()), "of": int(len(waits)),
                                  "max_wait_ms": float(waits.max()), "late_ms": LATE_MS}
     return summary
+
+
+def _split(samples: Samples, keep: np.ndarray, labels: np.ndarray | None, duration: float) -> dict:
+    """Figures per label (an API of a mix, a model behind an alias) of the requests `keep` selects, where they hold
+    more than one label; else nothing."""
+    if labels is None or len(set(labels[keep])) < 2:
+        return {}
+    split = {}
+    for label in sorted(set(labels[keep])):
+        mine = keep & (labels == label)
+        good = mine & samples.ok
+        split[label] = {"requests": int(mine.sum()), "errors": int((mine & ~samples.ok).sum()),
+                        "qps": float(good.sum() / duration) if duration > 0 else 0.0,
+                        "latency_ms": _latency_figures(samples.latency_ms[good])}
+        if (good & samples.streamed).any():
+            split[label]["ttft_ms"] = _ranks(samples.ttft_ms[good & samples.streamed])
+    return split
 
 
 def _api_line(name: str, f: dict) -> str:
@@ -291,6 +306,8 @@ def headline(summary: Summary) -> str:
     stream describes neither)."""
     if summary.by_name:
         return "\n".join(_api_line(name, f) for name, f in summary.by_name.items())
+    if summary.by_model:
+        return "\n".join(_api_line(f"model {name}", f) for name, f in summary.by_model.items())
     lat = summary.latency_ms
     if not lat:
         return f"no successful request ({summary.requests} requests, {summary.errors} errors)"

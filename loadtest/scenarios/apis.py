@@ -158,8 +158,10 @@ def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> fl
         if _failed_status(response):
             return _retry_after(user, response)
         try:
-            data = response.json().get("data")
+            answer = response.json()
+            data = answer.get("data")
             _check_encoded(api, data, n)
+            _answered_by(response, answer)
             if api == "detect":
                 found = sum(len(d["detections"]) for d in data)
                 response.request_meta["context"]["detections"] = found  # locust copied `context` into the request
@@ -188,6 +190,7 @@ def _rank(user, api: str, model: str, rng: random.Random, context: dict) -> floa
                 raise WrongAnswer(f"expected {n} scores, got {len(results) if isinstance(results, list) else results!r}")
             if not all(isinstance(r.get("relevance_score" if api == "rerank" else "score"), (int, float)) for r in results):
                 raise WrongAnswer("a result has no score")
+            _answered_by(response, answer)
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
@@ -328,13 +331,19 @@ def _whole_answer(answer: dict) -> dict:
     tokens = usage.get("completion_tokens")
     if not answer.get("choices") or not tokens:
         raise WrongAnswer("no choices or no completion tokens")
-    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens")}
+    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens"), "model": answer.get("model")}
+
+
+def _answered_by(response, answer: dict) -> None:
+    """The model the answer names: behind an alias, the target that answered (the report splits by it)."""
+    if isinstance(answer.get("model"), str):
+        response.request_meta["context"]["model"] = answer["model"]  # locust copied `context` into the request
 
 
 def read_stream(lines, started: float) -> dict:
     """Streaming figures of one SSE answer from its lines as they arrive; `started` is the send time
     (perf_counter). Raises WrongAnswer on an error event, an unparsable event, no [DONE] or no tokens."""
-    token_times, usage = [], {}
+    token_times, usage, model = [], {}, None
     for line in lines:
         arrived = time.perf_counter()
         if not line.startswith(b"data:"):
@@ -353,6 +362,7 @@ def read_stream(lines, started: float) -> dict:
             raise WrongAnswer(f"stream error: {error.get('message') if isinstance(error, dict) else error}")
         if chunk.get("choices"):
             token_times.append(arrived)
+            model = model or chunk.get("model")
         elif chunk.get("usage"):
             usage = chunk["usage"]
     else:
@@ -365,4 +375,5 @@ def read_stream(lines, started: float) -> dict:
         "itl_ms": [(b - a) * 1000 for a, b in zip(token_times, token_times[1:])],
         "output_tokens": tokens,
         "prompt_tokens": usage.get("prompt_tokens"),
+        "model": model,
     }

@@ -18,7 +18,7 @@ from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 
 COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms",
-           "images", "detections", "audio_s", "process")
+           "images", "detections", "audio_s", "process", "model")
 MESSAGE = "rtxserve_samples"
 FLUSH_EVERY_S = 1.0
 
@@ -35,7 +35,8 @@ def row(name: str, response_time: float, exception, context: dict | None, end: f
     return [f"{end:.6f}", name, f"{response_time:.3f}", 0 if exception else 1, error, _fmt(context.get("ttft_ms")),
             _fmt(context.get("output_tokens")), _fmt(context.get("prompt_tokens")),
             " ".join(f"{gap:.3f}" for gap in context.get("itl_ms", ())), _fmt(context.get("wait_ms")),
-            _fmt(context.get("images")), _fmt(context.get("detections")), _fmt(context.get("audio_s")), _state["process"]]
+            _fmt(context.get("images")), _fmt(context.get("detections")), _fmt(context.get("audio_s")), _state["process"],
+            context.get("model") or ""]
 
 
 @events.init.add_listener

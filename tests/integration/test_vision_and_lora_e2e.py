@@ -141,10 +141,28 @@ def test_an_alias_splits_traffic_between_a_model_and_its_fine_tune(stack, tmp_pa
         answers = [httpx.post(f"{url}/v1/classify", json={"model": "sentiment", "input": TEXTS[:1]}, timeout=60).json()
                    for _ in range(40)]
         metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        run = _load_test(url, tmp_path / "run")  # the canary's load test: its report and comparison per target
     finally:
         gateway.stop()
+    split = run.summary.by_model
+    assert set(split) == {MODEL, LORA_CLASSIFIER} and sum(f["requests"] for f in split.values()) == run.summary.requests
+    assert run.summary.errors == 0 and all(f["latency_ms"]["p50"] > 0 for f in split.values())
+    assert "## Per answering model" in run.report.read_text()
+    from loadtest.cli import main as loadtest
+
+    assert loadtest(["compare", str(tmp_path / "run"), "--out", str(tmp_path / "compare")]) == 0
+    page = (tmp_path / "compare" / "compare.md").read_text()
+    assert f"# rtxserve compare: {MODEL} → {LORA_CLASSIFIER}" in page and "| requests |" in page
+    assert (tmp_path / "compare" / "compare.png").stat().st_size > 10_000
     named = [a["model"] for a in answers]
     assert set(named) == {MODEL, LORA_CLASSIFIER}  # each with probability 1/2 per request: 2^-39 to see one only
     for answer in answers:
         assert answer["data"][0]["scores"] == pytest.approx(direct[answer["model"]], abs=1e-6)
     assert f'rtxserve_alias_requests_total{{alias="sentiment",model="{MODEL}"}} {named.count(MODEL)}.0' in metrics
+
+
+def _load_test(url: str, out):
+    from loadtest.runner import LoadSpec, run, scenario_options
+
+    return run(LoadSpec(url, scenario_options(scenario="classify", model="sentiment"), users=2, duration_s=4,
+                        warmup_s=0.5), out, log=lambda m: None)

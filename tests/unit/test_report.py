@@ -198,3 +198,29 @@ def test_compare_puts_every_figure_of_two_runs_side_by_side(tmp_path):
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 10_000 and (tmp_path / "cmp" / "compare.html").exists()
     with pytest.raises(ValueError, match="neither a run"):
         compare(tmp_path / "before", tmp_path, tmp_path / "cmp")
+
+
+def test_one_run_answered_by_two_models_is_split_and_compared_by_model(tmp_path):
+    """Behind an alias each answer names its target: the report splits by it (failed requests name none and stay in
+    the whole run's errors) and `compare` sets the two side by side from the one run."""
+    from loadtest.compare import compare_models
+    from loadtest.report import load_samples
+
+    latency = {"v1": 20.0, "v2": 10.0}
+    rows = [(f"{1000 + 0.01 * i:.6f}", "v1" if i % 4 else "v2", i % 10 != 9) for i in range(400)]
+    with open(tmp_path / "samples.csv", "w") as f:
+        f.write(HEADER.rstrip("\n") + ",images,detections,audio_s,process,model\n")
+        f.writelines(f"{end},classify,{latency[m]},{int(ok)},{'' if ok else 'HTTP 503: x'},,,,,,,,,main,{m if ok else ''}\n"
+                     for end, m, ok in rows)
+    samples = load_samples(tmp_path / "samples.csv")
+    summary = summarize(samples)
+    assert summary.by_name == {}  # one API
+    assert {m: (f["requests"], f["errors"]) for m, f in summary.by_model.items()} == {"v1": (260, 0), "v2": (100, 0)}
+    assert summary.errors == 40 and summary.by_model["v2"]["latency_ms"]["p99"] == 10.0
+    write_report(summary, samples, tmp_path, "canary")
+    assert "model v1: P50 20.0 ms" in (tmp_path / "report.md").read_text()
+    md = compare_models(tmp_path, tmp_path / "cmp").read_text()
+    assert "# rtxserve compare: v1 → v2" in md and "| latency_ms.p99 | 20 | 10 | -50.0% |" in md
+    assert "| latency_ms.p99 | 10 | 20 | +100.0% |" in compare_models(tmp_path, tmp_path / "back", ("v2", "v1")).read_text()
+    with pytest.raises(ValueError, match="no answer of the run .* names v3"):
+        compare_models(tmp_path, tmp_path / "cmp", ("v1", "v3"))
