@@ -21,9 +21,12 @@ def _streaming_section(streaming: dict) -> str:
     rows = "\n".join(
         f"| {label} | " + " | ".join(f"{streaming[key][f'p{p:g}']:.2f}" if streaming[key] else "–"
                                       for p in STREAM_PERCENTILES) + " |"
-        for key, label in (("ttft_ms", "time to first token (ms)"), ("itl_ms", "inter-token gap (ms)"),
-                           ("tpot_ms", "time per output token (ms)"),
+        for key, label in (("ttft_ms", "time to first token (ms)"),
+                           ("ttft_ms_first_turns", "TTFT of first turns (ms)"),
+                           ("ttft_ms_later_turns", "TTFT of later turns: history resent (ms)"),
+                           ("itl_ms", "inter-token gap (ms)"), ("tpot_ms", "time per output token (ms)"),
                            ("output_tokens_per_s_per_request", "output tokens/s per request (P99: the fastest)"))
+        if key in streaming
     )
     heads = " | ".join(f"P{p:g}" for p in STREAM_PERCENTILES)
     return f"""

@@ -34,6 +34,7 @@ class Samples:
     detections: np.ndarray | None = None  # detection: objects found per request (NaN for other APIs)
     audio_s: np.ndarray | None = None  # speech: seconds of audio per request (NaN for other APIs)
     models: np.ndarray | None = None  # the model each answer names ("" if none): behind an alias, the target
+    turns: np.ndarray | None = None  # multi-turn chat: each request's turn in its conversation, from 1 (NaN: none)
 
     @property
     def start(self) -> np.ndarray:
@@ -47,7 +48,8 @@ class Samples:
                        output_tokens=cut(self.output_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
                        names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images),
-                       detections=cut(self.detections), audio_s=cut(self.audio_s), models=cut(self.models))
+                       detections=cut(self.detections), audio_s=cut(self.audio_s), models=cut(self.models),
+                       turns=cut(self.turns))
 
     @property
     def streamed(self) -> np.ndarray:
@@ -82,6 +84,9 @@ def load_samples(path: str | Path) -> Samples:
     audio = _floats(rows, "audio_s")
     if np.isfinite(audio).any():
         samples.audio_s = audio
+    turns = _floats(rows, "turn")
+    if np.isfinite(turns).any():
+        samples.turns = turns
     tokens = _floats(rows, "output_tokens")
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
@@ -253,6 +258,10 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
         settings=settings or {},
         streaming=_streaming(samples, streamed, duration) if streamed.any() else {},
     )
+    if summary.streaming and samples.turns is not None and (samples.turns[streamed] > 1).any():
+        # A conversation's later turns resend its history: what a prefix cache (and cache-aware routing) can save.
+        for key, turns in (("ttft_ms_first_turns", samples.turns == 1), ("ttft_ms_later_turns", samples.turns > 1)):
+            summary.streaming[key] = _ranks(samples.ttft_ms[streamed & turns])
     if slo:
         summary.goodput = _goodput(samples, keep, slo, duration)
     if samples.images is not None:

@@ -48,6 +48,7 @@ class Load:
     chat_images: list[str] = field(default_factory=list)  # data URLs attached to chat requests (--chat-images)
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
+    system_prompt: str = ""  # chat: what every conversation opens with (--system-prompt-words)
 
     @classmethod
     def from_options(cls, options, index: int = 0) -> "Load":
@@ -83,6 +84,14 @@ class Load:
             load.images = workloads.images_base64(dataset if dataset and dataset.is_dir() else None)
         if apis & GENERATION_APIS.keys():
             load.prompts = load._prompts(dataset, options.seed + index)
+        if options.turns < 1 or options.system_prompt_words < 0:
+            raise ValueError("--turns must be >= 1 and --system-prompt-words >= 0")
+        if (options.turns > 1 or options.system_prompt_words) and "chat" not in apis:
+            raise ValueError("--turns and --system-prompt-words apply to chat requests")
+        if options.turns > 1 and options.arrival != "closed":
+            raise ValueError("--turns applies to the closed loop: a conversation's next turn waits for its answer")
+        if options.system_prompt_words:  # the same words in every process: one prefix for all
+            load.system_prompt = workloads.system_prompt(options.seed, options.system_prompt_words)
         if options.chat_images < 0 or (options.chat_images and "chat" not in apis):
             raise ValueError("--chat-images must be >= 0, and applies to chat requests")
         if options.image_dir and not options.chat_images:
@@ -281,12 +290,43 @@ def with_images(messages: list[dict], urls: list[str]) -> list[dict]:
     return [*messages[:last], {**messages[last], "content": parts}, *messages[last + 1:]]
 
 
-def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt, rng: random.Random) -> dict:
+@dataclass
+class Conversation:
+    """A user's multi-turn chat (--turns): its messages so far, the turns sent, its x-session-id."""
+
+    messages: list[dict]
+    session: str
+    turns: int = 0
+
+
+def _chat_messages(user, load: Load, prompt: workloads.Prompt, rng: random.Random, context: dict) -> list[dict]:
+    """The messages of the user's next chat request: a new conversation (the shared system prompt, then the prompt),
+    or the next turn of the one it holds (its history, then the prompt's last question)."""
+    o = load.options
+    conversation = getattr(user, "conversation", None)
+    if o.turns == 1 or conversation is None or conversation.turns >= o.turns:
+        system = [{"role": "system", "content": load.system_prompt}] if load.system_prompt else []
+        conversation = Conversation(system + list(prompt.messages), f"{rng.getrandbits(64):016x}")
+        if o.turns > 1:
+            user.conversation = conversation
+    else:
+        question = next(m for m in reversed(prompt.messages) if m.get("role") == "user")
+        conversation.messages.append(question)
+    conversation.turns += 1
+    context["turn"] = conversation.turns
+    if o.turns > 1:
+        context["session"] = conversation.session
+    return conversation.messages
+
+
+def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt, rng: random.Random,
+                     messages: list[dict] | None = None) -> dict:
     o = load.options
     body = {"model": model, "max_tokens": prompt.max_tokens or o.output_len}
     if api == "chat":
-        body["messages"] = (with_images(prompt.messages, rng.choices(load.chat_images, k=o.chat_images))
-                            if load.chat_images else prompt.messages)
+        messages = messages or prompt.messages
+        body["messages"] = (with_images(messages, rng.choices(load.chat_images, k=o.chat_images))
+                            if load.chat_images else messages)
     else:
         body["prompt"] = prompt.text
     if not o.no_stream:
@@ -300,10 +340,14 @@ def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt,
 
 def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> float:
     load = user.load
-    body = _generation_body(load, api, model, rng.choice(load.prompts), rng)
+    prompt = rng.choice(load.prompts)
+    multi_turn = api == "chat" and (load.options.turns > 1 or load.system_prompt)
+    messages = _chat_messages(user, load, prompt, rng, context) if multi_turn else None
+    body = _generation_body(load, api, model, prompt, rng, messages)
+    headers = {**load.headers, "x-session-id": context["session"]} if "session" in context else load.headers
     stream = body.get("stream", False)
     started = time.perf_counter()
-    with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=load.headers, stream=stream,
+    with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=headers, stream=stream,
                           catch_response=True, context=context) as response:
         if _failed_status(response):
             return _retry_after(user, response)
@@ -316,11 +360,15 @@ def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> 
                 figures = _whole_answer(response.json())
             if load.ignore_eos and figures["output_tokens"] != body["max_tokens"]:
                 raise WrongAnswer(f"ignore_eos: expected {body['max_tokens']} tokens, got {figures['output_tokens']}")
+            if messages is not None and load.options.turns > 1:  # the answer joins the history the next turn sends
+                messages.append({"role": "assistant", "content": figures["text"]})
             response.request_meta["context"].update(figures)  # locust copied `context` into the request
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
+            user.conversation = None  # a conversation whose answer is missing is not continued
         except OSError as exc:  # the connection broke mid-answer
             response.failure(f"stream cut: {type(exc).__name__}")
+            user.conversation = None
         finally:
             response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
     return 0.0
@@ -331,7 +379,10 @@ def _whole_answer(answer: dict) -> dict:
     tokens = usage.get("completion_tokens")
     if not answer.get("choices") or not tokens:
         raise WrongAnswer("no choices or no completion tokens")
-    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens"), "model": answer.get("model")}
+    choice = answer["choices"][0]
+    text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens"), "model": answer.get("model"),
+            "text": text or ""}
 
 
 def _answered_by(response, answer: dict) -> None:
@@ -343,7 +394,7 @@ def _answered_by(response, answer: dict) -> None:
 def read_stream(lines, started: float) -> dict:
     """Streaming figures of one SSE answer from its lines as they arrive; `started` is the send time
     (perf_counter). Raises WrongAnswer on an error event, an unparsable event, no [DONE] or no tokens."""
-    token_times, usage, model = [], {}, None
+    token_times, usage, model, text = [], {}, None, []
     for line in lines:
         arrived = time.perf_counter()
         if not line.startswith(b"data:"):
@@ -363,6 +414,8 @@ def read_stream(lines, started: float) -> dict:
         if chunk.get("choices"):
             token_times.append(arrived)
             model = model or chunk.get("model")
+            choice = chunk["choices"][0]
+            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
         elif chunk.get("usage"):
             usage = chunk["usage"]
     else:
@@ -376,4 +429,5 @@ def read_stream(lines, started: float) -> dict:
         "output_tokens": tokens,
         "prompt_tokens": usage.get("prompt_tokens"),
         "model": model,
+        "text": "".join(text),
     }

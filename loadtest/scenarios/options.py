@@ -50,6 +50,11 @@ def add_options(parser):
     group.add_argument("--prompt-words", default="4,120", metavar="MIN,MAX",
                        help="builtin workload: words per prompt, drawn uniformly")
     group.add_argument("--num-prompts", type=int, default=256, help="random workload: distinct prompts per process")
+    group.add_argument("--turns", type=int, default=1, help="chat: turns per conversation. Above 1 each user holds a "
+                       "conversation: every turn resends its whole history (the model's answers included) with the next "
+                       "prompt as the new question, under an x-session-id header of its own, then starts another")
+    group.add_argument("--system-prompt-words", type=int, default=0, help="chat: a system prompt of this many words "
+                       "that every conversation shares (what a prefix cache can hold for all), before each first turn")
     group.add_argument("--no-stream", action="store_true", help="chat / completions: ask for the whole answer at once")
     group.add_argument("--ignore-eos", default="auto", choices=("auto", "on", "off"),
                        help="send ignore_eos (auto: with the random workload, as vllm bench serve does)")

