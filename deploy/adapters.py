@@ -3,9 +3,8 @@ restart, and written into (or out of) its deployment file, so that `serve up` br
 
 On the box that runs the deployment. An adapter is checked first, against the base model its entry serves, by the one
 LoRA fit check (core.lora, through serve.vllm.check_adapter_base) and against the largest rank the engines were
-started for; then each replica's vLLM loads it through its runtime LoRA API (`/v1/load_lora_adapter`, allowed by
-VLLM_ALLOW_RUNTIME_LORA_UPDATING, which every engine with LoRA on is started with). If one replica refuses, those that
-loaded it unload it again: nothing is left half-loaded. The gateway lists the adapter at its next discovery (every
+started for; then each replica's vLLM loads it through its runtime LoRA API (serve.lora_runtime: on every replica or
+on none). The gateway lists the adapter at its next discovery (every
 `health_interval_s`), and streams in flight are not touched: vLLM loads an adapter beside the running batch.
 
 The deployment file is edited in place with ruamel.yaml's round trip, so its comments and order stay as written.
@@ -17,15 +16,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from core.contract import padded_lora_rank
+from serve.lora_runtime import RuntimeLoraError, load_everywhere, unload_everywhere
 from serve.vllm import VLLMConfigError, check_adapter_base, read_adapter
 
 from .spec import Deployment, DeploymentError, LLMModel, SpeechModel, load_deployment
-
-LOAD_TIMEOUT_S = 120.0  # vLLM reads the adapter's weights before it answers
-
 
 def _served_names(d: Deployment) -> dict[str, str]:
     """Every name a client may call -> the deployment entry serving it."""
@@ -55,23 +50,6 @@ def _engines(d: Deployment, m: LLMModel) -> list[str]:
     return [f"http://127.0.0.1:{port}" for model, _, port in d.engines() if model.name == m.name]
 
 
-def _post(url: str, path: str, body: dict) -> str | None:
-    """None when vLLM did it; else why not, in one line."""
-    try:
-        r = httpx.post(f"{url}{path}", json=body, timeout=LOAD_TIMEOUT_S)
-    except httpx.HTTPError as exc:
-        return f"{url} did not answer ({type(exc).__name__})"
-    if r.status_code == 200:
-        return None
-    try:
-        message = r.json().get("error", {}).get("message") or r.text
-    except ValueError:
-        message = r.text
-    if r.status_code == 404 and r.text.strip() == '{"detail":"Not Found"}':  # the route itself is missing
-        message = "its runtime LoRA API is off (start it again with `serve up`, which turns it on)"
-    return f"{url} answered {r.status_code}: {' '.join(str(message).split())[:300]}"
-
-
 def add_adapter(deployment: Path, name: str, path: Path, base: str | None = None) -> LLMModel:
     """Check the adapter at `path` (relative paths: to the working directory), load it as `name` on every engine of the
     base, write it into `deployment` (relative to the file where it lies under the file's folder).
@@ -98,14 +76,10 @@ def add_adapter(deployment: Path, name: str, path: Path, base: str | None = None
         raise DeploymentError(f"adapter {name} has rank {adapter.rank}; the engines of {m.name} were started for ranks "
                               f"up to {slots} (their largest adapter's): add it to the deployment file and `serve up` "
                               "again")
-    loaded = []
-    for url in _engines(d, m):
-        why = _post(url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
-        if why is not None:
-            for done in loaded:  # nothing stays half-loaded
-                _post(done, "/v1/unload_lora_adapter", {"lora_name": name})
-            raise DeploymentError(f"adapter {name} not loaded: {why}")
-        loaded.append(url)
+    try:
+        load_everywhere(_engines(d, m), name, str(folder))
+    except RuntimeLoraError as exc:
+        raise DeploymentError(str(exc)) from None
     written = os.path.relpath(folder, d.base_dir) if folder.is_relative_to(d.base_dir) else str(folder)
     _edit(deployment, lambda data: _entry(data, m.name).setdefault("adapters", {}).__setitem__(name, written))
     return m
@@ -118,10 +92,10 @@ def remove_adapter(deployment: Path, name: str) -> LLMModel:
     if m is None:
         raise DeploymentError(f"deployment {d.name} serves no adapter named {name} "
                               f"(its adapters: {', '.join(a for x in d.vllm_models for a in x.adapters) or 'none'})")
-    failed = [why for url in _engines(d, m)
-              if (why := _post(url, "/v1/unload_lora_adapter", {"lora_name": name})) is not None]
-    if failed:
-        raise DeploymentError(f"adapter {name} not unloaded everywhere: {'; '.join(failed)}")
+    try:
+        unload_everywhere(_engines(d, m), name)
+    except RuntimeLoraError as exc:
+        raise DeploymentError(str(exc)) from None
     _edit(deployment, lambda data: _entry(data, m.name)["adapters"].pop(name))
     return m
 

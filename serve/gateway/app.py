@@ -16,6 +16,7 @@ from . import canaries
 from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
+from .admin.router import router as admin_router
 from .classify.router import HOT as CLASSIFY, router as classify_router
 from .detect.router import router as detect_router
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
@@ -103,6 +104,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(detect_router)
     app.include_router(speech_router)
     app.include_router(rank_router)
+    app.include_router(admin_router)
     hot = [CLASSIFY, EMBEDDINGS, NER]
     app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
                        documented={r.path: r for router in (classify_router, embeddings_router, ner_router)

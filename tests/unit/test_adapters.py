@@ -1,11 +1,11 @@
 """deploy/adapters.py: what `rtxserve adapters add|remove` refuses before loading anything, how a refusal on one
-replica is undone on the others, and that the deployment file keeps its comments (the loads themselves, on a real vLLM
-under load: tests/integration/test_serve_up.py)."""
+replica is undone on the others (serve/lora_runtime.py), and that the deployment file keeps its comments (the loads
+themselves, on a real vLLM under load: tests/integration/test_serve_up.py)."""
 
 import pytest
 import yaml
 
-from deploy import adapters
+from serve import lora_runtime
 from deploy.adapters import add_adapter, remove_adapter
 from deploy.spec import DeploymentError
 from tests.plan_fixtures import LLAMA_3_8B, TINY_LLAMA, write_adapter, write_llama
@@ -34,7 +34,7 @@ def engines(monkeypatch):
         asked.append((int(url.rsplit(":", 1)[1]) - PORT, path, body["lora_name"]))
         return second["why"] if url.endswith(str(PORT + 1)) else None
 
-    monkeypatch.setattr(adapters, "_post", post)
+    monkeypatch.setattr(lora_runtime, "_post", post)
     return asked, second
 
 
