@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     gw.add_argument("--streams", default="4,16", help="B1s: concurrent streams per level, comma-separated ('' skips it)")
     gw.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
+    gw.add_argument("--vllm-worker-process", action="store_true", help="B1s: vLLM in its default layout, the model in a "
+                    "worker process beside the engine core (default: in the engine core; bench/streams.py says why)")
     gw.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
     det = sub.add_parser("detection", help="B7: PyTorch eager vs ONNX Runtime FP32 / INT8 on a yolo11s-shaped model at "
                          "640, and the mAP the exports keep (Ultralytics' validator, the fixture YOLO)")
@@ -132,7 +134,7 @@ def main(argv: list[str]) -> int:
             return _fail("need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1 and levels >= 1")
         bench = lambda: run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels,  # noqa: E731
                             workers=args.workers, streams=streams, stream_prompts=args.stream_prompts,
-                            progress=_progress)
+                            vllm_worker_process=args.vllm_worker_process, progress=_progress)
         saved = ("bench-gateway.json", "bench-gateway.md", "b1.png") + (("b1s.png",) if streams else ())
     elif args.bench == "soak":
         from .soak import markdown, run

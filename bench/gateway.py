@@ -139,7 +139,8 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, progress=log.info) -> dict:
+        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, vllm_worker_process: bool = False,
+        progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
     from .all import machine
 
@@ -160,7 +161,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
         from . import streams as b1s
 
         result["streams"] = b1s.run(out / "streams", rounds=rounds, concurrency=streams, prompts=stream_prompts,
-                                    progress=progress)
+                                    worker_process=vllm_worker_process, progress=progress)
         b1s.plot(result["streams"], out / "b1s.png")
     for level in result["levels"]:
         m = level["medians"]

@@ -7,7 +7,12 @@ inter-token latency P50 / P99, output tokens/s. Targets: TTFT P50 within +5 ms o
 at least 0.97x the proxy's.
 
 The paths of one round send the same prompts (one seed), so vLLM runs without prefix caching: otherwise the
-first path of a round pays the prefills and the others hit the cache. A request that fails (vllm bench serve's
+first path of a round pays the prefills and the others hit the cache. vLLM runs the model in its engine core
+(serve.vllm.TWO_PROCESSES), the same for every path. In its default layout a worker process of its own runs it while
+the engine core spins waiting for it, a core's worth of CPU that on a 2-core box leaves the API server, the front ends
+and the clients one core between them; there vLLM held back whole answers, headers included, for a few hundred ms in
+some rounds of every path (direct too: 206 ms TTFT P50 in one round against 14 ms in the next), and the figures said
+more of the scheduler's share-out than of the front ends. `worker_process=True` measures that layout. A request that fails (vllm bench serve's
 own parser sometimes trips over an event split across reads behind nginx) is counted in the table, not fatal.
 """
 
@@ -26,10 +31,10 @@ SERVED = "bench-llm"
 
 
 def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), prompts: int = 300, input_len: int = 60,
-        output_len: int = 64, progress=print) -> dict:
+        output_len: int = 64, worker_process: bool = False, progress=print) -> dict:
     from export.fixtures import write_llm
     from serve.stack import start_gateway, start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm import TWO_PROCESSES, VLLMOptions
 
     from .accuracy import vllm_bench_serve
     from .proxy import plain_proxy
@@ -39,7 +44,8 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
     levels = []
     with contextlib.ExitStack() as stack:
         vllm, direct = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=512,
-                                                  extra_args=["--no-enable-prefix-caching"]), out, timeout_s=900)
+                                                  extra_args=["--no-enable-prefix-caching"]), out, timeout_s=900,
+                                  env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} if worker_process else TWO_PROCESSES)
         stack.callback(vllm.stop)
         gateway, via_gateway = start_gateway("", out, vllm_url=direct)
         stack.callback(gateway.stop)
@@ -62,14 +68,17 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                            "ttft_p50_over_proxy_ms": round(medians["gateway"]["ttft_p50_ms"] - medians["proxy"]["ttft_p50_ms"], 2),
                            "tokens_s_vs_proxy": round(medians["gateway"]["output_tokens_s"]
                                                       / medians["proxy"]["output_tokens_s"], 3)})
-    return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "rounds": rounds, "prompts": prompts,
+    layout = "a worker process beside the engine core (vLLM's default)" if worker_process else \
+        "the model in the engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+    return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "vllm_layout": layout, "rounds": rounds, "prompts": prompts,
             "input_len": input_len, "output_len": output_len, "levels": levels}
 
 
 def markdown(result: dict) -> str:
     lines = [f"## B1s: streams ({result['model']}; `vllm bench serve`, random {result['input_len']} in / "
              f"{result['output_len']} out, ignore_eos, {result['prompts']} prompts; median of {result['rounds']} "
-             "rotating rounds)", "", "![TTFT and tokens/s per path](b1s.png)", "",
+             f"rotating rounds; vLLM with {result.get('vllm_layout', 'its default layout')})", "",
+             "![TTFT and tokens/s per path](b1s.png)", "",
              *path_table(result["levels"], "concurrent", [("TTFT P50 ms", "ttft_p50_ms"), ("TTFT P99 ms", "ttft_p99_ms"),
                                                           ("ITL P50 ms", "itl_p50_ms"), ("ITL P99 ms", "itl_p99_ms"),
                                                           ("output tokens/s", "output_tokens_s"),

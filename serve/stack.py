@@ -46,12 +46,15 @@ def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV
     return server.start(timeout_s), opts
 
 
-def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300) -> tuple[ServerProcess, str]:
-    """The real vLLM OpenAI server for `opts` (a serve.vllm.VLLMOptions; its port is replaced by a free one)."""
+def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300,
+               env: dict[str, str] | None = None) -> tuple[ServerProcess, str]:
+    """The real vLLM OpenAI server for `opts` (a serve.vllm.VLLMOptions; its port is replaced by a free one), with `env`
+    over its environment."""
     from .vllm import DEFAULT_ENV as VLLM_ENV, vllm_command
 
     opts.port = free_port()
-    argv, env = vllm_command(opts, vllm_env or VLLM_ENV)
+    argv, command_env = vllm_command(opts, vllm_env or VLLM_ENV)
+    env = command_env | (env or {})
     url = f"http://127.0.0.1:{opts.port}"
     server = ServerProcess("vllm", argv, env=env, log_path=log_dir / "vllm.log", ready_url=f"{url}/v1/models")
     return server.start(timeout_s), url

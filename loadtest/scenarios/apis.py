@@ -187,7 +187,6 @@ def _rank(user, api: str, model: str, rng: random.Random, context: dict) -> floa
     query, *documents = rng.choices(load.texts, k=n + 1)
     body = {"model": model, "query": query, "documents": documents} if api == "rerank" else \
         {"model": model, "queries": query, "documents": documents}
-    context["documents"] = n
     with user.client.post(RANK_APIS[api], json=body, name=api, headers=load.headers, catch_response=True,
                           context=context) as response:
         if _failed_status(response):

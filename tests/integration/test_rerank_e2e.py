@@ -119,11 +119,11 @@ def test_a_reranker_is_not_a_chat_model(servers):
     assert answer.status_code in (400, 404) and "text-ranking" in answer.json()["error"]["message"], answer.text
 
 
-@pytest.mark.parametrize("scenario", ["rerank", "score"])
-def test_a_load_test_ranks_through_the_gateway(servers, tmp_path, scenario):
+def test_a_load_test_reranks_and_scores_through_the_gateway(servers, tmp_path):
     from loadtest.runner import LoadSpec, run, scenario_options
 
-    spec = LoadSpec(servers[0], scenario_options(scenario=scenario, model=MODEL, batch=4), users=2, duration_s=3,
-                    warmup_s=0.5)
-    s = run(spec, tmp_path / "report", log=lambda m: None).summary
-    assert s.requests > 0 and s.errors == 0, s.error_kinds
+    options = scenario_options(scenario="mix", mix=f"rerank:{MODEL}:1,score:{MODEL}:1", batch=4)
+    s = run(LoadSpec(servers[0], options, users=2, duration_s=3, warmup_s=0.5), tmp_path / "report",
+            log=lambda m: None).summary
+    assert s.errors == 0 and set(s.by_name) == {"rerank", "score"}, s.error_kinds  # every answer checked: 4 scores
+    assert all(f["requests"] > 0 for f in s.by_name.values())

@@ -44,8 +44,14 @@ class AdapterLoad(BaseModel):
 
 
 def _engines(state: GatewayState, model: str) -> list[str]:
-    """The URLs of the vLLM replicas that list `model`, up or not (an adapter goes on every replica or none)."""
-    return [r.backend.url for r in state.replicas if r.backend.kind == "vllm" and model in r.models]
+    """The URLs of the vLLM replicas that list `model`: all of them up (an adapter goes on every replica or none), else
+    503."""
+    replicas = [r for r in state.replicas if r.backend.kind == "vllm" and model in r.models]
+    down = [r.name for r in replicas if not r.up]
+    if down:
+        raise BackendUnavailable(f"replica {', '.join(down)} of {model} is down; an adapter goes on every replica or on "
+                                 "none: try again when it is up")
+    return [r.backend.url for r in replicas]
 
 
 @router.post("/admin/adapters")
@@ -60,8 +66,6 @@ async def load_adapter(body: AdapterLoad, request: Request) -> dict:
     if base.task != TEXT_GENERATION:
         raise InvalidRequest(f"{body.base} is a {base.task} model: adapters are for LLMs", param="base")
     urls = _engines(state, body.base)
-    if not any(r.up for r in state.replicas if r.backend.kind == "vllm" and body.base in r.models):
-        raise BackendUnavailable(f"no replica of {body.base} is up; load the adapter when it is")
     try:
         await asyncio.to_thread(load_everywhere, urls, body.name, body.path)
     except RuntimeLoraError as exc:
