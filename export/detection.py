@@ -11,17 +11,23 @@ from .exceptions import ExportError
 # The DETR-family detectors (relative cx cy w h boxes, one per query), by how transformers reads their logits: with a
 # trailing no-object class (DETR: softmax), or a sigmoid per class, the best `top_k` (query, class) pairs taken
 # (trained with a focal loss: 100, their image processors' default, or every query, RT-DETR's).
-DETR_FAMILY = {"detr": None, "conditional_detr": 100, "rt_detr": "queries", "rt_detr_v2": "queries"}
+DETR_FAMILY = {"detr": None, "conditional_detr": 100, "rt_detr": "queries", "rt_detr_v2": "queries",
+               "yolos": None}  # YOLOS: a ViT whose detection tokens are DETR's queries, read as DETR's
 # Known, and refused with the reason.
 NOT_YET = {"deformable_detr": "Deformable DETR's graph is traced for one image size (its sampling offsets and level "
                               "shapes become constants), and its processor resizes each image to its own: the ONNX "
                               "graph answers other sizes wrongly (max abs logit diff 0.93 on the sample images)"}
 
 
+def query_count(config: dict) -> int | None:
+    """How many boxes the detector predicts per image: its queries (YOLOS' are its detection tokens)."""
+    return config.get("num_detection_tokens") if config.get("model_type") == "yolos" else config.get("num_queries")
+
+
 def top_k(config: dict) -> int | None:
     """How a checkpoint's logits are read (DETR_FAMILY): None for DETR's softmax, else the sigmoid's top_k."""
     k = DETR_FAMILY[config["model_type"]]
-    return config["num_queries"] if k == "queries" else k
+    return query_count(config) if k == "queries" else k
 
 
 def detector(model):

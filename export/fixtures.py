@@ -307,8 +307,8 @@ def boxes_images(rng: random.Random, n: int, size: int = 64):
 
 
 def write_detector(out: str | Path, *, model_type: str = "detr", seed: int = 0, train_steps: int = 80) -> Path:
-    """Write a tiny fine-tuned DETR-family detector (labels "red box", "blue box") to `out`: `model_type` detr, or
-    one of those trained with a sigmoid focal loss (conditional_detr, rt_detr). Built from its config
+    """Write a tiny fine-tuned DETR-family detector (labels "red box", "blue box") to `out`: `model_type` detr or yolos,
+    or one of those trained with a sigmoid focal loss (conditional_detr, rt_detr). Built from its config
     with a small ResNet backbone (no pretrained weights) and its own image processor at 64 pixels (DETR's: shortest
     edge 64, longest 96; RT-DETR's: 64x64). Trained briefly with the model's own loss on generated images of coloured
     rectangles, so that some queries score over the pipeline's threshold."""
@@ -328,6 +328,11 @@ def write_detector(out: str | Path, *, model_type: str = "detr", seed: int = 0, 
                                            decoder_in_channels=[32, 32, 32], num_denoising=0, **small)
         model = transformers.RTDetrForObjectDetection(config)
         processor = transformers.RTDetrImageProcessor(size={"height": 64, "width": 64})
+    elif model_type == "yolos":  # a ViT of 16-pixel patches whose 8 detection tokens are the queries
+        config = transformers.YolosConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                          image_size=[64, 96], patch_size=16, num_detection_tokens=8, **labels)
+        model = transformers.YolosForObjectDetection(config)
+        processor = transformers.YolosImageProcessor(size={"shortest_edge": 64, "longest_edge": 96})
     else:
         config_class, model_class, processor_class = {
             "detr": (transformers.DetrConfig, transformers.DetrForObjectDetection, transformers.DetrImageProcessor),

@@ -151,8 +151,25 @@ class ImageInputs:
         # DETR keeps each image's aspect ratio: pixel tensors differ in size and go through one at a time.
         self.varies = -1 in self.preprocess.shape
         self.names = ["pixel_values"]
-        self.samples = samples or sample_images()
-        self.notes: list[str] = []
+        self.samples, self.left_out = self._servable(samples or sample_images())
+        self.notes: list[str] = list(self.left_out)
+
+    def _servable(self, samples: list[bytes]) -> tuple[list[bytes], list[str]]:
+        """The sample images this processor can take, and a note for each it cannot: one that its resize leaves no
+        pixels on a side (YOLOS' on an extreme aspect ratio), which transformers' processor fails on too."""
+        from .triton_models.image_preprocess.imaging import ResizedAway
+
+        kept, notes = [], []
+        for i, data in enumerate(samples):
+            try:
+                self.preprocess(data)
+            except ResizedAway as exc:
+                notes.append(f"sample image {i} left out: {exc}")
+                continue
+            except ValueError:
+                pass  # _pixels says what is wrong with it, where it is used
+            kept.append(data)
+        return kept, notes
 
     def describe(self) -> str:
         return f"pixel_values {list(self.preprocess.shape)} ({self.settings['image_processor_type']} settings)"
@@ -181,8 +198,8 @@ class ImageInputs:
         if diff > PIXEL_ATOL:
             raise ExportError(f"the served image pre-processing differs from transformers' image processor by {diff:.3g} "
                               f"(max abs, tolerance {PIXEL_ATOL}); this image-processor configuration is not reproduced")
-        self.notes = [f"served pre-processing matched transformers' image processor on {len(self.samples)} images "
-                      f"(max abs diff {diff:.3g})"]
+        self.notes = [*self.left_out, f"served pre-processing matched transformers' image processor on "
+                      f"{len(self.samples)} images (max abs diff {diff:.3g})"]
         together = [] if self.varies else [{"pixel_values": np.concatenate(served)}]
         return [{"pixel_values": pixels} for pixels in served] + together
 

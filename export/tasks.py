@@ -18,7 +18,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint, read_json
 from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 from .exceptions import ExportError
-from .detection import DETR_FAMILY, NOT_YET, detections_parity, detector, top_k
+from .detection import DETR_FAMILY, NOT_YET, detections_parity, detector, query_count, top_k
 from .triton_entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
                            image_classification_entry, token_classification_entry)
 
@@ -192,9 +192,10 @@ def _object_detection(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
     if ckpt.config.get("model_type") not in DETR_FAMILY:
         raise ExportError(f"{ckpt.path / 'config.json'}: model_type {ckpt.config.get('model_type')!r} is not supported "
                           f"for object-detection; supported: {', '.join(DETR_FAMILY)}, and Ultralytics YOLO runs (best.pt)")
-    queries = ckpt.config.get("num_queries")
+    queries = query_count(ckpt.config)
     if not isinstance(queries, int) or queries < 1:
-        raise ExportError(f"{ckpt.path / 'config.json'} records no num_queries; cannot size the detector's outputs")
+        raise ExportError(f"{ckpt.path / 'config.json'} records no num_queries (YOLOS: num_detection_tokens); cannot "
+                          "size the detector's outputs")
     entry = functools.partial(detection_entry, labels=ckpt.labels, detr=DetrOutputs(queries, top_k(ckpt.config)),
                               defaults=DETECTION_DEFAULTS)
     return TaskSpec(("logits", "pred_boxes"), lambda model, _ckpt: detector(model), entry,

@@ -32,7 +32,9 @@ SUPPORTED_PROCESSORS = (
 # DETR's resize keeps the aspect ratio (shortest / longest edge); a batch of one image needs no padding. RT-DETR's
 # resizes to a fixed height and width.
 DETECTION_PROCESSORS = ("DetrImageProcessor", "ConditionalDetrImageProcessor", "DeformableDetrImageProcessor",
-                        "RTDetrImageProcessor")
+                        "RTDetrImageProcessor", "YolosImageProcessor")
+# YOLOS cuts DETR's resized sides down to a multiple of its patch size (transformers' get_size_with_aspect_ratio_yolos).
+YOLOS_SIZE_MULTIPLE = 16
 PROCESSORS = {IMAGE_CLASSIFICATION: SUPPORTED_PROCESSORS, OBJECT_DETECTION: DETECTION_PROCESSORS}
 _BILINEAR = 2  # what transformers' PIL backend resizes with when `resample` is unset
 
@@ -125,6 +127,8 @@ def read_image_processor(checkpoint_path: Path, task: str = IMAGE_CLASSIFICATION
         "image_mean": _triple(processor.image_mean, "image_mean") if processor.do_normalize else None,
         "image_std": _triple(processor.image_std, "image_std") if processor.do_normalize else None,
     }
+    if kind == "YolosImageProcessor" and settings["do_resize"] and size and "longest_edge" in size:
+        settings["size_multiple"] = YOLOS_SIZE_MULTIPLE
     if kind == "ConvNextImageProcessor" and settings["do_resize"] and settings["crop_pct"] is None:
         raise ExportError(f"{PREPROCESSOR_CONFIG}: ConvNeXt resizing needs crop_pct")
     try:

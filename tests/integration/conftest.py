@@ -1,5 +1,5 @@
 """Real servers, one of each per session: the fixture classifier, a LoRA adapter on it (merged), the real
-MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR and RT-DETR and the fixture YOLO (trained and
+MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR, RT-DETR and YOLOS and the fixture YOLO (trained and
 exported by Ultralytics in its own environment) behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind
 vLLM + gateway."""
 
@@ -20,6 +20,7 @@ TAGGER = "tiny_ner"
 VISION = "tiny_vit"
 DETECTOR = "tiny_detr"
 RT_DETR = "tiny_rt_detr"
+YOLOS = "tiny_yolos"
 YOLO = "tiny_yolo"
 LORA_CLASSIFIER = "tiny_sentiment_lora"
 LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
@@ -54,6 +55,12 @@ def detector_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def yolos_checkpoint(tmp_path_factory):
+    """The fixture YOLOS (a ViT whose detection tokens are the queries, read as DETR's) with its YolosImageProcessor."""
+    return write_detector(tmp_path_factory.mktemp("ckpt") / "yolos", model_type="yolos")
+
+
+@pytest.fixture(scope="session")
 def rt_detr_checkpoint(tmp_path_factory):
     """The fixture RT-DETR (the same rectangles; a sigmoid per class, read by its top-k) with its image processor."""
     return write_detector(tmp_path_factory.mktemp("ckpt") / "rt-detr", model_type="rt_detr")
@@ -81,8 +88,8 @@ def classifier_adapter(classifier_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, rt_detr_checkpoint, yolo_run,
-          classifier_adapter, tmp_path_factory):
+def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, rt_detr_checkpoint, yolos_checkpoint,
+          yolo_run, classifier_adapter, tmp_path_factory):
     work = tmp_path_factory.mktemp("stack")
     export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
@@ -90,6 +97,7 @@ def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkp
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
     export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
     export_encoder(rt_detr_checkpoint, "object-detection", EntryOptions(name=RT_DETR), work / "repo")
+    export_encoder(yolos_checkpoint, "object-detection", EntryOptions(name=YOLOS), work / "repo")
     export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",
                    EncoderOptions())  # parity on the run's validation images, found through its args.yaml
     export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")

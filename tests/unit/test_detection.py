@@ -8,11 +8,12 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 from fastapi.testclient import TestClient
 
 from core.contract import MAX_DETECTIONS
 from export.triton_models.detection_postprocess.detections import detr_detections, top_k_detections
-from export.triton_models.image_preprocess.imaging import size_with_aspect_ratio
+from export.triton_models.image_preprocess.imaging import size_with_aspect_ratio, size_with_aspect_ratio_multiple
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Detections, ModelInfo
 from serve.gateway.backends.triton import TritonBackend
@@ -35,6 +36,26 @@ def test_detr_resize_size_is_transformers(height, width, shortest, longest):
 
     assert size_with_aspect_ratio(height, width, shortest, longest) == \
         get_size_with_aspect_ratio((height, width), shortest, longest)
+
+
+@pytest.mark.parametrize("height, width", [(480, 640), (640, 480), (64, 64), (5, 7), (90, 800), (800, 90), (333, 334),
+                                           (1000, 1333), (1333, 1000), (61, 83), (64, 100), (100, 64), (97, 203)])
+@pytest.mark.parametrize("shortest, longest", [(800, 1333), (64, 96), (512, 864)])
+def test_yolos_resize_size_is_transformers(height, width, shortest, longest):
+    from transformers.models.yolos.image_processing_pil_yolos import get_size_with_aspect_ratio_yolos
+
+    assert size_with_aspect_ratio_multiple(height, width, shortest, longest, 16) == \
+        get_size_with_aspect_ratio_yolos((height, width), shortest, longest)
+
+
+def test_a_yolos_resize_that_leaves_no_pixels_is_refused_saying_so():
+    from export.triton_models.image_preprocess.imaging import Preprocess, ResizedAway
+
+    settings = {"image_processor_type": "YolosImageProcessor", "size": {"shortest_edge": 64, "longest_edge": 96},
+                "size_multiple": 16, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
+    with pytest.raises(ResizedAway, match="image is 800x90: resized to multiples of 16 pixels it keeps none"):
+        Preprocess(settings).pixels(Image.new("RGB", (800, 90)))
+    assert Preprocess(settings).pixels(Image.new("RGB", (800, 200))).shape == (3, 16, 96)
 
 
 def _processors_answer(processor: str, seed: int):

@@ -54,7 +54,7 @@ RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: 
 _ACCEPTED = ("PNG", "JPEG")
 _KEYS = {"image_processor_type", "do_convert_rgb", "do_resize", "size", "crop_pct", "resample", "do_center_crop",
          "crop_size", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std", "height", "width",
-         "max_pixels", "letterbox"}
+         "max_pixels", "letterbox", "size_multiple"}
 # Ultralytics' LetterBox: the grey it pads with.
 LETTERBOX_PAD = 114
 # ConvNeXt evaluates at >= 384 by warping to a square, below it by resize + crop (as its processor).
@@ -154,6 +154,27 @@ def size_with_aspect_ratio(height: int, width: int, size: int, max_size: int) ->
     return size, int((raw_size if raw_size is not None else size) * width / height)
 
 
+class ResizedAway(ValueError):
+    """The resize leaves the image no pixels on a side (YOLOS' multiple of 16 under a sliver's short side)."""
+
+
+def size_with_aspect_ratio_multiple(height: int, width: int, size: int, max_size: int, multiple: int) -> tuple[int, int]:
+    """(height, width) as transformers' `get_size_with_aspect_ratio_yolos` (YOLOS' processors): DETR's rule, its cases
+    taken in YOLOS' order, then each side cut down to a multiple of `multiple` (its patch size, 16)."""
+    raw_size = None
+    low, high = float(min(height, width)), float(max(height, width))
+    if high / low * size > max_size:
+        raw_size = max_size * low / high
+        size = int(round(raw_size))
+    if width < height:
+        out_w, out_h = size, int((raw_size if raw_size is not None else size) * height / width)
+    elif (height <= width and height == size) or (width <= height and width == size):
+        out_h, out_w = height, width
+    else:
+        out_h, out_w = size, int((raw_size if raw_size is not None else size) * width / height)
+    return out_h - out_h % multiple, out_w - out_w % multiple
+
+
 def center_crop(array: np.ndarray, height: int, width: int) -> np.ndarray:
     """transformers' `center_crop` on an HWC array, zero padding where the image is smaller than the crop."""
     orig_h, orig_w = array.shape[:2]
@@ -214,6 +235,11 @@ class Preprocess:
         self.do_resize = bool(s.get("do_resize", True))
         self.size = _size_dict(s.get("size"), "size", (("height", "width"), ("shortest_edge",),
                                                        ("shortest_edge", "longest_edge"))) if self.do_resize else None
+        self.size_multiple = s.get("size_multiple")
+        if self.size_multiple is not None and (not isinstance(self.size_multiple, int) or self.size_multiple < 1
+                                               or not self.do_resize or "longest_edge" not in self.size):
+            raise ValueError("size_multiple (YOLOS' resize) must be a positive int, with size {'shortest_edge': N, "
+                             f"'longest_edge': M}}; got {self.size_multiple!r}")
         self.crop_pct = s.get("crop_pct")
         if self.crop_pct is not None:
             if not isinstance(self.crop_pct, (int, float)) or not 0 < self.crop_pct:
@@ -283,6 +309,14 @@ class Preprocess:
         if self.do_resize:
             if "height" in self.size:
                 image = self._resize(image, self.size["height"], self.size["width"])
+            elif "longest_edge" in self.size and self.size_multiple:
+                height, width = size_with_aspect_ratio_multiple(image.height, image.width, self.size["shortest_edge"],
+                                                                self.size["longest_edge"], self.size_multiple)
+                if not height or not width:  # transformers' processor fails on it too
+                    raise ResizedAway(f"image is {image.width}x{image.height}: resized to multiples of "
+                                      f"{self.size_multiple} pixels it keeps none on its short side (aspect ratio too "
+                                      "extreme for this model)")
+                image = self._resize(image, height, width)
             elif "longest_edge" in self.size:
                 image = self._resize(image, *size_with_aspect_ratio(image.height, image.width, self.size["shortest_edge"],
                                                                     self.size["longest_edge"]))

@@ -309,8 +309,14 @@ class TritonBackend(Backend):
     async def detect(self, model: ModelInfo, images: list[bytes], options: tuple[float, float, int],
                      timeout_s: float) -> list[Detections]:
         """One request per image (a detector's images keep their own sizes, so they do not batch in one request),
-        sent together; Triton's dynamic batcher may still group equal sizes."""
-        return list(await asyncio.gather(*(self._detect_one(model, image, options, timeout_s) for image in images)))
+        sent together; Triton's dynamic batcher may still group equal sizes. An image the model refuses is named."""
+        async def one(i: int, image: bytes) -> Detections:
+            try:
+                return await self._detect_one(model, image, options, timeout_s)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"image {i}: {exc.message}", param="input") from None
+
+        return list(await asyncio.gather(*(one(i, image) for i, image in enumerate(images))))
 
     async def _detect_one(self, model: ModelInfo, image: bytes, options: tuple[float, float, int],
                           timeout_s: float) -> Detections:
