@@ -8,7 +8,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from serve.stack import start_gateway
 
-from .conftest import DETECTOR, EMBEDDER, LORA_CLASSIFIER, MODEL, RT_DETR, TAGGER, VISION, YOLO
+from .conftest import DETECTOR, EMBEDDER, LORA_CLASSIFIER, MODEL, RT_DETR, TAGGER, VISION, YOLO, YOLOS
 
 TEXTS = [
     "I love this product, it works perfectly.",
@@ -75,7 +75,8 @@ def test_models_ready_metrics_and_errors_through_the_real_gateway(stack):
     assert sorted((m["id"], m["task"], m["ready"]) for m in models) == sorted([
         (EMBEDDER, "feature-extraction", True), (MODEL, "text-classification", True),
         (TAGGER, "token-classification", True), (VISION, "image-classification", True),
-        (DETECTOR, "object-detection", True), (RT_DETR, "object-detection", True), (YOLO, "object-detection", True),
+        (DETECTOR, "object-detection", True), (RT_DETR, "object-detection", True), (YOLOS, "object-detection", True),
+        (YOLO, "object-detection", True),
         (LORA_CLASSIFIER, "text-classification", True)])
     assert httpx.get(f"{url}/readyz").status_code == 200
     r = httpx.post(f"{url}/v1/classify", json={"model": "nope", "input": "x"})
