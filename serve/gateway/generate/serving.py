@@ -33,7 +33,8 @@ log = logging.getLogger("rtxserve.gateway")
 TASK = TEXT_GENERATION
 
 
-def _messages_size(messages: list[dict]) -> int:
+def messages_size(messages: list[dict]) -> int:
+    """Characters of text in chat messages (their string contents and text parts); images are bounded apart."""
     size = 0
     for message in messages:
         content = message.get("content")
@@ -51,7 +52,7 @@ def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
         prompts = [request.prompt] if isinstance(request.prompt, str) or (
             request.prompt and isinstance(request.prompt[0], int)) else request.prompt
         return sum(len(p) for p in prompts)
-    return _messages_size(request.messages)
+    return messages_size(request.messages)
 
 
 def _check_bounds(limits: GatewaySettings, request: ChatCompletionRequest | CompletionRequest) -> None:
@@ -210,7 +211,7 @@ async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | De
         if request.messages is not None and len(request.messages) > limits.max_messages:
             raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
                                  param="messages")
-        size = len(request.prompt or "") + _messages_size(request.messages or [])
+        size = len(request.prompt or "") + messages_size(request.messages or [])
         field = "prompt" if request.prompt is not None else "messages"
     if size > limits.max_prompt_chars:
         raise InvalidRequest(f"the {field} has {size} {'tokens' if field == 'tokens' else 'characters'}; this gateway "

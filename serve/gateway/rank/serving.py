@@ -6,6 +6,7 @@ from core.contract import TEXT_RANKING
 
 from ..exceptions import InvalidRequest
 from ..generate.media import check_chat_images
+from ..generate.serving import messages_size
 from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
@@ -17,14 +18,6 @@ TASK = TEXT_RANKING
 SCORE_SIDES = ("queries", "documents", "items", "text_1", "text_2", "data_1", "data_2")
 
 
-def _characters(item: str | dict) -> int:
-    if isinstance(item, str):
-        return len(item)
-    content = item.get("content")
-    return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)) \
-        if isinstance(content, list) else 0
-
-
 def _check_side(limits: GatewaySettings, field: str, value: str | dict | list) -> None:
     """At most max_documents texts, each within max_input_chars, their images bounded as a chat's are."""
     items = value if isinstance(value, list) else [value]
@@ -32,7 +25,7 @@ def _check_side(limits: GatewaySettings, field: str, value: str | dict | list) -
         raise InvalidRequest(f"{len(items)} {field}; this gateway allows at most {limits.max_documents} per request",
                              param=field)
     for i, item in enumerate(items):
-        size = _characters(item)
+        size = messages_size([item if isinstance(item, dict) else {"content": item}])  # a text, or its text parts
         if size > limits.max_input_chars:
             raise InvalidRequest(f"{field}[{i}] has {size} characters; the limit is {limits.max_input_chars}",
                                  param=field)
