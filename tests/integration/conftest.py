@@ -27,10 +27,14 @@ LLM_MODELS = ["tiny-llama", "adapter-a", "adapter-b"]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def vllm_in_two_processes():
-    """Every vLLM the session starts (fixtures, `rtxserve tune`, benches) inherits VLLM_TWO_PROCESSES."""
+def session_environment():
+    """What every server the session starts inherits (fixtures, `rtxserve tune`, `serve up`, benches):
+    - VLLM_TWO_PROCESSES for every vLLM;
+    - no drain on SIGTERM for every gateway (RTXSERVE_DRAIN_S=0). A gateway's default 5 s not-ready-but-serving
+      spell is for a load balancer to notice; nothing routes to a test's gateway, and the session stops about 40
+      of them. test_gateway_faults sets its own drain to test it."""
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in VLLM_TWO_PROCESSES.items():
+        for name, value in {**VLLM_TWO_PROCESSES, "RTXSERVE_DRAIN_S": "0"}.items():
             patch.setenv(name, value)
         yield
 

@@ -52,8 +52,7 @@ def fleet(stack, tmp_path_factory):
     write_keys(work / "keys.json", {n: ApiKey(name=n, hash=hash_key(s), rpm=rpm) for n, (s, rpm) in KEYS.items()})
     redis = Redis(free_port(), open(work / "redis.log", "w")).start()
     env = {"RTXSERVE_KEYS_FILE": str(work / "keys.json"),
-           "RTXSERVE_RATE_LIMIT_STORAGE": f"async+redis://127.0.0.1:{redis.port}",
-           "RTXSERVE_DRAIN_S": "0"}  # no draining on the way out: nothing routes to these gateways
+           "RTXSERVE_RATE_LIMIT_STORAGE": f"async+redis://127.0.0.1:{redis.port}"}
     gateways = []
     try:
         for i, unavailable in enumerate(("open", "open", "closed")):
