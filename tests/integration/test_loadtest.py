@@ -50,7 +50,7 @@ def test_a_run_reports_percentiles_plots_and_the_servers_side_and_loses_no_reque
                                              ("detect", DETECTOR)])
 def test_every_encoder_api_answers_under_closed_and_open_loop_load(stack, tmp_path, scenario, model, arrival):
     options = scenario_options(scenario=scenario, model=model, batch=2, arrival=arrival, rate=10.0)
-    s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=5, warmup_s=1), tmp_path / "report", **quiet).summary
+    s = run(LoadSpec(stack.gateway_url, options, users=2, duration_s=3, warmup_s=1), tmp_path / "report", **quiet).summary
     assert s.requests > 5 and s.errors == 0, s.error_kinds
     assert bool(s.late_arrivals) == (arrival == "poisson")  # open-loop requests carry their lateness
     if scenario == "detect":  # images/s, per-image latency and objects per image (the fixture finds 0 to 8)
