@@ -208,10 +208,9 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
                                            options.allow_drift)
         models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
-            from .tensorrt import tensorrt_model
+            from .tensorrt import serve_plan
 
-            i = next(i for i, m in enumerate(models) if m.config.name == entry.step("model"))
-            models[i] = tensorrt_model(entry, served, inputs.plan_inputs(), models[i].config.outputs, parity, plan_info)
+            serve_plan(models, entry, served, inputs.plan_inputs(), parity, plan_info)
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)

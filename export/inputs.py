@@ -67,7 +67,7 @@ def _max_length(tokenizer, config: dict, requested: int | None) -> int:
     return requested
 
 
-def _full_batches(items: list, batch: int) -> list[list]:
+def full_batches(items: list, batch: int) -> list[list]:
     """`items` in batches of min(batch, len(items)), the incomplete tail dropped (calibration needs one shape)."""
     size = min(batch, len(items))
     return [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
@@ -118,7 +118,7 @@ class TextInputs:
     def calibration(self, texts: list[str], batch: int) -> list[dict[str, np.ndarray]]:
         """INT8 calibration batches of one shape, as served on GPUs (padded to the max length)."""
         out = []
-        for chunk in _full_batches(texts, batch):
+        for chunk in full_batches(texts, batch):
             enc = self.tokenizer(chunk, padding="max_length", truncation=True, max_length=self.max_length,
                                  return_tensors="np")
             out.append({n: enc[n].astype(np.int64) for n in self.names})
@@ -208,7 +208,7 @@ class ImageInputs:
 
     def calibration(self, images: list[bytes], batch: int) -> list[dict[str, np.ndarray]]:
         """INT8 calibration batches of one shape."""
-        return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in _full_batches(images, batch)]
+        return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in full_batches(images, batch)]
 
     def entry_kwargs(self) -> dict:
         return {"image_processor": self.settings, "pixel_shape": self.preprocess.shape}

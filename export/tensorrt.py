@@ -53,18 +53,22 @@ def _check_order(flag: str, values: tuple[int, int, int]) -> None:
 
 @dataclass(frozen=True)
 class Profile:
-    """One TensorRT optimisation profile: (min, opt, max) of the batch, and of the sequence for token inputs.
+    """One TensorRT optimisation profile: (min, opt, max) of the batch, of the sequence for token inputs, and of
+    an image's height and width for image inputs whose size follows the image (a YOLO's letterbox: (3, -1, -1)).
 
     Inputs with fixed non-batch dims (pixel_values (3, H, W)) take only the batch range.
     """
 
     batch: tuple[int, int, int]
     seq: tuple[int, int, int] | None = None
+    side: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         _check_order(BATCH_FLAG, self.batch)
         if self.seq is not None:
             _check_order(SEQ_FLAG, self.seq)
+        if self.side is not None:
+            _check_order("image side", self.side)
 
     @classmethod
     def parse(cls, batch: str | None = None, seq: str | None = None, *, max_batch_size: int,
@@ -94,7 +98,8 @@ class Profile:
         return cls(b, s)  # __post_init__ checks MIN <= OPT <= MAX
 
     def shapes(self, inputs: Mapping[str, Shape | None] | Sequence[str]) -> dict[str, tuple[Shape, Shape, Shape]]:
-        """(min, opt, max) shape per input: [batch, seq] for token inputs (None or a bare name), [batch, *dims] otherwise."""
+        """(min, opt, max) shape per input: [batch, seq] for token inputs (None or a bare name), [batch, *dims]
+        otherwise, each -1 of dims (an image's height or width) taken from the side range."""
         specs = dict(inputs) if isinstance(inputs, Mapping) else {name: None for name in inputs}
         out = {}
         for name, dims in specs.items():
@@ -103,15 +108,18 @@ class Profile:
                     raise ValueError(f"input {name!r} is a token input but the profile has no sequence range: pass {SEQ_FLAG}")
                 out[name] = tuple((b, s) for b, s in zip(self.batch, self.seq))
             else:
-                if not dims or any(int(d) < 1 for d in dims):
-                    raise ValueError(f"input {name!r}: fixed dims must be positive, got {tuple(dims)}")
-                out[name] = tuple((b, *map(int, dims)) for b in self.batch)
+                if not dims or any(int(d) < 1 and int(d) != -1 for d in dims):
+                    raise ValueError(f"input {name!r}: dims must be positive (or -1 for a side that varies), got {tuple(dims)}")
+                if -1 in map(int, dims) and self.side is None:
+                    raise ValueError(f"input {name!r} has sides that vary {tuple(dims)} but the profile has no side range")
+                sides = self.side or (None, None, None)
+                out[name] = tuple((b, *(s if int(d) == -1 else int(d) for d in dims)) for b, s in zip(self.batch, sides))
         return out  # type: ignore[return-value]
 
     def to_dict(self) -> dict:
         def r(v):
             return None if v is None else dict(zip(("min", "opt", "max"), v))
-        return {"batch": r(self.batch), "sequence": r(self.seq)}
+        return {"batch": r(self.batch), "sequence": r(self.seq)} | ({"image_side": r(self.side)} if self.side else {})
 
 
 def _import_tensorrt():
@@ -258,7 +266,8 @@ def build_plan(
     Args:
         onnx_path: a plain ONNX graph (not ONNX Runtime's fused or quantised forms: their contrib ops do not parse).
         plan_path: where to write the serialised engine.
-        inputs: graph input name -> fixed non-batch dims (pixel_values (3, H, W)), or None for a token input [batch, seq].
+        inputs: graph input name -> fixed non-batch dims (pixel_values (3, H, W)), -1 for a side the image sets
+            (images (3, -1, -1): the profile's side range), or None for a token input [batch, seq].
         profile: the optimisation profile.
         precision: fp32, fp16, or int8 (INT8 where it pays, FP16 elsewhere; needs `calibration_feeds`).
         calibration_feeds: INT8 calibration batches, name -> array, every batch of one shape inside the profile.
@@ -446,3 +455,11 @@ def tensorrt_model(opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Sha
         "tensorrt.json": json.dumps({**info, "entry": opts.name}, indent=2),
     }
     return ModelDir(config, files)
+
+
+def serve_plan(models: list[ModelDir], opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Shape | None] | Sequence[str],
+               parity: dict, info: dict) -> None:
+    """Make the entry's model step (in `models`, as the entry writer made it for the ONNX graph) the native
+    tensorrt_plan model of `plan_path`, with the graph step's outputs."""
+    i = next(i for i, m in enumerate(models) if m.config.name == opts.step("model"))
+    models[i] = tensorrt_model(opts, plan_path, inputs, models[i].config.outputs, parity, info)

@@ -5,7 +5,9 @@ Ultralytics itself does the ONNX export and the reference answers, in its own en
 `ultralytics_runner.py`. Here: the graph checked against the PyTorch model's outputs (atol; min cosine for int8 /
 fp16 variants), the served steps (`imaging.letterbox`, the graph in ONNX Runtime, `detections.yolo_detections`)
 checked against Ultralytics' own `model.predict` on the sample images, and the entry written as for DETR
-(export/triton_entry.detection_entry). Nothing of Ultralytics is imported by rtxserve.
+(export/triton_entry.detection_entry). With --tensorrt (a GPU machine) the fp32 graph becomes a TensorRT plan
+(export/tensorrt.py) whose sides range from one stride to imgsz, as the letterbox makes them, checked the same
+way and served as the entry's tensorrt_plan step. Nothing of Ultralytics is imported by rtxserve.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ PARITY_CONF = 0.01
 RUNNER_TIMEOUT_S = 1800
 # Parity images taken from the run's validation set by default (the first ones by name).
 VALIDATION_SAMPLES = 16
+PLAN_INPUT = (3, -1, -1)  # a TensorRT plan's images: height and width follow the letterbox (plan_profile)
 
 
 def ultralytics_checkpoint(path: Path) -> Path | None:
@@ -145,17 +148,28 @@ def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:
                           "end-to-end ones not yet")
 
 
-def _graph_parity(onnx_path: Path, reference: dict, imgsz: int, atol: float, min_cosine: float | None,
-                  allow_drift: bool) -> dict:
-    """The graph's output0 against the PyTorch model's on the tensors Ultralytics' predictor made: its boxes
-    (in pixels, compared as fractions of imgsz, so that one atol means the same as for scores) and its scores."""
+def _forward(path: Path):
+    """images [batch, 3, H, W] -> output0, by the served model at `path`: ONNX Runtime for a graph, TensorRT for a
+    plan (model.plan)."""
+    if path.suffix == ".plan":
+        from .tensorrt import run_plan
+
+        return lambda pixels: run_plan(path, {"images": pixels})["output0"]
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return lambda pixels: session.run(["output0"], {"images": pixels})[0]
+
+
+def _graph_parity(path: Path, reference: dict, imgsz: int, atol: float, min_cosine: float | None,
+                  allow_drift: bool) -> dict:
+    """The graph's (or plan's) output0 against the PyTorch model's on the tensors Ultralytics' predictor made: its
+    boxes (in pixels, compared as fractions of imgsz, so that one atol means the same as for scores) and its scores."""
+    forward = _forward(path)
     report = ParityReport(atol=atol, min_cosine=min_cosine)
     split = lambda out: {"boxes": out[:, :4] / imgsz, "scores": out[:, 4:]}  # noqa: E731
     for i in range(len(reference) // 2):
-        got = session.run(["output0"], {"images": reference[f"input_{i}"]})[0]
+        got = forward(reference[f"input_{i}"])
         report.add(split(reference[f"output_{i}"]), split(got))
     report.notes.append("reference: the PyTorch model as Ultralytics' predictor runs it, on its own letterboxed "
                         f"tensors; output0 split into boxes (divided by imgsz {imgsz}) and class scores")
@@ -174,17 +188,15 @@ def head_convolutions(onnx_path: Path) -> list[str]:
     return [n for n in convs if found and n.startswith(f"/model.{max(found)}/")]
 
 
-def served_detections(onnx_path: Path, images: list[np.ndarray], letterbox: dict, conf: float, iou: float,
+def served_detections(path: Path, images: list[np.ndarray], letterbox: dict, conf: float, iou: float,
                       max_det: int, graph_nms: bool = False) -> list[np.ndarray]:
-    """What the entry's steps answer for each image: imaging.letterbox, the graph, detections.yolo_detections (or,
-    with NMS in the graph, detections.yolo_nms_detections: `iou` is the graph's then)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    """What the entry's steps answer for each image: imaging.letterbox, the graph (or plan), detections.yolo_detections
+    (or, with NMS in the graph, detections.yolo_nms_detections: `iou` is the graph's then)."""
+    forward = _forward(path)
     found = []
     for image in images:
         pixels = imaging.letterbox(image, letterbox["imgsz"], letterbox["stride"])
-        output = session.run(["output0"], {"images": pixels[None]})[0][0]
+        output = forward(pixels[None])[0]
         height, width = image.shape[:2]
         found.append(yolo_nms_detections(output, pixels.shape[1:], height, width, conf, max_det) if graph_nms else
                      yolo_detections(output, pixels.shape[1:], height, width, conf, iou, max_det))
@@ -199,9 +211,9 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
     Returns (the written model folders, the parity report, seconds). Raises ExportError on bad input, a failed
     export or a parity breach (nothing is written then).
     """
-    _check_options(options)
+    _check_options(options, entry)
     repository.check_free(repo, entry.model_names(), options.force)
-    steps = Steps(5 + (options.precision != "fp32"), log)
+    steps = Steps(5 + (2 if options.tensorrt is not None else options.precision != "fp32"), log)
     if options.command:
         log.info("reproduce with: %s", options.command)
     images = [np.asarray(imaging.decode(data)) for data in (options.sample_images or _default_samples(weights))]
@@ -223,21 +235,34 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         imgsz = result["imgsz"]
         reports = {"fp32": _graph_parity(served, reference, imgsz, options.atol, None, options.allow_drift)}
         letterbox = {"imgsz": imgsz, "stride": result["stride"]}
-        if options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on images
+        plan_info = None
+        if options.tensorrt is not None:  # built from the fp32 graph: TensorRT lowers the precision itself
+            plan_info = _build_plan(served, work / "model.plan", images, letterbox, entry, options, steps)
+            served = work / "model.plan"
+            steps("validating the TensorRT %s plan against PyTorch", options.precision)
+            reports[f"tensorrt-{options.precision}"] = _graph_parity(
+                served, reference, imgsz, options.atol,
+                None if options.precision == "fp32" else options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision],
+                options.allow_drift)
+            if options.precision == "int8":
+                reports[f"tensorrt-{options.precision}"]["notes"].append(
+                    f"calibrated on {plan_info['calibration_images']} images")
+        elif options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on images
             calibration = ([np.asarray(imaging.decode(data)) for data in options.calibration_images]
                            if options.calibration_images else images)
             feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in calibration)
             served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds, head_convolutions(served))
         elif options.precision == "fp16":
             served = variants.to_fp16(served, work / "model.fp16.onnx")
-        if options.precision != "fp32":
+        if options.precision != "fp32" and plan_info is None:
             steps("validating the %s graph against PyTorch", options.precision)
             min_cosine = options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision]
             reports[options.precision] = _graph_parity(served, reference, imgsz, options.atol, min_cosine,
                                                        options.allow_drift)
             if options.precision == "int8":
                 reports["int8"]["notes"].append(f"calibrated on {len(calibration)} images")
-        activations = graph_activations(served, "images", (3, imgsz, imgsz))  # the raw graph: NMS adds little
+        # the raw graph (a plan's: the fp32 graph it was built from); NMS adds little
+        activations = graph_activations(served if plan_info is None else work / "model.onnx", "images", (3, imgsz, imgsz))
         if graph_nms is not None:  # the graph checked above is the raw one; the served one has NMS in it
             served = work / "model_nms.onnx"
             (scratch / "model_nms.onnx").rename(served)
@@ -256,21 +281,34 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         defaults = _defaults(result["args"], graph_nms)
         metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
         metadata |= {"graph_activations": activations, "nms": graph_nms is not None}  # activations: `rtxserve plan`
+        if plan_info is not None:
+            metadata["tensorrt"] = plan_info
         steps("writing Triton entry %s (%s, %d instance(s))", entry.name, entry.target, entry.instances)
         models = detection_entry(entry, onnx_path=served, image_processor={"image_processor_type": "UltralyticsLetterBox",
                                                                          "letterbox": letterbox},
                                  pixel_shape=(3, -1, -1), labels=labels, defaults=defaults, metadata=metadata,
                                  parity=parity, letterbox=letterbox)
+        if plan_info is not None:
+            from .tensorrt import serve_plan
+
+            serve_plan(models, entry, served, {"images": PLAN_INPUT}, parity, plan_info)
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
 
 
-def _check_options(options) -> None:
+def _check_options(options, entry: EntryOptions) -> None:
     """Refuse what an Ultralytics export cannot build, before any work."""
     if options.tensorrt is not None:
-        raise ExportError("TensorRT plans of an Ultralytics YOLO are not built yet; serve the ONNX graph "
-                          "(--target gpu runs it with onnxruntime on the GPU)")
+        if entry.target != "gpu":
+            raise ExportError("--tensorrt builds a plan that runs on GPUs only: add --target gpu")
+        if options.nms:
+            raise ExportError("--nms with --tensorrt is not built yet (the plan is built from the graph without NMS, "
+                              "and the postprocess step runs NMS): drop --nms")
+        if options.tensorrt.seq is not None:
+            raise ExportError("--trt-seq is a token sequence range; a YOLO's plan takes --trt-batch only (its images' "
+                              "sides range from one stride to imgsz, as the letterbox makes them)")
+        _plan_batches(options.tensorrt.batch, entry)
     if options.optimize:
         raise ExportError("--optimize applies ONNX Runtime's transformer fusions; a YOLO has none: drop it")
     if options.precision not in variants.PRECISIONS:
@@ -278,6 +316,52 @@ def _check_options(options) -> None:
     if options.nms and options.precision != "fp32":
         raise ExportError(f"--nms with --precision {options.precision} is not built yet (NMS in the graph is fp32 "
                           "only); drop one of them")
+
+
+def plan_profile(batch: str | None, entry: EntryOptions, letterbox: dict):
+    """The plan's optimisation profile: batches 1 .. the entry's max batch size (--trt-batch MIN,OPT,MAX), and each
+    side of the image from one stride (a sliver of an image keeps a row, padded to a stride) to imgsz, optimised for
+    imgsz: every tensor the letterbox makes (Ultralytics' own dynamic engines take 32 to 2 x imgsz)."""
+    from .tensorrt import Profile
+
+    return Profile(_plan_batches(batch, entry), side=(letterbox["stride"], letterbox["imgsz"], letterbox["imgsz"]))
+
+
+def _plan_batches(batch: str | None, entry: EntryOptions) -> tuple[int, int, int]:
+    """--trt-batch MIN,OPT,MAX as the entry's batching allows it (default 1,B,B)."""
+    from .tensorrt import Profile
+
+    try:
+        return Profile.parse(batch, max_batch_size=entry.max_batch_size).batch
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+
+
+def calibration_feeds(images: list[np.ndarray], imgsz: int, batch: int) -> list[dict[str, np.ndarray]]:
+    """INT8 calibration batches of one shape (TensorRT calibrates at one): each image letterboxed to the whole imgsz
+    square, the incomplete last batch dropped, as Ultralytics' own INT8 engine export feeds its calibrator."""
+    from .inputs import full_batches
+
+    return [{"images": np.stack([imaging.letterbox(image, imgsz, imgsz) for image in chunk])}
+            for chunk in full_batches(images, batch)]
+
+
+def _build_plan(onnx_path: Path, plan_path: Path, images: list[np.ndarray], letterbox: dict, entry: EntryOptions,
+                options, steps: Steps) -> dict:
+    """The TensorRT plan of the fp32 graph at options.precision; INT8 calibrates on --calibration-images (default:
+    the sample images, as the ONNX INT8 variant does). What build_plan returns, with the images it calibrated on."""
+    from .tensorrt import build_plan
+
+    trt = options.tensorrt
+    profile = plan_profile(trt.batch, entry, letterbox)
+    feeds = None
+    if options.precision == "int8":
+        calibration = [np.asarray(imaging.decode(data)) for data in trt.calibration] if trt.calibration else images
+        feeds = calibration_feeds(calibration, letterbox["imgsz"], trt.calibration_batch)
+    steps("building the TensorRT %s plan (profile %s; this takes minutes)", options.precision, profile.to_dict())
+    info = build_plan(onnx_path, plan_path, inputs={"images": PLAN_INPUT}, profile=profile, precision=options.precision,
+                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb)
+    return info | {"calibration_images": sum(len(feed["images"]) for feed in feeds or [])}
 
 
 def _defaults(args: dict, graph_nms: dict | None) -> dict:

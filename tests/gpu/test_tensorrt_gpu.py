@@ -118,3 +118,33 @@ def test_rtxserve_export_builds_a_validated_tensorrt_entry(classifier_checkpoint
     assert parity["variant"] == f"tensorrt-{precision}" and parity["passed"]
     assert (repo / "clf_model" / "1" / "model.plan").stat().st_size > 0
     assert json.loads((repo / "clf_model" / "tensorrt.json").read_text())["tensorrt_version"] == trt.__version__
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_an_image_plan_takes_every_side_its_profile_ranges_over(tmp_path, precision):
+    """A YOLO-shaped graph (stride-32 convolutions, images [B, 3, H, W] -> output0 [B, C, H/32 * W/32]) built with
+    the side range export.yolo.plan_profile gives it: every letterbox shape in the range runs and agrees with ONNX
+    Runtime, calibrated (int8) at the whole square as export.yolo.calibration_feeds makes it."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.SiLU(),
+                                torch.nn.Conv2d(16, 32, 3, stride=16, padding=1), torch.nn.SiLU(),
+                                torch.nn.Conv2d(32, 6, 1), torch.nn.Flatten(2)).eval()
+    onnx_path = tmp_path / "model.onnx"
+    torch.onnx.export(model, (torch.rand(1, 3, 64, 64),), str(onnx_path), input_names=["images"], output_names=["output0"],
+                      dynamo=False, dynamic_axes={"images": {0: "b", 2: "h", 3: "w"}, "output0": {0: "b", 2: "anchors"}})
+    rng = np.random.default_rng(0)
+    calibration = [{"images": rng.random((2, 3, 128, 128), dtype=np.float32)} for _ in range(3)]
+    info = build_plan(onnx_path, tmp_path / "model.plan", inputs={"images": (3, -1, -1)},
+                      profile=Profile((1, 4, 4), side=(32, 128, 128)), precision=precision,
+                      calibration_feeds=calibration if precision == "int8" else None, workspace_gb=2)
+    assert info["profile"]["image_side"] == {"min": 32, "opt": 128, "max": 128}
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    for shape in ((1, 3, 32, 32), (2, 3, 96, 128), (4, 3, 128, 64), (3, 3, 128, 128)):
+        images = rng.random(shape, dtype=np.float32)
+        (reference,) = session.run(["output0"], {"images": images})
+        got = run_plan(tmp_path / "model.plan", {"images": images})["output0"]
+        assert got.shape == reference.shape, shape
+        flat = lambda a: a.reshape(a.shape[0], -1)  # noqa: E731
+        assert _cosines(flat(reference), flat(got)).min() >= (0.999 if precision == "fp16" else 0.95), shape

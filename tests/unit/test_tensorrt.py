@@ -57,6 +57,16 @@ def test_profile_shapes_per_input_token_and_fixed_dims():
         Profile((1, 8, 32)).shapes(["input_ids"])
 
 
+def test_profile_shapes_of_an_image_whose_sides_follow_it():
+    p = Profile((1, 4, 8), side=(32, 640, 640))
+    assert p.shapes({"images": (3, -1, -1)}) == {"images": ((1, 3, 32, 32), (4, 3, 640, 640), (8, 3, 640, 640))}
+    assert p.to_dict()["image_side"] == {"min": 32, "opt": 640, "max": 640}
+    with pytest.raises(ValueError, match="no side range"):
+        Profile((1, 4, 8)).shapes({"images": (3, -1, -1)})
+    with pytest.raises(ValueError, match="image side 640,32,640: need MIN <= OPT <= MAX"):
+        Profile((1, 4, 8), side=(640, 32, 640))
+
+
 def _parse(config) -> model_config_pb2.ModelConfig:
     return text_format.Parse(config.to_pbtxt(), model_config_pb2.ModelConfig())
 
@@ -287,3 +297,139 @@ def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkp
             export_encoder(classifier_checkpoint, "text-classification", opts, tmp_path / "repo",
                            EncoderOptions(tensorrt=TensorRTOptions(), **kwargs))
     assert not (tmp_path / "repo").exists()
+
+
+class _TinyYolo:
+    """What Ultralytics' export step hands the YOLO export (export.yolo.run_ultralytics), from a stand-in detector:
+    one stride-32 convolution, images [B, 3, H, W] -> output0 [B, 4 + 2 classes, H/32 * W/32] (centre, size in
+    pixels, class scores), exported to ONNX with dynamic batch and sides; its reference predictions are the served
+    steps' own, so that this test holds the TensorRT wiring, not a model (test_yolo_e2e holds the real one)."""
+
+    IMGSZ, STRIDE = 64, 32
+
+    def __init__(self):
+        import torch
+
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(3, 6, self.STRIDE, stride=self.STRIDE)
+
+        class Head(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = conv
+
+            def forward(self, images):
+                out = self.conv(images).flatten(2)
+                return torch.cat([torch.sigmoid(out[:, :4]) * 64 + 8, torch.sigmoid(out[:, 4:])], 1)
+
+        self.module = Head().eval()
+
+    def __call__(self, weights, images, settings, scratch):
+        import torch
+
+        from export.yolo import served_detections
+        from export.triton_models.image_preprocess import imaging
+
+        inputs = [imaging.letterbox(image, self.IMGSZ, self.STRIDE)[None] for image in images]
+        torch.onnx.export(self.module, (torch.from_numpy(inputs[0]),), str(scratch / "model.onnx"), input_names=["images"],
+                          output_names=["output0"], dynamo=False,
+                          dynamic_axes={"images": {0: "b", 2: "h", 3: "w"}, "output0": {0: "b", 2: "anchors"}})
+        with torch.no_grad():
+            outputs = [self.module(torch.from_numpy(x)).numpy() for x in inputs]
+        np.savez(scratch / "reference.npz", **{f"input_{i}": x for i, x in enumerate(inputs)},
+                 **{f"output_{i}": y for i, y in enumerate(outputs)})
+        letterbox = {"imgsz": self.IMGSZ, "stride": self.STRIDE}
+        found = served_detections(scratch / "model.onnx", images, letterbox, settings["conf"], settings["iou"],
+                                  settings["max_det"])
+        return {"imgsz": self.IMGSZ, "stride": self.STRIDE, "graph_nms": None, "names": {"0": "red", "1": "blue"},
+                "predictions": [f.tolist() for f in found], "versions": {"ultralytics": "stand-in"}, "args": {}}
+
+
+def _fake_tensorrt(monkeypatch, built: dict):
+    """build_plan copies the graph as the 'plan' and run_plan runs it in ONNX Runtime: the plan's parity comes out
+    exact, and what the export asked TensorRT for is recorded in `built`."""
+    import onnxruntime as ort
+
+    def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb):
+        built.update(inputs=inputs, shapes=profile.shapes(inputs), precision=precision, calibration=calibration_feeds)
+        plan_path.write_bytes(onnx_path.read_bytes())
+        return {"tensorrt_version": "10.3.0", "precision": precision, "profile": profile.to_dict(), "gpu": "fake",
+                "compute_capability": "8.9", "build_seconds": 0.0, "inputs": {n: "TYPE_FP32" for n in inputs},
+                "calibration_batches": len(calibration_feeds or [])}
+
+    def fake_run(plan_path, feeds):
+        session = ort.InferenceSession(str(plan_path), providers=["CPUExecutionProvider"])
+        return dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
+
+    monkeypatch.setattr(trt_export, "build_plan", fake_build)
+    monkeypatch.setattr(trt_export, "run_plan", fake_run)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_graph_was(tmp_path, monkeypatch, precision):
+    import export.yolo as yolo
+    from export.encoder import EncoderOptions, TensorRTOptions
+
+    built = {}
+    _fake_tensorrt(monkeypatch, built)
+    monkeypatch.setattr(yolo, "run_ultralytics", _TinyYolo())
+    rng = np.random.default_rng(0)
+    images = [png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((48, 64), (64, 40), (30, 90), (64, 64))]
+    repo = tmp_path / "repo"
+    weights = tmp_path / "best.pt"
+    weights.write_bytes(b"")
+    trt = TensorRTOptions(calibration=images[:3], calibration_batch=2)
+    written, parity, _ = yolo.export_yolo(weights, EntryOptions("det", target="gpu", max_batch_size=8), repo,
+                                          EncoderOptions(precision=precision, sample_images=images, tensorrt=trt))
+    assert built["precision"] == precision and built["inputs"] == {"images": (3, -1, -1)}
+    # batches 1..8; each side from one stride (the narrowest letterbox) to imgsz
+    assert built["shapes"] == {"images": ((1, 3, 32, 32), (8, 3, 64, 64), (8, 3, 64, 64))}
+    if precision == "int8":  # 3 images in batches of 2: one full batch, each letterboxed to the whole square
+        assert [f["images"].shape for f in built["calibration"]] == [(2, 3, 64, 64)]
+        assert "calibrated on 2 images" in parity["variants"]["tensorrt-int8"]["notes"]
+    else:
+        assert built["calibration"] is None
+    assert parity["variant"] == f"tensorrt-{precision}" and set(parity["variants"]) == {"fp32", f"tensorrt-{precision}"}
+    # the 'plan' is the graph: checked against PyTorch on the same tensors, the same figures
+    assert parity["variants"][f"tensorrt-{precision}"]["outputs"] == parity["variants"]["fp32"]["outputs"]
+    assert parity["served"]["passed"] and parity["served"]["detections"] > 0
+    config = _parse_pbtxt((repo / "det_model" / "config.pbtxt").read_text())
+    assert config.platform == "tensorrt_plan" and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    assert [(i.name, list(i.dims)) for i in config.input] == [("images", [3, -1, -1])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("output0", [6, -1])]
+    assert (repo / "det_model" / "1" / "model.plan").is_file() and not (repo / "det_model" / "1" / "model.onnx").exists()
+    metadata = json.loads((repo / "det" / "rtxserve.json").read_text())
+    assert metadata["tensorrt"]["profile"]["image_side"] == {"min": 32, "opt": 64, "max": 64}
+    assert metadata["graph_activations"]["item_shape"] == [3, 64, 64]
+
+
+@pytest.mark.parametrize("entry, options, message", [
+    ({}, {}, "add --target gpu"),
+    ({"target": "gpu"}, {"nms": True}, "drop --nms"),
+    ({"target": "gpu"}, {"seq": "1,8,16"}, "--trt-seq is a token sequence range"),
+    ({"target": "gpu"}, {"batch": "2,4,8"}, "--trt-batch min is 2"),
+])
+def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, monkeypatch, entry, options, message):
+    import export.yolo as yolo
+    from export.encoder import EncoderOptions, TensorRTOptions
+
+    monkeypatch.setattr(yolo, "run_ultralytics", _TinyYolo())
+    nms = options.pop("nms", False)
+    with pytest.raises(ExportError, match=message):
+        yolo.export_yolo(tmp_path / "best.pt", EntryOptions("det", max_batch_size=8, **entry), tmp_path / "repo",
+                         EncoderOptions(nms=nms, tensorrt=TensorRTOptions(**options)))
+    assert not (tmp_path / "repo").exists()
+
+
+def _parse_pbtxt(text: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def png(array: np.ndarray) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "PNG")
+    return buffer.getvalue()
