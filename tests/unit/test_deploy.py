@@ -232,6 +232,50 @@ def test_a_whisper_plans_its_decoder_and_cross_attention_cache_and_runs_vllms_im
     assert settings["required_models"] == ["enc", "whisper"] and settings["vllm_url"] == "http://vllm-whisper-0:8100"
 
 
+def test_a_speech_box_bundles_vllms_wheels_with_the_audio_packages_and_the_audio_image(tmp_path, monkeypatch):
+    """`deploy bundle` of a GPU box serving a Whisper, with pip's wheel and download steps recorded instead of run
+    (vLLM's CUDA wheels are gigabytes, and a speech box bundles only for GPUs: test_deploy_bundle installs an
+    encoder box's archive for real): vLLM's wheels with soundfile and av, the audio image's wheels for its Python,
+    the model under models/llm, and every file in SHA256SUMS."""
+    import tarfile
+
+    import deploy.bundle as bundle
+    from deploy.images import VLLM_IMAGE, VLLM_IMAGE_PYTHON
+    from serve.gateway.keys import write_keys
+
+    asked = {}
+
+    def wheels(name, requirements, to, cache, log):
+        asked[name] = requirements
+        to.mkdir(parents=True, exist_ok=True)
+        (to / f"{name}-0-py3-none-any.whl").write_bytes(b"wheel")
+        (to / "requirements.txt").write_text("\n".join(requirements))
+
+    def image_wheels(context, image, python, cache, log):
+        asked[context.name] = (image, python, (context / "requirements.txt").read_text().split())
+        (context / "wheels" / "soundfile-0-py3-none-any.whl").write_bytes(b"wheel")
+
+    monkeypatch.setattr(bundle, "_wheels", wheels)
+    monkeypatch.setattr(bundle, "_image_wheels", image_wheels)
+    write_whisper(tmp_path / "whisper", TINY_WHISPER)
+    write_keys(tmp_path / "keys.json", {})
+    d = parse_deployment({"name": "asr", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+                          "models": [{"name": "whisper", "kind": "speech", "path": "whisper"}]}, tmp_path)
+    out = bundle.bundle(d, tmp_path / "asr.tar", prefix=Path("/opt/asr"), log=lambda line: None)
+    assert asked["vllm"] == ["vllm==0.32.0", "soundfile>=0.12", "av>=12"]  # deploy/vllm/requirements-cuda.txt
+    assert "triton" not in asked and "triton-image" not in asked  # no Triton model on this box
+    assert asked["vllm-audio-image"] == (VLLM_IMAGE, VLLM_IMAGE_PYTHON, ["soundfile>=0.12", "av>=12"])
+    with tarfile.open(out) as tar:
+        names = set(tar.getnames())
+        deployment = yaml.safe_load(tar.extractfile("rtxserve-asr/deployment.yaml"))
+        sums = tar.extractfile("rtxserve-asr/SHA256SUMS").read().decode()
+    for path in ("wheels/vllm/vllm-0-py3-none-any.whl", "vllm-audio-image/wheels/soundfile-0-py3-none-any.whl",
+                 "vllm-audio-image/Dockerfile", "models/llm/whisper/config.json", "install.sh"):
+        assert f"rtxserve-asr/{path}" in names and f"  {path}\n" in sums, path
+    (model,) = deployment["models"]
+    assert (model["kind"], model["path"]) == ("speech", "models/llm/whisper")
+
+
 def test_the_whisper_stand_in_has_transformers_own_tensor_names_and_shapes(tmp_path):
     """The planning stand-in is what save_pretrained writes (its output projection tied to the token embedding)."""
     from safetensors import safe_open
