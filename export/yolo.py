@@ -28,6 +28,7 @@ from .detection import compare_detections, gate_served
 from .exceptions import ExportError
 from .parity import ParityReport
 from .progress import Steps
+from .tensorrt import Profile
 from .tool_env import run_tool, tool_python
 from .triton_entry import EntryOptions, detection_entry
 from .triton_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
@@ -318,19 +319,15 @@ def _check_options(options, entry: EntryOptions) -> None:
                           "only); drop one of them")
 
 
-def plan_profile(batch: str | None, entry: EntryOptions, letterbox: dict):
+def plan_profile(batch: str | None, entry: EntryOptions, letterbox: dict) -> Profile:
     """The plan's optimisation profile: batches 1 .. the entry's max batch size (--trt-batch MIN,OPT,MAX), and each
     side of the image from one stride (a sliver of an image keeps a row, padded to a stride) to imgsz, optimised for
     imgsz: every tensor the letterbox makes (Ultralytics' own dynamic engines take 32 to 2 x imgsz)."""
-    from .tensorrt import Profile
-
     return Profile(_plan_batches(batch, entry), side=(letterbox["stride"], letterbox["imgsz"], letterbox["imgsz"]))
 
 
 def _plan_batches(batch: str | None, entry: EntryOptions) -> tuple[int, int, int]:
     """--trt-batch MIN,OPT,MAX as the entry's batching allows it (default 1,B,B)."""
-    from .tensorrt import Profile
-
     try:
         return Profile.parse(batch, max_batch_size=entry.max_batch_size).batch
     except ValueError as exc:
