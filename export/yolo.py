@@ -236,32 +236,8 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         imgsz = result["imgsz"]
         reports = {"fp32": _graph_parity(served, reference, imgsz, options.atol, None, options.allow_drift)}
         letterbox = {"imgsz": imgsz, "stride": result["stride"]}
-        plan_info = None
-        if options.tensorrt is not None:  # built from the fp32 graph: TensorRT lowers the precision itself
-            plan_info = _build_plan(served, work / "model.plan", images, letterbox, entry, options, steps)
-            served = work / "model.plan"
-            steps("validating the TensorRT %s plan against PyTorch", options.precision)
-            reports[f"tensorrt-{options.precision}"] = _graph_parity(
-                served, reference, imgsz, options.atol,
-                None if options.precision == "fp32" else options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision],
-                options.allow_drift)
-            if options.precision == "int8":
-                reports[f"tensorrt-{options.precision}"]["notes"].append(
-                    f"calibrated on {plan_info['calibration_images']} images")
-        elif options.precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on images
-            calibration = ([np.asarray(imaging.decode(data)) for data in options.calibration_images]
-                           if options.calibration_images else images)
-            feeds = ({"images": imaging.letterbox(image, imgsz, letterbox["stride"])[None]} for image in calibration)
-            served = variants.quantize_static_int8(served, work / "model.int8.onnx", feeds, head_convolutions(served))
-        elif options.precision == "fp16":
-            served = variants.to_fp16(served, work / "model.fp16.onnx")
-        if options.precision != "fp32" and plan_info is None:
-            steps("validating the %s graph against PyTorch", options.precision)
-            min_cosine = options.min_cosine or variants.DEFAULT_MIN_COSINE[options.precision]
-            reports[options.precision] = _graph_parity(served, reference, imgsz, options.atol, min_cosine,
-                                                       options.allow_drift)
-            if options.precision == "int8":
-                reports["int8"]["notes"].append(f"calibrated on {len(calibration)} images")
+        served, variant, plan_info = _variant(served, reference, images, letterbox, entry, options, work, steps)
+        reports |= variant
         # the raw graph (a plan's: the fp32 graph it was built from); NMS adds little
         activations = graph_activations(served if plan_info is None else work / "model.onnx", "images", (3, imgsz, imgsz))
         if graph_nms is not None:  # the graph checked above is the raw one; the served one has NMS in it
@@ -296,6 +272,35 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
+
+
+def _variant(graph: Path, reference: dict, images: list[np.ndarray], letterbox: dict, entry: EntryOptions, options,
+             work: Path, steps: Steps) -> tuple[Path, dict, dict | None]:
+    """The served form of the fp32 `graph` at options.precision (a TensorRT plan with --tensorrt, else an ONNX Runtime
+    variant), checked against PyTorch: (its path, {variant: its parity report}, the plan's figures or None). The fp32
+    graph itself is served as it is: (graph, {}, None)."""
+    precision, notes, plan_info = options.precision, [], None
+    if options.tensorrt is not None:  # built from the fp32 graph: TensorRT lowers the precision itself
+        plan_info = _build_plan(graph, work / "model.plan", images, letterbox, entry, options, steps)
+        served, name, what = work / "model.plan", f"tensorrt-{precision}", f"the TensorRT {precision} plan"
+        if precision == "int8":
+            notes.append(f"calibrated on {plan_info['calibration_images']} images")
+    elif precision == "fp32":
+        return graph, {}, None
+    elif precision == "int8":  # a YOLO is convolutions: static quantisation, calibrated on images
+        calibration = ([np.asarray(imaging.decode(data)) for data in options.calibration_images]
+                       if options.calibration_images else images)
+        feeds = ({"images": imaging.letterbox(image, letterbox["imgsz"], letterbox["stride"])[None]} for image in calibration)
+        served = variants.quantize_static_int8(graph, work / "model.int8.onnx", feeds, head_convolutions(graph))
+        name, what = "int8", "the int8 graph"
+        notes.append(f"calibrated on {len(calibration)} images")
+    else:
+        served, name, what = variants.to_fp16(graph, work / "model.fp16.onnx"), "fp16", "the fp16 graph"
+    steps("validating %s against PyTorch", what)
+    min_cosine = None if precision == "fp32" else options.min_cosine or variants.DEFAULT_MIN_COSINE[precision]
+    report = _graph_parity(served, reference, letterbox["imgsz"], options.atol, min_cosine, options.allow_drift)
+    report["notes"].extend(notes)
+    return served, {name: report}, plan_info
 
 
 def _check_options(options, entry: EntryOptions) -> None:
