@@ -249,25 +249,10 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
                                                                                     monkeypatch):
     """The export's TensorRT wiring, with the GPU parts faked: the 'plan' is the ONNX graph run by ONNX
     Runtime, so the parity figures must come out exact and the entry must be a tensorrt_plan model."""
-    import onnxruntime as ort
-
-    import export.tensorrt as tensorrt
     from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
 
     built = {}
-
-    def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb):
-        built.update(inputs=inputs, profile=profile.to_dict(), precision=precision, calibration=calibration_feeds)
-        plan_path.write_bytes(onnx_path.read_bytes())
-        return {"tensorrt_version": "10.3.0", "precision": precision, "profile": profile.to_dict(), "gpu": "fake",
-                "compute_capability": "8.9", "build_seconds": 0.0, "inputs": {n: "TYPE_INT64" for n in inputs}}
-
-    def fake_run(plan_path, feeds):
-        session = ort.InferenceSession(str(plan_path), providers=["CPUExecutionProvider"])
-        return dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
-
-    monkeypatch.setattr(tensorrt, "build_plan", fake_build)
-    monkeypatch.setattr(tensorrt, "run_plan", fake_run)
+    _fake_tensorrt(monkeypatch, built, "TYPE_INT64")
     repo = tmp_path / "repo"
     texts = ["i love it", "terrible", "the box arrived", "great", "awful", "ok", "fine", "bad", "good"]
     result = export_encoder(classifier_checkpoint, "text-classification", EntryOptions("clf", target="gpu", max_batch_size=8),
@@ -310,19 +295,17 @@ class _TinyYolo:
     def __init__(self):
         import torch
 
-        torch.manual_seed(0)
-        conv = torch.nn.Conv2d(3, 6, self.STRIDE, stride=self.STRIDE)
-
         class Head(torch.nn.Module):
-            def __init__(self):
+            def __init__(self, stride):
                 super().__init__()
-                self.conv = conv
+                self.conv = torch.nn.Conv2d(3, 6, stride, stride=stride)
 
             def forward(self, images):
                 out = self.conv(images).flatten(2)
                 return torch.cat([torch.sigmoid(out[:, :4]) * 64 + 8, torch.sigmoid(out[:, 4:])], 1)
 
-        self.module = Head().eval()
+        torch.manual_seed(0)
+        self.module = Head(self.STRIDE).eval()
 
     def __call__(self, weights, images, settings, scratch):
         import torch
@@ -345,16 +328,17 @@ class _TinyYolo:
                 "predictions": [f.tolist() for f in found], "versions": {"ultralytics": "stand-in"}, "args": {}}
 
 
-def _fake_tensorrt(monkeypatch, built: dict):
-    """build_plan copies the graph as the 'plan' and run_plan runs it in ONNX Runtime: the plan's parity comes out
-    exact, and what the export asked TensorRT for is recorded in `built`."""
+def _fake_tensorrt(monkeypatch, built: dict, input_type: str):
+    """build_plan copies the graph as the 'plan' (its inputs of `input_type`) and run_plan runs it in ONNX Runtime:
+    the plan's parity comes out exact, and what the export asked TensorRT for is recorded in `built`."""
     import onnxruntime as ort
 
     def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb):
-        built.update(inputs=inputs, shapes=profile.shapes(inputs), precision=precision, calibration=calibration_feeds)
+        built.update(inputs=inputs, profile=profile.to_dict(), shapes=profile.shapes(inputs), precision=precision,
+                     calibration=calibration_feeds)
         plan_path.write_bytes(onnx_path.read_bytes())
         return {"tensorrt_version": "10.3.0", "precision": precision, "profile": profile.to_dict(), "gpu": "fake",
-                "compute_capability": "8.9", "build_seconds": 0.0, "inputs": {n: "TYPE_FP32" for n in inputs},
+                "compute_capability": "8.9", "build_seconds": 0.0, "inputs": {n: input_type for n in inputs},
                 "calibration_batches": len(calibration_feeds or [])}
 
     def fake_run(plan_path, feeds):
@@ -369,9 +353,10 @@ def _fake_tensorrt(monkeypatch, built: dict):
 def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_graph_was(tmp_path, monkeypatch, precision):
     import export.yolo as yolo
     from export.encoder import EncoderOptions, TensorRTOptions
+    from tests.integration import png
 
     built = {}
-    _fake_tensorrt(monkeypatch, built)
+    _fake_tensorrt(monkeypatch, built, "TYPE_FP32")
     monkeypatch.setattr(yolo, "run_ultralytics", _TinyYolo())
     rng = np.random.default_rng(0)
     images = [png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((48, 64), (64, 40), (30, 90), (64, 64))]
@@ -393,7 +378,7 @@ def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_grap
     # the 'plan' is the graph: checked against PyTorch on the same tensors, the same figures
     assert parity["variants"][f"tensorrt-{precision}"]["outputs"] == parity["variants"]["fp32"]["outputs"]
     assert parity["served"]["passed"] and parity["served"]["detections"] > 0
-    config = _parse_pbtxt((repo / "det_model" / "config.pbtxt").read_text())
+    config = text_format.Parse((repo / "det_model" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert config.platform == "tensorrt_plan" and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
     assert [(i.name, list(i.dims)) for i in config.input] == [("images", [3, -1, -1])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("output0", [6, -1])]
@@ -419,17 +404,3 @@ def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, m
         yolo.export_yolo(tmp_path / "best.pt", EntryOptions("det", max_batch_size=8, **entry), tmp_path / "repo",
                          EncoderOptions(nms=nms, tensorrt=TensorRTOptions(**options)))
     assert not (tmp_path / "repo").exists()
-
-
-def _parse_pbtxt(text: str) -> model_config_pb2.ModelConfig:
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
-
-
-def png(array: np.ndarray) -> bytes:
-    import io
-
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "PNG")
-    return buffer.getvalue()
