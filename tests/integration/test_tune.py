@@ -28,23 +28,31 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     assert "recommended:" in page and (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
 
 
-def test_tune_vllm_restarts_the_engine_per_configuration_and_finds_that_one_sequence_at_a_time_loses(llm_fixtures, tmp_path):
+def test_tune_vllm_restarts_the_engine_per_configuration_and_each_engine_schedules_as_configured(llm_fixtures, tmp_path):
+    from loadtest.server_metrics import load
     from rtxserve.tune import VLLMTarget
     from serve.vllm import VLLMOptions
 
     target = VLLMTarget(VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512,
                                         extra_args=VLLM_EAGER))
-    # Two engines, vLLM's defaults and one sequence at a time: each trial restarts the engine (about 17 s here), so
-    # a third configuration would add a third of this test's time and prove nothing the second does not.
+    # Two engines, vLLM's defaults and one sequence at a time: each trial restarts the engine (about 17 s here).
     axes = {"max_num_seqs": [1], "max_num_batched_tokens": [512]}
     options = scenario_options(scenario="chat", model="tiny-llama", output_len=16)
     result = tune(target, options=options, slo="e2el:5000", axes=axes, users=8, duration_s=8, warmup_s=2, budget=2,
                   out=tmp_path / "tune", log=print)
     by_seqs = {t.config["max_num_seqs"]: t for t in result.trials}
     assert set(by_seqs) == {None, 1} and not any(t.failure for t in result.trials)
-    # one sequence at a time never wins against continuous batching (measured alone: 25.7 req/s for 1 with 512
-    # batched tokens, 66.1 for vLLM's defaults of 128 and 2048 on CPU; in one CI run on a busier box 31.4 and 31.7
-    # with 40.2 for 8 sequences: the margin shrinks when the cores are shared, the order holds)
-    assert result.best is not None and result.best.config["max_num_seqs"] != 1
-    assert result.best.goodput_rps > 1.1 * by_seqs[1].goodput_rps
+    for t in result.trials:
+        print(f"{t.label()}: goodput {t.goodput_rps:.1f}, P99 {t.p99_ms}")
+    # Each trial's engine ran with its own flags, as its scheduler's gauges (scraped during the load) show: 8 users
+    # run together under vLLM's defaults and queue behind one another under --max-num-seqs 1. Which one has the
+    # better goodput is a timing figure (66.1 vs 25.7 req/s measured alone, closer when the cores are shared): the
+    # test does not assert it.
+    def most(trial, gauge):
+        rows = load((tmp_path / "tune" / trial.report).parent / "server_metrics.csv")
+        return max(r.value for r in rows if r.metric == f"vllm:num_requests_{gauge}")
+
+    assert most(by_seqs[1], "running") == 1 and most(by_seqs[1], "waiting") >= 4
+    assert most(by_seqs[None], "running") >= 4
+    assert result.best is not None
     assert "--vllm-arg=--max-num-seqs=" in (tmp_path / "tune" / "tune.md").read_text() or result.best.default
