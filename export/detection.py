@@ -122,17 +122,16 @@ def gate_served(served: dict, precision: str, allow_drift: bool) -> dict:
 
 
 def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
-    """The served steps (the pre-processing, the graph in ONNX Runtime, the postprocess step's code) against
-    transformers' object-detection pipeline on the sample images."""
+    """The served steps (the pre-processing, the graph in ONNX Runtime or the TensorRT plan, the postprocess step's
+    code) against transformers' object-detection pipeline on the sample images."""
     import json
 
-    import onnxruntime as ort
-
+    from .tensorrt import session as served_session
     from .triton_models.detection_postprocess.detections import detr_detections, top_k_detections
     from .triton_models.image_preprocess.imaging import decode
 
     k = top_k(json.loads((checkpoint / "config.json").read_text()))
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    session = served_session(model_path)
     served = []
     for data in inputs.samples:
         image = decode(data)

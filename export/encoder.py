@@ -10,7 +10,7 @@ import contextlib
 import logging
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,19 +42,6 @@ class TensorRTOptions:
     workspace_gb: float = 4.0
     calibration: list | None = None
     calibration_batch: int = 8
-
-
-class _PlanSession:
-    """ONNX Runtime's session.run(names, feeds) over a TensorRT plan, for the parity check."""
-
-    def __init__(self, plan: Path):
-        self.plan = plan
-
-    def run(self, names: list[str], feeds: dict) -> list:
-        from .tensorrt import run_plan
-
-        outputs = run_plan(self.plan, feeds)
-        return [outputs[n].astype(np.float32) for n in names]
 
 
 @dataclass
@@ -293,10 +280,7 @@ def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
               ckpt.architecture)
     model, reference = _load_models(ckpt, spec, adapter)
     if ckpt.task in IMAGE_TASKS:
-        inputs = ImageInputs(ckpt, options.sample_images)
-        if inputs.varies and options.tensorrt is not None:
-            raise ExportError(f"{ckpt.task}: a TensorRT plan for images of varying size is not built yet; serve the "
-                              "ONNX graph (--target gpu without --tensorrt runs it on the GPU with onnxruntime)")
+        inputs = ImageInputs(ckpt, options.sample_images, plan=options.tensorrt is not None)
     else:
         inputs = TextInputs(ckpt, model, options.max_length if options.max_length is not None else spec.max_length,
                             options.sample_texts)
@@ -347,14 +331,11 @@ class _Check:
     steps: Steps
 
     def __call__(self, path: Path, what: str, *, lossy: bool) -> dict:
-        import onnxruntime as ort
-
         from . import variants
+        from .tensorrt import session
 
         self.steps("validating %s against PyTorch on %d %s", what, len(self.inputs.samples), self.inputs.what)
-        session = (_PlanSession(path) if path.suffix == ".plan"
-                   else ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
-        report = _validate(self.reference, session, self.cases, self.options.atol, self.outputs)
+        report = _validate(self.reference, session(path), self.cases, self.options.atol, self.outputs)
         report.notes += self.inputs.notes
         if self.adapter:
             report.notes.append("reference: the unmerged PeftModel (base + adapter); the export is the merged model")
@@ -398,6 +379,8 @@ def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, 
                                 max_length=inputs.max_length if text else None)
     except ValueError as exc:
         raise ExportError(str(exc)) from exc
+    if not text:  # images whose size follows them (DETR's resize): each side's range too
+        profile = replace(profile, side=inputs.plan_side())
     if text and profile.seq[2] != inputs.max_length:
         # On GPUs the tokenizer pads every text to the max length: the plan must take that length.
         raise ExportError(f"--trt-seq max {profile.seq[2]} must equal the entry's max length {inputs.max_length} "

@@ -141,7 +141,9 @@ class ImageInputs:
 
     what = "images"
 
-    def __init__(self, ckpt: Checkpoint, samples: list[bytes] | None):
+    def __init__(self, ckpt: Checkpoint, samples: list[bytes] | None, *, plan: bool = False):
+        """plan: the graph is served as a TensorRT plan, whose profile takes sides up to the processor's longest edge
+        where the size varies (the served pre-processing then refuses what would pass it)."""
         from .triton_models.image_preprocess.imaging import Preprocess
         from .vision import read_image_processor, sample_images
 
@@ -150,6 +152,9 @@ class ImageInputs:
         self.preprocess = Preprocess(self.settings)
         # DETR keeps each image's aspect ratio: pixel tensors differ in size and go through one at a time.
         self.varies = -1 in self.preprocess.shape
+        if plan and self.varies:
+            self.settings["max_side"] = self.preprocess.size["longest_edge"]
+            self.preprocess = Preprocess(self.settings)
         self.names = ["pixel_values"]
         self.samples, self.left_out = self._servable(samples or sample_images())
         self.notes: list[str] = list(self.left_out)
@@ -206,9 +211,35 @@ class ImageInputs:
     def plan_inputs(self) -> dict:
         return {"pixel_values": self.preprocess.shape}
 
+    def plan_side(self) -> tuple[int, int, int] | None:
+        """Where the size varies, the plan's (min, opt, max) image side: every side the pre-processing makes up to
+        `max_side` (a sliver's short side may resize to 1 pixel), optimised for a square's (a calibration image's)."""
+        from PIL import Image
+
+        if not self.varies:
+            return None
+        return 1, self._square(Image.new("RGB", (1, 1))).shape[-1], self.settings["max_side"]
+
+    def _square(self, image) -> np.ndarray:
+        """An image's centre square, pre-processed: every image gives one shape (the processor's square)."""
+        side = min(image.size)
+        left, top = (image.width - side) // 2, (image.height - side) // 2
+        return self.preprocess.pixels(image.crop((left, top, left + side, top + side)))
+
     def calibration(self, images: list[bytes], batch: int) -> list[dict[str, np.ndarray]]:
-        """INT8 calibration batches of one shape."""
-        return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in full_batches(images, batch)]
+        """INT8 calibration batches of one shape (TensorRT calibrates at one): where the size varies, each image's
+        centre square, which the processor resizes to one size, as it would not the whole image."""
+        if not self.varies:
+            return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in full_batches(images, batch)]
+        from .triton_models.image_preprocess.imaging import decode
+
+        squares = []
+        for i, data in enumerate(images):
+            try:
+                squares.append(self._square(decode(data, self.preprocess.max_pixels)))
+            except ValueError as exc:
+                raise ExportError(f"calibration image {i}: {exc}") from exc
+        return [{"pixel_values": np.stack(chunk)} for chunk in full_batches(squares, batch)]
 
     def entry_kwargs(self) -> dict:
         return {"image_processor": self.settings, "pixel_shape": self.preprocess.shape}

@@ -420,6 +420,27 @@ def run_plan(plan_path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.n
     return {name: t.cpu().numpy() for name, t in outputs.items()}
 
 
+class PlanSession:
+    """ONNX Runtime's `session.run(names, feeds)` over a TensorRT plan: a plan checked as a graph is."""
+
+    def __init__(self, plan: Path):
+        self.plan = plan
+
+    def run(self, names: Sequence[str] | None, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        outputs = run_plan(self.plan, feeds)
+        return [outputs[n].astype(np.float32) for n in (names or outputs)]
+
+
+def session(path: Path):
+    """What runs the served model file at `path` for a parity check, as ONNX Runtime's `session.run(names, feeds)`:
+    TensorRT on GPU 0 for a plan (model.plan), else ONNX Runtime on the CPU."""
+    if Path(path).suffix == ".plan":
+        return PlanSession(Path(path))
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
 def tensorrt_model(opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Shape | None] | Sequence[str],
                    outputs: tuple[TensorSpec, ...], parity: dict, info: dict) -> ModelDir:
     """The `<name>_model` step of an entry as a native `tensorrt_plan` model on KIND_GPU instances.

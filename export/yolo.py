@@ -150,16 +150,11 @@ def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:
 
 
 def _forward(path: Path):
-    """images [batch, 3, H, W] -> output0, by the served model at `path`: ONNX Runtime for a graph, TensorRT for a
-    plan (model.plan)."""
-    if path.suffix == ".plan":
-        from .tensorrt import run_plan
+    """images [batch, 3, H, W] -> output0, by the served model at `path` (a graph in ONNX Runtime, or a plan)."""
+    from .tensorrt import session
 
-        return lambda pixels: run_plan(path, {"images": pixels})["output0"]
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return lambda pixels: session.run(["output0"], {"images": pixels})[0]
+    run = session(path).run
+    return lambda pixels: run(["output0"], {"images": pixels})[0]
 
 
 def _graph_parity(path: Path, reference: dict, imgsz: int, atol: float, min_cosine: float | None,

@@ -148,3 +148,28 @@ def test_an_image_plan_takes_every_side_its_profile_ranges_over(tmp_path, precis
         assert got.shape == reference.shape, shape
         flat = lambda a: a.reshape(a.shape[0], -1)  # noqa: E731
         assert _cosines(flat(reference), flat(got)).min() >= (0.999 if precision == "fp16" else 0.95), shape
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_rtxserve_export_builds_a_detr_plan_for_every_size_its_resize_makes(tmp_path, capsys, precision):
+    """A DETR (images of each one's own size, 1 to 96 pixels a side here) through `rtxserve export`: the plan is
+    checked against PyTorch on every sample image and through the served steps against the pipeline."""
+    from export.cli import main
+    from export.fixtures import write_detector
+    from tests.integration import png
+
+    checkpoint = write_detector(tmp_path / "detr")
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate(((48, 64), (64, 40), (30, 90), (64, 64))):
+        (calibration / f"{i}.png").write_bytes(png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)))
+    args = ["onnx", str(checkpoint), "--task", "object-detection", "--name", "detr", "--repository", str(tmp_path / "repo"),
+            "--target", "gpu", "--tensorrt", "--precision", precision, "--max-batch-size", "4"]
+    assert main(args + (["--calibration-images", str(calibration)] if precision == "int8" else [])) == 0, \
+        capsys.readouterr().err
+    parity = json.loads((tmp_path / "repo" / "detr_model" / "parity.json").read_text())
+    assert parity["variant"] == f"tensorrt-{precision}" and parity["passed"]
+    assert parity["served"]["detections"] > 0
+    info = json.loads((tmp_path / "repo" / "detr_model" / "tensorrt.json").read_text())
+    assert info["profile"]["image_side"] == {"min": 1, "opt": 64, "max": 96}

@@ -349,6 +349,17 @@ def _fake_tensorrt(monkeypatch, built: dict, input_type: str):
     monkeypatch.setattr(trt_export, "run_plan", fake_run)
 
 
+def _plan_served_as_the_graph_was(parity: dict, model_dir, precision: str):
+    """The faked plan is the graph: its parity against PyTorch (on the same tensors), and its served answers against
+    the framework's predict, are the graph's; it is the entry's model step on GPUs. Returns the step's config."""
+    assert parity["variant"] == f"tensorrt-{precision}" and set(parity["variants"]) == {"fp32", f"tensorrt-{precision}"}
+    assert parity["variants"][f"tensorrt-{precision}"]["outputs"] == parity["variants"]["fp32"]["outputs"]
+    assert parity["served"]["passed"] and parity["served"]["detections"] > 0
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert config.platform == "tensorrt_plan" and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    return config
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_graph_was(tmp_path, monkeypatch, precision):
     import export.yolo as yolo
@@ -374,12 +385,7 @@ def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_grap
         assert "calibrated on 2 images" in parity["variants"]["tensorrt-int8"]["notes"]
     else:
         assert built["calibration"] is None
-    assert parity["variant"] == f"tensorrt-{precision}" and set(parity["variants"]) == {"fp32", f"tensorrt-{precision}"}
-    # the 'plan' is the graph: checked against PyTorch on the same tensors, the same figures
-    assert parity["variants"][f"tensorrt-{precision}"]["outputs"] == parity["variants"]["fp32"]["outputs"]
-    assert parity["served"]["passed"] and parity["served"]["detections"] > 0
-    config = text_format.Parse((repo / "det_model" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    assert config.platform == "tensorrt_plan" and config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+    config = _plan_served_as_the_graph_was(parity, repo / "det_model", precision)
     assert [(i.name, list(i.dims)) for i in config.input] == [("images", [3, -1, -1])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("output0", [6, -1])]
     assert (repo / "det_model" / "1" / "model.plan").is_file() and not (repo / "det_model" / "1" / "model.onnx").exists()
@@ -404,3 +410,49 @@ def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, m
         yolo.export_yolo(tmp_path / "best.pt", EntryOptions("det", max_batch_size=8, **entry), tmp_path / "repo",
                          EncoderOptions(nms=nms, tensorrt=TensorRTOptions(**options)))
     assert not (tmp_path / "repo").exists()
+
+
+@pytest.fixture(scope="module")
+def detr_checkpoint(tmp_path_factory):
+    from export.fixtures import write_detector
+
+    return write_detector(tmp_path_factory.mktemp("ckpt") / "detr")  # its processor: shortest edge 64, longest 96
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served_as_the_graph_was(
+        detr_checkpoint, tmp_path, monkeypatch, precision):
+    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.triton_models.image_preprocess.imaging import Preprocess, ResizedAway
+    from PIL import Image
+    from tests.integration import png
+
+    built = {}
+    _fake_tensorrt(monkeypatch, built, "TYPE_FP32")
+    rng = np.random.default_rng(0)
+    calibration = [png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((48, 64), (64, 40), (30, 90))]
+    repo = tmp_path / "repo"
+    export_encoder(detr_checkpoint, "object-detection", EntryOptions("detr", target="gpu", max_batch_size=4), repo,
+                   EncoderOptions(precision=precision, tensorrt=TensorRTOptions(calibration=calibration, calibration_batch=2)))
+    assert built["precision"] == precision and built["inputs"] == {"pixel_values": (3, -1, -1)}
+    # batches 1..4; each side from 1 pixel (a sliver's short side) to the longest edge, optimised for a square's 64
+    assert built["shapes"] == {"pixel_values": ((1, 3, 1, 1), (4, 3, 64, 64), (4, 3, 96, 96))}
+    if precision == "int8":  # 3 images in batches of 2: one full batch, each image's centre square at 64 x 64
+        assert [f["pixel_values"].shape for f in built["calibration"]] == [(2, 3, 64, 64)]
+    else:
+        assert built["calibration"] is None
+    parity = json.loads((repo / "detr_model" / "parity.json").read_text())
+    config = _plan_served_as_the_graph_was(parity, repo / "detr_model", precision)
+    assert [(i.name, list(i.dims)) for i in config.input] == [("pixel_values", [3, -1, -1])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("logits", [8, 3]), ("pred_boxes", [8, 4])]
+    assert json.loads((repo / "detr" / "rtxserve.json").read_text())["tensorrt"]["profile"]["image_side"] == {
+        "min": 1, "opt": 64, "max": 96}
+    # The served pre-processing holds images to the plan's sides: a 1 x 100 sliver is already at its target short
+    # side (DETR's rule rounds 96 / 100 up to 1), so it is not resized, and 100 would pass the plan's 96.
+    pre = text_format.Parse((repo / "detr_preprocess" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    settings = json.loads(pre.parameters["image_processor"].string_value)
+    sliver = Image.new("RGB", (100, 1))
+    unbounded = {k: v for k, v in settings.items() if k != "max_side"}  # the ONNX graph's entry
+    assert settings["max_side"] == 96 and Preprocess(unbounded).pixels(sliver).shape == (3, 1, 100)
+    with pytest.raises(ResizedAway, match="over 96 pixels on a side, the most this model's TensorRT plan takes"):
+        Preprocess(settings).pixels(sliver)

@@ -37,6 +37,8 @@ Settings (a JSON object, written by `export.vision.read_image_processor`):
     image_mean, image_std [float, float, float]
     height, width         int, the output size (checked against the size the steps above give)
     max_pixels            int, optional: larger images are refused before decoding (default 50 M)
+    max_side              int, optional, with an output size that varies: an image resized to a longer side is
+                          refused (a TensorRT plan's optimisation profile takes sides up to it)
     letterbox             {"imgsz": int, "stride": int} or absent: Ultralytics' pre-processing instead of the
                           steps above (see `letterbox`); the output size follows the image's aspect ratio
 """
@@ -54,7 +56,7 @@ RESAMPLE_FILTERS = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: 
 _ACCEPTED = ("PNG", "JPEG")
 _KEYS = {"image_processor_type", "do_convert_rgb", "do_resize", "size", "crop_pct", "resample", "do_center_crop",
          "crop_size", "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std", "height", "width",
-         "max_pixels", "letterbox", "size_multiple"}
+         "max_pixels", "letterbox", "size_multiple", "max_side"}
 # Ultralytics' LetterBox: the grey it pads with.
 LETTERBOX_PAD = 114
 # ConvNeXt evaluates at >= 384 by warping to a square, below it by resize + crop (as its processor).
@@ -155,7 +157,8 @@ def size_with_aspect_ratio(height: int, width: int, size: int, max_size: int) ->
 
 
 class ResizedAway(ValueError):
-    """The resize leaves the image no pixels on a side (YOLOS' multiple of 16 under a sliver's short side)."""
+    """The resize leaves the image a shape the served model cannot take: no pixels on a side (YOLOS' multiple of 16
+    under a sliver's short side), or a side over `max_side`."""
 
 
 def size_with_aspect_ratio_multiple(height: int, width: int, size: int, max_size: int, multiple: int) -> tuple[int, int]:
@@ -236,6 +239,11 @@ class Preprocess:
         self.size = _size_dict(s.get("size"), "size", (("height", "width"), ("shortest_edge",),
                                                        ("shortest_edge", "longest_edge"))) if self.do_resize else None
         self.size_multiple = s.get("size_multiple")
+        self.max_side = s.get("max_side")
+        if self.max_side is not None and (not isinstance(self.max_side, int) or self.max_side < 1
+                                          or not self.do_resize or "longest_edge" not in self.size):
+            raise ValueError("max_side (a TensorRT plan's largest side) must be a positive int, with size "
+                             f"{{'shortest_edge': N, 'longest_edge': M}}; got {self.max_side!r}")
         if self.size_multiple is not None and (not isinstance(self.size_multiple, int) or self.size_multiple < 1
                                                or not self.do_resize or "longest_edge" not in self.size):
             raise ValueError("size_multiple (YOLOS' resize) must be a positive int, with size {'shortest_edge': N, "
@@ -331,6 +339,11 @@ class Preprocess:
                     array = center_crop(np.asarray(image), edge, edge)
                 else:
                     image = self._resize(image, edge, edge)
+        if self.max_side is not None and max(image.size) > self.max_side:
+            # DETR's rule leaves a sliver whose short side is already the target uncut: its long side may pass
+            # longest_edge (up to twice it)
+            raise ResizedAway(f"image resized to {image.width}x{image.height}: over {self.max_side} pixels on a side, "
+                              "the most this model's TensorRT plan takes (aspect ratio too extreme for it)")
         if array is None:
             array = np.asarray(image)
         if self.do_center_crop:
