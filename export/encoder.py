@@ -186,7 +186,8 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", entry.name, entry.target, entry.instances,
               entry.max_batch_size)
         parity, metadata = _record(source, options, entry, reports, plan_info, reference, inputs, spec)
-        metadata |= inputs.activations(served)  # what `rtxserve plan` sizes an image graph's activations from
+        # what `rtxserve plan` sizes an image graph's activations from (a plan's: the fp32 graph it was built from)
+        metadata |= inputs.activations(served if plan_info is None else work / "model.onnx")
         if spec.served_check is not None:  # what the served steps answer against the framework's own predict
             steps("checking the served answers against the framework's own predict")
             from .detection import gate_served

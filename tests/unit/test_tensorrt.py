@@ -329,20 +329,24 @@ class _TinyYolo:
 
 
 def _fake_tensorrt(monkeypatch, built: dict, input_type: str):
-    """build_plan copies the graph as the 'plan' (its inputs of `input_type`) and run_plan runs it in ONNX Runtime:
-    the plan's parity comes out exact, and what the export asked TensorRT for is recorded in `built`."""
+    """build_plan writes a 'plan' that only run_plan reads (anything that would parse it as ONNX fails, as on a real
+    plan): run_plan runs the graph it was built from in ONNX Runtime, with its inputs of `input_type`, so the plan's
+    parity comes out exact; what the export asked TensorRT for is recorded in `built`."""
     import onnxruntime as ort
+
+    graphs = {}
 
     def fake_build(onnx_path, plan_path, *, inputs, profile, precision, calibration_feeds, workspace_gb):
         built.update(inputs=inputs, profile=profile.to_dict(), shapes=profile.shapes(inputs), precision=precision,
                      calibration=calibration_feeds)
-        plan_path.write_bytes(onnx_path.read_bytes())
+        plan_path.write_bytes(b"a fake TensorRT engine")
+        graphs[str(plan_path)] = onnx_path.read_bytes()
         return {"tensorrt_version": "10.3.0", "precision": precision, "profile": profile.to_dict(), "gpu": "fake",
                 "compute_capability": "8.9", "build_seconds": 0.0, "inputs": {n: input_type for n in inputs},
                 "calibration_batches": len(calibration_feeds or [])}
 
     def fake_run(plan_path, feeds):
-        session = ort.InferenceSession(str(plan_path), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(graphs[str(plan_path)], providers=["CPUExecutionProvider"])
         return dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
 
     monkeypatch.setattr(trt_export, "build_plan", fake_build)
@@ -445,8 +449,10 @@ def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served
     config = _plan_served_as_the_graph_was(parity, repo / "detr_model", precision)
     assert [(i.name, list(i.dims)) for i in config.input] == [("pixel_values", [3, -1, -1])]
     assert [(o.name, list(o.dims)) for o in config.output] == [("logits", [8, 3]), ("pred_boxes", [8, 4])]
-    assert json.loads((repo / "detr" / "rtxserve.json").read_text())["tensorrt"]["profile"]["image_side"] == {
-        "min": 1, "opt": 64, "max": 96}
+    metadata = json.loads((repo / "detr" / "rtxserve.json").read_text())
+    assert metadata["tensorrt"]["profile"]["image_side"] == {"min": 1, "opt": 64, "max": 96}
+    # sized on the graph the plan was built from, at the largest image the resize makes
+    assert metadata["graph_activations"]["item_shape"] == [3, 64, 96]
     # The served pre-processing holds images to the plan's sides: a 1 x 100 sliver is already at its target short
     # side (DETR's rule rounds 96 / 100 up to 1), so it is not resized, and 100 would pass the plan's 96.
     pre = text_format.Parse((repo / "detr_preprocess" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
