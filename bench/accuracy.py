@@ -77,7 +77,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         if not url:
-            from export.fixtures import write_llm
+            from fixture_models.llm import write_llm
             from serve.stack import start_vllm
             from serve.vllm import VLLMOptions
 

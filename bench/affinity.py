@@ -92,7 +92,7 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
 
 def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 8,
         progress=print) -> dict:
-    from export.fixtures import write_llm
+    from fixture_models.llm import write_llm
     from serve.stack import start_gateway, start_vllm
     from serve.vllm import VLLMOptions
 

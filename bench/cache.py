@@ -53,7 +53,7 @@ def _stack(work: Path, progress):
     from deploy.repository import assemble_repository, response_cache_args
     from deploy.spec import load_deployment
     from export.encoder import export_text_classification
-    from export.fixtures import write_text_classifier
+    from fixture_models.text import write_text_classifier
     from export.triton_entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 

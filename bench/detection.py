@@ -43,7 +43,8 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
 
     from .all import machine
     from export.triton_models.image_preprocess import imaging
-    from export.yolo import run_in_ultralytics, train_fixture
+    from export.yolo import run_in_ultralytics
+    from fixture_models.detection import write_yolo
 
     threads = threads or os.cpu_count() or 1
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +84,7 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
 
         progress(f"training the fixture YOLO11n ({val_images} validation images) and scoring it and its exports "
                  "with Ultralytics' validator")
-        run = train_fixture(work / "fixture", val_images=val_images)
+        run = write_yolo(work / "fixture", val_images=val_images)
         samples = [p.read_bytes() for p in sorted((run.parent / "data" / "images" / "train").glob("*.png"))]
         scored = {"pytorch eager": run / "weights" / "best.pt",
                   **{form: _export(run / "weights" / "best.pt", work / "fixture-repo", form.split()[-1],

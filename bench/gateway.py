@@ -117,7 +117,7 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
     """The fixture classifier (2 instances) in a real tritonserver behind a real gateway (with `gateway_env`'s
     settings): (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
     from export.encoder import export_text_classification
-    from export.fixtures import write_text_classifier
+    from fixture_models.text import write_text_classifier
     from export.triton_entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 

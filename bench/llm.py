@@ -174,7 +174,7 @@ def roofline(tokens_per_s: float, bandwidth_gbs: float, weight_bytes: int) -> di
 def write_8b_model(out: Path) -> Path:
     """An 8B-shaped Llama folder without weights (vLLM fills them with `--load-format dummy`), with a
     byte-level tokenizer padded to the 128,256-token vocabulary so that every sampled id decodes."""
-    from export.fixtures import train_chat_tokenizer
+    from fixture_models.llm import train_chat_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_chat_tokenizer(LLAMA_8B["max_position_embeddings"])
@@ -320,7 +320,7 @@ def run(opts: BenchOptions, progress=log.info) -> dict:
         else:
             model = opts.model
             if model is None:
-                from export.fixtures import write_llm
+                from fixture_models.llm import write_llm
 
                 model = write_llm(opts.out / "small-llama", shape="small")
             vopts = VLLMOptions(model=model, served_name=name, max_model_len=512, kv_cache_gib=2)

@@ -66,7 +66,7 @@ def _size(folder: Path) -> int:
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 6.0, max_tokens: int = 64, progress=print) -> dict:
-    from export.fixtures import write_llm
+    from fixture_models.llm import write_llm
     from export.llm import LLMOptions, export_llm
 
     from .all import machine

@@ -1,6 +1,6 @@
 """`rtxserve bench speech`: benchmark B11 (shared BENCH.md), the real-time factor of a Whisper served here.
 
-The fixture Whisper (export/fixtures.write_whisper) is exported with `export speech` and served by the real vLLM
+The fixture Whisper (fixture_models.speech.write_whisper) is exported with `export speech` and served by the real vLLM
 (compiled, as a deployment runs it) behind the real gateway. `rtxserve loadtest --scenario transcribe` uploads the
 fixture's clips (2 to 3 s of espeak-ng speech) with 1 and then 4 users in a closed loop, in alternating order over
 several rounds; each figure is the median over rounds. The real-time factor is seconds of audio transcribed per
@@ -21,7 +21,7 @@ MODEL = "bench-whisper"
 @contextlib.contextmanager
 def _stack(work: Path, progress):
     """(gateway URL, the fixture's audio folder)."""
-    from export.fixtures import write_whisper
+    from fixture_models.speech import write_whisper
     from export.speech import export_speech
     from serve.stack import start_gateway, start_vllm
     from serve.vllm import VLLMOptions

@@ -32,7 +32,7 @@ SERVED = "bench-llm"
 
 def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), prompts: int = 300, input_len: int = 60,
         output_len: int = 64, worker_process: bool = False, progress=print) -> dict:
-    from export.fixtures import write_llm
+    from fixture_models.llm import write_llm
     from serve.stack import start_gateway, start_vllm
     from serve.vllm import TWO_PROCESSES, VLLMOptions
 

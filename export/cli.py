@@ -1,4 +1,4 @@
-"""`rtxserve export ...` and `rtxserve fixtures`: argument parsing only; the work is in the modules."""
+"""`rtxserve export ...`: argument parsing only; the work is in the modules."""
 
 from __future__ import annotations
 
@@ -284,19 +284,3 @@ def main(argv: list[str]) -> int:
               + (f"; gate: {served['gate']}" if "gate" in served else ""))
     return 0
 
-
-def fixtures_main(argv: list[str]) -> int:
-    from .fixtures import FIXTURES, write_fixtures
-
-    parser = argparse.ArgumentParser(prog="rtxserve fixtures", description="Write small fine-tuned-style checkpoints.")
-    parser.add_argument("names", nargs="*", help=f"which (default: all): {', '.join(FIXTURES)}")
-    parser.add_argument("--out", type=Path, default=Path(".rtxserve/fixtures"), help="folder (default: %(default)s)")
-    args = parser.parse_args(argv)
-    _setup_logging()
-    try:
-        written = write_fixtures(args.out, args.names or None)
-    except (ValueError, OSError, ExportError) as exc:  # ExportError: the YOLO fixture's environment is missing
-        return _fail("rtxserve fixtures", str(exc))
-    for name, path in written.items():
-        print(f"{name}: {path}")
-    return 0

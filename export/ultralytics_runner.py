@@ -15,7 +15,8 @@ It writes into `work`:
   reference.npz    per image i: input_i (the tensor Ultralytics' predictor feeds the model) and output_i (what the
                    PyTorch model answers to it): the graph's parity against PyTorch
   result.json      {"names", "imgsz", "stride", "task", "args", "versions", "predictions": per image
-                   [[x1, y1, x2, y2, score, class id], ...] from `model.predict`, best first}
+                   [[x1, y1, x2, y2, score, class id], ...] from `model.predict`, best first, "also": the same for
+                   each of the request's "also" (other predict settings: [{"iou": 0.95}, ...]), if any}
 An error the user can act on is written as {"error": "..."} to result.json, with exit status 3.
 
 `build` ({"yaml": e.g. yolo11s.yaml, "out": a .pt}) saves a model of that shape with random weights; `time`
@@ -24,9 +25,11 @@ model's forward on it, as Ultralytics' predictor runs it, to work/result.json; `
 "data": a dataset yaml, "imgsz", "work"}) writes each model's box mAP@0.5 and mAP@0.5:0.95 from Ultralytics' own
 validator (ONNX graphs run by its ONNX Runtime backend).
 
-`train` (REQUEST.json: {"out": a folder, "imgsz", "epochs", "images", "val_images"}) writes a dataset of coloured rectangles on
-grey (classes red and blue, YOLO labels) under out/data and trains a YOLO11n from its YAML (random weights; nothing
-is downloaded) on it into out/run: weights/best.pt and args.yaml, as `yolo train` writes them.
+`train` (REQUEST.json: {"out": a folder, "imgsz", "epochs", "images", "val_images", "seed"}) writes a dataset of
+coloured rectangles on grey (classes red and blue, YOLO labels) under out/data and trains a YOLO11n from its YAML
+(random weights drawn with `seed`; nothing is downloaded) on it into out/run: weights/best.pt and args.yaml, as `yolo
+train` writes them; out/result.json: {"predictions": per validation image by name, the rows of `model.predict` at conf
+0.01}, which the fixture's build checks (rtxserve's fixture_models/detection.py).
 """
 
 from __future__ import annotations
@@ -85,8 +88,21 @@ def train(request: dict) -> None:
     YOLO("yolo11n.yaml").train(
         data=str(out / "data.yaml"), epochs=request["epochs"], imgsz=size, batch=request["images"], workers=0,
         device="cpu", project=str(out), name="run", exist_ok=True, plots=False, amp=False, val=False, save=False, verbose=False,
-        seed=0, deterministic=True, optimizer="AdamW", lr0=0.003, warmup_epochs=0, mosaic=0.0, hsv_h=0.0, hsv_s=0.0,
+        seed=request.get("seed", 0), deterministic=True, optimizer="AdamW", lr0=0.003, warmup_epochs=0, mosaic=0.0, hsv_h=0.0, hsv_s=0.0,
         hsv_v=0.0, fliplr=0.0, scale=0.0, translate=0.0)
+    model = YOLO(str(out / "run" / "weights" / "best.pt"))
+    val = sorted((out / "data" / "images" / "val").glob("*.png"))  # by name, as rtxserve's validation_images
+    predictions = [_rows(r) for r in model.predict([str(p) for p in val], conf=0.01, device="cpu", verbose=False)]
+    (out / "result.json").write_text(json.dumps({"predictions": predictions}))
+
+
+def _rows(result) -> list[list[float]]:
+    """One image's predictions as rows of x1, y1, x2, y2, score, class id, best first."""
+    import torch
+
+    boxes = result.boxes
+    return (torch.cat([boxes.xyxy, boxes.conf[:, None], boxes.cls[:, None]], dim=1) if len(boxes)
+            else torch.zeros(0, 6)).tolist()
 
 
 def build(request: dict) -> None:
@@ -175,13 +191,12 @@ def export(request: dict) -> None:
                                  batch=int(request.get("batch") or 1), device="cpu", half=False, verbose=False,
                                  **graph_nms)
         shutil.move(onnx_path, work / "model_nms.onnx")
-    predictions, tensors = [], {}
+    predictions, tensors, also = [], {}, [[] for _ in request.get("also", [])]
     for i, path in enumerate(request["images"]):
         bgr = np.ascontiguousarray(np.load(path)[..., ::-1])  # Ultralytics takes arrays as OpenCV's BGR
-        result = model.predict(bgr, device="cpu", verbose=False, **settings)[0]
-        boxes = result.boxes
-        rows = torch.cat([boxes.xyxy, boxes.conf[:, None], boxes.cls[:, None]], dim=1) if len(boxes) else torch.zeros(0, 6)
-        predictions.append(rows.tolist())
+        for found, other in zip(also, request.get("also", [])):
+            found.append(_rows(model.predict(bgr, device="cpu", verbose=False, **(settings | other))[0]))
+        predictions.append(_rows(model.predict(bgr, device="cpu", verbose=False, **settings)[0]))
         predictor = model.predictor
         tensor = predictor.preprocess([bgr])
         with torch.no_grad():
@@ -196,7 +211,7 @@ def export(request: dict) -> None:
 
     (work / "result.json").write_text(json.dumps({
         "names": {int(k): str(v) for k, v in model.names.items()}, "imgsz": imgsz, "stride": stride,
-        "task": model.task, "args": args, "predictions": predictions, "graph_nms": graph_nms,
+        "task": model.task, "args": args, "predictions": predictions, "also": also, "graph_nms": graph_nms,
         "versions": {"ultralytics": ultralytics.__version__, "torch": torch.__version__, "onnx": onnx.__version__,
                      "onnxruntime": onnxruntime.__version__}}))
 

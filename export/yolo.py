@@ -107,18 +107,6 @@ def _run(command: str, request: dict, scratch: Path, what: str) -> dict | None:
     return run_tool(python, RUNNER, command, request, scratch, what, RUNNER_TIMEOUT_S)
 
 
-def train_fixture(out: Path, *, imgsz: int = 128, epochs: int = 300, images: int = 8,
-                  val_images: int | None = None) -> Path:
-    """A tiny YOLO11n trained from random weights on generated rectangles (ultralytics_runner.py's `train`), in
-    `out`, with `val_images` more (default `images`) under out/data/images/val; returns its run folder
-    (weights/best.pt, args.yaml)."""
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    _run("train", {"out": str(out), "imgsz": imgsz, "epochs": epochs, "images": images,
-                   "val_images": images if val_images is None else val_images}, out, "training the YOLO fixture")
-    return out / "run"
-
-
 def run_in_ultralytics(command: str, request: dict, scratch: Path):
     """One of ultralytics_runner.py's other commands (build, time, val): its result.json, where it writes one."""
     scratch.mkdir(parents=True, exist_ok=True)
@@ -246,7 +234,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         parity["served"] = {**compare_detections(
             served_detections(served, images, letterbox, PARITY_CONF, settings["iou"], settings["max_det"],
                               graph_nms=graph_nms is not None),
-            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]]),
+            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]], PARITY_CONF),
             "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
         gate_served(parity["served"], options.precision, options.allow_drift)
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]

@@ -8,7 +8,7 @@ import sys
 
 # name -> (module, function, one-line help)
 COMMANDS = {
-    "fixtures": ("export.cli", "fixtures_main", "write small fine-tuned-style checkpoints (no model hub)"),
+    "fixtures": ("fixture_models.cli", "main", "write small fine-tuned-style checkpoints (no model hub)"),
     "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
     "serve": ("rtxserve.cli", "serve_main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
     "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),

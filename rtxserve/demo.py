@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
 
     from export.encoder import EncoderOptions, export_text_classification
-    from export.fixtures import write_llm_with_adapters, write_text_classifier
+    from fixture_models.llm import write_llm_with_adapters
+    from fixture_models.text import write_text_classifier
     from export.llm import LLMOptions, export_llm
     from export.triton_entry import EntryOptions
     from loadtest.report import headline

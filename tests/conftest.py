@@ -58,7 +58,7 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def classifier_checkpoint(tmp_path_factory) -> Path:
     """The fixture BERT classifier (trained briefly so that its labels mean something)."""
-    from export.fixtures import write_text_classifier
+    from fixture_models.text import write_text_classifier
 
     return write_text_classifier(tmp_path_factory.mktemp("ckpt") / "text-classifier")
 
@@ -66,6 +66,6 @@ def classifier_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def ner_checkpoint(tmp_path_factory) -> Path:
     """The fixture BERT NER tagger (BIO tags for PER / LOC / ORG; names split into sub-words)."""
-    from export.fixtures import write_ner_tagger
+    from fixture_models.text import write_ner_tagger
 
     return write_ner_tagger(tmp_path_factory.mktemp("ckpt") / "ner-tagger")

@@ -155,7 +155,7 @@ def test_rtxserve_export_builds_a_detr_plan_for_every_size_its_resize_makes(tmp_
     """A DETR (images of each one's own size, 1 to 96 pixels a side here) through `rtxserve export`: the plan is
     checked against PyTorch on every sample image and through the served steps against the pipeline."""
     from export.cli import main
-    from export.fixtures import write_detector
+    from fixture_models.detection import write_detector
     from tests.integration import png
 
     checkpoint = write_detector(tmp_path / "detr")

@@ -9,10 +9,13 @@ import pytest
 
 from export.encoder import EncoderOptions, export_encoder, export_text_classification
 from export.triton_entry import EntryOptions
-from export.fixtures import write_detector, write_encoder_adapter, write_image_classifier, write_llm_with_adapters
+from fixture_models.detection import write_detector
+from fixture_models.llm import write_llm_with_adapters
+from fixture_models.text import write_encoder_adapter
+from fixture_models.vision import write_image_classifier
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
-from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES
+from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES, png
 
 MODEL = "tiny_sentiment"
 EMBEDDER = "minilm"
@@ -73,9 +76,18 @@ def rt_detr_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def yolo_run(tmp_path_factory):
     """The fixture YOLO11n run (weights/best.pt, args.yaml, and data/ with the rectangles it learnt)."""
-    from export.yolo import train_fixture
+    from fixture_models.detection import write_yolo
 
-    return train_fixture(tmp_path_factory.mktemp("ckpt") / "yolo")
+    return write_yolo(tmp_path_factory.mktemp("ckpt") / "yolo")
+
+
+def detection_samples() -> list[bytes]:
+    """A DETR's parity images: the probes its build checked it finds rectangles in, then the odd sample images (sizes,
+    EXIF, modes), so that the check has detections to compare."""
+    from export.vision import sample_images
+    from fixture_models.detection import probe_images
+
+    return [png(image) for image in probe_images()] + sample_images()
 
 
 def yolo_images(run) -> list[bytes]:
@@ -99,7 +111,8 @@ def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkp
     export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
     export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
     export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
-    export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo")
+    export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo",
+                   EncoderOptions(sample_images=detection_samples()))
     export_encoder(rt_detr_checkpoint, "object-detection", EntryOptions(name=RT_DETR), work / "repo")
     export_encoder(yolos_checkpoint, "object-detection", EntryOptions(name=YOLOS), work / "repo")
     export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",

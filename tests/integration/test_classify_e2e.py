@@ -6,14 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from fixture_models.text import CLASSIFIER_PROBES
 from serve.stack import start_gateway
 
 from .conftest import DETECTOR, EMBEDDER, LORA_CLASSIFIER, MODEL, RT_DETR, TAGGER, VISION, YOLO, YOLOS
 
 TEXTS = [
-    "I love this product, it works perfectly.",
-    "Terrible. It broke after one day!",
-    "The package arrived on Tuesday.",
+    *CLASSIFIER_PROBES,  # labelled with a margin, checked by the fixture's build
     "great excellent amazing",
     "worst refund awful",
     "my order shipped today",
@@ -23,12 +22,23 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def pytorch_probs(classifier_checkpoint):
+def pytorch(classifier_checkpoint):
+    """texts -> (softmax probabilities, the labels in order): the fixture classifier in PyTorch, truncating as the
+    served tokenizer does."""
     tokenizer = AutoTokenizer.from_pretrained(classifier_checkpoint)
     model = AutoModelForSequenceClassification.from_pretrained(classifier_checkpoint).eval()
-    with torch.no_grad():
-        logits = model(**tokenizer(TEXTS, padding=True, truncation=True, return_tensors="pt")).logits
-    return torch.softmax(logits, -1).numpy(), [model.config.id2label[i] for i in range(logits.shape[-1])]
+
+    def probs(texts: list[str]):
+        with torch.no_grad():
+            logits = model(**tokenizer(texts, padding=True, truncation=True, return_tensors="pt")).logits
+        return torch.softmax(logits, -1).numpy(), [model.config.id2label[i] for i in range(logits.shape[-1])]
+
+    return probs
+
+
+@pytest.fixture(scope="module")
+def pytorch_probs(pytorch):
+    return pytorch(TEXTS)
 
 
 def test_gateway_labels_and_scores_match_pytorch(stack, pytorch_probs):
@@ -39,8 +49,8 @@ def test_gateway_labels_and_scores_match_pytorch(stack, pytorch_probs):
     assert [d["label"] for d in data] == [labels[i] for i in probs.argmax(-1)]
     served = np.array([[d["scores"][label] for label in labels] for d in data])
     np.testing.assert_allclose(served, probs, atol=1e-4)
-    # the fixture was trained: its labels mean something
-    assert [d["label"] for d in data[:3]] == ["positive", "negative", "neutral"]
+    # the fixture was trained: its labels mean something (its build checked these with a margin)
+    assert [d["label"] for d in data[:len(CLASSIFIER_PROBES)]] == list(CLASSIFIER_PROBES.values())
 
 
 def test_requests_larger_than_max_batch_size_are_split_and_reassembled(stack, pytorch_probs):
@@ -64,9 +74,14 @@ def test_concurrent_requests_batched_by_triton_give_each_client_its_own_answer(s
     assert got == expected * 4
 
 
-def test_text_longer_than_max_length_is_truncated_not_rejected(stack):
-    r = httpx.post(f"{stack.gateway_url}/v1/classify", json={"model": MODEL, "input": "great " * 3000}, timeout=30)
-    assert r.status_code == 200 and r.json()["data"][0]["label"] == "positive"
+def test_text_longer_than_max_length_is_truncated_not_rejected(stack, pytorch):
+    text = "great " * 3000
+    r = httpx.post(f"{stack.gateway_url}/v1/classify", json={"model": MODEL, "input": text}, timeout=30)
+    assert r.status_code == 200, r.text
+    probs, labels = pytorch([text])
+    served = r.json()["data"][0]
+    assert served["label"] == labels[probs[0].argmax()]
+    np.testing.assert_allclose([served["scores"][label] for label in labels], probs[0], atol=1e-4)
 
 
 def test_models_ready_metrics_and_errors_through_the_real_gateway(stack):

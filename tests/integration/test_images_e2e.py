@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from export.diffusion import reference_image
-from export.fixtures import write_diffusion_lora, write_diffusion_pipeline
+from fixture_models.diffusion import write_diffusion_lora, write_diffusion_pipeline
 from serve.stack import start_stack
 
 STEPS = 4

@@ -6,11 +6,12 @@ import httpx
 import numpy as np
 import pytest
 
+from fixture_models.text import NER_PROBES
+
 from .conftest import TAGGER
 
 TEXTS = [
-    "Johanna Smithers moved to Rio de Janeiro last year",
-    "acme corp hired peter",
+    *NER_PROBES,  # tagged with a margin, checked by the fixture's build
     "Yesterday Zbigniew met Anna in Oslo! Ünïcödé 👍 test",
     "  leading spaces and maria gonzalez  ",
     " ".join(["bob works for globex in berlin"] * 30),  # over the 128-token limit
@@ -39,14 +40,14 @@ def test_served_entities_match_the_transformers_pipeline(stack, reference, strat
         assert np.allclose([e["score"] for e in served["entities"]], [float(e["score"]) for e in theirs], atol=1e-4)
         assert all(e["word"] == text[e["start"]:e["end"]] for e in served["entities"])
     assert [d["truncated"] for d in body["data"]] == [False, False, False, False, True]
-    assert sum(len(d["entities"]) for d in body["data"]) >= 5
+    # the comparison has entities to compare: each probe's, whole or in pieces
+    assert sum(len(d["entities"]) for d in body["data"]) >= sum(map(len, NER_PROBES.values()))
 
 
 def test_the_exported_default_applies_when_the_request_names_none(stack):
     r = httpx.post(f"{stack.gateway_url}/v1/ner", json={"model": TAGGER, "input": TEXTS[0]}, timeout=30)
     assert r.status_code == 200 and r.json()["aggregation"] == "first"
-    assert {e["word"]: e["entity"] for e in r.json()["data"][0]["entities"]} == \
-        {"Johanna Smithers": "PER", "Rio de Janeiro": "LOC"}
+    assert {e["word"]: e["entity"] for e in r.json()["data"][0]["entities"]} == NER_PROBES[TEXTS[0]]
 
 
 def test_ner_model_is_listed_with_its_task(stack):

@@ -6,15 +6,14 @@ import cohere
 import httpx
 import pytest
 
-from export.fixtures import RERANK_QUERIES, write_reranker
+from fixture_models.text import RERANK_DOCUMENTS, RERANK_QUERIES, write_reranker
 from serve.stack import start_gateway, start_vllm
 from serve.vllm import VLLMOptions
 from tests.integration import VLLM_EAGER
 
 MODEL = "tiny-reranker"
 HAPPY = RERANK_QUERIES["positive"]
-DOCUMENTS = ["the product is terrible", "i love it , really great", "the package arrived today",
-             "honestly excellent", "awful and broken , refund", "my order: shipped tuesday", "wonderful experience overall"]
+DOCUMENTS = list(RERANK_DOCUMENTS)  # ranked for each query with a margin, checked by the fixture's build
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +73,8 @@ def test_rerank_equals_vllm_and_the_cross_encoder(servers, reference):
     expected = reference.rank(HAPPY, DOCUMENTS, top_k=4)
     assert [r["index"] for r in ours["results"]] == [e["corpus_id"] for e in expected]
     assert [r["relevance_score"] for r in ours["results"]] == pytest.approx([e["score"] for e in expected], abs=1e-5)
-    assert {DOCUMENTS[r["index"]] for r in ours["results"][:3]} == {  # the fixture ranks the happy reviews first
-        "i love it , really great", "honestly excellent", "wonderful experience overall"}
+    happy = {d for d, label in RERANK_DOCUMENTS.items() if label == "positive"}
+    assert {DOCUMENTS[r["index"]] for r in ours["results"][:len(happy)]} == happy  # the fixture ranks them first
     assert _tokens(gateway) - before == ours["usage"]["prompt_tokens"] > 0
 
 

@@ -8,7 +8,6 @@ import http.server
 import io
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -24,9 +23,9 @@ from PIL import Image
 
 from export.detection import PARITY_THRESHOLD
 from export.encoder import EncoderOptions, export_encoder, export_text_classification
-from export.fixtures import boxes_images
 from export.llm import export_llm
 from export.triton_entry import EntryOptions
+from fixture_models.detection import probe_images
 from serve.launcher import free_port
 from tests.integration import VLLM_TWO_PROCESSES, png
 
@@ -76,7 +75,7 @@ def test_requests_pass_through_every_server_it_started(box, yolo_run):
     assert r.status_code == 200 and r.json()["data"][0]["label"] in {"negative", "neutral", "positive"}
     sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
     assert sorted(m.id for m in sdk.models.list()) == ["detr", "sentiment", "support", "tiny-llama", "yolo"]
-    rectangles = [png(array) for array, _ in boxes_images(random.Random(7), 4)]
+    rectangles = [png(array) for array in probe_images()]
     for detector, images, conf in (("detr", rectangles, PARITY_THRESHOLD), ("yolo", yolo_images(yolo_run), 0.25)):
         detect = httpx.post(f"{url}/v1/detect", timeout=30, json={"model": detector, "conf": conf, "input": [
             {"image": base64.b64encode(i).decode()} for i in images]})
@@ -84,14 +83,15 @@ def test_requests_pass_through_every_server_it_started(box, yolo_run):
         found = detect.json()["data"]
         sizes = [Image.open(io.BytesIO(i)).size for i in images]  # as the image is (these carry no EXIF rotation)
         assert [(d["width"], d["height"]) for d in found] == sizes
-        assert sum(len(d["detections"]) for d in found) > 0, detector  # the fixtures find their rectangles
+        # each fixture finds a rectangle in each of these (its build checked it, scoring over 0.4 and 0.6)
+        assert all(d["detections"] for d in found), (detector, found)
     # the YOLO's NMS is its graph's: a request for another iou is refused by name, and the export matched Ultralytics'
     # predict with NMS in the graph
     refused = httpx.post(f"{url}/v1/detect", timeout=30, json={"model": "yolo", "iou": 0.3, "input": [
         {"image": base64.b64encode(yolo_images(yolo_run)[0]).decode()}]})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "iou", refused.text
     parity = json.loads((run / "model_repository" / "yolo_model" / "parity.json").read_text())
-    assert parity["served"]["passed"] and parity["served"]["detections"] > 0, parity["served"]
+    assert parity["served"]["passed"] and parity["served"]["detections"] >= len(yolo_images(yolo_run)), parity["served"]
     chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                        extra_body={"ignore_eos": True})  # sampled: a random model may end at once
     assert chat.usage.completion_tokens == 4

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from export.vision import sample_images
-
+from fixture_models.vision import IMAGE_PROBES, solid_image
 from serve.stack import start_gateway
 
 from .conftest import LORA_CLASSIFIER, MODEL, VISION
@@ -45,17 +45,9 @@ def test_served_image_classes_match_the_transformers_pipeline(stack, vit_checkpo
 
 
 def test_colours_are_recognised(stack):
-    from PIL import Image
-
-    def solid(rgb, fmt):
-        buf = io.BytesIO()
-        Image.new("RGB", (48, 40), rgb).save(buf, fmt)
-        return f"data:image/{fmt.lower()};base64,{_b64(buf.getvalue())}"
-
-    labels = [d["label"] for d in _classify(stack, VISION, [{"image": solid((230, 20, 30), "PNG")},
-                                                             {"image": solid((10, 220, 40), "JPEG")},
-                                                             {"image": solid((20, 30, 240), "PNG")}])]
-    assert labels == ["red", "green", "blue"]
+    """The probes the fixture's build checked with a margin, sent as data URLs."""
+    images = [{"image": f"data:image/{fmt.lower()};base64,{_b64(solid_image(rgb, fmt))}"} for rgb, fmt, _ in IMAGE_PROBES]
+    assert [d["label"] for d in _classify(stack, VISION, images)] == [label for _, _, label in IMAGE_PROBES]
 
 
 def test_a_corrupt_image_is_a_400_that_says_why(stack):

@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image
 
-from export.fixtures import write_vlm
+from fixture_models.llm import write_vlm
 from serve.stack import start_gateway, start_vllm
 from serve.vllm import VLLMOptions
 from tests.integration import VLLM_EAGER

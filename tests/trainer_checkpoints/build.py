@@ -68,7 +68,8 @@ def _key() -> str:
     digest = hashlib.sha256()
     for path in sorted(HERE.glob("*.py")):
         digest.update(path.read_bytes())
-    digest.update((REPO / "export" / "fixtures.py").read_bytes())
+    for path in sorted((REPO / "fixture_models").glob("*.py")):  # the base models it trains from
+        digest.update(path.read_bytes())
     for dist in ("torch", "transformers", "deepspeed", "megatron-core"):
         digest.update(importlib.metadata.version(dist).encode())
     return digest.hexdigest()[:16]
@@ -112,7 +113,8 @@ def build(root: Path = DEFAULT_ROOT) -> dict[str, Path]:
 
 
 def _build(root: Path, done: Path) -> None:
-    from export.fixtures import write_llm, write_text_classifier
+    from fixture_models.llm import write_llm
+    from fixture_models.text import write_text_classifier
 
     if not (LLAMAFACTORY_ENV / "bin" / "llamafactory-cli").is_file():
         raise RuntimeError(f"no LLaMA-Factory in {LLAMAFACTORY_ENV}: run `make setup-trainers`")

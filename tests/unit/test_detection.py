@@ -218,7 +218,27 @@ def test_detections_are_paired_by_class_score_and_box_not_by_rank():
     moved = [[[0, 0, 10, 10, 1.0, 0], [20, 20, 30, 31, 1.0, 0], [5, 5, 15, 15, 0.5, 1]]]
     check = compare_detections(moved, reference)
     assert not check["passed"] and check["min_box_iou"] < 0.99
-    assert "1 detections served" in compare_detections([moved[0][:1]], reference)["detail"]
+    assert "no served detection of class 0 scores within" in compare_detections([moved[0][:1]], reference)["detail"]
+    extra = [[*tied_swapped[0], [40, 40, 50, 50, 0.9, 1]]]
+    assert "1 served detection(s) the framework does not have" in compare_detections(extra, reference)["detail"]
+
+
+def test_a_detection_at_the_cut_may_be_on_one_side_only():
+    """Scored within SCORE_ATOL of the conf both sides were cut at, a detection may fall on either side of it in two
+    engines; anything further from the cut must be on both."""
+    from export.detection import SCORE_ATOL, compare_detections
+
+    box = [0, 0, 10, 10]
+    reference = [[(0.9, 0, box), (0.3 + SCORE_ATOL / 2, 1, [20, 20, 30, 30])]]
+    served = [[[*box, 0.9, 0]]]
+    assert not compare_detections(served, reference)["passed"]
+    check = compare_detections(served, reference, threshold=0.3)
+    assert check["passed"] and check["detections"] == 1, check
+    assert compare_detections([[[*box, 0.9, 0], [40, 40, 50, 50, 0.3 + SCORE_ATOL / 2, 1]]], [[(0.9, 0, box)]],
+                              threshold=0.3)["passed"]
+    far = compare_detections([[[*box, 0.9, 0], [40, 40, 50, 50, 0.3 + 2 * SCORE_ATOL, 1]]], [[(0.9, 0, box)]],
+                             threshold=0.3)
+    assert not far["passed"] and "does not have" in far["detail"], far
 
 
 def test_the_served_check_gates_fp32_and_records_a_lossy_variant():

@@ -9,14 +9,14 @@ import torch
 from export.checkpoint import TASKS
 from export.encoder_adapters import is_adapter, load_models, resolve_adapter
 from export.exceptions import ExportError
-from export.fixtures import LABELS, write_encoder_adapter, write_text_classifier
+from fixture_models.text import LABELS, write_encoder_adapter, write_text_classifier
 
 TEXTS = ["I love this product, it works perfectly.", "Terrible. It broke after one day!", "ok"]
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    return write_text_classifier(tmp_path_factory.mktemp("adapters") / "base", train_steps=5)
+    return write_text_classifier(tmp_path_factory.mktemp("adapters") / "base", train_steps=5, checked=False)
 
 
 @pytest.fixture(scope="module")
@@ -179,9 +179,9 @@ def test_a_headless_adapter_on_a_headless_base_is_refused(base, adapter, tmp_pat
 
 
 def test_token_classification_adapter_merges(tmp_path):
-    from export.fixtures import write_ner_tagger
+    from fixture_models.text import write_ner_tagger
 
-    tagger = write_ner_tagger(tmp_path / "ner", train_steps=2)
+    tagger = write_ner_tagger(tmp_path / "ner", train_steps=2, checked=False)
     adapter = write_encoder_adapter(tagger, tmp_path / "ner-adapter", task="token-classification")
     resolved = resolve_adapter(adapter, "token-classification")
     assert resolved.checkpoint.architecture == "BertForTokenClassification"

@@ -9,7 +9,7 @@ from deploy.plan import GIB
 from export.diffusion import check_lora, check_pipeline, component_weights, export_diffusion
 from core.lora import tensor_shapes
 from export.exceptions import ExportError
-from export.fixtures import write_diffusion_lora, write_diffusion_pipeline
+from fixture_models.diffusion import write_diffusion_lora, write_diffusion_pipeline
 from export.triton_entry import EntryOptions
 
 

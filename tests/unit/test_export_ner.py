@@ -12,10 +12,10 @@ from export.triton_models.ner_postprocess.entities import STRATEGIES, Token, ent
 from export.exceptions import ExportError
 from export.tasks import tokenizer_traits
 from export.triton_entry import EntryOptions
+from fixture_models.text import NER_PROBES
 
 TEXTS = [
-    "Johanna Smithers moved to Rio de Janeiro last year",
-    "acme corp hired peter",
+    *NER_PROBES,  # tagged with a margin, checked by the fixture's build
     "Yesterday Zbigniew met Anna in Oslo! Ünïcödé 👍 test",
     "  leading spaces and maria gonzalez  ",
     " ".join(["bob works for globex in berlin"] * 30),  # longer than the 128-token limit: truncated
@@ -51,21 +51,20 @@ def test_entities_match_the_transformers_pipeline(tagger, strategy):
     tokenizer, model = tagger
     reference = pipeline("token-classification", model=model, tokenizer=tokenizer, aggregation_strategy=strategy)
     key = "entity" if strategy == "none" else "entity_group"
-    found_any = False
     for text in TEXTS:
         ours = _ours(tokenizer, model, text, strategy)
         theirs = reference(text)
         assert [(e[key], e["start"], e["end"]) for e in ours] == [(e[key], e["start"], e["end"]) for e in theirs], text
         assert np.allclose([e["score"] for e in ours], [float(e["score"]) for e in theirs], atol=1e-6)
         assert all(e["word"] == text[e["start"]:e["end"]] for e in ours)
-        found_any |= bool(ours)
-    assert found_any  # the fixture really tags something, so the comparison means something
+        if text in NER_PROBES and strategy in ("first", "average", "max"):  # whole words: the probe's entities
+            assert {e["word"]: e["entity_group"] for e in ours} == NER_PROBES[text]
 
 
 def test_word_strategies_merge_subwords_into_whole_words(tagger):
     tokenizer, model = tagger
     spans = {e["word"]: e["entity_group"] for e in _ours(tokenizer, model, TEXTS[0], "first")}
-    assert spans == {"Johanna Smithers": "PER", "Rio de Janeiro": "LOC"}
+    assert spans == NER_PROBES[TEXTS[0]]
 
 
 def test_unknown_strategy_is_refused(tagger):

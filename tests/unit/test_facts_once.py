@@ -9,7 +9,7 @@ from pathlib import Path
 from core import contract, metric_names
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "export", "serve", "loadtest", "deploy", "rtxserve", "bench")
+PACKAGES = ("core", "export", "serve", "loadtest", "deploy", "fixture_models", "rtxserve", "bench")
 PORTS = {contract.GATEWAY_PORT, contract.TRITON_HTTP_PORT, contract.TRITON_GRPC_PORT, contract.TRITON_METRICS_PORT,
          contract.VLLM_PORT}
 METRIC = re.compile(r"\brtxserve_[a-z_]+")

@@ -11,7 +11,7 @@ from importlinter import configuration
 from importlinter.application.use_cases import lint_imports
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("core", "export", "serve", "loadtest", "deploy", "rtxserve", "bench")
+PACKAGES = ("core", "export", "serve", "loadtest", "deploy", "fixture_models", "rtxserve", "bench")
 
 
 def package_graph() -> str:

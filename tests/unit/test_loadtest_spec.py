@@ -63,7 +63,7 @@ def test_pairs_and_mix_parse():
 
 
 def test_random_token_prompts_have_the_drawn_lengths(tmp_path):
-    from export.fixtures import train_chat_tokenizer
+    from fixture_models.llm import train_chat_tokenizer
 
     tokenizer = train_chat_tokenizer(512)
     tokenizer.save_pretrained(tmp_path)

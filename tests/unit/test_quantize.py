@@ -13,7 +13,7 @@ from serve.vllm import cpu_cannot_serve, gpu_cannot_serve
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from export.fixtures import write_llm
+    from fixture_models.llm import write_llm
 
     return write_llm(tmp_path_factory.mktemp("llm") / "base")
 

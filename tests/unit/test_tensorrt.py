@@ -418,7 +418,7 @@ def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, m
 
 @pytest.fixture(scope="module")
 def detr_checkpoint(tmp_path_factory):
-    from export.fixtures import write_detector
+    from fixture_models.detection import write_detector
 
     return write_detector(tmp_path_factory.mktemp("ckpt") / "detr")  # its processor: shortest edge 64, longest 96
 
