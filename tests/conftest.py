@@ -55,12 +55,32 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{seconds:8.1f}s  {module}")
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """What `build(folder)` returns, built once per test run: under pytest-xdist (`make test` runs two workers) the
+    first worker to ask builds it in the run's folder that the workers share, under a file lock, and the others read
+    it there; alone, it is built in the session's folder. A build that failed half-way is started again."""
+    import os
+    import shutil
+
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "built"
+    root.mkdir(parents=True, exist_ok=True)
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            done.write_text(str(build(folder)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def classifier_checkpoint(tmp_path_factory) -> Path:
-    """The fixture BERT classifier (trained briefly so that its labels mean something)."""
+    """The fixture BERT classifier (trained until it labels its probes with a margin)."""
     from fixture_models.text import write_text_classifier
 
-    return write_text_classifier(tmp_path_factory.mktemp("ckpt") / "text-classifier")
+    return built_once(tmp_path_factory, "text-classifier", write_text_classifier)
 
 
 @pytest.fixture(scope="session")
@@ -68,4 +88,4 @@ def ner_checkpoint(tmp_path_factory) -> Path:
     """The fixture BERT NER tagger (BIO tags for PER / LOC / ORG; names split into sub-words)."""
     from fixture_models.text import write_ner_tagger
 
-    return write_ner_tagger(tmp_path_factory.mktemp("ckpt") / "ner-tagger")
+    return built_once(tmp_path_factory, "ner-tagger", write_ner_tagger)

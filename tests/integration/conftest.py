@@ -3,6 +3,7 @@ MiniLM embedder, the fixture NER tagger, the fixture ViT, the fixture DETR, RT-D
 exported by Ultralytics in its own environment) behind tritonserver + gateway, and the tiny Llama with two LoRA adapters behind
 vLLM + gateway."""
 
+import functools
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from fixture_models.text import write_encoder_adapter
 from fixture_models.vision import write_image_classifier
 from serve.stack import start_gateway, start_stack, start_vllm
 from serve.vllm import VLLMOptions
+from tests.conftest import built_once
 from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES, png
 
 MODEL = "tiny_sentiment"
@@ -52,25 +54,25 @@ def minilm_path():
 @pytest.fixture(scope="session")
 def vit_checkpoint(tmp_path_factory):
     """The fixture ViT colour classifier with its image processor."""
-    return write_image_classifier(tmp_path_factory.mktemp("ckpt") / "vit")
+    return built_once(tmp_path_factory, "vit", write_image_classifier)
 
 
 @pytest.fixture(scope="session")
 def detector_checkpoint(tmp_path_factory):
     """The fixture DETR (red and blue rectangles) with its DetrImageProcessor."""
-    return write_detector(tmp_path_factory.mktemp("ckpt") / "detr")
+    return built_once(tmp_path_factory, "detr", write_detector)
 
 
 @pytest.fixture(scope="session")
 def yolos_checkpoint(tmp_path_factory):
     """The fixture YOLOS (a ViT whose detection tokens are the queries, read as DETR's) with its YolosImageProcessor."""
-    return write_detector(tmp_path_factory.mktemp("ckpt") / "yolos", model_type="yolos")
+    return built_once(tmp_path_factory, "yolos", functools.partial(write_detector, model_type="yolos"))
 
 
 @pytest.fixture(scope="session")
 def rt_detr_checkpoint(tmp_path_factory):
     """The fixture RT-DETR (the same rectangles; a sigmoid per class, read by its top-k) with its image processor."""
-    return write_detector(tmp_path_factory.mktemp("ckpt") / "rt-detr", model_type="rt_detr")
+    return built_once(tmp_path_factory, "rt-detr", functools.partial(write_detector, model_type="rt_detr"))
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +80,7 @@ def yolo_run(tmp_path_factory):
     """The fixture YOLO11n run (weights/best.pt, args.yaml, and data/ with the rectangles it learnt)."""
     from fixture_models.detection import write_yolo
 
-    return write_yolo(tmp_path_factory.mktemp("ckpt") / "yolo")
+    return built_once(tmp_path_factory, "yolo", write_yolo)
 
 
 def detection_samples() -> list[bytes]:
@@ -149,7 +151,7 @@ def _triton_alive(request):
 @pytest.fixture(scope="session")
 def llm_fixtures(tmp_path_factory):
     """The tiny Llama in base/ and two LoRA adapters for it in adapter-a/ and adapter-b/."""
-    return write_llm_with_adapters(tmp_path_factory.mktemp("llm") / "fixtures")
+    return built_once(tmp_path_factory, "llm", write_llm_with_adapters)
 
 
 @pytest.fixture(scope="session")
