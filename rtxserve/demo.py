@@ -24,11 +24,11 @@ def _say(message: str) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rtxserve demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, default=Path(".rtxserve/demo"))
-    parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of load (default %(default)s)")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--users", type=int, default=8)
     parser.add_argument("--instances", type=int, default=1, help="model instances in Triton")
-    parser.add_argument("--chat-duration", type=float, default=15.0, help="seconds of streamed chat load")
+    parser.add_argument("--chat-duration", type=float, default=10.0, help="seconds of streamed chat load")
     parser.add_argument("--chat-users", type=int, default=4)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     _say("4/6 writing the deployment file and bringing it up (`rtxserve serve up`): tritonserver, vLLM (the base "
          "model and its adapter) and the gateway")
     ports = {k: free_port() for k in ("gateway", "triton_http", "triton_grpc", "triton_metrics", "vllm")}
-    spec = {"name": "demo", "ports": ports,
+    # No drain on `serve down`: nothing but the demo routes to this gateway (a deployment keeps the 5 s default)
+    spec = {"name": "demo", "ports": ports, "gateway": {"settings": {"drain_s": 0}},
             "models": [{"name": name, "kind": "encoder", "path": str(repository / name), "instances": args.instances},
                        {"name": "demo-llm", "kind": "llm", "path": str(llm / "base"), "adapters": {"demo-adapter": str(adapter)},
                         "max_model_len": 512}]}

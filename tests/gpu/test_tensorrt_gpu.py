@@ -155,21 +155,29 @@ def test_rtxserve_export_builds_a_detr_plan_for_every_size_its_resize_makes(tmp_
     """A DETR (images of each one's own size, 1 to 96 pixels a side here) through `rtxserve export`: the plan is
     checked against PyTorch on every sample image and through the served steps against the pipeline."""
     from export.cli import main
-    from fixture_models.detection import write_detector
+    from export.vision import sample_images
+    from fixture_models.detection import probe_images, write_detector
     from tests.integration import png
 
     checkpoint = write_detector(tmp_path / "detr")
-    calibration = tmp_path / "calibration"
+    calibration, samples = tmp_path / "calibration", tmp_path / "samples"
     calibration.mkdir()
+    samples.mkdir()
     rng = np.random.default_rng(0)
     for i, (h, w) in enumerate(((48, 64), (64, 40), (30, 90), (64, 64))):
         (calibration / f"{i}.png").write_bytes(png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)))
+    for i, image in enumerate(probe_images()):  # a detection in each, as the fixture's build checked
+        (samples / f"probe-{i}.png").write_bytes(png(image))
+    for i, data in enumerate(sample_images()):  # then the odd sizes, modes and EXIF rotations
+        suffix = "png" if data.startswith(b"\x89PNG") else "jpg"
+        (samples / f"sample-{i}.{suffix}").write_bytes(data)
     args = ["onnx", str(checkpoint), "--task", "object-detection", "--name", "detr", "--repository", str(tmp_path / "repo"),
-            "--target", "gpu", "--tensorrt", "--precision", precision, "--max-batch-size", "4"]
+            "--target", "gpu", "--tensorrt", "--precision", precision, "--max-batch-size", "4",
+            "--sample-images", str(samples)]
     assert main(args + (["--calibration-images", str(calibration)] if precision == "int8" else [])) == 0, \
         capsys.readouterr().err
     parity = json.loads((tmp_path / "repo" / "detr_model" / "parity.json").read_text())
     assert parity["variant"] == f"tensorrt-{precision}" and parity["passed"]
-    assert parity["served"]["detections"] > 0
+    assert parity["served"]["detections"] >= len(probe_images())
     info = json.loads((tmp_path / "repo" / "detr_model" / "tensorrt.json").read_text())
     assert info["profile"]["image_side"] == {"min": 1, "opt": 64, "max": 96}

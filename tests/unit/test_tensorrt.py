@@ -428,6 +428,8 @@ def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served
         detr_checkpoint, tmp_path, monkeypatch, precision):
     from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
     from export.triton_models.image_preprocess.imaging import Preprocess, ResizedAway
+    from export.vision import sample_images
+    from fixture_models.detection import probe_images
     from PIL import Image
     from tests.integration import png
 
@@ -436,8 +438,11 @@ def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served
     rng = np.random.default_rng(0)
     calibration = [png(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((48, 64), (64, 40), (30, 90))]
     repo = tmp_path / "repo"
+    # parity images: the probes, in each of which the fixture's build checked it has a detection, then the odd samples
+    samples = [png(image) for image in probe_images()] + sample_images()
     export_encoder(detr_checkpoint, "object-detection", EntryOptions("detr", target="gpu", max_batch_size=4), repo,
-                   EncoderOptions(precision=precision, tensorrt=TensorRTOptions(calibration=calibration, calibration_batch=2)))
+                   EncoderOptions(precision=precision, sample_images=samples,
+                                  tensorrt=TensorRTOptions(calibration=calibration, calibration_batch=2)))
     assert built["precision"] == precision and built["inputs"] == {"pixel_values": (3, -1, -1)}
     # batches 1..4; each side from 1 pixel (a sliver's short side) to the longest edge, optimised for a square's 64
     assert built["shapes"] == {"pixel_values": ((1, 3, 1, 1), (4, 3, 64, 64), (4, 3, 96, 96))}
