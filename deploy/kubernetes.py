@@ -8,12 +8,12 @@ from pathlib import Path
 import yaml
 
 from core.tasks import ENCODER, LLM, SPEECH, TASKS, of_kind
-from serve.vllm import served_task
+from serve.vllm import serve_args, served_task
 
 from . import monitoring
 from .engines import Build, build_script
-from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE,
-                     REDIS_IMAGE, VLLM_IMAGE, vllm_image_args)
+from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, TENSORRT_IMAGE, image_context, triton_image,
+                     vllm_image)
 from .plan import Plan
 from .services import Service
 from .spec import Deployment, encoder_metadata, llm_app
@@ -55,8 +55,8 @@ def _deployment(d: Deployment, app: str, replicas: int, container: dict, *, gpu:
 
 
 def image(d: Deployment, name: str) -> str:
-    """An image built here, as the cluster pulls it (from `kubernetes.registry` when one is set)."""
-    return f"{d.kubernetes.registry.rstrip('/')}/{name}" if d.kubernetes.registry else name
+    """An image as the cluster pulls it: one built here from `kubernetes.registry` when one is set."""
+    return f"{d.kubernetes.registry.rstrip('/')}/{name}" if d.kubernetes.registry and image_context(name) else name
 
 
 def _security(non_root: bool = False) -> dict:
@@ -133,7 +133,7 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
 
 def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
     """Triton's Deployment (with the TensorRT plans built by an init container where asked) and its companions."""
-    container = {"name": "tritonserver", "image": image(d, SERVING_TRITON_IMAGE), "args": ["tritonserver", *s.args],
+    container = {"name": "tritonserver", "image": image(d, triton_image(d.on_gpu)), "args": ["tritonserver", *s.args],
                  "ports": [{"name": "http", "containerPort": d.ports.triton_http},
                            {"name": "grpc", "containerPort": d.ports.triton_grpc},
                            {"name": "metrics", "containerPort": d.ports.triton_metrics}],
@@ -171,8 +171,8 @@ def _vllm(d: Deployment, s: Service) -> list[dict]:
     app = llm_app(model.name)
     # The plan's --gpu-memory-utilization stays: the pod shares its GPU with Triton's (time-slicing, no memory
     # isolation), so vLLM must hold its planned share and no more.
-    args = vllm_image_args(s.args)
-    container = {"name": "vllm", "image": image(d, SPEECH_VLLM_IMAGE) if model.kind == SPEECH else VLLM_IMAGE,
+    args = serve_args(s.args)
+    container = {"name": "vllm", "image": image(d, vllm_image(d.on_gpu, model.kind == SPEECH)),
                  "command": ["vllm", "serve"], "args": args,
                  "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
                  "ports": [{"name": "http", "containerPort": s.port}],
@@ -190,7 +190,7 @@ def _wait_for_triton(d: Deployment) -> dict:
     url = f"http://triton:{d.ports.triton_http}/v2/health/ready"
     wait = ("import time, urllib.request\nwhile True:\n    try:\n        urllib.request.urlopen(%r, timeout=5)\n"
             "        break\n    except OSError:\n        time.sleep(5)\n" % url)
-    return {"name": "wait-for-triton", "image": VLLM_IMAGE, "command": ["python3", "-c", wait],
+    return {"name": "wait-for-triton", "image": image(d, vllm_image(d.on_gpu, False)), "command": ["python3", "-c", wait],
             "securityContext": _security()}
 
 

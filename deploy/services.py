@@ -97,7 +97,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
             adapters = check_vllm(opts, env_dir=vllm_env)
         except VLLMConfigError as exc:
             raise DeploymentError(f"models.{m.name}: {exc}") from None
-        dtype = serving_dtype(opts, vllm_env) if vllm_env is not None else opts.dtype
+        dtype = serving_dtype(opts, vllm_env) if vllm_env is not None else serving_dtype(opts, cpu=not d.on_gpu)
         env = ({"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}) | runtime_lora_env(adapters)
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},

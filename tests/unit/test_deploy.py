@@ -227,7 +227,7 @@ def test_a_whisper_plans_its_decoder_and_cross_attention_cache_and_runs_vllms_im
     pod = next(doc for doc in yaml.safe_load_all((out / "kubernetes" / "vllm-whisper.yaml").read_text())
                if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == f"registry.example.com/ml/{SPEECH_VLLM_IMAGE}"
-    assert "--model /opt/asr/models/llm/whisper" in (out / "systemd" / "rtxserve-asr-box-vllm-whisper-0.service").read_text()
+    assert "/bin/vllm serve /opt/asr/models/llm/whisper " in (out / "systemd" / "rtxserve-asr-box-vllm-whisper-0.service").read_text()
     settings = yaml.safe_load((out / "gateway.yaml").read_text())
     assert settings["required_models"] == ["enc", "whisper"] and settings["vllm_url"] == "http://vllm-whisper-0:8100"
 
@@ -243,10 +243,10 @@ def test_a_speech_box_bundles_vllms_wheels_with_the_audio_packages_and_the_audio
     from deploy.images import VLLM_IMAGE, VLLM_IMAGE_PYTHON
     from serve.gateway.keys import write_keys
 
-    asked = {}
+    asked, pinned = {}, {}
 
-    def wheels(name, requirements, to, cache, log):
-        asked[name] = requirements
+    def wheels(name, requirements, to, cache, log, pin=True):
+        asked[name], pinned[name] = requirements, pin
         to.mkdir(parents=True, exist_ok=True)
         (to / f"{name}-0-py3-none-any.whl").write_bytes(b"wheel")
         (to / "requirements.txt").write_text("\n".join(requirements))
@@ -257,12 +257,15 @@ def test_a_speech_box_bundles_vllms_wheels_with_the_audio_packages_and_the_audio
 
     monkeypatch.setattr(bundle, "_wheels", wheels)
     monkeypatch.setattr(bundle, "_image_wheels", image_wheels)
+    monkeypatch.setattr(bundle, "is_cpu_build", lambda env: True)  # bundled on a CPU checkout
     write_whisper(tmp_path / "whisper", TINY_WHISPER)
     write_keys(tmp_path / "keys.json", {})
     d = parse_deployment({"name": "asr", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
                           "models": [{"name": "whisper", "kind": "speech", "path": "whisper"}]}, tmp_path)
     out = bundle.bundle(d, tmp_path / "asr.tar", prefix=Path("/opt/asr"), log=lambda line: None)
     assert asked["vllm"] == ["vllm==0.32.0", "soundfile>=0.12", "av>=12"]  # deploy/vllm/requirements-cuda.txt
+    # not pinned to the checkout's CPU freeze (torch ...+cpu would keep vLLM's CUDA wheels out); the gateway's are
+    assert pinned == {"gateway": True, "vllm": False}
     assert "triton" not in asked and "triton-image" not in asked  # no Triton model on this box
     assert asked["vllm-audio-image"] == (VLLM_IMAGE, VLLM_IMAGE_PYTHON, ["soundfile>=0.12", "av>=12"])
     with tarfile.open(out) as tar:

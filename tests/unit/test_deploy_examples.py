@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.images import image_list
+from deploy.images import image_context, image_list
 from deploy.plan import format_plan, plan
 from deploy.kubernetes import REDIS, locust_job, needs_redis
 from deploy.render import render
@@ -23,6 +23,7 @@ from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, writ
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
+GPU_EXAMPLES = [p for p in EXAMPLES if yaml.safe_load(p.read_text())["gpus"]["count"]]
 
 
 def test_the_examples_are_a_cpu_box_one_4090_and_four():
@@ -37,10 +38,6 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
     d = load_deployment(path)
     p = plan(d)
     assert p.fits, format_plan(p)
-    if d.vllm_models and not d.on_gpu:  # the CPU box runs with `serve up`; vLLM's images need a GPU
-        with pytest.raises(DeploymentError, match="vLLM's images need a GPU"):
-            render(d, tmp_path / "out", prefix=ROOT)
-        return
     files = render(d, tmp_path / "out", **on_box(d))
     names = {f.relative_to(tmp_path / "out").as_posix() for f in files}
     assert {"compose/compose.yaml", "kubernetes/kustomization.yaml", f"systemd/rtxserve-{d.name}.target"} <= names
@@ -123,8 +120,6 @@ def on_box(d) -> dict:
 def rendered(example: Path, tmp_path: Path):
     d = load_deployment(write_artifacts(Path(shutil.copy(example, tmp_path / example.name))))
     p = plan(d)
-    if not d.on_gpu:
-        pytest.skip("a CPU box: no GPU to share")
     render(d, tmp_path / "out", **on_box(d))
     return d, p, tmp_path / "out"
 
@@ -139,7 +134,7 @@ def gpu_requests(pod_spec: dict) -> int:
     return max(sum(apps), *inits, 0)  # init containers run before the app containers: the larger counts
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
 def test_the_gpus_kubernetes_is_asked_for_exist_on_the_box(example, tmp_path):
     d, p, out = rendered(example, tmp_path)
     asked = sum(doc["spec"]["replicas"] * gpu_requests(doc["spec"]["template"]["spec"])
@@ -155,13 +150,13 @@ def test_the_gpus_kubernetes_is_asked_for_exist_on_the_box(example, tmp_path):
     assert (slices > 1) == (bool(d.encoders) and bool(d.vllm_models))  # shared only where Triton and vLLM meet on a GPU
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
 def test_every_engine_share_as_vllm_computes_it_fits_beside_triton(example, tmp_path):
     d, p, out = rendered(example, tmp_path)
     compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
     shares = {}
     for name, svc in compose["services"].items():
-        if svc.get("image", "").startswith("vllm/"):
+        if name.startswith("vllm-"):
             args = svc["command"]
             shares[name] = float(args[args.index("--gpu-memory-utilization") + 1]) * d.gpus.total_gib
     for doc in manifests(out):  # Kubernetes passes the same share
@@ -182,7 +177,7 @@ def test_vllm_starts_after_triton_on_every_target(example, tmp_path):
     if not (d.encoders and d.vllm_models):
         pytest.skip("no Triton and vLLM to order")
     compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
-    engines = [n for n, s in compose["services"].items() if s.get("image", "").startswith("vllm/")]
+    engines = [n for n in compose["services"] if n.startswith("vllm-")]
     assert engines and all(compose["services"][n]["depends_on"] == {"triton": {"condition": "service_healthy"}}
                            for n in engines)
     for unit in (out / "systemd").glob(f"rtxserve-{d.name}-vllm-*.service"):
@@ -264,7 +259,6 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
         for entry in g["files"]:
             assert (out / "kubernetes" / entry.split("=", 1)[-1]).is_file(), entry
     pinned = set((out / "images.txt").read_text().split())
-    built = {"rtxserve-gateway": out / "gateway-image" / "Dockerfile", "rtxserve-triton": out / "triton-image" / "Dockerfile"}
     for doc in manifests(out):
         pod = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "Job") else doc["spec"] if doc["kind"] == "Pod" else None
         if pod is None:
@@ -276,9 +270,14 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
             for env in c.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
                 assert ref is None or ref in generated, ref
-            name = c["image"].rsplit("/", 1)[-1].split(":")[0]
-            assert c["image"] in pinned or built[name].is_file(), c["image"]
-    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models), needs_redis(d)))
+            context = image_context(c["image"])
+            assert c["image"] in pinned or (out / str(context) / "Dockerfile").is_file(), c["image"]
+    assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models), needs_redis(d),
+                                    d.on_gpu))
+    for image in pinned:  # each FROM of the images built here is pulled as pinned
+        assert image_context(image) is None
+    for dockerfile in out.glob("*-image/Dockerfile"):
+        assert next(line.split()[1] for line in dockerfile.read_text().splitlines() if line.startswith("FROM ")) in pinned
     for doc in manifests(out):
         if doc["kind"] in ("ServiceMonitor", "PrometheusRule"):
             assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", doc["metadata"]["name"]
@@ -291,7 +290,9 @@ def test_every_image_built_here_has_its_inputs_in_its_context(example, tmp_path)
     from dockerfile_parse import DockerfileParser
 
     d, p, out = rendered(example, tmp_path)
-    contexts = [out / "gateway-image"] + ([out / "triton-image"] if d.encoders else [])
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    contexts = sorted({out / svc["build"]["context"][3:] for svc in compose["services"].values() if "build" in svc})
+    assert {c.name for c in contexts} == {c.parent.name for c in out.glob("*-image/Dockerfile")}
     for context in contexts:
         copies = [i["value"].split() for i in DockerfileParser(str(context / "Dockerfile")).structure
                   if i["instruction"] == "COPY"]
@@ -327,7 +328,7 @@ def test_every_file_a_service_reads_is_readable_by_its_user(example, tmp_path):
     assert "User=rtxserve" in gateway
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
 def test_systemd_serves_gpu_entries_with_the_native_tritonserver(example, tmp_path):
     d, p, out = rendered(example, tmp_path)
     if not d.encoders:
