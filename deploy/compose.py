@@ -32,7 +32,9 @@ def _gpus(ids: list[int]) -> dict:
 
 
 def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
-    out: dict = {"name": f"rtxserve-{d.name}", "services": {}}
+    # No top-level `name` and no `restart` under depends_on: Compose v2's, which docker-compose 1.29 (Debian's)
+    # refuses; the project is named by compose/.env (COMPOSE_PROJECT_NAME), which both read.
+    out: dict = {"services": {}}
     engines = [s for s in services if s.kind != "gateway"]
     triton = next((s for s in services if s.kind == "triton"), None)
     if builds:  # TensorRT plans, built on this box before Triton starts (deploy/engines.py)
@@ -44,10 +46,9 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
         if s.kind == "triton":
             svc = _image(triton_image(d.on_gpu)) | {"command": ["tritonserver", *s.args],
                    "volumes": [f"../models:{MODELS}:ro"], "shm_size": "2gb",
-                   "ulimits": {"memlock": -1, "stack": 67108864},
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "300s")}
-            if d.on_gpu:
-                svc["deploy"] = _gpus(list(range(d.gpus.count)))
+            if d.on_gpu:  # with NGC's limits for CUDA's pinned memory (a host that forbids them refuses the container)
+                svc |= {"deploy": _gpus(list(range(d.gpus.count))), "ulimits": {"memlock": -1, "stack": 67108864}}
             if builds:
                 svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
@@ -67,7 +68,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args],
                    "environment": s.env, "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro"],
-                   "depends_on": {e.name: {"condition": "service_healthy", "restart": True} for e in engines},
+                   "depends_on": {e.name: {"condition": "service_healthy"} for e in engines},
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
                 svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
@@ -91,6 +92,10 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
     if d.gateway.keys_file is not None:
         out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
     return out
+
+
+def compose_project(d: Deployment) -> str:
+    return f"rtxserve-{d.name}"
 
 
 def scrape_targets(services: list[Service], host_of) -> dict[str, list[str]]:

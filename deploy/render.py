@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import stat
 import tomllib
 from pathlib import Path
 
 import yaml
 
 from . import monitoring
-from .compose import compose, scrape_targets
+from .compose import compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_CPU_DOCKERFILE,
                      TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
@@ -83,7 +85,21 @@ def stage_models(d: Deployment, p: Plan, out: Path) -> dict[Path, str]:
             (models / "templates").mkdir(exist_ok=True)
             shutil.copy2(d.resolve(m.chat_template), models / "templates" / f"{m.name}.jinja")
             where[d.resolve(m.chat_template)] = f"{MODELS}/templates/{m.name}.jinja"
+    _check_readable(models)
     return where
+
+
+def _check_readable(models: Path) -> None:
+    """Refuse artifacts that only their owner may read: every target runs its servers as users of their own (uid 1000
+    in the images built here, rtxserve under systemd), and a server that cannot read its weights dies at start.
+    safetensors (0.8) writes every file it saves so, whatever the umask: a fine-tune's weights as save_pretrained left
+    them. The staged files are hard links to the user's own, so their mode is the user's to change, not ours."""
+    private = sorted({p.resolve() for p in models.rglob("*") if p.is_file() and not p.stat().st_mode & stat.S_IROTH})
+    if private:
+        shown = " ".join(shlex.quote(str(p)) for p in private[:8]) + (" ..." if len(private) > 8 else "")
+        raise DeploymentError(f"{len(private)} artifact file(s) can be read by their owner only (mode "
+                              f"{stat.S_IMODE(private[0].stat().st_mode):o}), and the servers run as users of their "
+                              f"own: make them readable with `chmod a+r {shown}`")
 
 
 def container_layout(d: Deployment, where: dict[Path, str], host_of=lambda s: s) -> Layout:
@@ -168,6 +184,7 @@ def _containers(d: Deployment, p: Plan, services: list[Service], settings: dict,
         files.write("engines/build-engines.sh", build_script(builds, f"{MODELS}/repository"))
     files.dump("compose/compose.yaml", compose(d, p, services, builds),
                f"rtxserve {d.name}: docker compose up -d (from this folder)")
+    files.write("compose/.env", f"COMPOSE_PROJECT_NAME={compose_project(d)}\n")
     files.dump("compose/prometheus.yml", monitoring.prometheus_config(scrape_targets(services, lambda s: s)))
     files.dump("monitoring/rules.yml", monitoring.alert_rules(d))
     for name, board in monitoring.dashboards(d).items():

@@ -1,4 +1,5 @@
-"""Tiers by folder: tests/unit (in-process), tests/integration (real servers), tests/gpu (CUDA only).
+"""Tiers by folder: tests/unit (in-process), tests/integration (real servers), tests/gpu (CUDA only), tests/boot
+(rendered deployments booted with Docker Engine and systemd-nspawn: `make test-boot`, not `make test`).
 
 The marker of each tier is applied here, so `pytest -m unit` etc. select by tier; gpu tests are
 skipped where no NVIDIA GPU is visible.
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "integration", "gpu")
+TIERS = ("unit", "integration", "gpu", "boot")
 
 
 def _has_gpu() -> bool:

