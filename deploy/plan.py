@@ -11,9 +11,10 @@ Estimates, per instance:
   also caches its encoder states for cross-attention: max_source_positions more tokens per sequence); vLLM's profiling peak
   (one step of `max_num_batched_tokens` through the widest layer, and the sampler's logits); LoRA slots for
   every adapter at the padded rank on every linear layer; CUDA graphs and the CUDA context. The engine is
-  then told its share: `--gpu-memory-utilization` = that sum / the card's total memory (vLLM applies the
-  share to the total CUDA reports, 23.99 GiB on a 4090, not to the 23.6 GiB CUDA can hand out), so vLLM gives
-  the KV cache what was planned and leaves the rest to Triton. vLLM refuses to start when less than its share
+  then told its share: `--gpu-memory-utilization` = that sum less the CUDA context / the card's total memory as
+  the CUDA runtime reports it (torch's mem_get_info: 23.64 GiB on a Linux 4090, not nvidia-smi's 23.99), so vLLM
+  gives the KV cache what was planned and leaves the rest to Triton; its CUDA context sits beside its share (vLLM
+  measures what it may take after the context exists), and is planned there. vLLM refuses to start when less than its share
   is free, so every target starts it after Triton has loaded (compose, systemd, Kubernetes' init container).
 
 Packing: each vLLM engine takes a GPU of its own (the emptiest one first); encoder instances are per GPU
@@ -358,9 +359,11 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in sorted(d.vllm_models, key=lambda m: -estimates[m.name].gib):
         e = estimates[m.name]
         share = e.gib
-        if d.on_gpu:  # vLLM holds exactly its share of the card's total: rounded up to the hundredth it is given as
-            utilization[m.name] = min(0.99, math.ceil(100 * e.gib / d.gpus.total_gib) / 100)
-            share = max(share, utilization[m.name] * d.gpus.total_gib)
+        if d.on_gpu:  # vLLM holds exactly its share of the card's total (rounded up to the hundredth it is given as),
+            # and its CUDA context beside it: the share is of what torch allocates, measured after the context exists
+            inside = e.gib - VLLM_CONTEXT_GIB
+            utilization[m.name] = min(0.99, math.ceil(100 * inside / d.gpus.total_gib) / 100)
+            share = max(share, utilization[m.name] * d.gpus.total_gib + VLLM_CONTEXT_GIB)
         engines[m.name] = []
         for _ in range(m.replicas):
             free = [i for i, dev in enumerate(devices) if not (d.on_gpu and dev.has_engine())]

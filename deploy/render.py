@@ -316,5 +316,5 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
         _context(files, "vllm-cpu-image", VLLM_CPU_DOCKERFILE, {
             "requirements.txt": (ROOT / "deploy" / "vllm" / "requirements-cpu.txt").read_text(),
             **{name: (ROOT / path).read_text() for name, path in (
-                ("install-cli.sh", "deploy/vllm/install-cli.sh"), ("vllm-cli.py", "deploy/vllm/vllm-cli.py"),
+                ("finish-install.sh", "deploy/vllm/finish-install.sh"), ("vllm-cli.py", "deploy/vllm/vllm-cli.py"),
                 ("sitecustomize.py", "serve/vllm_site/sitecustomize.py"))}})

@@ -48,15 +48,17 @@ class GPUs(_Strict):
     count: int = Field(0, ge=0, le=16, description="GPUs on the box; 0: CPU only (the embedded default)")
     memory_gib: float = Field(23.6, gt=0, le=1024, description="memory of each GPU that CUDA can hand out, GiB: "
                               "an RTX 4090's 24 GiB less what the driver keeps (about 23.6; less with a display on it)")
-    total_gib: float = Field(23.99, gt=0, le=1024, description="each GPU's total memory as CUDA reports it (nvidia-smi's "
-                             "memory.total; 24564 MiB on an RTX 4090): vLLM's --gpu-memory-utilization is a share of this")
+    total_gib: float = Field(23.64, gt=0, le=1024, description="each GPU's total memory as the CUDA runtime reports it "
+                             "(torch.cuda.mem_get_info's total: 23.64 GiB on an RTX 4090 under Linux, where nvidia-smi "
+                             "says 24564 MiB): vLLM's --gpu-memory-utilization is a share of this")
     name: str = Field("NVIDIA GeForce RTX 4090", description="for the reports only")
 
     @model_validator(mode="after")
     def _total_holds_the_usable(self):
         if self.total_gib < self.memory_gib:
             raise ValueError(f"total_gib {self.total_gib:g} is below memory_gib {self.memory_gib:g}: total_gib is the "
-                             "card's whole memory (nvidia-smi --query-gpu=memory.total), memory_gib what CUDA hands out")
+                             "card's whole memory as the CUDA runtime reports it (torch.cuda.mem_get_info), memory_gib "
+                             "what CUDA hands out")
         return self
 
 

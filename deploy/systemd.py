@@ -41,8 +41,10 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         needs = engines if s.kind == "gateway" else triton_units if s.kind == "vllm" else []
         lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
                  f"After={' '.join(['network-online.target', *needs])}", "Wants=network-online.target", f"PartOf={target}"]
-        if needs:  # the gateway needs its engines; vLLM only waits for Triton (it runs on without it)
-            lines.append(f"{'Requires' if s.kind == 'gateway' else 'Wants'}={' '.join(needs)}")
+        if needs:  # Wants, not Requires: with Requires, systemd restarts the gateway whenever an engine's unit restarts
+            # (booted, a Triton killed and started again by Restart= took the gateway and every stream on it down too);
+            # the gateway rides out an engine's absence itself (its breakers, /readyz), and vLLM runs on without Triton
+            lines.append(f"Wants={' '.join(needs)}")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]

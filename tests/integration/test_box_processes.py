@@ -65,8 +65,9 @@ def test_measure_sets_each_servers_nvml_memory_beside_its_plan(boxes, tmp_path):
             os.killpg(pr.pid, 9)
     assert set(rows) == {"triton", "vllm-llama-3-8b-0"}  # the stranger's memory is nobody's
     assert rows["triton"].measured_gib == pytest.approx(2.9) and rows["triton"].planned_gib == pytest.approx(0.75 + 4 * 0.483, abs=0.01)
-    assert rows["vllm-llama-3-8b-0"].planned_gib == pytest.approx(0.86 * 23.99)  # its share of the card's total
-    assert rows["vllm-llama-3-8b-0"].error == pytest.approx((0.86 * 23.99 - 20) / 20)
+    # its share of the card's total, and its CUDA context beside it
+    assert rows["vllm-llama-3-8b-0"].planned_gib == pytest.approx(0.84 * 23.64 + 0.6)
+    assert rows["vllm-llama-3-8b-0"].error == pytest.approx((0.84 * 23.64 + 0.6 - 20) / 20)
     assert format_measured(list(rows.values())).endswith("2 of 2 within 10 %")  # -7.6 % and +3.2 %
 
 

@@ -121,8 +121,9 @@ def test_one_4090_holds_an_8b_llm_with_two_adapters_and_four_bert_base(boxes):
     assert llm.parts["kv_cache"] == pytest.approx(128 * 1024 * 8 * 4096 / GIB)
     assert llm.parts["lora"] == pytest.approx(2 * 16 * 32 * (2 * 8192 + 2 * 5120 + 3 * 18432) * 2 / GIB)
     assert p.fits and p.instances["bert_classifier"] == 4 and p.engines == {"llama-3-8b": [0]}
-    # 20.45 GiB of the card's 23.99 GiB total (vLLM takes its share of the total, not of the 23.6 CUDA hands out)
-    assert p.gpu_memory_utilization["llama-3-8b"] == pytest.approx(0.86)
+    # 20.45 GiB, less the 0.6 GiB CUDA context vLLM keeps beside its share, of the card's total as the CUDA runtime
+    # reports it, 23.64 GiB (vLLM takes its share of that total, not of the 23.6 CUDA hands out)
+    assert p.gpu_memory_utilization["llama-3-8b"] == pytest.approx(0.84)
     assert p.more == {"bert_classifier": 0, "llama-3-8b": 0} and 0 < p.devices[0].free_gib < p.estimates["bert_classifier"].gib
     table = format_plan(p)
     assert "GPU 0: " in table and "bert_classifier              instances      4" in table
@@ -133,7 +134,8 @@ def test_auto_instances_fill_each_gpu_beside_its_engine(boxes):
     p = plan(load_deployment(boxes[1]))
     assert p.fits and sorted(p.engines["llama-3-8b"]) == [0, 1, 2, 3]
     bert = p.estimates["bert_classifier"].gib
-    assert p.instances["bert_classifier"] > 4 and all(0 <= d.free_gib < bert for d in p.devices)
+    # filled until one more does not fit, on every GPU
+    assert p.instances["bert_classifier"] == 4 and all(0 <= d.free_gib < bert for d in p.devices)
     assert p.more["bert_classifier"] == 0
 
 
@@ -157,7 +159,7 @@ def test_the_services_are_the_servers_options_wherever_they_run(boxes):
     triton, engine, gateway = build_services(d, p, inside)
     assert "--model-repository=/models/repository" in triton.args and "--http-address=0.0.0.0" in triton.args
     args = " ".join(engine.args)
-    assert "--model /models/llama-3-8b" in args and "--gpu-memory-utilization 0.86" in args and "--max-num-seqs 8" in args
+    assert "--model /models/llama-3-8b" in args and "--gpu-memory-utilization 0.84" in args and "--max-num-seqs 8" in args
     assert "--lora-modules support=/models/adapter-support sales=/models/adapter-sales" in args and "--max-lora-rank 16" in args
     assert engine.gpu == 0 and engine.name == "vllm-llama-3-8b-0"
     settings = gateway_settings(d, inside)

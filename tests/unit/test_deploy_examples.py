@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from deploy.images import image_context, image_list
-from deploy.plan import format_plan, plan
+from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.kubernetes import REDIS, locust_job, needs_redis
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
@@ -24,6 +24,9 @@ from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, writ
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
 GPU_EXAMPLES = [p for p in EXAMPLES if yaml.safe_load(p.read_text())["gpus"]["count"]]
+# The total memory the CUDA runtime reports (torch.cuda.mem_get_info), which vLLM takes its share of: PyTorch's
+# out-of-memory messages on Linux RTX 4090s say "total capacity of 23.64 GiB" (nvidia-smi says 24564 MiB, 23.99)
+CUDA_TOTAL_GIB = {"NVIDIA GeForce RTX 4090": 23.64}
 
 
 def test_the_examples_are_a_cpu_box_one_4090_and_four():
@@ -167,7 +170,9 @@ def test_every_engine_share_as_vllm_computes_it_fits_beside_triton(example, tmp_
     for i, dev in enumerate(p.devices):
         others = sum(pl.gib for pl in dev.placements if pl.what != "engine")
         engines_here = [m.name for m in d.vllm_models for g in p.engines[m.name] if g == i]
-        held = sum(p.gpu_memory_utilization[name] * d.gpus.total_gib for name in engines_here)
+        # what vLLM takes: its share of the total the CUDA runtime reports on this card, and its CUDA context beside it
+        total = CUDA_TOTAL_GIB[d.gpus.name]
+        held = sum(p.gpu_memory_utilization[name] * total + VLLM_CONTEXT_GIB for name in engines_here)
         assert others + held <= d.gpus.memory_gib, f"GPU {i}: {others:.2f} + {held:.2f} GiB > {d.gpus.memory_gib}"
 
 
