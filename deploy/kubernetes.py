@@ -1,24 +1,27 @@
-"""A kustomize base for a fleet: one Deployment, Service, PodDisruptionBudget, NetworkPolicy and ServiceMonitor per
-server, the gateway with its autoscaler, the alert rules, and a suspended locust Job."""
+"""A kustomize base for a fleet: on GPUs, one pod per card holding what the plan put on that card (its Triton
+instances as a sidecar, then its vLLM engine) with one GPU claimed through Dynamic Resource Allocation; on CPU, a
+Deployment per server. A Service per Triton and per engine, a PodDisruptionBudget and a NetworkPolicy per pod, a
+ServiceMonitor per kind, the gateway with its autoscaler, the alert rules, and a suspended locust Job."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-
-import yaml
 
 from core.tasks import ENCODER, LLM, SPEECH, TASKS, of_kind
 from serve.vllm import serve_args, served_task
 
 from . import monitoring
 from .engines import Build, build_script
-from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, TENSORRT_IMAGE, image_context, triton_image,
-                     vllm_image)
-from .plan import Plan
+from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
+                     image_context, triton_image, vllm_image)
+from .plan import Plan, server_host_gib
 from .services import Service
 from .spec import Deployment, encoder_metadata, llm_app
 
-KUBERNETES_VERSION = "1.32.0"  # the API version the manifests are validated against
+# The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
+# native sidecars (init containers with restartPolicy Always) from 1.33
+KUBERNETES_VERSION = "1.34.0"
 
 
 def _labels(app: str, d: Deployment) -> dict:
@@ -30,27 +33,38 @@ def _probe(path: str, port: int, period: int = 10, failures: int = 3) -> dict:
             "failureThreshold": failures}
 
 
-def _deployment(d: Deployment, app: str, replicas: int, container: dict, *, gpu: int = 0, shm: str | None = None,
-                volumes: list[dict] | None = None) -> dict:
-    if gpu:  # requests too: without them GPU pods are BestEffort and evicted first
-        container["resources"] = {"limits": {"nvidia.com/gpu": gpu},
-                                  "requests": {"nvidia.com/gpu": gpu, "cpu": "2", "memory": "16Gi"}}
+def _resources(gib: float, claim: bool = False) -> dict:
+    """Memory from the plan (requested as estimated, limited at twice that, in quarters of a GiB), a CPU, and the pod's
+    GPU claim where the container uses the card."""
+    quarters = max(1, math.ceil(gib * 4))
+    out = {"requests": {"cpu": "1", "memory": f"{quarters * 256}Mi"}, "limits": {"memory": f"{quarters * 512}Mi"}}
+    return out | ({"claims": [{"name": "gpu"}]} if claim else {})
+
+
+def _pod(d: Deployment, app: str, replicas: int, containers: list[dict], *, init: list[dict] | None = None,
+         volumes: list[dict] | None = None, shm: str | None = None, gpu: bool = False, fs_group: int | None = None) -> dict:
+    """A Deployment of `replicas` pods of `containers` (after `init`); `gpu`: its containers share one GPU, claimed
+    through Dynamic Resource Allocation (gpu-claim.yaml), and its pods are replaced rather than rolled (no spare GPU
+    for a surge pod); `fs_group`: the group its volumes are made writable by."""
     pod_volumes = list(volumes or [])
-    mounts = container.setdefault("volumeMounts", [])
     if shm:  # PyTorch and the python backend pass tensors through /dev/shm
         pod_volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
-        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-    container["securityContext"] = _security(non_root=not gpu and app == "gateway")
-    spec = {"automountServiceAccountToken": False, "containers": [container], "volumes": pod_volumes}
-    if not pod_volumes:
-        del spec["volumes"]
+        for c in [*containers, *(init or [])]:
+            c.setdefault("volumeMounts", []).append({"name": "shm", "mountPath": "/dev/shm"})
+    spec = {"automountServiceAccountToken": False, **({"initContainers": init} if init else {}), "containers": containers}
+    if pod_volumes:
+        spec["volumes"] = pod_volumes
+    if fs_group is not None:
+        spec["securityContext"] = {"fsGroup": fs_group}
+    if gpu:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": GPU_CLAIM}]
+        if d.kubernetes.runtime_class:
+            spec["runtimeClassName"] = d.kubernetes.runtime_class
     out = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app, "labels": _labels(app, d)},
            "spec": {"replicas": replicas, "selector": {"matchLabels": _labels(app, d)},
                     "template": {"metadata": {"labels": _labels(app, d)}, "spec": spec}}}
-    if gpu:  # a rolling update would need a spare GPU for the surge pod: replace pods instead
+    if gpu:
         out["spec"]["strategy"] = {"type": "Recreate"}
-        if d.kubernetes.runtime_class:
-            spec["runtimeClassName"] = d.kubernetes.runtime_class
     return out
 
 
@@ -59,15 +73,25 @@ def image(d: Deployment, name: str) -> str:
     return f"{d.kubernetes.registry.rstrip('/')}/{name}" if d.kubernetes.registry and image_context(name) else name
 
 
-def _security(non_root: bool = False) -> dict:
-    """No privilege escalation, no capabilities, the runtime's seccomp profile; the gateway image runs as uid
-    1000 (the NGC and vLLM images run as root and write their caches under it)."""
+# The images that run as a user of their own: those built here (uid 1000, rtxserve) and NGC's Triton (uid 1000,
+# triton-server). vLLM's own image runs as root and keeps its caches under /root.
+NON_ROOT_UID = 1000
+
+
+def _security(user: int | None = None) -> dict:
+    """No privilege escalation, no capabilities, the runtime's seccomp profile; and `user`, where the image runs as one."""
     out = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
-    return out | ({"runAsNonRoot": True, "runAsUser": 1000} if non_root else {})
+    return out | ({"runAsNonRoot": True, "runAsUser": user} if user is not None else {})
 
 
-def _service(d: Deployment, app: str, ports: dict[str, int]) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": app, "labels": _labels(app, d)},
+def _image_user(d: Deployment, name: str) -> int | None:
+    return None if name == VLLM_IMAGE or (name == SPEECH_VLLM_IMAGE and d.on_gpu) else NON_ROOT_UID
+
+
+def _service(d: Deployment, name: str, app: str, ports: dict[str, int], component: str | None = None) -> dict:
+    """Service `name` in front of `app`'s pods; `component` labels it for the ServiceMonitor of its kind."""
+    labels = _labels(name, d) | ({"rtxserve.io/component": component} if component else {})
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
             "spec": {"selector": _labels(app, d),
                      "ports": [{"name": n, "port": p, "targetPort": p, "protocol": "TCP"} for n, p in ports.items()]}}
 
@@ -77,48 +101,62 @@ def _pdb(d: Deployment, app: str, max_unavailable: int = 1) -> dict:
             "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": _labels(app, d)}}}
 
 
-def _service_monitor(d: Deployment, app: str, port: str, kind: str) -> dict:
+def _service_monitor(d: Deployment, component: str, port: str) -> dict:
+    """One ServiceMonitor for every Service of a kind (each Triton, each vLLM engine: Prometheus scrapes each)."""
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": {"name": app, "labels": _labels(app, d) | d.kubernetes.monitoring_labels},
-            "spec": {"selector": {"matchLabels": _labels(app, d)},
+            "metadata": {"name": component, "labels": _labels(component, d) | d.kubernetes.monitoring_labels},
+            "spec": {"selector": {"matchLabels": {"app.kubernetes.io/instance": d.name, "rtxserve.io/component": component}},
                      # the job label of the compose scrape config, so that one set of rules serves both
                      "endpoints": [{"port": port, "path": "/metrics", "interval": "15s", "relabelings": [
-                         {"targetLabel": "job", "replacement": f"rtxserve-{kind}"}]}]}}
+                         {"targetLabel": "job", "replacement": f"rtxserve-{component}"}]}]}}
 
 
-def _engine_policy(d: Deployment, app: str, ports: list[int]) -> dict:
-    """Only the gateway and Prometheus reach an engine."""
+def _engine_policy(d: Deployment, app: str, served: list[int], metrics: list[int]) -> dict:
+    """Only the gateway reaches an engine's `served` ports, and Prometheus (its namespace) the `metrics` ones; a pod's
+    own containers talk over localhost, which no policy governs."""
+    def rule(peer: dict, ports: list[int]) -> dict:
+        return {"from": [peer], "ports": [{"protocol": "TCP", "port": p} for p in sorted(set(ports))]}
+
+    monitoring_ns = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": d.kubernetes.monitoring_namespace}}}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{app}-private"},
             "spec": {"podSelector": {"matchLabels": _labels(app, d)}, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}},
-                                           {"namespaceSelector": {"matchLabels": {
-                                               "kubernetes.io/metadata.name": d.kubernetes.monitoring_namespace}}}],
-                                  "ports": [{"protocol": "TCP", "port": p} for p in ports]}]}}
+                     "ingress": [rule({"podSelector": {"matchLabels": _labels("gateway", d)}}, served),
+                                 rule(monitoring_ns, metrics)]}}
 
 
 # Every engine pod mounts the staged artifacts read-only at /models.
 MODELS_VOLUME = [{"name": "models", "persistentVolumeClaim": {"claimName": "rtxserve-models", "readOnly": True}}]
 MODELS_MOUNT = [{"name": "models", "mountPath": MODELS, "readOnly": True}]
+GPU_CLAIM = "rtxserve-gpu"  # the ResourceClaimTemplate of one whole GPU, shared by a card pod's containers
 
 
 def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Build],
                gateway_replicas: int = 2) -> dict[str, list[dict]]:
-    """file name -> its manifests. Each Triton or vLLM pod gets whole GPUs (Kubernetes does not share one
-    between pods): Triton one, each LLM one per replica."""
+    """file name -> its manifests. On GPUs, one pod per card holding what the plan put on it (cards.py's reasons);
+    on CPU, Triton and each vLLM engine a Deployment of their own. Each Triton and each engine has a Service of its
+    own, so the gateway balances over them and reaches each one."""
     files: dict[str, list[dict]] = {}
     claim = {"accessModes": [d.kubernetes.models_access_mode], "resources": {"requests": {"storage": "100Gi"}}}
     if d.kubernetes.storage_class:
         claim["storageClassName"] = d.kubernetes.storage_class
     files["models-pvc.yaml"] = [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                                  "metadata": {"name": "rtxserve-models", "labels": _labels("models", d)}, "spec": claim}]
-    seen_llms = set()
-    for s in services:
-        if s.kind == "triton":
-            files["triton.yaml"] = _triton(d, s, builds)
-        elif s.kind == "vllm" and s.models[0] not in seen_llms:
-            # every replica of one LLM is one Deployment: the first engine's options
-            seen_llms.add(s.models[0])
-            files[f"{llm_app(s.models[0])}.yaml"] = _vllm(d, s)
+    host = server_host_gib(d, p)
+    triton = next((s for s in services if s.kind == "triton"), None)
+    engines = [s for s in services if s.kind == "vllm"]
+    if d.on_gpu:
+        files["gpu-claim.yaml"] = [gpu_claim(d)]
+        for card in range(d.gpus.count):
+            engine = next((s for s in engines if s.gpu == card), None)
+            if triton or engine:
+                files[f"gpu-{card}.yaml"] = _card(d, card, triton, engine, host, builds)
+    else:
+        if triton:
+            files["triton.yaml"] = _cpu_triton(d, triton, host["triton"])
+        for s in engines:
+            files[f"{s.name}.yaml"] = _cpu_engine(d, s, host[s.models[0]])
+    files["monitors.yaml"] = ([_service_monitor(d, "triton", "metrics")] if triton else []) + (
+        [_service_monitor(d, "vllm", "http")] if engines else [])
     files["gateway.yaml"] = _gateway(d, next(s for s in services if s.kind == "gateway"), gateway_replicas)
     if needs_redis(d):
         files["redis.yaml"] = _redis(d)
@@ -131,89 +169,88 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
     return files
 
 
-def _triton(d: Deployment, s: Service, builds: list[Build]) -> list[dict]:
-    """Triton's Deployment (with the TensorRT plans built by an init container where asked) and its companions."""
-    container = {"name": "tritonserver", "image": image(d, triton_image(d.on_gpu)), "args": ["tritonserver", *s.args],
-                 "ports": [{"name": "http", "containerPort": d.ports.triton_http},
-                           {"name": "grpc", "containerPort": d.ports.triton_grpc},
-                           {"name": "metrics", "containerPort": d.ports.triton_metrics}],
-                 "startupProbe": _probe("/v2/health/ready", d.ports.triton_http, 10, 60),
-                 "readinessProbe": _probe("/v2/health/ready", d.ports.triton_http, 5),
-                 "livenessProbe": _probe("/v2/health/live", d.ports.triton_http),
-                 "volumeMounts": list(MODELS_MOUNT)}
-    volumes = list(MODELS_VOLUME)
-    init = []
-    if builds:  # the claim is read-only: the repository is copied where the plans can be built
-        container["args"] = ["tritonserver", *(a if not a.startswith("--model-repository=")
-                                               else "--model-repository=/repository" for a in s.args)]
-        container["volumeMounts"].append({"name": "repository", "mountPath": "/repository"})
-        volumes.append({"name": "repository", "emptyDir": {}})
-        init = [{"name": "build-engines", "image": TENSORRT_IMAGE,
-                 "command": ["sh", "-c", f"cp -r {MODELS}/repository/. /repository/\n" + build_script(builds, "/repository")],
-                 "volumeMounts": [*MODELS_MOUNT, {"name": "repository", "mountPath": "/repository"}],
-                 "resources": {"limits": {"nvidia.com/gpu": 1}, "requests": {"nvidia.com/gpu": 1}},
-                 "securityContext": _security()}]
-    # One pod per GPU, each with one GPU (its instance_group counts are per GPU, as planned): Kubernetes hands out
-    # GPUs per pod, and the gateway reaches them all through the Service.
-    deployment = _deployment(d, "triton", d.gpus.count if d.on_gpu else 1, container, gpu=1 if d.on_gpu else 0,
-                             shm="2Gi", volumes=volumes)
-    if init:
-        deployment["spec"]["template"]["spec"]["initContainers"] = init
-    return [deployment,
-            _service(d, "triton", {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc, "metrics": d.ports.triton_metrics}),
-            _pdb(d, "triton"), _engine_policy(d, "triton", [d.ports.triton_grpc, d.ports.triton_metrics]),
-            _service_monitor(d, "triton", "metrics", "triton")]
+def gpu_claim(d: Deployment) -> dict:
+    """One whole GPU of the deployment's DRA device class (the NVIDIA DRA driver's gpu.nvidia.com by default): each
+    card pod claims one, and its containers share it."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": GPU_CLAIM, "labels": _labels("gpu", d)},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": d.kubernetes.gpu_device_class, "allocationMode": "ExactCount", "count": 1}}]}}}}
 
 
-def _vllm(d: Deployment, s: Service) -> list[dict]:
-    """One LLM's Deployment (a pod per replica) and its companions."""
+def _triton_container(d: Deployment, s: Service, gib: float, claim: bool, repository: str | None = None) -> dict:
+    args = [a if not (repository and a.startswith("--model-repository=")) else f"--model-repository={repository}"
+            for a in s.args]
+    name = triton_image(d.on_gpu)
+    return {"name": "tritonserver", "image": image(d, name), "args": ["tritonserver", *args],
+            "ports": [{"name": "http", "containerPort": d.ports.triton_http},
+                      {"name": "grpc", "containerPort": d.ports.triton_grpc},
+                      {"name": "metrics", "containerPort": d.ports.triton_metrics}],
+            "startupProbe": _probe("/v2/health/ready", d.ports.triton_http, 10, 60),
+            "readinessProbe": _probe("/v2/health/ready", d.ports.triton_http, 5),
+            "livenessProbe": _probe("/v2/health/live", d.ports.triton_http),
+            "resources": _resources(gib, claim), "volumeMounts": list(MODELS_MOUNT),
+            "securityContext": _security(_image_user(d, name))}
+
+
+def _engine_container(d: Deployment, s: Service, gib: float, claim: bool) -> dict:
     model = next(m for m in d.vllm_models if m.name == s.models[0])
-    app = llm_app(model.name)
-    # The plan's --gpu-memory-utilization stays: the pod shares its GPU with Triton's (time-slicing, no memory
-    # isolation), so vLLM must hold its planned share and no more.
-    args = serve_args(s.args)
-    container = {"name": "vllm", "image": image(d, vllm_image(d.on_gpu, model.kind == SPEECH)),
-                 "command": ["vllm", "serve"], "args": args,
-                 "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
-                 "ports": [{"name": "http", "containerPort": s.port}],
-                 "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
-                 "livenessProbe": _probe("/health", s.port), "volumeMounts": list(MODELS_MOUNT)}
-    deployment = _deployment(d, app, model.replicas, container, gpu=1 if d.on_gpu else 0, shm="8Gi", volumes=MODELS_VOLUME)
-    if d.encoders:  # vLLM takes its share of what is free when it starts: after Triton has loaded
-        deployment["spec"]["template"]["spec"]["initContainers"] = [_wait_for_triton(d)]
-    return [deployment, _service(d, app, {"http": s.port}), _pdb(d, app), _engine_policy(d, app, [s.port]),
-            _service_monitor(d, app, "http", "vllm")]
+    name = vllm_image(d.on_gpu, model.kind == SPEECH)
+    return {"name": "vllm", "image": image(d, name), "command": ["vllm", "serve"], "args": serve_args(s.args),
+            "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
+            "ports": [{"name": "http", "containerPort": s.port}],
+            "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
+            "livenessProbe": _probe("/health", s.port), "resources": _resources(gib, claim),
+            "volumeMounts": list(MODELS_MOUNT), "securityContext": _security(_image_user(d, name))}
 
 
-def _wait_for_triton(d: Deployment) -> dict:
-    """An init container that waits until Triton answers ready (the vLLM image's own Python, no extra image)."""
-    url = f"http://triton:{d.ports.triton_http}/v2/health/ready"
-    wait = ("import time, urllib.request\nwhile True:\n    try:\n        urllib.request.urlopen(%r, timeout=5)\n"
-            "        break\n    except OSError:\n        time.sleep(5)\n" % url)
-    return {"name": "wait-for-triton", "image": image(d, vllm_image(d.on_gpu, False)), "command": ["python3", "-c", wait],
-            "securityContext": _security()}
+def _card(d: Deployment, card: int, triton: Service | None, engine: Service | None, host: dict[str, float],
+          builds: list[Build]) -> list[dict]:
+    """The pod of GPU `card`, claiming one whole GPU that its containers share: the plan decides what shares a card,
+    not the device plugin (whose time-slicing balances pods by count alone and may put two engines on one card).
+    Triton (its instances on this card) runs as a native sidecar, so that the card's vLLM engine starts once Triton's
+    startup probe has seen it ready: vLLM takes its share of what is free when it starts. TensorRT plans are built
+    first, by an init container of the TensorRT release that matches Triton's."""
+    app = f"gpu-{card}"
+    containers, init, volumes = [], [], list(MODELS_VOLUME)
+    out: list[dict] = []
+    if triton:
+        container = _triton_container(d, triton, host["triton"], True, "/repository" if builds else None)
+        if builds:  # the claim is read-only: the repository is copied where the plans can be built
+            volumes.append({"name": "repository", "emptyDir": {}})
+            container["volumeMounts"].append({"name": "repository", "mountPath": "/repository"})
+            init.append({"name": "build-engines", "image": TENSORRT_IMAGE, "command": ["sh", "-c", (
+                f"cp -r {MODELS}/repository/. /repository/\n" + build_script(builds, "/repository"))],
+                "volumeMounts": [*MODELS_MOUNT, {"name": "repository", "mountPath": "/repository"}],
+                "resources": _resources(host["triton"], True), "securityContext": _security()})
+        if engine:
+            init.append(container | {"restartPolicy": "Always"})
+        else:
+            containers.append(container)
+        out.append(_service(d, f"triton-{card}", app, {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc,
+                                                        "metrics": d.ports.triton_metrics}, "triton"))
+    if engine:
+        containers.append(_engine_container(d, engine, host[engine.models[0]], True))
+        out.append(_service(d, engine.name, app, {"http": engine.port}, "vllm"))
+    pod = _pod(d, app, 1, containers, init=init, volumes=volumes, shm="8Gi" if engine else "2Gi", gpu=True,
+               fs_group=NON_ROOT_UID)
+    served = ([d.ports.triton_grpc] if triton else []) + ([engine.port] if engine else [])
+    metrics = ([d.ports.triton_metrics] if triton else []) + ([engine.port] if engine else [])
+    return [pod, *out, _pdb(d, app), _engine_policy(d, app, served, metrics)]
 
 
-def pods_per_gpu(d: Deployment, p: Plan) -> int:
-    """The most GPU pods the plan puts on one GPU: Triton's pod on every GPU, and each vLLM engine on its own."""
-    if not d.on_gpu:
-        return 0
-    engines = [sum(1 for gpus in p.engines.values() for g in gpus if g == i) for i in range(d.gpus.count)]
-    return max(e + (1 if d.encoders else 0) for e in engines)
+def _cpu_triton(d: Deployment, s: Service, gib: float) -> list[dict]:
+    return [_pod(d, "triton", 1, [_triton_container(d, s, gib, False)], volumes=MODELS_VOLUME, shm="2Gi"),
+            _service(d, "triton", "triton", {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc,
+                                             "metrics": d.ports.triton_metrics}, "triton"),
+            _pdb(d, "triton"), _engine_policy(d, "triton", [d.ports.triton_grpc], [d.ports.triton_metrics])]
 
 
-def time_slicing(d: Deployment, p: Plan) -> dict | None:
-    """The NVIDIA device plugin's time-slicing config that lets the planned pods share their GPUs, or None when
-    every pod has a GPU of its own. It is the GPU operator's (or the device plugin's) config, not the namespace's:
-    apply it as its header (and the README's "Kubernetes on a GPU that Triton and vLLM share") says."""
-    slices = pods_per_gpu(d, p)
-    if slices <= 1:
-        return None
-    config = {"version": "v1", "sharing": {"timeSlicing": {"failRequestsGreaterThanOne": True,
-                                                           "resources": [{"name": "nvidia.com/gpu", "replicas": slices}]}}}
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": f"rtxserve-{d.name}-time-slicing", "namespace": "gpu-operator"},
-            "data": {"any": yaml.safe_dump(config, sort_keys=False)}}
+def _cpu_engine(d: Deployment, s: Service, gib: float) -> list[dict]:
+    """A CPU engine: it takes no share of anything Triton holds, and starts when it likes."""
+    return [_pod(d, s.name, 1, [_engine_container(d, s, gib, False)], volumes=MODELS_VOLUME, shm="8Gi"),
+            _service(d, s.name, s.name, {"http": s.port}, "vllm"), _pdb(d, s.name),
+            _engine_policy(d, s.name, [s.port], [s.port])]
 
 
 def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
@@ -229,14 +266,15 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
                  "readinessProbe": _probe("/readyz", gateway.port, 5), "livenessProbe": _probe("/healthz", gateway.port),
                  "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
                  "volumeMounts": mounts}
-    return [_deployment(d, "gateway", replicas, container, volumes=volumes),
-            _service(d, "gateway", {"http": gateway.port}), _pdb(d, "gateway"),
+    container["securityContext"] = _security(NON_ROOT_UID)
+    return [_pod(d, "gateway", replicas, [container], volumes=volumes),
+            _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"),
             {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},
              "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
                       "minReplicas": replicas, "maxReplicas": max(10, replicas),
                       "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
                           "type": "Utilization", "averageUtilization": 70}}}]}},
-            _service_monitor(d, "gateway", "http", "gateway")]
+            _service_monitor(d, "gateway", "http")]
 
 
 REDIS = "rtxserve-redis"  # the quota counters' Service
@@ -257,14 +295,13 @@ def _redis(d: Deployment) -> list[dict]:
                  "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5},
                  "livenessProbe": {"tcpSocket": {"port": 6379}, "periodSeconds": 10},
                  "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}}
-    deployment = _deployment(d, REDIS, 1, container)
-    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"] |= {"runAsNonRoot": True,
-                                                                                  "runAsUser": 999}
+    container["securityContext"] = _security(999)  # the redis image's own user
+    deployment = _pod(d, REDIS, 1, [container])
     policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{REDIS}-private"},
               "spec": {"podSelector": {"matchLabels": _labels(REDIS, d)}, "policyTypes": ["Ingress"],
                        "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}}],
                                     "ports": [{"protocol": "TCP", "port": 6379}]}]}}
-    return [deployment, _service(d, REDIS, {"redis": 6379}), policy]
+    return [deployment, _service(d, REDIS, REDIS, {"redis": 6379}), policy]
 
 
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
@@ -294,7 +331,7 @@ def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
                      # the key render made for the load test (loadtest-key.txt, in kubernetes/keys.json only)
                      "env": [{"name": "RTXSERVE_API_KEY", "valueFrom": {"secretKeyRef": {
                          "name": "rtxserve-loadtest-key", "key": "api-key"}}}],
-                     "securityContext": _security(non_root=True)}
+                     "securityContext": _security(NON_ROOT_UID)}
         if name == "locust-master":
             container["ports"] = [{"name": "master", "containerPort": 5557}]
         return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "labels": _labels(name, d)},
@@ -302,7 +339,7 @@ def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
                          "template": {"metadata": {"labels": _labels(name, d)},
                                       "spec": {"restartPolicy": "Never", "containers": [container]}}}}
 
-    return [job("locust-master", master, 1), _service(d, "locust-master", {"master": 5557}),
+    return [job("locust-master", master, 1), _service(d, "locust-master", "locust-master", {"master": 5557}),
             job("locust-worker", worker, workers)]
 
 
@@ -324,7 +361,9 @@ def models_loader(d: Deployment) -> dict:
     """A pod that mounts the models claim read-write, to fill it with `kubectl cp` (the engines mount it
     read-only); deleted once the copy is done."""
     container = {"name": "loader", "image": image(d, GATEWAY_IMAGE), "command": ["sleep", "infinity"],
-                 "volumeMounts": [{"name": "models", "mountPath": MODELS}], "securityContext": _security()}
+                 "volumeMounts": [{"name": "models", "mountPath": MODELS}], "securityContext": _security(NON_ROOT_UID)}
+    # fsGroup: a volume its provisioner made root's is made writable by the loader's group (uid 1000's)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rtxserve-models-loader", "labels": _labels("models", d)},
             "spec": {"automountServiceAccountToken": False, "containers": [container], "restartPolicy": "Never",
+                     "securityContext": {"fsGroup": NON_ROOT_UID},
                      "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "rtxserve-models"}}]}}

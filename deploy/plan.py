@@ -52,6 +52,7 @@ VLLM_DEFAULT_BATCHED_TOKENS = {"small": 2048, "large": 8192}  # below / from 70 
 CPU_ENCODER_INSTANCE_GIB = 0.35  # a python-backend stub with ONNX Runtime and NumPy loaded (RSS)
 CPU_TRITON_GIB = 0.4
 CPU_VLLM_PROCESS_GIB = 2.5  # the API server, engine core and worker processes with torch loaded (RSS)
+CUDA_HOST_GIB = 1.0  # what CUDA's libraries and pinned staging buffers add to a GPU process's host memory
 # A diffusion instance is a python-backend process of its own: its own CUDA context and PyTorch allocator.
 DIFFUSION_PROCESS_GIB = 0.5  # on a GPU: CUDA context, cuBLAS / cuDNN workspaces
 CPU_DIFFUSION_PROCESS_GIB = 0.4  # on CPU: the stub with torch and diffusers imported (RSS: 0.37 measured, tiny fixture)
@@ -337,6 +338,23 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
 
 
 # ---------------------------------------------------------------------------------------------- packing
+
+def server_host_gib(d: Deployment, p: Plan) -> dict[str, float]:
+    """Host memory (RSS) of each server, by its kind: "triton", and each LLM's engine by the LLM's name; what the
+    Kubernetes pods request. On a CPU box that is the plan itself (every sum is held against host memory). On a GPU
+    box, the processes as measured on CPU (torch or ONNX Runtime loaded) and CUDA's host side: a tritonserver, and a
+    stub per python-backend instance (two per entry, an encoder's tokenizer and post-processing, or one per diffusion
+    instance); a vLLM engine's API server, engine core and worker. Estimates: `rtxserve plan --measure` measures GPU
+    memory, not these."""
+    if not d.on_gpu:
+        (cpu,) = p.devices
+        triton = sum(pl.gib for pl in cpu.placements if pl.what != "engine")
+        return {"triton": triton} | {pl.model: pl.gib for pl in cpu.placements if pl.what == "engine"}
+    stubs = sum(2 * CPU_ENCODER_INSTANCE_GIB if not isinstance(m, DiffusionModel)
+                else p.instances[m.name] * (CPU_DIFFUSION_PROCESS_GIB + CUDA_HOST_GIB) for m in d.encoders)
+    return ({"triton": CPU_TRITON_GIB + CUDA_HOST_GIB + stubs} if d.encoders else {}) | {
+        m.name: CPU_VLLM_PROCESS_GIB + CUDA_HOST_GIB for m in d.vllm_models}
+
 
 def host_memory_gib() -> float:
     import psutil

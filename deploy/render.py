@@ -8,8 +8,8 @@
     DIR/compose/             compose.yaml for one box: the NGC Triton image, one vLLM container per GPU, the
                              gateway, Prometheus and Grafana with its dashboards; engines on an internal network
     DIR/systemd/             units for a bare-metal box (the programs of an install at --prefix)
-    DIR/kubernetes/          a kustomize base for a fleet (and gpu-sharing/, the device plugin's time-slicing
-                             config, when Triton and vLLM pods share a GPU)
+    DIR/kubernetes/          a kustomize base for a fleet (a pod per GPU, its card claimed through Dynamic Resource
+                             Allocation)
     DIR/monitoring/          Prometheus rules and the Grafana dashboards (shared by compose and Kubernetes)
     DIR/images.txt           every container image to mirror for an air-gapped site
     DIR/gateway-image/       the gateway's Dockerfile, and rtxserve's source in src/ for it to install
@@ -41,10 +41,10 @@ from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_CPU_DOCKERFILE,
                      TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
                      triton_cpu_requirements, triton_image_requirements)
-from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis, time_slicing
+from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
-from .spec import Deployment, DeploymentError, llm_app
+from .spec import Deployment, DeploymentError
 from .systemd import systemd_units
 
 
@@ -195,9 +195,11 @@ def _containers(d: Deployment, p: Plan, services: list[Service], settings: dict,
 
 def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict, keys: dict, builds: list[Build],
                 files: _Files) -> None:
-    """kubernetes/: one Deployment and Service per LLM in front of its replicas (all on its first engine's port)."""
-    settings = settings | {"vllm_url": ",".join(f"http://{llm_app(s.models[0])}:{s.port}"
-                                                for s in services if s.kind == "vllm" and s.name.endswith("-0"))}
+    """kubernetes/: the gateway reaches each Triton (one per card on GPUs) and each vLLM engine through a Service of
+    its own, as compose's gateway does through each container's name."""
+    if d.on_gpu and d.encoders:
+        settings = settings | {"triton_grpc_url": ",".join(f"triton-{card}:{d.ports.triton_grpc}"
+                                                           for card in range(d.gpus.count))}
     if needs_redis(d):  # several gateway pods: one set of quota counters
         settings["rate_limit_storage"] = REDIS_URI
     namespace = f"rtxserve-{d.name}"
@@ -212,12 +214,6 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
                f"Fill the models claim (after kubectl apply -k .):\n  kubectl apply -n {namespace} -f models-loader.yaml\n"
                f"  kubectl cp ../models/. {namespace}/rtxserve-models-loader:{MODELS}\n"
                f"  kubectl delete -n {namespace} -f models-loader.yaml")
-    sharing = time_slicing(d, p)
-    if sharing is not None:  # the GPU operator's namespace, not the deployment's: applied on its own
-        files.dump("kubernetes/gpu-sharing/time-slicing.yaml", sharing,
-                   "The NVIDIA GPU operator's time-slicing config: kubectl apply -f this file, then\n"
-                   "helm upgrade gpu-operator nvidia/gpu-operator -n gpu-operator --reuse-values \\\n"
-                   f"  --set devicePlugin.config.name={sharing['metadata']['name']} --set devicePlugin.config.default=any")
 
 
 def _loadtest_key(d: Deployment, keys: dict, files: _Files) -> None:

@@ -110,6 +110,8 @@ class Kubernetes(_Strict):
         "make); ReadOnlyMany: pods on several nodes, where the storage class provides it")
     runtime_class: str | None = Field(None, description="runtimeClassName of the GPU pods, where nvidia is not the "
                                       "container runtime's default (e.g. nvidia)")
+    gpu_device_class: str = Field("gpu.nvidia.com", description="the Dynamic Resource Allocation DeviceClass each GPU pod "
+                                  "claims one whole GPU of (NVIDIA's DRA driver's gpu.nvidia.com; Kubernetes 1.34+)")
     monitoring_labels: dict[str, str] = Field(default_factory=lambda: {"release": "kube-prometheus-stack"},
                                               description="labels Prometheus selects ServiceMonitors and rules by "
                                               "(kube-prometheus-stack: release: <its Helm release>)")

@@ -96,11 +96,11 @@ def test_the_kustomize_build_is_valid_kubernetes(rendered):
                 kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
             except kubernetes_validate.ValidationError as exc:
                 pytest.fail(f"{doc['kind']} {doc['metadata']['name']}: {exc.message}")
-    assert sorted(kinds["Deployment"]) == ["gateway", "rtxserve-redis", "triton", "vllm-llama-3-8b"]  # redis: the quotas
+    assert sorted(kinds["Deployment"]) == ["gateway", "gpu-0", "rtxserve-redis"]  # redis: the quotas
     assert {"HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy", "ServiceMonitor", "Secret", "ConfigMap",
-            "Job", "PrometheusRule", "PersistentVolumeClaim"} <= set(kinds)
-    gpu = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vllm-llama-3-8b")
-    assert gpu["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+            "Job", "PrometheusRule", "PersistentVolumeClaim", "ResourceClaimTemplate"} <= set(kinds)
+    card = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gpu-0")["spec"]["template"]["spec"]
+    assert [c["resources"]["claims"] for c in card["initContainers"] + card["containers"]] == [[{"name": "gpu"}]] * 3
 
 
 def test_every_yaml_file_passes_yamllint(rendered):
@@ -246,23 +246,27 @@ def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_tri
     assert "TimeoutStartSec=3600" in unit  # the build counts in the start
 
 
-def test_kubernetes_runs_each_llm_as_one_deployment_of_its_replicas_behind_one_service(tmp_path):
-    """Four engines of one LLM on a 4-GPU box: one Deployment of 4 pods, each owning its GPU and vLLM's own
-    memory share, one Service, and one URL in the gateway's settings."""
+def test_kubernetes_runs_each_engine_in_the_pod_of_its_card_behind_a_service_of_its_own(tmp_path):
+    """Four engines of one LLM on a 4-GPU box: four card pods, each claiming its GPU and holding one engine (with vLLM's
+    memory share) beside that card's Triton, each engine and each Triton behind a Service of its own, and every one of
+    them in the gateway's settings, so that it balances over them and the admin route reaches each."""
     _, four = write_boxes(tmp_path)
     write_keys(tmp_path / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
     data = yaml.safe_load(four.read_text()) | {"gateway": {"keys_file": "keys.json"}}
     render(parse_deployment(data, tmp_path), tmp_path / "out")
-    docs = [d for d in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / "vllm-llama-3-8b.yaml").read_text()) if d]
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
-    assert deployment["spec"]["replicas"] == 4 and deployment["spec"]["strategy"] == {"type": "Recreate"}
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    # the plan's share of the card: the pod shares its GPU with Triton's (time-slicing)
-    args = container["args"]
-    assert args[0] == "/models/llm/llama-3-8b" and float(args[args.index("--gpu-memory-utilization") + 1]) < 0.9
-    assert "--port" in container["args"] and container["args"][container["args"].index("--port") + 1] == "8100"
+    for card in range(4):
+        docs = [d for d in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / f"gpu-{card}.yaml").read_text()) if d]
+        deployment = next(d for d in docs if d["kind"] == "Deployment")
+        assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+        (engine,) = deployment["spec"]["template"]["spec"]["containers"]
+        args = engine["args"]
+        assert args[0] == "/models/llm/llama-3-8b" and float(args[args.index("--gpu-memory-utilization") + 1]) < 0.9
+        assert args[args.index("--port") + 1] == str(8100 + card)
+        assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "Service") == [
+            f"triton-{card}", f"vllm-llama-3-8b-{card}"]
     settings = yaml.safe_load((tmp_path / "out" / "kubernetes" / "gateway-config.yaml").read_text())
-    assert settings["vllm_url"] == "http://vllm-llama-3-8b:8100"
+    assert settings["vllm_url"] == ",".join(f"http://vllm-llama-3-8b-{i}:{8100 + i}" for i in range(4))
+    assert settings["triton_grpc_url"] == ",".join(f"triton-{i}:8001" for i in range(4))
     compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())  # on one box: 4 containers
     assert [compose["services"][f"vllm-llama-3-8b-{i}"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
             for i in range(4)] == [["0"], ["1"], ["2"], ["3"]]

@@ -226,7 +226,7 @@ def test_a_whisper_plans_its_decoder_and_cross_attention_cache_and_runs_vllms_im
     assert compose["image"] == SPEECH_VLLM_IMAGE and compose["build"] == {"context": "../vllm-audio-image"}
     assert f"FROM {VLLM_IMAGE}" in (out / "vllm-audio-image" / "Dockerfile").read_text()
     assert (out / "vllm-audio-image" / "requirements.txt").read_text().split() == ["soundfile>=0.12", "av>=12"]
-    pod = next(doc for doc in yaml.safe_load_all((out / "kubernetes" / "vllm-whisper.yaml").read_text())
+    pod = next(doc for doc in yaml.safe_load_all((out / "kubernetes" / "gpu-0.yaml").read_text())
                if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == f"registry.example.com/ml/{SPEECH_VLLM_IMAGE}"
     assert "/bin/vllm serve /opt/asr/models/llm/whisper " in (out / "systemd" / "rtxserve-asr-box-vllm-whisper-0.service").read_text()

@@ -138,19 +138,58 @@ def gpu_requests(pod_spec: dict) -> int:
 
 
 @pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
-def test_the_gpus_kubernetes_is_asked_for_exist_on_the_box(example, tmp_path):
+def test_each_card_is_one_pod_holding_what_the_plan_put_on_it(example, tmp_path):
+    """The plan decides what shares a GPU, not the device plugin (whose time-slicing balances by count alone and may
+    put two engines on one card): one pod per card, claiming one whole GPU through Dynamic Resource Allocation, its
+    containers sharing that claim; no pod asks the device plugin for a GPU; each engine and each Triton is addressable
+    through a Service of its own, and the gateway is given every one."""
     d, p, out = rendered(example, tmp_path)
-    asked = sum(doc["spec"]["replicas"] * gpu_requests(doc["spec"]["template"]["spec"])
-                for doc in manifests(out) if doc["kind"] == "Deployment")
-    sharing = out / "kubernetes" / "gpu-sharing" / "time-slicing.yaml"
-    slices = 1
-    if sharing.exists():
-        config = yaml.safe_load(yaml.safe_load(sharing.read_text())["data"]["any"])
-        (resource,) = config["sharing"]["timeSlicing"]["resources"]
-        assert resource["name"] == "nvidia.com/gpu" and config["sharing"]["timeSlicing"]["failRequestsGreaterThanOne"]
-        slices = resource["replicas"]
-    assert asked <= d.gpus.count * slices, f"{asked} GPUs asked of {d.gpus.count} x {slices} slices"
-    assert (slices > 1) == (bool(d.encoders) and bool(d.vllm_models))  # shared only where Triton and vLLM meet on a GPU
+    docs = manifests(out)
+    (template,) = [doc for doc in docs if doc["kind"] == "ResourceClaimTemplate"]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"] == {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    assert "nvidia.com/gpu" not in json.dumps(docs) and not (out / "kubernetes" / "gpu-sharing").exists()
+    settings = yaml.safe_load((out / "kubernetes" / "gateway-config.yaml").read_text())
+    for card in range(d.gpus.count):
+        (pod,) = [doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == f"gpu-{card}"]
+        assert pod["spec"]["replicas"] == 1
+        spec = pod["spec"]["template"]["spec"]
+        assert spec["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template["metadata"]["name"]}]
+        containers = spec.get("initContainers", []) + spec["containers"]
+        assert all(c["resources"]["claims"] == [{"name": "gpu"}] for c in containers)
+        engines = [m.name for m in d.vllm_models for g in p.engines[m.name] if g == card]
+        assert sorted(c["name"] for c in containers) == sorted(["tritonserver"] * bool(d.encoders) + ["vllm"] * len(engines))
+        services = [doc["metadata"]["name"] for doc in docs if doc["kind"] == "Service"
+                    and doc["spec"]["selector"] == pod["spec"]["selector"]["matchLabels"]]
+        assert sorted(services) == sorted([f"triton-{card}"] * bool(d.encoders) +
+                                          [f"vllm-{m}-{p.engines[m].index(card)}" for m in engines])
+        for name in services:
+            assert name in settings["triton_grpc_url"] + settings["vllm_url"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_pod_asks_for_the_host_memory_the_plan_estimates(example, tmp_path):
+    """Memory requests from the plan (server_host_gib), not a fixed 16 Gi per GPU pod (64 Gi on four cards, Pending
+    on a 64 GB host): on a four-GPU box the engines' pods ask for a fraction of a box's memory."""
+    from deploy.plan import server_host_gib
+
+    d, p, out = rendered(example, tmp_path)
+    host = server_host_gib(d, p)
+    asked = 0.0
+    for doc in manifests(out):
+        if doc["kind"] != "Deployment" or doc["metadata"]["name"] in ("gateway", REDIS):
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            gib = int(c["resources"]["requests"]["memory"].removesuffix("Mi")) / 1024
+            if c["name"] == "build-engines":
+                continue
+            served = c["args"][c["args"].index("--served-model-name") + 1] if c["name"] == "vllm" else "triton"
+            planned = host[served]
+            assert planned <= gib < planned + 0.25, (doc["metadata"]["name"], c["name"], gib, planned)
+            assert int(c["resources"]["limits"]["memory"].removesuffix("Mi")) == 2 * gib * 1024
+            asked += gib * doc["spec"]["replicas"]
+    assert asked < 8 * max(d.gpus.count, 1), f"{asked:.1f} GiB asked"
 
 
 @pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
@@ -188,10 +227,12 @@ def test_vllm_starts_after_triton_on_every_target(example, tmp_path):
     for unit in (out / "systemd").glob(f"rtxserve-{d.name}-vllm-*.service"):
         after = next(line for line in unit.read_text().splitlines() if line.startswith("After="))
         assert f"rtxserve-{d.name}-triton.service" in after.split()
-    for doc in manifests(out):
-        if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("vllm-"):
-            (init,) = doc["spec"]["template"]["spec"]["initContainers"]
-            assert "v2/health/ready" in init["command"][-1]
+    for doc in manifests(out):  # a GPU card's pod: Triton a native sidecar, the engine started once it is ready
+        pod = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else {}
+        if d.on_gpu and any(c["name"] == "vllm" for c in pod.get("containers", [])):
+            (triton,) = [c for c in pod["initContainers"] if c["name"] == "tritonserver"]
+            assert triton["restartPolicy"] == "Always" and triton["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    # (a CPU box's engine takes no share of what Triton holds: its Kubernetes pods start independently)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -361,13 +402,13 @@ def test_kubernetes_settings_reach_the_manifests(tmp_path):
     gateway = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gateway")
     assert gateway["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com/ml/rtxserve-gateway:")
     gpu_pods = [doc["spec"]["template"]["spec"] for doc in docs
-                if doc["kind"] == "Deployment" and doc["metadata"]["name"] not in ("gateway", REDIS)]
+                if doc["kind"] == "Deployment" and doc["metadata"]["name"].startswith("gpu-")]
     assert gpu_pods and all(pod["runtimeClassName"] == "nvidia" for pod in gpu_pods)
     assert "runtimeClassName" not in gateway["spec"]["template"]["spec"]
     monitors = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
     assert monitors and all(m["metadata"]["labels"]["prometheus"] == "main" for m in monitors)
     policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy" and doc["metadata"]["name"] != f"{REDIS}-private"]
-    assert policies and all(pol["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"] ==
+    assert policies and all(pol["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"] ==
                             {"kubernetes.io/metadata.name": "obs"} for pol in policies)
 
 
