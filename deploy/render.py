@@ -89,6 +89,12 @@ def stage_models(d: Deployment, p: Plan, out: Path) -> dict[Path, str]:
     return where
 
 
+def private_files(d: Deployment) -> list[Path]:
+    """The deployment's artifact files that only their owner may read (see _check_readable)."""
+    folders = [d.resolve(m.path) for m in d.models] + [d.resolve(a) for m in d.vllm_models for a in m.adapters.values()]
+    return sorted({p for f in folders for p in f.rglob("*") if p.is_file() and not p.stat().st_mode & stat.S_IROTH})
+
+
 def _check_readable(models: Path) -> None:
     """Refuse artifacts that only their owner may read: every target runs its servers as users of their own (uid 1000
     in the images built here, rtxserve under systemd), and a server that cannot read its weights dies at start.

@@ -12,6 +12,7 @@ COMMANDS = {
     "export": ("export.cli", "main", "checkpoint -> validated ONNX -> Triton model repository entry"),
     "serve": ("rtxserve.cli", "serve_main", "run tritonserver, vLLM or the gateway; up / status / down a whole deployment"),
     "plan": ("deploy.cli", "plan_main", "a deployment's GPU memory plan, from its artifacts, before anything starts"),
+    "doctor": ("deploy.doctor", "main", "check this box for a deployment (GPUs, driver, memory, ports, disk, tools)"),
     "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
     "adapters": ("deploy.cli", "adapters_main", "load or unload a LoRA adapter in a running deployment, without a restart"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),

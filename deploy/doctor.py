@@ -1,0 +1,263 @@
+"""`rtxserve doctor DEPLOYMENT [--target serve|compose|systemd|kubernetes]`: a preflight on the box that will run a
+deployment, before `serve up`, render or install. One line per check: what it found, and for each failure what to
+do; exit 1 when anything fails. The box's tools are asked at their command line (nvidia-smi, docker, nvidia-ctk, cc),
+as a user would ask them, so that a test can stand in for a GPU box by putting its own on PATH.
+
+What is checked, by target (a check that does not apply to the target is left out):
+- the deployment loads and plans (its artifacts exist, it fits), and every artifact is readable by the servers' users;
+- GPUs (gpus.count > 0): as many as it names; the driver as new as the images need; each card's memory, and what is
+  free on it now, against what the plan puts there;
+- host memory against what the servers take (the plan's host estimate per server);
+- the ports it listens on, free; disk for the staged models where the target stages them;
+- compose and Kubernetes: a Docker Engine (compose: and docker-compose) and, on GPUs, NVIDIA's container toolkit;
+- serve and systemd (servers from this install): tritonserver and its python backend, and where vLLM runs outside a
+  container, a C compiler and Python's headers (vLLM compiles kernels when an engine starts);
+- systemd: the keys file readable by the units' user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+TARGETS = ("serve", "compose", "systemd", "kubernetes")
+# The oldest GeForce driver the images' CUDA runs on: NGC's 26.xx releases are built on CUDA 13 ("requires NVIDIA Driver
+# release 575 or later", Triton 26.02's release notes); vLLM's CUDA 12.9 images need 575 too.
+MIN_DRIVER = (575,)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    found: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{'ok  ' if self.ok else 'FAIL'}  {self.name}: {self.found}" + ("" if self.ok else f" -> {self.fix}")
+
+
+def _tool(argv: list[str]) -> str | None:
+    """A tool's output, or None where it is missing or fails."""
+    if not shutil.which(argv[0]):
+        return None
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def gpus() -> list[dict] | None:
+    """nvidia-smi's cards: index, name, total / used MiB, driver version; None where there is no working nvidia-smi."""
+    out = _tool(["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used,driver_version",
+                 "--format=csv,noheader,nounits"])
+    if out is None:
+        return None
+    cards = []
+    for line in filter(None, (l.strip() for l in out.splitlines())):
+        index, name, total, used, driver = (f.strip() for f in line.split(","))
+        cards.append({"index": int(index), "name": name, "total_mib": float(total), "used_mib": float(used),
+                      "driver": driver})
+    return cards
+
+
+def _driver(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+
+def check_gpus(d, p) -> list[Check]:
+    cards = gpus()
+    if cards is None:
+        return [Check("GPUs", False, "no working nvidia-smi", "install NVIDIA's driver (575 or later) and reboot")]
+    out = [Check("GPUs", len(cards) >= d.gpus.count, f"{len(cards)} × " + ", ".join(sorted({c['name'] for c in cards})),
+                 f"the deployment names {d.gpus.count}: set gpus.count to what the box has, or use a bigger box")]
+    old = [c for c in cards if _driver(c["driver"]) < MIN_DRIVER]
+    out.append(Check("driver", not old, f"{cards[0]['driver']}" if cards else "none",
+                     f"the images' CUDA needs driver {'.'.join(map(str, MIN_DRIVER))} or later: upgrade it"))
+    for card, dev in zip(cards, p.devices):
+        total, free = card["total_mib"] / 1024, (card["total_mib"] - card["used_mib"]) / 1024
+        need = dev.used_gib
+        out.append(Check(f"GPU {card['index']} memory", need <= free and need <= total - 0.3,
+                         f"{total:.2f} GiB, {free:.2f} free; the plan puts {need:.2f} GiB there",
+                         "free the card (nvidia-smi lists who holds it), or plan less onto it (`rtxserve plan`)"))
+    return out
+
+
+def check_host(d, p, target: str, at: Path) -> list[Check]:
+    import psutil
+
+    from .plan import server_host_gib
+
+    need = sum(server_host_gib(d, p).values())
+    have = psutil.virtual_memory().total / 1024**3
+    out = [Check("host memory", need <= have, f"{have:.1f} GiB; the servers take about {need:.1f}",
+                 "a box with more memory, or fewer instances / engines")]
+    busy = [f"{port} ({what})" for port, what in d.port_list() if not _port_free(port)]
+    out.append(Check("ports", not busy, "free" if not busy else "in use: " + ", ".join(busy),
+                     "stop what holds them, or set other ports in the deployment's ports:"))
+    if target != "serve":
+        size = _artifact_bytes(d) / 1024**3
+        free = shutil.disk_usage(_existing(at)).free / 1024**3
+        out.append(Check("disk", size <= free, f"{free:.1f} GiB free at {_existing(at)}; the models take {size:.1f}",
+                         "free disk there, or render to another folder (--out / --at)"))
+    return out
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def _artifact_bytes(d) -> int:
+    paths = [d.resolve(m.path) for m in d.models] + [d.resolve(a) for m in d.vllm_models for a in m.adapters.values()]
+    return sum(f.stat().st_size for path in paths for f in path.rglob("*") if f.is_file())
+
+
+def check_containers(d, target: str) -> list[Check]:
+    engine = _tool(["docker", "info", "--format", "{{json .Runtimes}}"])
+    out = [Check("Docker Engine", engine is not None, "running" if engine is not None else "not running or not installed",
+                 "install Docker Engine (Debian/Ubuntu: apt-get install docker.io) and start it")]
+    if target == "compose":
+        compose = _tool(["docker", "compose", "version"]) or _tool(["docker-compose", "version"])
+        out.append(Check("compose", compose is not None, (compose or "missing").splitlines()[0] if compose else "missing",
+                         "install the compose plugin (docker-compose-plugin) or docker-compose"))
+    if d.on_gpu:
+        toolkit = engine is not None and "nvidia" in engine
+        out.append(Check("NVIDIA container toolkit", toolkit, "the nvidia runtime is registered" if toolkit else
+                         "Docker has no nvidia runtime", "install nvidia-container-toolkit, then `nvidia-ctk runtime "
+                         "configure --runtime=docker` and restart Docker"))
+    return out
+
+
+# What a GPU box's own tritonserver (NGC's layout) needs: the backends its entries use, and in the Python its stub runs
+# (the first python3 on PATH) what the entries' python-backend steps import (deploy/triton/requirements-image.txt).
+NATIVE_TRITON = Path("/opt/tritonserver")
+STEP_MODULES = ("numpy", "onnxruntime", "tokenizers", "PIL", "cv2")
+
+
+def check_triton(d) -> list[Check]:
+    from core.envs import TRITON, env_dir
+    from serve.triton import TritonInstall, TritonNotFound
+
+    if not d.on_gpu:
+        try:
+            TritonInstall.from_env(env_dir(TRITON))
+            return [Check("tritonserver", True, f"in {env_dir(TRITON)}")]
+        except TritonNotFound as exc:
+            return [Check("tritonserver", False, str(exc).split(":")[0], "run `make setup` (or the bundle's install.sh)")]
+    binary, backends = NATIVE_TRITON / "bin" / "tritonserver", NATIVE_TRITON / "backends"
+    missing = [b for b in ("python", "onnxruntime") + (("tensorrt",) if any(m.tensorrt for m in d.encoders) else ())
+               if not (backends / b).is_dir()]
+    out = [Check("tritonserver", binary.is_file() and not missing, f"{binary}" + (f", no {'/'.join(missing)} backend"
+                 if missing else "") if binary.is_file() else f"no {binary}", "install Triton's release (NGC's "
+                 f"tritonserver layout) at {NATIVE_TRITON}, or run the compose target (its image)")]
+    imports = _tool(["python3", "-c", f"import {', '.join(STEP_MODULES)}, numpy; assert numpy.__version__ < '2'"])
+    out.append(Check("Triton's python steps", imports is not None, "python3 imports what they need" if imports is not None
+                     else "python3 (the stub's) lacks " + "/".join(STEP_MODULES) + " or has NumPy 2",
+                     "pip install -r deploy/triton/requirements-image.txt into the python3 first on the units' PATH"))
+    return out
+
+
+def check_install(d, target: str) -> list[Check]:
+    """The servers of this install (serve up and systemd run them from here)."""
+    from core.envs import VLLM, env_dir
+
+    out = check_triton(d) if d.encoders else []
+    if d.vllm_models:
+        python = env_dir(VLLM) / "bin" / "python"
+        headers = _tool([str(python), "-c", "import sysconfig, os; p = sysconfig.get_paths()['include']; "
+                         "print(p if os.path.isfile(os.path.join(p, 'Python.h')) else '')"]) if python.exists() else None
+        compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("g++")
+        out.append(Check("vLLM", python.exists(), f"in {env_dir(VLLM)}" if python.exists() else "not installed",
+                         "run `make setup-vllm` (or the bundle's install.sh)"))
+        out.append(Check("C compiler", compiler is not None, compiler or "none on PATH",
+                         "vLLM compiles kernels when an engine starts: apt-get install g++"))
+        out.append(Check("Python headers", bool(headers and headers.strip()), (headers or "").strip() or "no Python.h",
+                         "apt-get install python3-dev (the headers of the Python vLLM runs on)"))
+    return out
+
+
+def check_keys(d) -> list[Check]:
+    if d.gateway.keys_file is None:
+        return []
+    import stat
+
+    path = d.resolve(d.gateway.keys_file)
+    mode = path.stat().st_mode
+    readable = bool(mode & stat.S_IROTH) or _owner(path) == "rtxserve"
+    return [Check("keys file", readable, f"{path} (mode {stat.S_IMODE(mode):o}, owner {_owner(path)})",
+                  f"the units run as rtxserve: `chown rtxserve: {path}` (or chmod a+r: it holds hashes only)")]
+
+
+def _owner(path: Path) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(path.stat().st_uid).pw_name
+    except KeyError:
+        return str(path.stat().st_uid)
+
+
+def doctor(path: Path, target: str, at: Path | None = None) -> list[Check]:
+    from .plan import plan
+    from .render import private_files
+    from .spec import DeploymentError, load_deployment
+
+    try:
+        d = load_deployment(path)
+        p = plan(d)
+    except (DeploymentError, OSError) as exc:
+        return [Check("deployment", False, str(exc).splitlines()[0], "fix the deployment file (`rtxserve plan` says more)")]
+    checks = [Check("deployment", p.fits, f"{d.name}: {len(d.models)} model(s), plan " + ("fits" if p.fits else
+                    "does NOT fit"), "`rtxserve plan` shows where it does not")]
+    private = private_files(d)
+    checks.append(Check("artifacts readable", not private, "by every user" if not private else
+                        f"{len(private)} file(s) readable by their owner only, e.g. {private[0]}",
+                        "the servers run as users of their own: chmod a+r them"))
+    if d.on_gpu:
+        checks += check_gpus(d, p)
+    checks += check_host(d, p, target, Path(at or path.parent))
+    if target in ("compose", "kubernetes"):
+        checks += check_containers(d, target)
+    if target in ("serve", "systemd"):
+        checks += check_install(d, target)
+    if target == "systemd":
+        checks += check_keys(d)
+    return checks
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rtxserve doctor", description="Check this box for a deployment before "
+                                     "serve up, render or install; one line per check, exit 1 when any fails.")
+    parser.add_argument("deployment", type=Path)
+    parser.add_argument("--target", choices=TARGETS, default="serve", help="how the box will run it (default: %(default)s)")
+    parser.add_argument("--at", type=Path, help="where the rendered folder or bundle will be (disk): default, the "
+                        "deployment file's folder")
+    args = parser.parse_args(argv)
+    checks = doctor(args.deployment, args.target, args.at)
+    for check in checks:
+        print(check.line())
+    failed = [c for c in checks if not c.ok]
+    print(f"{len(checks) - len(failed)} of {len(checks)} checks passed" + (f"; {len(failed)} to fix" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

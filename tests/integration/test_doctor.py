@@ -1,0 +1,107 @@
+"""`rtxserve doctor`: the box's tools stood in for at their command line (an nvidia-smi that answers as NVIDIA's does
+on an RTX 4090, an RTX 3090, an A100; a docker with and without the nvidia runtime), and for real for what this
+machine has. Each check is one line; the exit code tells a script whether anything failed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.doctor import main
+from tests.plan_fixtures import write_artifacts
+
+ROOT = Path(__file__).resolve().parents[2]
+# nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader,nounits, as published
+# for each card (memory in MiB)
+CARDS = {"4090": "NVIDIA GeForce RTX 4090, 24564, 1, 580.65.06",
+         "3090": "NVIDIA GeForce RTX 3090, 24576, 1, 535.183.01",
+         "a100": "NVIDIA A100-SXM4-80GB, 81920, 4, 580.65.06",
+         "4090-busy": "NVIDIA GeForce RTX 4090, 24564, 20480, 580.65.06"}
+
+
+def _tools(folder: Path, card: str | None, count: int = 1, nvidia_runtime: bool = True) -> None:
+    """Fake nvidia-smi (for `count` cards of `card`) and docker, on PATH first."""
+    folder.mkdir()
+    if card:
+        rows = "\\n".join(f"{i}, {CARDS[card]}" for i in range(count))
+        (folder / "nvidia-smi").write_text(f'#!/bin/sh\nprintf "{rows}\\n"\n')
+    runtimes = '{"runc":{},"nvidia":{}}' if nvidia_runtime else '{"runc":{}}'
+    (folder / "docker").write_text(f"#!/bin/sh\n[ \"$1\" = info ] && echo '{runtimes}' && exit 0\n"
+                                   "[ \"$1\" = compose ] && echo 'Docker Compose version v2.29.1' && exit 0\nexit 1\n")
+    for tool in folder.iterdir():
+        tool.chmod(0o755)
+
+
+def _box(tmp_path: Path, example: str = "one-4090") -> Path:
+    path = Path(shutil.copy(ROOT / "deploy" / "examples" / f"{example}.yaml", tmp_path / f"{example}.yaml"))
+    write_artifacts(path)
+    data = yaml.safe_load(path.read_text())
+    data["ports"] = {"gateway": 18080, "triton_http": 18000, "triton_grpc": 18001, "triton_metrics": 18002, "vllm": 18100}
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _doctor(capsys, path: Path, target: str) -> tuple[int, dict[str, str]]:
+    code = main([str(path), "--target", target])
+    lines = capsys.readouterr().out.splitlines()
+    return code, {line[6:].split(":")[0]: line for line in lines[:-1]}
+
+
+@pytest.mark.parametrize("card, driver_ok", [("4090", True), ("3090", False), ("a100", True)])
+def test_the_gpu_and_driver_are_checked_against_the_plan_and_the_images(tmp_path, monkeypatch, capsys, card, driver_ok):
+    _tools(tmp_path / "bin", card)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    code, lines = _doctor(capsys, _box(tmp_path), "compose")
+    assert lines["GPUs"].startswith("ok") and CARDS[card].split(",")[0] in lines["GPUs"]
+    assert lines["driver"].startswith("ok" if driver_ok else "FAIL"), lines["driver"]
+    if not driver_ok:
+        assert "535.183.01" in lines["driver"] and "575 or later" in lines["driver"]
+    assert lines["GPU 0 memory"].startswith("ok"), lines["GPU 0 memory"]
+    assert lines["NVIDIA container toolkit"].startswith("ok") and lines["compose"].startswith("ok")
+    assert code == (0 if driver_ok and all(l.startswith("ok") for l in lines.values()) else 1)
+
+
+def test_too_few_cards_a_busy_card_and_no_container_toolkit_are_each_one_line(tmp_path, monkeypatch, capsys):
+    _tools(tmp_path / "bin", "4090-busy", count=1, nvidia_runtime=False)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    code, lines = _doctor(capsys, _box(tmp_path, "four-4090"), "kubernetes")
+    assert code == 1
+    assert lines["GPUs"].startswith("FAIL") and "names 4" in lines["GPUs"]
+    assert lines["GPU 0 memory"].startswith("FAIL") and "3.99 free" in lines["GPU 0 memory"]
+    assert lines["NVIDIA container toolkit"].startswith("FAIL") and "nvidia-ctk runtime configure" in lines["NVIDIA container toolkit"]
+
+
+def test_no_nvidia_smi_says_to_install_the_driver(tmp_path, monkeypatch, capsys):
+    _tools(tmp_path / "bin", None)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    code, lines = _doctor(capsys, _box(tmp_path), "serve")
+    assert code == 1 and lines["GPUs"].startswith("FAIL") and "install NVIDIA's driver" in lines["GPUs"]
+
+
+def test_on_this_machine_the_one_4090_example_lacks_what_it_lacks(tmp_path, capsys):
+    """For real: no GPU here, and no native tritonserver; the ports it names are free, the tools vLLM needs are here."""
+    code, lines = _doctor(capsys, _box(tmp_path), "systemd")
+    assert code == 1
+    assert lines["GPUs"].startswith("FAIL") and lines["tritonserver"].startswith("FAIL")
+    assert lines["ports"].startswith("ok") and lines["C compiler"].startswith("ok") and lines["deployment"].startswith("ok")
+
+
+def test_a_port_in_use_and_private_weights_are_named(tmp_path, capsys):
+    import socket
+
+    path = _box(tmp_path, "cpu-box")
+    data = yaml.safe_load(path.read_text())
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        data["ports"]["gateway"] = held.getsockname()[1]
+        path.write_text(yaml.safe_dump(data))
+        weights = next(tmp_path.rglob("*.safetensors"))
+        weights.chmod(0o600)
+        code, lines = _doctor(capsys, path, "serve")
+    assert code == 1
+    assert lines["ports"].startswith("FAIL") and f"{data['ports']['gateway']} (ports.gateway)" in lines["ports"]
+    assert lines["artifacts readable"].startswith("FAIL") and "chmod a+r" in lines["artifacts readable"]
