@@ -131,6 +131,7 @@ def _artifact_bytes(d) -> int:
 
 
 def check_containers(d, target: str) -> list[Check]:
+    """Docker Engine (and compose for the compose target), and on GPUs NVIDIA's container toolkit."""
     engine = _tool(["docker", "info", "--format", "{{json .Runtimes}}"])
     out = [Check("Docker Engine", engine is not None, "running" if engine is not None else "not running or not installed",
                  "install Docker Engine (Debian/Ubuntu: apt-get install docker.io) and start it")]
@@ -175,11 +176,24 @@ def check_triton(d) -> list[Check]:
     return out
 
 
-def check_install(d, target: str) -> list[Check]:
-    """The servers of this install (serve up and systemd run them from here)."""
+def check_triton_image() -> list[Check]:
+    """A GPU box's systemd Triton runs NGC's image with the python steps' packages, built on the box."""
+    from .images import SERVING_TRITON_IMAGE
+
+    built = _tool(["docker", "image", "inspect", SERVING_TRITON_IMAGE]) is not None
+    return [Check("Triton image", built, SERVING_TRITON_IMAGE + (" built" if built else " not built"),
+                  f"docker build -t {SERVING_TRITON_IMAGE} triton-image (in the rendered folder)")]
+
+
+def check_install(d, target: str, tritonserver: bool) -> list[Check]:
+    """The servers of this install (serve up and systemd run them from here); a GPU box's systemd Triton from NGC's
+    image through Docker unless it was rendered with the box's own tritonserver."""
     from core.envs import VLLM, env_dir
 
-    out = check_triton(d) if d.encoders else []
+    out = []
+    if d.encoders:
+        out += (check_containers(d, target) + check_triton_image()
+                if target == "systemd" and d.on_gpu and not tritonserver else check_triton(d))
     if d.vllm_models:
         python = env_dir(VLLM) / "bin" / "python"
         headers = _tool([str(python), "-c", "import sysconfig, os; p = sysconfig.get_paths()['include']; "
@@ -215,7 +229,7 @@ def _owner(path: Path) -> str:
         return str(path.stat().st_uid)
 
 
-def doctor(path: Path, target: str, at: Path | None = None) -> list[Check]:
+def doctor(path: Path, target: str, at: Path | None = None, tritonserver: bool = False) -> list[Check]:
     from .plan import plan
     from .render import private_files
     from .spec import DeploymentError, load_deployment
@@ -237,7 +251,7 @@ def doctor(path: Path, target: str, at: Path | None = None) -> list[Check]:
     if target in ("compose", "kubernetes"):
         checks += check_containers(d, target)
     if target in ("serve", "systemd"):
-        checks += check_install(d, target)
+        checks += check_install(d, target, tritonserver)
     if target == "systemd":
         checks += check_keys(d)
     return checks
@@ -250,8 +264,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", choices=TARGETS, default="serve", help="how the box will run it (default: %(default)s)")
     parser.add_argument("--at", type=Path, help="where the rendered folder or bundle will be (disk): default, the "
                         "deployment file's folder")
+    parser.add_argument("--tritonserver", action="store_true", help="systemd on GPUs: the box runs its own tritonserver "
+                        "(render --tritonserver), not NGC's image through Docker")
     args = parser.parse_args(argv)
-    checks = doctor(args.deployment, args.target, args.at)
+    checks = doctor(args.deployment, args.target, args.at, args.tritonserver)
     for check in checks:
         print(check.line())
     failed = [c for c in checks if not c.ok]

@@ -38,14 +38,14 @@ import yaml
 from . import monitoring
 from .compose import compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SPEECH_VLLM_DOCKERFILE, TRITON_CPU_DOCKERFILE,
-                     TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
-                     triton_cpu_requirements, triton_image_requirements)
+from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
+                     TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
+                     speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError
-from .systemd import systemd_units
+from .systemd import TritonContainer, systemd_units
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,10 +255,12 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
     build = str(at / "systemd" / "build-engines.sh") if builds else None
-    if d.on_gpu and d.encoders and tritonserver is None:  # GPU entries need the native backends: NGC's layout
-        tritonserver = Path("/opt/tritonserver/bin/tritonserver")
+    # GPU entries need Triton's native backends and its python steps' packages: NGC's image (triton-image/, built on
+    # the box), run by the unit through Docker, unless the box has its own tritonserver (--tritonserver)
+    container = (TritonContainer(SERVING_TRITON_IMAGE, at / "models", TENSORRT_IMAGE)
+                 if d.on_gpu and d.encoders and tritonserver is None else None)
     for name, text in systemd_units(d, build_services(d, p, host), prefix, tritonserver, backend_directory,
-                                    build).items():
+                                    build, container).items():
         files.write(f"systemd/{name}", text)
 
 

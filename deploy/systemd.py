@@ -1,8 +1,10 @@
-"""systemd units for a bare-metal box: one per server, from an install at a prefix, and a target for them all."""
+"""systemd units for a bare-metal box: one per server, from an install at a prefix (a GPU box's Triton from NGC's image
+through Docker, or its own tritonserver), and a target for them all."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.envs import TRITON, VLLM, env_under
@@ -11,21 +13,65 @@ from .services import Service
 from .spec import Deployment
 
 
+@dataclass(frozen=True)
+class TritonContainer:
+    """A GPU box's Triton run by its unit through Docker: `image` (NGC's with the python steps' packages, built on the
+    box from the rendered triton-image/), the staged `models` folder mounted at the same path, so that the units'
+    host paths hold inside; TensorRT plans built first by `tensorrt_image`, Triton's matching release."""
+
+    image: str
+    models: Path
+    tensorrt_image: str
+
+
+def _docker_run(name: str, image: str, mounts: list[str], argv: list[str]) -> list[str]:
+    """`docker run` in the foreground, as the unit's main process: the host's network (the units' ports), its GPUs."""
+    volumes = [a for m in mounts for a in ("-v", m)]
+    return ["/usr/bin/docker", "run", "--rm", "--name", name, "--gpus", "all", "--network", "host", "--ipc", "host",
+            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", *volumes, image, *argv]
+
+
+def _triton_command(d: Deployment, s: Service, prefix: Path, tritonserver: Path | None, backend_directory: Path | None,
+                    container: TritonContainer | None) -> tuple[list[str], dict[str, str]]:
+    from serve import triton
+
+    if container is not None:
+        models = str(container.models)
+        return _docker_run(f"rtxserve-{d.name}-triton", container.image, [f"{models}:{models}:ro"],
+                           ["tritonserver", *s.args]), {"PATH": "/usr/bin:/bin"}
+    install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
+               if tritonserver else triton.TritonInstall.at(env_under(prefix, TRITON), "python%d.%d" % sys.version_info[:2]))
+    return triton.install_argv(install, s.args), triton.install_env(install, base={"PATH": "/usr/bin:/bin"})
+
+
+def _build_lines(s: Service, build_engines: str, container: TritonContainer | None) -> list[str]:
+    """TensorRT plans built before Triton starts: in TensorRT's image beside Triton's container, or with the box's
+    TensorRT (trtexec where its packages put it)."""
+    repository = next(a.split("=", 1)[1] for a in s.args if a.startswith("--model-repository="))
+    if container is not None:
+        build = _docker_run(f"rtxserve-build-engines-{s.name}", container.tensorrt_image,
+                            [f"{repository}:{repository}", f"{build_engines}:{build_engines}:ro"], ["sh", build_engines])
+        return [f"ExecStartPre={' '.join(_quote(a) for a in build)}"]
+    return [f"ExecStartPre=/usr/bin/env PATH=/usr/src/tensorrt/bin:/usr/bin:/bin /bin/sh {_quote(build_engines)}",
+            f"ReadWritePaths={_quote(repository)}"]
+
+
 def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
-                  backend_directory: Path | None = None, build_engines: str | None = None) -> dict[str, str]:
+                  backend_directory: Path | None = None, build_engines: str | None = None,
+                  triton_container: TritonContainer | None = None) -> dict[str, str]:
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
-    makes), and a target that starts them together."""
-    from serve import triton, vllm
+    makes), and a target that starts them together. A GPU box's Triton runs from `tritonserver` (the box's own,
+    NGC's layout) or else through Docker (`triton_container`)."""
+    from serve import vllm
 
     units = {}
     target = f"rtxserve-{d.name}.target"
     engines = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind != "gateway"]
     triton_units = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind == "triton"]
     for s in services:
+        docker = s.kind == "triton" and triton_container is not None
         if s.kind == "triton":
-            install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
-                       if tritonserver else triton.TritonInstall.at(env_under(prefix, TRITON), "python%d.%d" % sys.version_info[:2]))
-            argv, env = triton.install_argv(install, s.args), triton.install_env(install, base={"PATH": "/usr/bin:/bin"})
+            argv, env = _triton_command(d, s, prefix, tritonserver, backend_directory, triton_container)
         elif s.kind == "vllm":
             argv = vllm.install_argv(env_under(prefix, VLLM), s.args)
             env = vllm.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
@@ -47,12 +93,12 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
             lines.append(f"Wants={' '.join(needs)}")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
+        if docker:  # the Docker socket: its group's members may run containers
+            lines += ["SupplementaryGroups=docker", f"ExecStop=/usr/bin/docker stop -t 30 rtxserve-{d.name}-triton"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]
         building = s.kind == "triton" and build_engines
-        if building:  # TensorRT plans built here first, with the box's TensorRT (trtexec where its packages put it)
-            repository = next(a.split("=", 1)[1] for a in s.args if a.startswith("--model-repository="))
-            lines += [f"ExecStartPre=/usr/bin/env PATH=/usr/src/tensorrt/bin:/usr/bin:/bin /bin/sh {_quote(build_engines)}",
-                      f"ReadWritePaths={_quote(repository)}"]
+        if building:
+            lines += _build_lines(s, build_engines, triton_container)
         lines += [f"ExecStart={' '.join(_quote(a) for a in argv)}",
                   # readiness: the unit counts as started once the server answers ready
                   f"ExecStartPost={prefix / '.venv' / 'bin' / 'python'} -m serve.wait_ready "

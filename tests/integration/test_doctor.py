@@ -82,11 +82,14 @@ def test_no_nvidia_smi_says_to_install_the_driver(tmp_path, monkeypatch, capsys)
 
 
 def test_on_this_machine_the_one_4090_example_lacks_what_it_lacks(tmp_path, capsys):
-    """For real: no GPU here, and no native tritonserver; the ports it names are free, the tools vLLM needs are here."""
+    """For real: no GPU here, no NVIDIA runtime in Docker (where it runs), NGC's Triton image not built; the ports it
+    names are free, the tools vLLM needs are here. With --tritonserver: no native tritonserver either."""
     code, lines = _doctor(capsys, _box(tmp_path), "systemd")
     assert code == 1
-    assert lines["GPUs"].startswith("FAIL") and lines["tritonserver"].startswith("FAIL")
+    assert lines["GPUs"].startswith("FAIL") and lines["Triton image"].startswith("FAIL")
     assert lines["ports"].startswith("ok") and lines["C compiler"].startswith("ok") and lines["deployment"].startswith("ok")
+    assert main([str(tmp_path / "one-4090.yaml"), "--target", "systemd", "--tritonserver"]) == 1
+    assert "FAIL  tritonserver: no /opt/tritonserver/bin/tritonserver" in capsys.readouterr().out
 
 
 def test_a_port_in_use_and_private_weights_are_named(tmp_path, capsys):

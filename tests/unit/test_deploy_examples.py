@@ -375,12 +375,22 @@ def test_every_file_a_service_reads_is_readable_by_its_user(example, tmp_path):
 
 
 @pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)
-def test_systemd_serves_gpu_entries_with_the_native_tritonserver(example, tmp_path):
+def test_systemd_runs_a_gpu_boxs_triton_from_ngcs_image_or_the_boxs_own(example, tmp_path):
+    """Nothing installs NGC's tritonserver on a bare box, and its python steps need packages in the Python its stub
+    embeds: by default the unit runs the image render writes (NGC's, with those packages) through Docker, the staged
+    models mounted where the units' paths say; given --tritonserver, the box's own, whose backends doctor checks."""
+    from deploy.images import SERVING_TRITON_IMAGE
+
     d, p, out = rendered(example, tmp_path)
-    if not d.encoders:
-        pytest.skip("no Triton")
     unit = (out / "systemd" / f"rtxserve-{d.name}-triton.service").read_text()
     start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    models = f"{on_box(d)['at']}/models"
+    assert start.startswith("ExecStart=/usr/bin/docker run --rm ") and "--gpus all --network host" in start
+    assert f"-v {models}:{models}:ro {SERVING_TRITON_IMAGE} tritonserver --model-repository={models}/repository" in start
+    assert "SupplementaryGroups=docker" in unit and f"ExecStop=/usr/bin/docker stop -t 30 rtxserve-{d.name}-triton" in unit
+    render(d, tmp_path / "own", **on_box(d), tritonserver=Path("/opt/tritonserver/bin/tritonserver"))
+    own = (tmp_path / "own" / "systemd" / f"rtxserve-{d.name}-triton.service").read_text()
+    start = next(line for line in own.splitlines() if line.startswith("ExecStart="))
     assert start.startswith("ExecStart=/opt/tritonserver/bin/tritonserver ") and "--backend-directory" in start
 
 
