@@ -485,3 +485,26 @@ def test_the_cpu_box_and_its_gpu_render_differ_only_in_images_devices_instance_k
                  .instance_group} for n in outs}
     group = model_config_pb2.ModelInstanceGroup
     assert kinds == {"cpu": {group.KIND_CPU}, "gpu": {group.KIND_GPU}}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_vllm_runs_as_vllm_serve_and_no_image_built_here_runs_as_root(example, tmp_path):
+    """`vllm serve` on every target (its systemd units too, not the deprecated api_server module); every container of
+    an image that has a user of its own (those built here, NGC's Triton) runs as it, and the pods that write a volume
+    (the models loader, the card pods' shared memory) get its group."""
+    d, p, out = rendered(example, tmp_path)
+    for unit in (out / "systemd").glob(f"rtxserve-{d.name}-vllm-*.service"):
+        start = next(line for line in unit.read_text().splitlines() if line.startswith("ExecStart="))
+        assert start.split()[0].endswith("/bin/vllm") and start.split()[1] == "serve", start
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    assert all(svc["entrypoint"] == ["vllm", "serve"] for name, svc in compose["services"].items() if name.startswith("vllm-"))
+    loader = yaml.safe_load((out / "kubernetes" / "models-loader.yaml").read_text())
+    for doc in [*manifests(out), loader]:
+        if doc["kind"] not in ("Deployment", "Job", "Pod"):
+            continue
+        pod = doc["spec"] if doc["kind"] == "Pod" else doc["spec"]["template"]["spec"]
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            if image_context(c["image"].rsplit("/", 1)[-1]) or "rtxserve-triton" in c["image"]:
+                assert c["securityContext"].get("runAsNonRoot") and c["securityContext"]["runAsUser"] == 1000, c["name"]
+        if doc["kind"] == "Pod" or doc["metadata"]["name"].startswith("gpu-"):
+            assert pod["securityContext"]["fsGroup"] == 1000, doc["metadata"]["name"]
