@@ -298,4 +298,6 @@ def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
         left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _members(r)]
         if not left:
             (run / "state.json").unlink(missing_ok=True)
+        for region in triton.remove_orphaned_regions():
+            log(f"removed {region}, which a killed Triton left behind")
     return left

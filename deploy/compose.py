@@ -54,7 +54,10 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
         elif s.kind == "vllm":
             svc = _image(vllm_image(d.on_gpu, s.models[0] in d.speech_models))
             svc |= {"entrypoint": ["vllm", "serve"], "command": serve_args(s.args),
-                    "volumes": [f"../models:{MODELS}:ro"], "ipc": "host", "environment": s.env,
+                    "volumes": [f"../models:{MODELS}:ro"], "environment": s.env,
+                    # its own /dev/shm, as on Kubernetes, not the host's (ipc: host): what a killed vLLM leaves
+                    # there goes with its container instead of holding the box's RAM
+                    "shm_size": "8gb",
                     "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
                 svc["deploy"] = _gpus([s.gpu])

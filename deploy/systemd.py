@@ -25,9 +25,10 @@ class TritonContainer:
 
 
 def _docker_run(name: str, image: str, mounts: list[str], argv: list[str]) -> list[str]:
-    """`docker run` in the foreground, as the unit's main process: the host's network (the units' ports), its GPUs."""
+    """`docker run` in the foreground, as the unit's main process: the host's network (the units' ports), its GPUs,
+    and a /dev/shm of its own (what a killed server leaves there goes with the container)."""
     volumes = [a for m in mounts for a in ("-v", m)]
-    return ["/usr/bin/docker", "run", "--rm", "--name", name, "--gpus", "all", "--network", "host", "--ipc", "host",
+    return ["/usr/bin/docker", "run", "--rm", "--name", name, "--gpus", "all", "--network", "host", "--shm-size", "2g",
             "--ulimit", "memlock=-1", "--ulimit", "stack=67108864", *volumes, image, *argv]
 
 

@@ -6,6 +6,7 @@ Fails fast with the tail of the process log if the process dies before it is rea
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,11 +27,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?[\w.]*(?:Error|Exception): \S")
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
+    """The log's last `lines`, after the exceptions raised anywhere in it: a server of several processes (vLLM's API
+    server and engine core) fails in one and ends its log with the other's traceback ("See root cause above")."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    tail = text[-lines:]
+    raised = [line for line in dict.fromkeys(text[:-lines]) if _EXCEPTION_LINE.match(line)]
+    return "\n".join([*(["exceptions earlier in the log:", *raised[:5], "..."] if raised else []), *tail])
 
 
 class ServerProcess:

@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from core.envs import TRITON, env_dir
 
 DEFAULT_ENV = env_dir(TRITON)
 PYTHON_SHM_BYTES = 64 * 1024 * 1024  # per python-backend stub; tmpfs pages count only once touched
+SHM_REGION_PREFIX = "triton_python_backend_shm_region_"
 
 
 class TritonNotFound(RuntimeError):
@@ -135,3 +137,42 @@ def install_env(install: TritonInstall, base: dict[str, str] | None = None) -> d
         env["PATH"] = f"{install.python_bin}{os.pathsep}{env.get('PATH', '')}"
         env["VIRTUAL_ENV"] = str(install.python_bin.parent)
     return env
+
+
+def remove_orphaned_regions(shm_dir: Path = Path("/dev/shm"), min_age_s: float = 60.0) -> list[Path]:
+    """Delete the python backend's shared-memory regions that no process maps any more; returns them.
+
+    tritonserver removes a stub's region when it unloads the model, so a server stopped with SIGTERM leaves
+    none; one killed (SIGKILL, the OOM killer) leaves PYTHON_SHM_BYTES of tmpfs, which is RAM, for every python
+    model instance, and a box that restarts a dying Triton runs out of memory. Only this user's regions, older
+    than `min_age_s` (a starting server creates its region before it maps it), that no process of this user
+    has mapped, are removed."""
+    import psutil
+
+    now, uid = time.time(), os.getuid()
+    candidates = {}
+    for p in shm_dir.glob(SHM_REGION_PREFIX + "*"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == uid and now - st.st_mtime > min_age_s:
+            candidates[str(p)] = p
+    if not candidates:
+        return []
+    for proc in psutil.process_iter():
+        try:
+            if proc.uids().real != uid and uid != 0:
+                continue
+            for m in proc.memory_maps(grouped=True):
+                candidates.pop(m.path.removesuffix(" (deleted)"), None)
+        except psutil.Error:
+            continue
+    removed = []
+    for p in candidates.values():
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed

@@ -237,12 +237,14 @@ def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_tri
     compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
     assert compose["services"]["build-engines"]["image"] == TENSORRT_IMAGE
     assert compose["services"]["triton"]["depends_on"]["build-engines"]["condition"] == "service_completed_successfully"
-    triton = yaml.safe_load((out / "kubernetes" / "triton.yaml").read_text().split("---\n")[1])
-    init = triton["spec"]["template"]["spec"]["initContainers"][0]
-    assert init["image"] == TENSORRT_IMAGE and "trtexec" in init["command"][2]
-    assert "--model-repository=/repository" in triton["spec"]["template"]["spec"]["containers"][0]["args"]
+    card = next(d for d in yaml.safe_load_all((out / "kubernetes" / "gpu-0.yaml").read_text()) if d and d["kind"] == "Deployment")
+    build, triton = card["spec"]["template"]["spec"]["initContainers"]  # the plans first, then Triton as a sidecar
+    assert build["image"] == TENSORRT_IMAGE and "trtexec" in build["command"][2] and "restartPolicy" not in build
+    assert triton["restartPolicy"] == "Always" and "--model-repository=/repository" in triton["args"]
     unit = (out / "systemd" / "rtxserve-one-4090-triton.service").read_text()
-    assert "ExecStartPre=/usr/bin/env PATH=/usr/src/tensorrt/bin:/usr/bin:/bin /bin/sh " in unit and "ReadWritePaths=" in unit
+    pre = next(line for line in unit.splitlines() if line.startswith("ExecStartPre=")).split()
+    assert pre[:3] == ["ExecStartPre=/usr/bin/docker", "run", "--rm"] and TENSORRT_IMAGE in pre  # TensorRT's image
+    assert pre[-2:] == ["sh", "/opt/rtxserve-one-4090/systemd/build-engines.sh"]
     assert "TimeoutStartSec=3600" in unit  # the build counts in the start
 
 
@@ -287,7 +289,7 @@ def test_a_cpu_deployment_with_an_llm_renders_with_the_cpu_images(tmp_path):
     assert engine["image"] == VLLM_CPU_IMAGE and engine["build"] == {"context": "../vllm-cpu-image"}
     assert "deploy" not in engine and "--gpu-memory-utilization" not in engine["command"]
     assert f"FROM {BASE_IMAGE}" in (tmp_path / "out" / "vllm-cpu-image" / "Dockerfile").read_text()
-    pod = next(doc for doc in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / "vllm-llama-3-8b.yaml").read_text())
+    pod = next(doc for doc in yaml.safe_load_all((tmp_path / "out" / "kubernetes" / "vllm-llama-3-8b-0.yaml").read_text())
                if doc["kind"] == "Deployment")["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == VLLM_CPU_IMAGE and "nvidia.com/gpu" not in str(pod)
     assert VLLM_IMAGE not in (tmp_path / "out" / "images.txt").read_text()
