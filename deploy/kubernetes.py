@@ -17,7 +17,7 @@ from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEE
                      image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
 from .services import Service
-from .spec import Deployment, encoder_metadata, llm_app
+from .spec import Deployment, encoder_metadata
 
 # The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
 # native sidecars (init containers with restartPolicy Always) from 1.33

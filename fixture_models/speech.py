@@ -42,7 +42,7 @@ def speak(text: str, *, voice: str = "en", speed: int = 160, rate: int = SPEECH_
 def _whisper_tokenizer():
     """A byte-level BPE trained on the sentences, with Whisper's special tokens after it in Whisper's order
     (<|endoftext|>, <|startoftranscript|>, the languages, the tasks, <|notimestamps|>, then the timestamps)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import WhisperTokenizerFast
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 

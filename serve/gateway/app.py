@@ -24,7 +24,7 @@ from .exceptions import install_handlers
 from .frontdoor import FrontDoor
 from .hotpath import HotRoutes
 from .generate.router import router as generate_router
-from .images.router import router as images_router
+from .image_generation.router import router as images_router
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import HOT as NER, router as ner_router
@@ -48,9 +48,9 @@ def _drain_on_sigterm(state: GatewayState) -> None:
     loop = asyncio.get_running_loop()
 
     def on_sigterm(sig, frame):
-        if state.draining:
+        if state.registry.draining:
             return stop(sig, frame)
-        state.draining = True
+        state.registry.draining = True
         log.info("SIGTERM: not ready from now on; draining for %.1f s before shutting down", state.settings.drain_s)
         loop.call_soon_threadsafe(loop.call_later, state.settings.drain_s, stop, sig, frame)
 
@@ -69,18 +69,18 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     """Build the gateway app. Backends default to the ones the settings name."""
     settings = settings or GatewaySettings()
     backends = backends if backends is not None else make_backends(settings)
-    state = GatewayState(settings, backends, canaries.CANARIES)
+    state = GatewayState.build(settings, backends, canaries.CANARIES)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         for backend in backends:
             await backend.start()
-        await state.refresh()  # first look before serving; a backend that is down is not fatal
-        unknown = state.unknown_routes()
+        await state.registry.refresh()  # first look before serving; a backend that is down is not fatal
+        unknown = state.registry.unknown_routes()
         if unknown:  # a settings error, found once the backends say what they serve
             raise RuntimeError(f"settings: aliases or fallbacks name models no backend serves: {', '.join(unknown)} "
-                               f"(served: {', '.join(sorted(state.models)) or 'none'})")
-        health = asyncio.create_task(state.run_health_loop())
+                               f"(served: {', '.join(sorted(state.registry.models)) or 'none'})")
+        health = asyncio.create_task(state.registry.run_health_loop())
         _drain_on_sigterm(state)
         try:
             yield

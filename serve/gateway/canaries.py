@@ -5,7 +5,7 @@ from .classify.serving import CANARIES as CLASSIFY
 from .detect.serving import CANARIES as DETECT
 from .embeddings.serving import CANARIES as EMBEDDINGS
 from .generate.serving import CANARIES as GENERATE
-from .images.serving import CANARIES as IMAGES
+from .image_generation.serving import CANARIES as IMAGES
 from .ner.serving import CANARIES as NER
 from .rank.serving import CANARIES as RANK
 from .speech.serving import CANARIES as SPEECH

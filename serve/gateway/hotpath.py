@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from .auth import admit_key, key_of
+from .auth import admit_key
 from .exceptions import GatewayError, gateway_error, http_error, unexpected_error, validation_error
 
 
@@ -74,8 +74,8 @@ class HotRoutes:
         except orjson.JSONDecodeError as exc:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                            "input": {}, "ctx": {"error": exc.msg}}]) from None
-        key = key_of(self.state, headers.get(b"authorization", b"").decode("latin-1"),
-                     headers.get(b"x-api-key", b"").decode("latin-1"))
+        key = self.state.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
+                                       headers.get(b"x-api-key", b"").decode("latin-1"))
         try:
             request = route.request.model_validate(data)
         except ValidationError as exc:

@@ -15,5 +15,4 @@ async def count_usage(state: GatewayState, key: ApiKey | None, model: str, usage
         completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
         metrics.TOKENS.labels(model, "prompt").inc(prompt)
         metrics.TOKENS.labels(model, "completion").inc(completion)
-        if state.quotas is not None:
-            await state.quotas.charge_tokens(key, prompt + completion)
+        await state.access.charge_tokens(key, prompt + completion)

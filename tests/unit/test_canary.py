@@ -6,8 +6,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.gateway import canaries
-from serve.gateway.classify.serving import CANARY_IMAGE
-from serve.gateway.images.serving import canary_request
+from serve.gateway.image_input import CANARY_IMAGE
+from serve.gateway.image_generation.serving import canary_request
 from serve.gateway.exceptions import BackendError, BackendTimeout
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
@@ -36,7 +36,7 @@ def test_a_model_that_loads_but_cannot_infer_is_not_ready_until_it_can():
         assert client.get("/readyz").status_code == 503
         assert "not ready" in error_of(client.post("/v1/classify", json={"model": "clf", "input": "x"}), 503)["message"]
         backend.fail_with = None
-        client.portal.call(client.app.state.gateway.refresh)
+        client.portal.call(client.app.state.gateway.registry.refresh)
         assert client.get("/readyz").status_code == 200
         assert client.post("/v1/classify", json={"model": "clf", "input": "x"}).status_code == 200
 

@@ -108,7 +108,7 @@ def test_unknown_model_is_404_and_a_classifier_is_the_wrong_task(client):
 
 def test_backend_down_is_503_with_retry_after(client, backend):
     backend.up = False
-    client.portal.call(client.app.state.gateway.refresh)
+    client.portal.call(client.app.state.gateway.registry.refresh)
     r = client.post("/v1/embeddings", json={"model": "emb", "input": "x"})
     assert _error(r, 503)["code"] == "backend_unavailable" and int(r.headers["Retry-After"]) >= 1
 

@@ -56,7 +56,7 @@ def test_unknown_model_is_404_and_wrong_task_is_400(client):
 
 def test_backend_down_gives_503_with_retry_after_and_not_ready(client, backend):
     backend.up = False
-    client.portal.call(client.app.state.gateway.refresh)
+    client.portal.call(client.app.state.gateway.registry.refresh)
     r = client.post("/v1/classify", json={"model": "clf", "input": "x"})
     _error(r, 503)
     assert int(r.headers["Retry-After"]) >= 1

@@ -37,7 +37,7 @@ def test_concurrent_requests_go_to_the_least_busy_replica(client, pair):
 
 def test_a_dead_replica_is_routed_around_and_the_gateway_stays_ready(client, pair):
     pair[0].up = False
-    client.portal.call(client.app.state.gateway.refresh)
+    client.portal.call(client.app.state.gateway.registry.refresh)
     assert all(client.post("/v1/classify", json=BODY).status_code == 200 for _ in range(4))
     assert (len(pair[0].calls), len(pair[1].calls)) == (0, 4)
     ready = client.get("/readyz")
@@ -48,7 +48,7 @@ def test_only_a_failed_connect_is_tried_on_another_replica(client, pair):
     pair[0].fail_with = BackendConnectFailed("refused")
     assert client.post("/v1/classify", json=BODY).status_code == 200 and len(pair[1].calls) == 1
     pair[0].fail_with, pair[1].calls = BackendError("model failed"), []
-    client.app.state.gateway.replicas[0].picks = -10  # make replica a the next pick
+    client.app.state.gateway.registry.replicas[0].picks = -10  # make replica a the next pick
     assert error_of(client.post("/v1/classify", json=BODY), 502)["code"] == "backend_error"
     assert pair[1].calls == []  # a request that reached a backend is never sent twice
 
@@ -56,10 +56,10 @@ def test_only_a_failed_connect_is_tried_on_another_replica(client, pair):
 def test_a_failing_replica_opens_its_breaker_and_traffic_moves(client, pair):
     pair[0].fail_with = BackendUnavailable("broken")
     state = client.app.state.gateway
-    state.replicas[1].picks = 100  # replica a first while it looks as good as b
+    state.registry.replicas[1].picks = 100  # replica a first while it looks as good as b
     codes = [client.post("/v1/classify", json=BODY).status_code for _ in range(6)]
     assert codes[:2] == [503, 503] and codes[2:] == [200] * 4  # two failures open a's breaker
-    assert state.replicas[0].breaker.opened and "breaker open" in client.get("/readyz").json()["backends"]["triton@a"]
+    assert state.registry.replicas[0].breaker.opened and "breaker open" in client.get("/readyz").json()["backends"]["triton@a"]
     assert 'rtxserve_backend_breaker_open{backend="triton@a"} 1.0' in client.get("/metrics").text
 
 

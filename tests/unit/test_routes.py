@@ -58,12 +58,12 @@ def test_a_sticky_alias_keeps_each_key_on_one_model(backends, tmp_path):
 def test_a_model_with_no_live_replica_is_answered_by_its_fallback_but_not_a_client_error(backends):
     with _client(backends, fallbacks={"clf": ["clf-v2"]}) as client:
         backends[0].up = False
-        client.portal.call(client.app.state.gateway.refresh)
+        client.portal.call(client.app.state.gateway.registry.refresh)
         r = client.post("/v1/classify", json={"model": "clf", "input": "good"})
         assert r.status_code == 200 and r.json()["model"] == "clf-v2"
         assert 'rtxserve_fallbacks_total{fallback="clf-v2",model="clf"} 1.0' in client.get("/metrics").text
         backends[0].up = True
-        client.portal.call(client.app.state.gateway.refresh)
+        client.portal.call(client.app.state.gateway.registry.refresh)
         backends[0].fail_with = BackendError("the model failed on this input")  # the model's answer, not an outage
         assert error_of(client.post("/v1/classify", json={"model": "clf", "input": "good"}), 502)
         assert error_of(client.post("/v1/classify", json={"model": "clf", "input": ["x"] * 1000}), 400)
@@ -127,7 +127,7 @@ def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
         state = client.app.state.gateway
         messages = [{"role": "user", "content": "the hot one"}]
         _chat(client, messages)
-        home = next(r for r, e in zip(state.replicas, engines) if e.bodies)
+        home = next(r for r, e in zip(state.registry.replicas, engines) if e.bodies)
         home.in_flight = 4  # as if four streams of it were running there
         _chat(client, messages)
         home.in_flight = 0

@@ -25,7 +25,7 @@ from ..state import GatewayState
 
 async def require_admin(request: Request) -> None:
     key = request_key(request)
-    if request.app.state.gateway.keys is None:
+    if request.app.state.gateway.access.keys is None:
         raise Forbidden("this gateway has no API keys, so no admin routes: serve it with a keys file and an admin key "
                         "(`rtxserve keys create --admin`), or use `rtxserve adapters` on the box")
     if key is None or not key.admin:
@@ -46,7 +46,7 @@ class AdapterLoad(BaseModel):
 def _engines(state: GatewayState, model: str) -> list[str]:
     """The URLs of the vLLM replicas that list `model`: all of them up (an adapter goes on every replica or none), else
     503."""
-    replicas = [r for r in state.replicas if r.backend.kind == "vllm" and model in r.models]
+    replicas = [r for r in state.registry.replicas if r.backend.kind == "vllm" and model in r.models]
     down = [r.name for r in replicas if not r.up]
     if down:
         raise BackendUnavailable(f"replica {', '.join(down)} of {model} is down; an adapter goes on every replica or on "
@@ -58,9 +58,9 @@ def _engines(state: GatewayState, model: str) -> list[str]:
 async def load_adapter(body: AdapterLoad, request: Request) -> dict:
     """Load a LoRA adapter on every replica of its base; listed in /v1/models when this answers."""
     state: GatewayState = request.app.state.gateway
-    if body.name in state.models or body.name in state.settings.aliases:
+    if body.name in state.registry.models or body.name in state.settings.aliases:
         raise InvalidRequest(f"{body.name} is already served; pick another name, or unload it first", param="name")
-    base = state.models.get(body.base)
+    base = state.registry.models.get(body.base)
     if base is None:
         raise ModelNotFound(f"no model {body.base!r} is served here", param="base")
     if base.task != TEXT_GENERATION:
@@ -70,7 +70,7 @@ async def load_adapter(body: AdapterLoad, request: Request) -> dict:
         await asyncio.to_thread(load_everywhere, urls, body.name, body.path)
     except RuntimeLoraError as exc:
         raise InvalidRequest(str(exc), param="path") from None
-    await state.refresh()
+    await state.registry.refresh()
     return {"name": body.name, "base": body.base, "replicas": len(urls)}
 
 
@@ -78,14 +78,14 @@ async def load_adapter(body: AdapterLoad, request: Request) -> dict:
 async def unload_adapter(name: str, request: Request) -> dict:
     """Unload a LoRA adapter from every replica that serves it."""
     state: GatewayState = request.app.state.gateway
-    info = state.models.get(name)
+    info = state.registry.models.get(name)
     # vLLM lists an adapter with its base's name as `parent` (a base model: its own path)
-    if info is None or info.task != TEXT_GENERATION or info.extra.get("parent") not in state.models:
+    if info is None or info.task != TEXT_GENERATION or info.extra.get("parent") not in state.registry.models:
         raise ModelNotFound(f"no adapter {name!r} is served here", param="name")
     urls = _engines(state, name)
     try:
         await asyncio.to_thread(unload_everywhere, urls, name)
     except RuntimeLoraError as exc:
         raise InvalidRequest(str(exc), param="name") from None
-    await state.refresh()
+    await state.registry.refresh()
     return {"name": name, "replicas": len(urls)}

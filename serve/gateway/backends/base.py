@@ -119,7 +119,7 @@ class Backend(ABC):
         raise NotImplementedError(f"{self.kind} backends do not serve object detection")
 
     async def generate_images(self, model: ModelInfo, params: dict, timeout_s: float) -> tuple[list[bytes], int]:
-        """PNG images for a text-to-image request (`params` as images/serving.py makes them), and the count of
+        """PNG images for a text-to-image request (`params` as image_generation/serving.py makes them), and the count of
         prompt tokens the text encoder could not take."""
         raise NotImplementedError(f"{self.kind} backends do not serve image generation")
 

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, Field
 
+from ..image_input import ImageInput
 from ..text_input import TextInputRequest
 from ..wire import Text, Texts
-
-
-class ImageInput(BaseModel):
-    """One image for an image-classification model: the PNG or JPEG file's bytes, base64-encoded
-    (a `data:image/...;base64,` URL is accepted too)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    image: StrictStr = Field(min_length=1)
 
 
 class ClassifyRequest(TextInputRequest):

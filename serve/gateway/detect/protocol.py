@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from core.contract import MAX_DETECTIONS
 
-from ..classify.protocol import ImageInput
+from ..image_input import ImageInput
 from ..wire import SafeInt
 
 

@@ -6,7 +6,7 @@ import json
 
 from core.contract import DETECTION_DEFAULTS, MAX_DETECTIONS, OBJECT_DETECTION
 
-from ..classify.serving import CANARY_IMAGE, decode_images
+from ..image_input import CANARY_IMAGE, decode_images
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from .protocol import DetectRequest, DetectResponse, Detection, ImageDetections
@@ -40,7 +40,7 @@ def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
 
 async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
     limits = state.settings
-    info = state.resolve(request.model, TASK)
+    info = state.dispatch.resolve(request.model, TASK)
     encoded = decode_images(state, request.input)
     labels = info.labels
     unknown = sorted({c for c in request.classes or () if c >= len(labels)})
@@ -51,7 +51,7 @@ async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
     wanted = set(request.classes) if request.classes else None
     # The class filter comes before max_det (as Ultralytics' classes= does): ask for all, cut after filtering.
     asked = (conf, iou, MAX_DETECTIONS if wanted else max_det)
-    results = await state.call(info, lambda b, m: b.detect(m, encoded, asked, limits.request_timeout_s))
+    results = await state.dispatch.call(info, lambda b, m: b.detect(m, encoded, asked, limits.request_timeout_s))
     data = []
     for i, found in enumerate(results):
         rows = [row for row in found.rows if wanted is None or int(row[5]) in wanted][:max_det]

@@ -40,9 +40,9 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 async def embed(state: GatewayState, request: EmbeddingRequest) -> EmbeddingResponse:
     texts = _check_texts(state, request)
-    info = state.resolve(request.model, TASK)
+    info = state.dispatch.resolve(request.model, TASK)
     _check_dimensions(request, info.name, info.dimensions)  # before the backend call when the size is known
-    results = await state.call(info, lambda b, m: b.embed(m, texts, state.settings.request_timeout_s))
+    results = await state.dispatch.call(info, lambda b, m: b.embed(m, texts, state.settings.request_timeout_s))
     _check_dimensions(request, info.name, results[0].vector.size)  # models that did not declare their size
     tokens = sum(r.tokens for r in results)
     metrics.TOKENS.labels(info.name, "prompt").inc(tokens)

@@ -25,7 +25,7 @@ from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from ..usage import count_usage
-from .media import check_chat_images
+from ..chat_input import check_chat_images, messages_size
 from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
 
@@ -33,21 +33,9 @@ log = logging.getLogger("rtxserve.gateway")
 TASK = TEXT_GENERATION
 
 
-def messages_size(messages: list[dict]) -> int:
-    """Characters of text in chat messages (their string contents and text parts); images are bounded apart."""
-    size = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            size += len(content)
-        elif isinstance(content, list):
-            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return size
-
-
 def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of text (token ids count one each) the backend will have to tokenize and prefill; images are
-    bounded apart (media.py)."""
+    bounded apart (chat_input.py)."""
     if isinstance(request, CompletionRequest):
         prompts = [request.prompt] if isinstance(request.prompt, str) or (
             request.prompt and isinstance(request.prompt[0], int)) else request.prompt
@@ -148,7 +136,7 @@ def _bound_omitted_length(limits: GatewaySettings, request: ChatCompletionReques
 
 
 def conversation(request: ChatCompletionRequest | CompletionRequest, user: str | None, session: str | None) -> str:
-    """What keeps one conversation on one replica (state._pick): the client's x-session-id, else its `user`, else its
+    """What keeps one conversation on one replica (state.dispatch._pick): the client's x-session-id, else its `user`, else its
     start (a chat's first two messages, the system prompt and the first question, which every later turn repeats; a
     completion's first 1,024 characters)."""
     if session:
@@ -168,17 +156,17 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     _check_bounds(state.settings, request)
     user = (request.model_extra or {}).get("user")
     user = user if isinstance(user, str) else None
-    info = state.resolve(request.model, TASK, key.name if key else None, user)
+    info = state.dispatch.resolve(request.model, TASK, key.name if key else None, user)
     affinity = conversation(request, user, session) if state.settings.affinity else None
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
     if not request.stream:
-        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
+        answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
         await count_usage(state, key, info.name, answer.get("usage"))
         return answer
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
-    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name), affinity)
+    stream = await state.dispatch.call(info, lambda b, m: b.open_stream(path, body, m.name), affinity)
     return _relay(stream, info.name, client_wants_usage, lambda usage: count_usage(state, key, info.name, usage))
 
 
@@ -187,17 +175,17 @@ async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequ
     """/v1/responses or /v1/messages: bounded, relayed, counted. Non-streamed: vLLM's JSON answer; streamed: an
     async iterator of its SSE events, the usage event included."""
     _check_agent_bounds(state.settings, request)
-    info = state.resolve(request.model, TASK)
+    info = state.dispatch.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)
     if isinstance(request, ResponsesRequest) and request.max_output_tokens is None:
         # Left out, vLLM would generate to the end of the context. It refuses a length over the model's context (and
         # stops at the context's end within it): the gateway's bound, or the context, whichever is smaller.
         body["max_output_tokens"] = min(state.settings.max_tokens, info.extra.get("max_model_len") or sys.maxsize)
     if not request.stream:
-        answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+        answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name))
         await count_usage(state, key, info.name, answer.get("usage"))
         return answer
-    stream = await state.call(info, lambda b, m: b.open_stream(path, body, m.name))
+    stream = await state.dispatch.call(info, lambda b, m: b.open_stream(path, body, m.name))
     return _relay(stream, info.name, True, lambda usage: count_usage(state, key, info.name, usage),
                   end=b"", error_event=_typed_error_event)
 
@@ -216,9 +204,9 @@ async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | De
     if size > limits.max_prompt_chars:
         raise InvalidRequest(f"the {field} has {size} {'tokens' if field == 'tokens' else 'characters'}; this gateway "
                              f"allows at most {limits.max_prompt_chars}", param=field)
-    info = state.resolve(request.model, TASK)
+    info = state.dispatch.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)
-    return await state.call(info, lambda b, m: b.generate(path, body, m.name))
+    return await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name))
 
 
 def _error_event(message: str) -> bytes:

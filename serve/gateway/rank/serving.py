@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from core.contract import TEXT_RANKING
 
+from ..chat_input import check_chat_images, messages_size
 from ..exceptions import InvalidRequest
-from ..generate.media import check_chat_images
-from ..generate.serving import messages_size
 from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
@@ -39,8 +38,8 @@ async def rank(state: GatewayState, path: str, request: RerankRequest | ScoreReq
     for field in sides:
         if body.get(field) is not None:
             _check_side(state.settings, field, body[field])
-    info = state.resolve(request.model, TASK)
-    answer = await state.call(info, lambda b, m: b.generate(path, body, m.name))
+    info = state.dispatch.resolve(request.model, TASK)
+    answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name))
     await count_usage(state, key, info.name, answer.get("usage"))
     return answer
 

@@ -82,13 +82,13 @@ def check_fields(fields: list[tuple[str, str]]) -> dict[str, str]:
 async def transcribe(state: GatewayState, path: str, fields: list[tuple[str, str]], audio: Upload) -> dict | str:
     """The backend's answer to the form: a dict (json, verbose_json) or the text (response_format text)."""
     found = check_fields(fields)
-    info = state.resolve(found["model"], TASK)
+    info = state.dispatch.resolve(found["model"], TASK)
     # off the event loop: libsndfile counts an MP3's frames by reading it through
     await asyncio.to_thread(check_audio, state.settings, audio)
     response_format = found.get("response_format", "json")
     if response_format in SUBTITLES:
         fields = [(k, "verbose_json" if k == "response_format" else v) for k, v in fields]
-    answer = await state.call(info, lambda b, m: b.transcribe(path, fields, audio, m.name))
+    answer = await state.dispatch.call(info, lambda b, m: b.transcribe(path, fields, audio, m.name))
     if response_format in SUBTITLES:
         return subtitles(answer.get("segments") or [], response_format)
     return answer.get("text", "") if response_format == "text" else answer

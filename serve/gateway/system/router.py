@@ -29,7 +29,7 @@ async def healthz() -> dict:
 @probes.get("/readyz", responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready"}})
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: every backend is up and every required model is ready (503 otherwise)."""
-    ok, detail = request.app.state.gateway.ready()
+    ok, detail = request.app.state.gateway.registry.ready()
     return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
 
 
@@ -47,11 +47,11 @@ async def list_models(request: Request) -> dict:
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
-        for info in sorted(state.models.values(), key=lambda m: m.name)
+        for info in sorted(state.registry.models.values(), key=lambda m: m.name)
         if key is None or key.allows(info.name)
     ]
     for name, alias in sorted(state.settings.aliases.items()):
-        targets = [state.models[t] for t in alias.targets if t in state.models]
+        targets = [state.registry.models[t] for t in alias.targets if t in state.registry.models]
         if targets and (key is None or key.allows(name)):
             data.append({"id": name, "object": "model", "created": 0, "owned_by": "rtxserve", "task": targets[0].task,
                          "backend": "alias", "ready": any(t.ready for t in targets), "alias_of": alias.targets})

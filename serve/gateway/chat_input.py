@@ -1,4 +1,5 @@
-"""Image parts of chat messages, bounded before vLLM decodes or fetches them.
+"""Chat messages as the LLM routes receive them (chat, rerank and score with messages): the size of their text, and
+their image parts, bounded before vLLM decodes or fetches them.
 
 vLLM reads OpenAI's `{"type": "image_url", "image_url": {"url": ...}}`, the shorter `{"image_url": "..."}`
 without a type (which OpenAI takes too, undocumented), the Responses API's `{"type": "input_image", "image_url":
@@ -15,15 +16,27 @@ import re
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
-from .. import data_url
-from ..exceptions import InvalidRequest
-from ..settings import GatewaySettings
+from . import data_url
+from .exceptions import InvalidRequest
+from .settings import GatewaySettings
 
 # Where URL parsers disagree on the host (userinfo, backslashes, spaces), the host we check may not be the one fetched.
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 _REMOTE = ("remote image URLs are not allowed by this gateway: send the image inline as a data URL "
            "(data:image/png;base64,...), or have the operator allow its host in chat_image_domains "
            "(RTXSERVE_CHAT_IMAGE_DOMAINS)")
+
+
+def messages_size(messages: list[dict]) -> int:
+    """Characters of text in chat messages (their string contents and text parts); images are bounded apart."""
+    size = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return size
 
 
 def _image_parts(messages: list[dict], field: str) -> Iterator[tuple[str, dict]]:

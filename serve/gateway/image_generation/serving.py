@@ -60,10 +60,10 @@ def generation_parameters(state: GatewayState, request: ImageGenerationRequest, 
 
 
 async def generate_images(state: GatewayState, request: ImageGenerationRequest) -> ImageGenerationResponse:
-    info = state.resolve(request.model, TASK)
+    info = state.dispatch.resolve(request.model, TASK)
     params = generation_parameters(state, request, json.loads(info.extra["defaults"]))
     timeout = state.settings.image_timeout_s
-    images, truncated = await state.call(info, lambda b, m: b.generate_images(m, params, timeout))
+    images, truncated = await state.dispatch.call(info, lambda b, m: b.generate_images(m, params, timeout))
     return ImageGenerationResponse(created=int(time.time()), seed=params["seed"], prompt_truncated_tokens=truncated,
                                    data=[ImageData(b64_json=base64.b64encode(png).decode("ascii")) for png in images])
 

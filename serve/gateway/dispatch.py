@@ -1,0 +1,213 @@
+"""How a call reaches a replica: the model a request names (aliases, fallbacks), the replica that takes it (least busy,
+or a conversation's own), its model's concurrency gate, and what is tried again.
+
+A call goes to the least busy replica that serves the model, is up and whose breaker is not open. Only a connection
+that could not be made (nothing was sent) is tried again, on another replica (tenacity); a request that reached a
+backend is never sent twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from circuitbreaker import STATE_OPEN
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
+
+from . import metrics
+from .access import CALLER
+from .admission import Gate
+from .backends.base import Backend, ModelInfo, Stream
+from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
+from .registry import Registry, Replica
+from .settings import GatewaySettings
+
+log = logging.getLogger("rtxserve.gateway")
+T = TypeVar("T")
+
+
+class _HeldStream(Stream):
+    """A stream that keeps its replica counted busy until it is closed."""
+
+    def __init__(self, stream: Stream, release: Callable[[], None]):
+        self.stream, self._release = stream, release
+
+    def __aiter__(self):
+        return self.stream.__aiter__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.stream.aclose()
+        finally:
+            self._release()
+            self._release = lambda: None
+
+
+class Dispatcher:
+    def __init__(self, settings: GatewaySettings, registry: Registry):
+        self.settings = settings
+        self.registry = registry
+        self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
+                      for m, n in settings.model_concurrency.items()}
+
+    def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None, user: str | None = None) -> ModelInfo:
+        """The model a request names (of one of the tasks `task` names), or the error the client should get.
+
+        An alias (settings.aliases) is one of its targets, by weight: the same one for the same API `key` name or
+        request `user` where the alias is sticky by it, else drawn per request. A model with no live replica is
+        answered by its first ready fallback (settings.fallbacks) of the same task."""
+        alias = self.settings.aliases.get(name)
+        if alias is not None:
+            target = _draw(alias.targets, {"key": key or CALLER.get(), "user": user}.get(alias.sticky))
+            metrics.ALIAS_REQUESTS.labels(name, target).inc()
+            name = target
+        try:
+            return self._resolve(name, task)
+        except BackendUnavailable as exc:
+            for fallback in self._fallbacks(name, task, exc):
+                return fallback
+            raise
+
+    def _fallbacks(self, name: str, task: str | tuple[str, ...], why: BackendUnavailable):
+        """The ready fallbacks of `name` (settings.fallbacks) of one of the tasks, in order, each logged and counted
+        as it is taken."""
+        for fallback in self.settings.fallbacks.get(name, ()):
+            with contextlib.suppress(GatewayError):
+                info = self._resolve(fallback, task)
+                log.warning("model %s has no live replica (%s): answering with its fallback %s", name, why.message,
+                            fallback)
+                metrics.FALLBACKS.labels(name, fallback).inc()
+                yield info
+
+    def _resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
+        if name not in self.registry.models:
+            if not all(r.up for r in self.registry.replicas):
+                raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
+            raise ModelNotFound(f"model {name!r} does not exist; GET /v1/models lists the models", param="model")
+        info = self.registry.models[name]
+        tasks = (task,) if isinstance(task, str) else task
+        if info.task not in tasks:
+            raise InvalidRequest(f"model {name!r} is a {info.task} model, not {' or '.join(tasks)}", param="model")
+        if not info.ready:
+            raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
+        return info
+
+    def _pick(self, model: str, tried: set[Replica], affinity: str | None = None) -> Replica:
+        """The least busy live replica; with an `affinity` (one conversation's key), the replica that key hashes to
+        unless it is over its share of the load, then the next one it hashes to (rendezvous hashing with bounded
+        loads: a replica takes at most affinity_load_factor x the average in flight, counting this request), so
+        that one conversation finds its prefix in one engine's cache and one hot session cannot swamp a replica."""
+        candidates = [r for r in self.registry.replicas if r not in tried and r.serves(model)]
+        if not candidates:
+            waits = [r.breaker.open_remaining for r in self.registry.replicas if r.breaker.state == STATE_OPEN]
+            raise BackendUnavailable(f"model {model!r} has no live replica right now; retry shortly",
+                                     retry_after=max(1.0, min(waits, default=1.0)))
+        replica = None
+        if affinity is not None and len(candidates) > 1:
+            cap = math.ceil(self.settings.affinity_load_factor * (sum(r.in_flight for r in candidates) + 1)
+                            / len(candidates))
+            ranked = sorted(candidates, reverse=True, key=lambda r: hashlib.blake2b(
+                f"{affinity}\0{r.name}".encode(), digest_size=8).digest())
+            replica = next((r for r in ranked if r.in_flight < cap), None)
+            metrics.AFFINITY.labels("preferred" if replica is ranked[0] else "spilled").inc()
+        if replica is None:
+            replica = min(candidates, key=lambda r: (r.in_flight, r.picks))
+        replica.picks += 1
+        return replica
+
+    async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                   affinity: str | None = None) -> T:
+        """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`, within the model's
+        own concurrency limit if it has one. A failed connect is tried on the next replica; anything else is
+        the answer. A Stream keeps its replica (and its slot) busy until closed. A model with no live replica left
+        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun. `affinity`: see
+        _pick."""
+        chain = self.settings.fallbacks.get(info.name)
+        if not chain:
+            return await self._gated(info, fn, affinity)
+        try:
+            return await self._gated(info, fn, affinity)
+        except BackendUnavailable as exc:
+            for fallback in self._fallbacks(info.name, info.task, exc):
+                with contextlib.suppress(BackendUnavailable):
+                    return await self._gated(fallback, fn, affinity)
+            raise
+
+    async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                     affinity: str | None = None) -> T:
+        gate = self.gates.get(info.name)
+        if gate is None:
+            return await self._call(info, fn, affinity)
+        await gate.acquire()
+        try:
+            result = await self._call(info, fn, affinity)
+        except BaseException:
+            gate.release()
+            raise
+        if isinstance(result, Stream):
+            return _HeldStream(result, gate.release)
+        gate.release()
+        return result
+
+    async def _call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                    affinity: str | None = None) -> T:
+        first = self._pick(info.name, set(), affinity)
+        try:
+            return await self._run(first, info, fn)  # the hot path: no retry machinery unless it is needed
+        except BackendConnectFailed:
+            tried = {first}
+            others = sum(1 for r in self.registry.replicas if r not in tried and r.serves(info.name))
+            if not others:
+                raise
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(BackendConnectFailed),
+                                           stop=stop_after_attempt(others), reraise=True):
+            with attempt:
+                replica = self._pick(info.name, tried, affinity)
+                tried.add(replica)
+                return await self._run(replica, info, fn)
+        raise AssertionError("unreachable")  # AsyncRetrying either returns or re-raises
+
+    async def _run(self, replica: Replica, info: ModelInfo, fn) -> T:
+        replica.in_flight += 1
+        start = time.perf_counter()
+        held = False
+
+        def release() -> None:
+            replica.in_flight -= 1
+
+        try:
+            with replica.breaker:  # a _BREAKS error counts towards opening it; a success closes it
+                result = await fn(replica.backend, replica.models.get(info.name, info))
+            replica.last_ok[info.name] = time.monotonic()
+            if isinstance(result, Stream):
+                held = True
+                return _HeldStream(result, release)
+            return result
+        finally:
+            took = time.perf_counter() - start
+            metrics.BACKEND_SECONDS.labels(replica.name).observe(took)
+            waited = metrics.BACKEND_WAIT.get(None)
+            if waited is not None:
+                waited[0] += took
+            if replica.breaker.state == STATE_OPEN:
+                metrics.BREAKER_OPEN.labels(replica.name).set(1)
+            if not held:
+                release()
+
+
+def _draw(weights: dict[str, int], who: str | None) -> str:
+    """One of `weights`' models with its weight's chance: drawn at random, or, for a `who`, from a hash of it (the same
+    `who` always gets the same model while the weights stay)."""
+    point = (int.from_bytes(hashlib.blake2b(who.encode(), digest_size=8).digest()) % 100 if who is not None
+             else random.randrange(100))
+    for model, weight in weights.items():
+        if point < weight:
+            return model
+        point -= weight
+    raise AssertionError("weights sum to 100 (settings.Alias)")
