@@ -76,15 +76,15 @@ $(LLAMAFACTORY_ENV)/.installed: tests/trainer_checkpoints/requirements.txt | $(U
 # torchvision, and no torchvision loads beside the CPU torch of the other environments: torch 2.14.1 with torchvision
 # 0.29.1 does (a CUDA build, about 6 GB, which runs on CPUs too). pip, not uv: pip takes both from this machine's
 # local wheels, where uv would download them.
-$(ULTRALYTICS_ENV)/.installed: export/requirements-ultralytics.txt
+$(ULTRALYTICS_ENV)/.installed: export/detection/requirements-ultralytics.txt
 	$(PYTHON) -m venv $(ULTRALYTICS_ENV)
-	$(ULTRALYTICS_ENV)/bin/pip install -q -r export/requirements-ultralytics.txt
+	$(ULTRALYTICS_ENV)/bin/pip install -q -r export/detection/requirements-ultralytics.txt
 	touch $@
 
 # llm-compressor quantises LLMs in its own environment (its transformers pin is not ours).
-$(LLMCOMPRESSOR_ENV)/.installed: export/requirements-quantize.txt | $(UV)
+$(LLMCOMPRESSOR_ENV)/.installed: export/llm/requirements-quantize.txt | $(UV)
 	$(MKENV) $(LLMCOMPRESSOR_ENV)
-	$(UV_PIP) $(LLMCOMPRESSOR_ENV) "$(TORCH_SPEC)" -r export/requirements-quantize.txt
+	$(UV_PIP) $(LLMCOMPRESSOR_ENV) "$(TORCH_SPEC)" -r export/llm/requirements-quantize.txt
 	touch $@
 
 demo: setup setup-vllm

@@ -25,9 +25,9 @@ TARGETS = {"B3": ("batching on", "batching off", 2.0, "Triton dynamic batching o
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16, progress=print) -> dict:
-    from export.encoder import export_text_classification
+    from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
-    from export.triton_entry import EntryOptions
+    from export.triton.entry import EntryOptions
     from loadtest.pages import versions
     from loadtest.runner import LoadSpec, scenario_options
     from rtxserve.tune import TritonTarget, evaluate

@@ -52,9 +52,9 @@ def _stack(work: Path, progress):
     from deploy.plan import plan
     from deploy.repository import assemble_repository, response_cache_args
     from deploy.spec import load_deployment
-    from export.encoder import export_text_classification
+    from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
-    from export.triton_entry import EntryOptions
+    from export.triton.entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 
     progress("writing and exporting the fixture classifier (twice)")

@@ -29,8 +29,8 @@ TARGETS = {"onnxruntime fp32": 1.3, "onnxruntime int8": 2.0, "int8 map50 drop": 
 
 def _export(weights: Path, repo: Path, name: str, precision: str, images: list[bytes] | None = None) -> Path:
     from core.tasks import OBJECT_DETECTION
-    from export.encoder import EncoderOptions, export_encoder
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.triton.entry import EntryOptions
 
     export_encoder(weights, OBJECT_DETECTION, EntryOptions(name=name), repo,
                    EncoderOptions(precision=precision, sample_images=images))
@@ -42,8 +42,8 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
     import onnxruntime as ort
 
     from .all import machine
-    from export.triton_models.image_preprocess import imaging
-    from export.yolo import run_in_ultralytics
+    from export.triton.python_models.image_preprocess import imaging
+    from export.detection.yolo import run_in_ultralytics
     from fixture_models.detection import write_yolo
 
     threads = threads or os.cpu_count() or 1

@@ -59,9 +59,9 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
     import torch
     import transformers
 
-    from export.encoder import EncoderOptions, export_encoder
-    from export.tasks import pooled_encoder, read_pooling
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.encoders.task_specs import pooled_encoder, read_pooling
+    from export.triton.entry import EntryOptions
     from core.tasks import FEATURE_EXTRACTION
 
     model_dir = Path(model_dir) if model_dir else _default_model()

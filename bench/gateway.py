@@ -116,9 +116,9 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
 def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None = None) -> Iterator[tuple[str, str, int]]:
     """The fixture classifier (2 instances) in a real tritonserver behind a real gateway (with `gateway_env`'s
     settings): (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
-    from export.encoder import export_text_classification
+    from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
-    from export.triton_entry import EntryOptions
+    from export.triton.entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 
     with tempfile.TemporaryDirectory(prefix="rtxserve-bench-") as tmp:

@@ -26,8 +26,8 @@ def _bf16_accuracy(model: Path) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from export.llmcompressor_runner import _accuracy, _reference_pass, _token_ids
-    from export.quantize import HELD_OUT, PROMPTS, _render
+    from export.llm.llmcompressor_runner import _accuracy, _reference_pass, _token_ids
+    from export.llm.quantize import HELD_OUT, PROMPTS, _render
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     ids = _token_ids(tokenizer, [_render(tokenizer, p, "built-in prompt") for p in PROMPTS[-HELD_OUT:]], 512)
@@ -67,7 +67,7 @@ def _size(folder: Path) -> int:
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 6.0, max_tokens: int = 64, progress=print) -> dict:
     from fixture_models.llm import write_llm
-    from export.llm import LLMOptions, export_llm
+    from export.llm.llm import LLMOptions, export_llm
 
     from .all import machine
 

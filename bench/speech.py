@@ -22,7 +22,7 @@ MODEL = "bench-whisper"
 def _stack(work: Path, progress):
     """(gateway URL, the fixture's audio folder)."""
     from fixture_models.speech import write_whisper
-    from export.speech import export_speech
+    from export.speech.whisper import export_speech
     from serve.stack import start_gateway, start_vllm
     from serve.vllm import VLLMOptions
 

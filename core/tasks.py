@@ -2,7 +2,7 @@
 tests need to know of it. Nothing here imports torch: the gateway and the load tests read it too.
 
 A task's name is spelled only here (the constants below are the names); export builds it with the module
-`kind` names (export/encoder.py, export/llm.py, export/diffusion.py), the gateway serves it on `routes`, and
+`kind` names (export/encoders/, export/llm/, export/diffusion/, export/speech/), the gateway serves it on `routes`, and
 `rtxserve loadtest --scenario` drives it with the scenarios in `loadtest`. Adding a task is one entry here
 plus its own module.
 """

@@ -5,7 +5,7 @@ shipping plans, the rendered deployment ships the entry's ONNX graph and builds 
 `trtexec` in NVIDIA's TensorRT container of the same release as the Triton image that serves it (NGC
 pairs the two by YY.MM: deploy/images.py): a compose service that the Triton service waits for, and an
 init container of the Triton pod in Kubernetes. The optimisation profile is the one `rtxserve export
---tensorrt` uses by default (export/tensorrt.py: batch 1..B, sequence 1..L), and a plan already built is
+--tensorrt` uses by default (export/tensorrt/plan.py: batch 1..B, sequence 1..L), and a plan already built is
 kept.
 """
 
@@ -37,7 +37,7 @@ class Build:
 def plan_tensorrt(d: Deployment, repository: Path) -> list[Build]:
     """For each `tensorrt: true` encoder in the assembled `repository`: turn its ONNX model step into a
     tensorrt_plan step (the graph stays beside it, for the build) and return what to build."""
-    from export.tensorrt import Profile
+    from export.tensorrt.plan import Profile
     from serve.entry_config import read_config, write_config
 
     builds = []

@@ -181,7 +181,7 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
 def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
     """The pipeline's weights in the serving dtype (fp16 on a GPU, fp32 on CPU), the UNet's activations at the
     planned resolution for `max_images` images with classifier-free guidance, and the VAE decoding them."""
-    from export.diffusion import component_weights
+    from export.diffusion.stable_diffusion import component_weights
     from export.exceptions import ExportError
 
     meta = encoder_metadata(d, m)

@@ -173,7 +173,7 @@ def _lines(path: Path | None) -> list[str] | None:
 
 
 def _main_llm(args, argv: list[str]) -> int:
-    from .llm import LLMOptions, export_llm
+    from .llm.llm import LLMOptions, export_llm
 
     try:
         result = export_llm(args.source, args.out, LLMOptions(
@@ -198,7 +198,7 @@ def _main_llm(args, argv: list[str]) -> int:
 
 
 def _main_speech(args, argv: list[str]) -> int:
-    from .speech import export_speech
+    from .speech.whisper import export_speech
 
     try:
         result = export_speech(args.source, args.out, sample_audio=args.sample_audio, base=args.base, name=args.name,
@@ -211,8 +211,8 @@ def _main_speech(args, argv: list[str]) -> int:
 
 
 def _main_diffusion(args, argv: list[str]) -> int:
-    from .diffusion import DiffusionDefaults, export_diffusion
-    from .triton_entry import EntryOptions
+    from .diffusion.stable_diffusion import DiffusionDefaults, export_diffusion
+    from .triton.entry import EntryOptions
 
     try:
         written = export_diffusion(
@@ -237,7 +237,7 @@ def main(argv: list[str]) -> int:
     if args.format == "speech":
         return _main_speech(args, argv)
     from .checkpoint import check_task
-    from .triton_entry import EntryOptions
+    from .triton.entry import EntryOptions
 
     try:
         check_task(args.task)
@@ -248,8 +248,8 @@ def main(argv: list[str]) -> int:
             queue_timeout_us=args.queue_timeout_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
-        from .encoder import EncoderOptions, TensorRTOptions, export_encoder
-        from .inputs import read_sample_images
+        from .encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+        from .encoders.inputs import read_sample_images
 
         images = read_sample_images(args.sample_images) if args.sample_images else None
         tensorrt, calibration_images = None, None

@@ -1,6 +1,6 @@
 """The image pre-processing of an `image-classification` or `object-detection` export: the checkpoint's
 image-processor settings, turned into the settings of the Triton pre-processing model
-(`triton_models/image_preprocess/`), and the transformers reference it is checked against.
+(`triton/python_models/image_preprocess/`), and the transformers reference it is checked against.
 
 Supported: for classification the processors of ViT (also Swin and others that reuse it), DeiT, BEiT, BiT
 (DINOv2) and ConvNeXt (also ResNet and RegNet); for detection those of DETR, Conditional DETR and Deformable
@@ -20,7 +20,7 @@ from core.tasks import IMAGE_CLASSIFICATION, OBJECT_DETECTION
 
 from .checkpoint import IMAGE_PROCESSOR_FILE as PREPROCESSOR_CONFIG, read_json
 from .exceptions import ExportError
-from .triton_models.image_preprocess.imaging import Preprocess
+from .triton.python_models.image_preprocess.imaging import Preprocess
 
 SUPPORTED_PROCESSORS = (
     "ViTImageProcessor",

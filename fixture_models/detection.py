@@ -158,7 +158,7 @@ def write_yolo(out: str | Path, *, imgsz: int = 128, epochs: int = 300, images: 
     runs) where it does not, since training on from the weights overfits its 8 images (the validation scores fell from
     300 to 600 epochs). On an AMD EPYC, seeds 0 and 2 held (lowest best scores 0.549 and 0.592) and seed 1 did not
     (0.339). Returns its run folder."""
-    from export.yolo import VALIDATION_SAMPLES, run_in_ultralytics
+    from export.detection.yolo import VALIDATION_SAMPLES, run_in_ultralytics
 
     out = Path(out).resolve()
     request = {"out": str(out), "imgsz": imgsz, "epochs": epochs, "images": images,

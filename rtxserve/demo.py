@@ -34,11 +34,11 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="  %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # readiness polls are not news
 
-    from export.encoder import EncoderOptions, export_text_classification
+    from export.encoders.encoder import EncoderOptions, export_text_classification
     from fixture_models.llm import write_llm_with_adapters
     from fixture_models.text import write_text_classifier
-    from export.llm import LLMOptions, export_llm
-    from export.triton_entry import EntryOptions
+    from export.llm.llm import LLMOptions, export_llm
+    from export.triton.entry import EntryOptions
     from loadtest.report import headline
     from loadtest.runner import LoadSpec, run, scenario_options
     from deploy.spec import DeploymentError, load_deployment

@@ -88,9 +88,9 @@ def write_cpu_box(box: Path, ports: dict[str, int]) -> Path:
     `sentiment`, the tiny Llama as llm/base and its adapter packaged as llm/support, a keys file with KEY."""
     import yaml
 
-    from export.encoder import export_text_classification
-    from export.llm import LLMOptions, export_llm
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import export_text_classification
+    from export.llm.llm import LLMOptions, export_llm
+    from export.triton.entry import EntryOptions
     from fixture_models.llm import write_llm_with_adapters
     from fixture_models.text import write_text_classifier
     from serve.gateway.keys import ApiKey, hash_key, write_keys

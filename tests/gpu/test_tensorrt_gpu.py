@@ -10,9 +10,9 @@ trt = pytest.importorskip("tensorrt")
 torch = pytest.importorskip("torch")
 
 from export import onnx_export  # noqa: E402
-from export.tensorrt import Profile, build_plan, run_plan, tensorrt_model  # noqa: E402
-from export.triton_config import TensorSpec  # noqa: E402
-from export.triton_entry import EntryOptions  # noqa: E402
+from export.tensorrt.plan import Profile, build_plan, run_plan, tensorrt_model  # noqa: E402
+from export.triton.model_config import TensorSpec  # noqa: E402
+from export.triton.entry import EntryOptions  # noqa: E402
 from serve.tensorrt_check import check_plans, detect_compute_capability  # noqa: E402
 
 NAMES = ["input_ids", "attention_mask", "token_type_ids"]
@@ -123,8 +123,8 @@ def test_rtxserve_export_builds_a_validated_tensorrt_entry(classifier_checkpoint
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_an_image_plan_takes_every_side_its_profile_ranges_over(tmp_path, precision):
     """A YOLO-shaped graph (stride-32 convolutions, images [B, 3, H, W] -> output0 [B, C, H/32 * W/32]) built with
-    the side range export.yolo.plan_profile gives it: every letterbox shape in the range runs and agrees with ONNX
-    Runtime, calibrated (int8) at the whole square as export.yolo.calibration_feeds makes it."""
+    the side range export.detection.yolo.plan_profile gives it: every letterbox shape in the range runs and agrees with ONNX
+    Runtime, calibrated (int8) at the whole square as export.detection.yolo.calibration_feeds makes it."""
     import onnxruntime as ort
 
     torch.manual_seed(0)

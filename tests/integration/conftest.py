@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from export.encoder import EncoderOptions, export_encoder, export_text_classification
-from export.triton_entry import EntryOptions
+from export.encoders.encoder import EncoderOptions, export_encoder, export_text_classification
+from export.triton.entry import EntryOptions
 from fixture_models.detection import write_detector
 from fixture_models.llm import write_llm_with_adapters
 from fixture_models.text import write_encoder_adapter
@@ -94,7 +94,7 @@ def detection_samples() -> list[bytes]:
 
 def yolo_images(run) -> list[bytes]:
     """The fixture YOLO's validation images (rectangles it did not train on)."""
-    from export.yolo import validation_images
+    from export.detection.yolo import validation_images
 
     return [p.read_bytes() for p in validation_images(run / "weights" / "best.pt")]
 

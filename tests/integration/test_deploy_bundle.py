@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from export.encoder import export_text_classification
-from export.triton_entry import EntryOptions
+from export.encoders.encoder import export_text_classification
+from export.triton.entry import EntryOptions
 from serve.gateway.keys import ApiKey, hash_key, write_keys
 from serve.launcher import free_port
 

@@ -32,8 +32,8 @@ PROMTOOL = ROOT / ".tools" / "promtool"
 
 @pytest.fixture(scope="module")
 def rendered(classifier_checkpoint, tmp_path_factory):
-    from export.encoder import export_text_classification
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import export_text_classification
+    from export.triton.entry import EntryOptions
 
     work = tmp_path_factory.mktemp("render")
     one, _ = write_boxes(work)

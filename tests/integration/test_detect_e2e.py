@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from export.detection import PARITY_THRESHOLD, compare_detections, pipeline_detections
+from export.detection.detr import PARITY_THRESHOLD, compare_detections, pipeline_detections
 from export.vision import sample_images
 from fixture_models.detection import probe_images
 
@@ -79,8 +79,8 @@ def test_max_det_classes_and_bad_images(stack):
 
 
 def test_an_int8_export_records_what_it_costs_against_the_pipeline(detector_checkpoint, tmp_path):
-    from export.encoder import EncoderOptions, export_encoder
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.triton.entry import EntryOptions
 
     result = export_encoder(detector_checkpoint, "object-detection", EntryOptions(name="detr_int8"), tmp_path / "repo",
                             EncoderOptions(precision="int8"))
@@ -91,8 +91,8 @@ def test_an_int8_export_records_what_it_costs_against_the_pipeline(detector_chec
 
 def test_a_conditional_detr_exports_with_the_pipelines_detections(tmp_path):
     """Read as RT-DETR is (a sigmoid per class), with its processor's top_k of 100 (query, class) pairs."""
-    from export.encoder import EncoderOptions, export_encoder
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.triton.entry import EntryOptions
     from fixture_models.detection import write_detector
 
     checkpoint = write_detector(tmp_path / "conditional", model_type="conditional_detr")

@@ -12,8 +12,8 @@ import numpy as np
 import psutil
 import pytest
 
-from export.encoder import export_text_classification
-from export.triton_entry import EntryOptions
+from export.encoders.encoder import export_text_classification
+from export.triton.entry import EntryOptions
 from serve.launcher import ServerProcess, free_port
 from serve.stack import start_gateway
 from serve.triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command

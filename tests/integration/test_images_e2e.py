@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image
 
-from export.diffusion import reference_image
+from export.diffusion.stable_diffusion import reference_image
 from fixture_models.diffusion import write_diffusion_lora, write_diffusion_pipeline
 from serve.stack import start_stack
 

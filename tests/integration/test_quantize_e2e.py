@@ -11,7 +11,7 @@ import pytest
 from core.machine import cpu_flags
 from deploy.plan import GIB, plan
 from deploy.spec import parse_deployment
-from export.llm import LLMOptions, export_llm
+from export.llm.llm import LLMOptions, export_llm
 from tests.integration import VLLM_EAGER
 
 SCHEMES = ("w4a16", "w8a8-int8", "w8a8-fp8")

@@ -21,8 +21,8 @@ def _cache_counts(metrics_url: str, model: str) -> dict[str, float]:
 
 
 def test_a_repeated_input_is_answered_from_triton_response_cache(classifier_checkpoint, tmp_path):
-    from export.encoder import export_text_classification
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import export_text_classification
+    from export.triton.entry import EntryOptions
 
     export_text_classification(classifier_checkpoint, EntryOptions(name="sentiment"), tmp_path / "exported")
     (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "cached", "gpus": {"count": 0}, "models": [

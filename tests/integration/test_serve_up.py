@@ -21,10 +21,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from export.detection import PARITY_THRESHOLD
-from export.encoder import EncoderOptions, export_encoder, export_text_classification
-from export.llm import export_llm
-from export.triton_entry import EntryOptions
+from export.detection.detr import PARITY_THRESHOLD
+from export.encoders.encoder import EncoderOptions, export_encoder, export_text_classification
+from export.llm.llm import export_llm
+from export.triton.entry import EntryOptions
 from fixture_models.detection import probe_images
 from serve.launcher import free_port
 from tests.integration import VLLM_TWO_PROCESSES, png

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from fixture_models.speech import SPEECH_RATE, SPEECH_SENTENCES, WINDOW_S, write_whisper
-from export.speech import export_speech, pipeline_transcripts
+from export.speech.whisper import export_speech, pipeline_transcripts
 from deploy.spec import parse_deployment
 from serve.launcher import free_port
 from tests.integration import VLLM_EAGER

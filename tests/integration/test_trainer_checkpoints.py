@@ -87,7 +87,7 @@ def test_conversions_match_the_trainers_own_model(exported, name, fmt):
     assert logits["top1_agreement"] == 1.0
     if name == "lf-zero3":  # DeepSpeed's engine, in processes of its own at the world size that wrote the shards
         assert parity["reference"].startswith("DeepSpeed ZeRO-3 engine, world size 2")
-        assert "export.zero_reference" in parity["reference_command"] and "--nproc-per-node=2" in parity["reference_command"]
+        assert "export.trainers.zero_reference" in parity["reference_command"] and "--nproc-per-node=2" in parity["reference_command"]
     else:  # the Megatron model, loaded by the export itself
         assert parity["reference"].startswith("Megatron-core GPTModel")
         assert "export llm" in parity["reference_command"]

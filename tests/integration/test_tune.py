@@ -1,8 +1,8 @@
 """`rtxserve tune triton` on the real tritonserver: each configuration served and loaded for real; the
 recommendation beats the entry's own configuration in goodput, in the same run, and --apply writes it."""
 
-from export.encoder import export_text_classification
-from export.triton_entry import EntryOptions
+from export.encoders.encoder import export_text_classification
+from export.triton.entry import EntryOptions
 from loadtest.runner import scenario_options
 from rtxserve.tune import TritonTarget, tune
 from serve.entry_config import Batching, read_batching

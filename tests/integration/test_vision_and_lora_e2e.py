@@ -100,7 +100,7 @@ def peft_reference(classifier_adapter):
     """Softmax of the unmerged PeftModel (base + adapter) on TEXTS, and of the base alone."""
     import torch
 
-    from export.encoder_adapters import load_models, resolve_adapter
+    from export.encoders.adapters import load_models, resolve_adapter
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     adapter = resolve_adapter(classifier_adapter, "text-classification")

@@ -11,10 +11,10 @@ import httpx
 import numpy as np
 import pytest
 
-from export.detection import SCORE_ATOL, compare_detections
-from export.triton_models.image_preprocess import imaging
+from export.detection.detr import SCORE_ATOL, compare_detections
+from export.triton.python_models.image_preprocess import imaging
 from export.vision import sample_images
-from export.yolo import PREDICT_DEFAULTS, run_ultralytics
+from export.detection.yolo import PREDICT_DEFAULTS, run_ultralytics
 from fixture_models.detection import YOLO_FLOOR
 
 from .conftest import YOLO, yolo_images
@@ -34,7 +34,7 @@ def _rows(response: httpx.Response) -> list[list[list[float]]]:
 def predicted(stack, yolo_run, tmp_path_factory):
     """Ultralytics' own predict on the fixture's validation images and the odd sample images (sizes, EXIF, modes),
     at conf 0.01: (the images, its detections per image at predict's default iou, the same at iou 0.95). Less the
-    16-bit grey gradient, which saturates this tiny model (see export.yolo._default_samples)."""
+    16-bit grey gradient, which saturates this tiny model (see export.detection.yolo._default_samples)."""
     images = yolo_images(yolo_run) + sample_images(saturating=False)
     decoded = [np.asarray(imaging.decode(i)) for i in images]
     result = run_ultralytics(yolo_run / "weights" / "best.pt", decoded,
@@ -108,8 +108,8 @@ def test_bad_images_and_options_are_400s_that_name_them(stack, yolo_run):
 
 
 def test_an_int8_export_is_calibrated_on_the_images_given_smaller_and_records_what_it_costs(yolo_run, tmp_path):
-    from export.encoder import EncoderOptions, export_encoder
-    from export.triton_entry import EntryOptions
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.triton.entry import EntryOptions
 
     train = [p.read_bytes() for p in sorted((yolo_run.parent / "data" / "images" / "train").glob("*.png"))]
     result = export_encoder(yolo_run, "object-detection", EntryOptions(name="yolo_int8"), tmp_path / "repo",

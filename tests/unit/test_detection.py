@@ -12,8 +12,8 @@ from PIL import Image
 from fastapi.testclient import TestClient
 
 from core.contract import MAX_DETECTIONS
-from export.triton_models.detection_postprocess.detections import detr_detections, top_k_detections
-from export.triton_models.image_preprocess.imaging import size_with_aspect_ratio, size_with_aspect_ratio_multiple
+from export.triton.python_models.detection_postprocess.detections import detr_detections, top_k_detections
+from export.triton.python_models.image_preprocess.imaging import size_with_aspect_ratio, size_with_aspect_ratio_multiple
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Detections, ModelInfo
 from serve.gateway.backends.triton import TritonBackend
@@ -49,7 +49,7 @@ def test_yolos_resize_size_is_transformers(height, width, shortest, longest):
 
 
 def test_a_yolos_resize_that_leaves_no_pixels_is_refused_saying_so():
-    from export.triton_models.image_preprocess.imaging import Preprocess, ResizedAway
+    from export.triton.python_models.image_preprocess.imaging import Preprocess, ResizedAway
 
     settings = {"image_processor_type": "YolosImageProcessor", "size": {"shortest_edge": 64, "longest_edge": 96},
                 "size_multiple": 16, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
@@ -207,7 +207,7 @@ def test_the_triton_client_sends_each_image_with_its_options_and_drops_padding_r
 
 
 def test_detections_are_paired_by_class_score_and_box_not_by_rank():
-    from export.detection import compare_detections
+    from export.detection.detr import compare_detections
 
     reference = [[(1.0, 0, [0, 0, 10, 10]), (1.0, 0, [20, 20, 30, 30]), (0.5, 1, [5, 5, 15, 15])]]
     tied_swapped = [[[20, 20, 30, 30, 1.0, 0], [0, 0, 10, 10, 1.0, 0], [5, 5, 15, 15, 0.5, 1]]]
@@ -226,7 +226,7 @@ def test_detections_are_paired_by_class_score_and_box_not_by_rank():
 def test_a_detection_at_the_cut_may_be_on_one_side_only():
     """Scored within SCORE_ATOL of the conf both sides were cut at, a detection may fall on either side of it in two
     engines; anything further from the cut must be on both."""
-    from export.detection import SCORE_ATOL, compare_detections
+    from export.detection.detr import SCORE_ATOL, compare_detections
 
     box = [0, 0, 10, 10]
     reference = [[(0.9, 0, box), (0.3 + SCORE_ATOL / 2, 1, [20, 20, 30, 30])]]
@@ -242,7 +242,7 @@ def test_a_detection_at_the_cut_may_be_on_one_side_only():
 
 
 def test_the_served_check_gates_fp32_and_records_a_lossy_variant():
-    from export.detection import gate_served
+    from export.detection.detr import gate_served
     from export.exceptions import ExportError
 
     def differing():
@@ -259,9 +259,9 @@ def test_a_deformable_detr_is_refused_with_the_reason(tmp_path):
     """Its graph would be traced for one image size: refused before anything is exported."""
     import transformers
 
-    from export.encoder import export_encoder
+    from export.encoders.encoder import export_encoder
     from export.exceptions import ExportError
-    from export.triton_entry import EntryOptions
+    from export.triton.entry import EntryOptions
 
     config = transformers.DeformableDetrConfig(num_queries=8, id2label={0: "a", 1: "b"}, label2id={"a": 0, "b": 1},
                                                architectures=["DeformableDetrForObjectDetection"])

@@ -6,9 +6,9 @@ import shutil
 import pytest
 
 from export import cli
-from export.encoder import EncoderOptions, export_text_classification
+from export.encoders.encoder import EncoderOptions, export_text_classification
 from export.exceptions import ExportError, ParityError
-from export.triton_entry import EntryOptions
+from export.triton.entry import EntryOptions
 
 
 def _leftovers(repo):

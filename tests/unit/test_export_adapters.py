@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from export.checkpoint import TASKS
-from export.encoder_adapters import is_adapter, load_models, resolve_adapter
+from export.encoders.adapters import is_adapter, load_models, resolve_adapter
 from export.exceptions import ExportError
 from fixture_models.text import LABELS, write_encoder_adapter, write_text_classifier
 

@@ -6,11 +6,11 @@ import shutil
 import pytest
 
 from deploy.plan import GIB
-from export.diffusion import check_lora, check_pipeline, component_weights, export_diffusion
+from export.diffusion.stable_diffusion import check_lora, check_pipeline, component_weights, export_diffusion
 from core.lora import tensor_shapes
 from export.exceptions import ExportError
 from fixture_models.diffusion import write_diffusion_lora, write_diffusion_pipeline
-from export.triton_entry import EntryOptions
+from export.triton.entry import EntryOptions
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_a_deployment_plans_the_pipeline_at_its_resolution(pipeline, tmp_path):
 
 
 def test_compiling_a_unet_whose_lora_scale_requests_may_change_is_refused(pipeline, tmp_path):
-    from export.diffusion import DiffusionDefaults
+    from export.diffusion.stable_diffusion import DiffusionDefaults
 
     pipe, lora = pipeline
     with pytest.raises(ExportError, match="--fuse-lora"):

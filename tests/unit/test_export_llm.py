@@ -11,7 +11,7 @@ from safetensors.numpy import load_file, save_file
 from export import cli
 from export.exceptions import ExportError, ParityError
 from fixture_models.llm import write_llm_with_adapters
-from export.llm import LLMOptions, export_llm
+from export.llm.llm import LLMOptions, export_llm
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from export.encoder import EncoderOptions, export_encoder
-from export.triton_models.ner_postprocess.entities import STRATEGIES, Token, entities
+from export.encoders.encoder import EncoderOptions, export_encoder
+from export.triton.python_models.ner_postprocess.entities import STRATEGIES, Token, entities
 from export.exceptions import ExportError
-from export.tasks import tokenizer_traits
-from export.triton_entry import EntryOptions
+from export.encoders.task_specs import tokenizer_traits
+from export.triton.entry import EntryOptions
 from fixture_models.text import NER_PROBES
 
 TEXTS = [

@@ -23,11 +23,11 @@ from transformers import (
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, PILImageResampling
 
 from export.exceptions import ExportError
-from export.triton_models.image_preprocess.imaging import Preprocess, decode
+from export.triton.python_models.image_preprocess.imaging import Preprocess, decode
 from export.vision import SUPPORTED_PROCESSORS, read_image_processor, reference_pixels, sample_images
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGING_DIR = REPO / "export" / "triton_models" / "image_preprocess"
+IMAGING_DIR = REPO / "export" / "triton" / "python_models" / "image_preprocess"
 # transformers' PIL processors resize the uint8 PIL image, rescale in float64 -> float32 and normalise in
 # float32; imaging.py does the same operations in the same order, so the match is exact (0.0). The
 # tolerance only leaves room for a platform whose float32 division differs in the last bit.

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from export.exceptions import ExportError
-from export.llm import LLMOptions, export_llm
-from export.quantize import HELD_OUT, PROMPTS, read_calibration
+from export.llm.llm import LLMOptions, export_llm
+from export.llm.quantize import HELD_OUT, PROMPTS, read_calibration
 from serve.vllm import cpu_cannot_serve, gpu_cannot_serve
 
 
@@ -91,7 +91,7 @@ def test_a_scheme_it_cannot_make_as_asked_is_refused_in_one_line(base, tmp_path,
 def test_a_quantised_checkpoint_is_never_quantised_twice(base, tmp_path, monkeypatch, quantization, named):
     import shutil
 
-    import export.quantize as quantize
+    import export.llm.quantize as quantize
 
     def no_tool(*args):  # refused before llm-compressor's environment is even looked for
         raise AssertionError("the tool's environment was looked up")
@@ -115,7 +115,7 @@ def _fake_runner(increase: float):
 
 
 def test_accuracy_past_the_bound_writes_nothing_unless_drift_is_allowed(base, tmp_path, monkeypatch):
-    import export.quantize as quantize
+    import export.llm.quantize as quantize
 
     monkeypatch.setattr(quantize, "_run", _fake_runner(0.08))
     monkeypatch.setattr(quantize, "tool_python", lambda *args: tmp_path / "python")  # the run is faked: no environment
@@ -178,7 +178,7 @@ def test_the_accuracy_figures_measured_one_model_at_a_time_equal_both_in_memory(
 
     import torch
 
-    from export.llmcompressor_runner import _accuracy, _reference_pass
+    from export.llm.llmcompressor_runner import _accuracy, _reference_pass
 
     class Toy(torch.nn.Module):
         def __init__(self, seed: int):

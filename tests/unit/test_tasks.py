@@ -5,7 +5,7 @@ from core import tasks
 
 
 def test_every_task_is_served_built_and_load_tested():
-    from export.tasks import SPECS
+    from export.encoders.task_specs import SPECS
     from loadtest.scenarios.options import SCENARIOS
     from serve.gateway.app import create_app
     from serve.gateway.settings import GatewaySettings

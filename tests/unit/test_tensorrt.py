@@ -8,11 +8,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from export import tensorrt as trt_export
+from export.tensorrt import plan as trt_export
 from export.exceptions import ExportError
-from export.tensorrt import Profile, build_plan, tensorrt_model
-from export.triton_config import TensorSpec
-from export.triton_entry import EntryOptions
+from export.tensorrt.plan import Profile, build_plan, tensorrt_model
+from export.triton.model_config import TensorSpec
+from export.triton.entry import EntryOptions
 from serve import tensorrt_check
 from serve.tensorrt_check import check_plans, detect_compute_capability, detect_tensorrt_version, plan_problems
 from serve.triton import TritonInstall, TritonNotFound, TritonOptions, triton_command
@@ -249,7 +249,7 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
                                                                                     monkeypatch):
     """The export's TensorRT wiring, with the GPU parts faked: the 'plan' is the ONNX graph run by ONNX
     Runtime, so the parity figures must come out exact and the entry must be a tensorrt_plan model."""
-    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
 
     built = {}
     _fake_tensorrt(monkeypatch, built, "TYPE_INT64")
@@ -269,7 +269,7 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
 
 
 def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkpoint, tmp_path):
-    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
     from export.exceptions import ExportError
 
     cases = [
@@ -285,7 +285,7 @@ def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkp
 
 
 class _TinyYolo:
-    """What Ultralytics' export step hands the YOLO export (export.yolo.run_ultralytics), from a stand-in detector:
+    """What Ultralytics' export step hands the YOLO export (export.detection.yolo.run_ultralytics), from a stand-in detector:
     one stride-32 convolution, images [B, 3, H, W] -> output0 [B, 4 + 2 classes, H/32 * W/32] (centre, size in
     pixels, class scores), exported to ONNX with dynamic batch and sides; its reference predictions are the served
     steps' own, so that this test holds the TensorRT wiring, not a model (test_yolo_e2e holds the real one)."""
@@ -310,8 +310,8 @@ class _TinyYolo:
     def __call__(self, weights, images, settings, scratch):
         import torch
 
-        from export.yolo import served_detections
-        from export.triton_models.image_preprocess import imaging
+        from export.detection.yolo import served_detections
+        from export.triton.python_models.image_preprocess import imaging
 
         inputs = [imaging.letterbox(image, self.IMGSZ, self.STRIDE)[None] for image in images]
         torch.onnx.export(self.module, (torch.from_numpy(inputs[0]),), str(scratch / "model.onnx"), input_names=["images"],
@@ -366,8 +366,8 @@ def _plan_served_as_the_graph_was(parity: dict, model_dir, precision: str):
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_graph_was(tmp_path, monkeypatch, precision):
-    import export.yolo as yolo
-    from export.encoder import EncoderOptions, TensorRTOptions
+    import export.detection.yolo as yolo
+    from export.encoders.encoder import EncoderOptions, TensorRTOptions
     from tests.integration import png
 
     built = {}
@@ -405,8 +405,8 @@ def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_grap
     ({"target": "gpu"}, {"batch": "2,4,8"}, "--trt-batch min is 2"),
 ])
 def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, monkeypatch, entry, options, message):
-    import export.yolo as yolo
-    from export.encoder import EncoderOptions, TensorRTOptions
+    import export.detection.yolo as yolo
+    from export.encoders.encoder import EncoderOptions, TensorRTOptions
 
     monkeypatch.setattr(yolo, "run_ultralytics", _TinyYolo())
     nms = options.pop("nms", False)
@@ -426,8 +426,8 @@ def detr_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served_as_the_graph_was(
         detr_checkpoint, tmp_path, monkeypatch, precision):
-    from export.encoder import EncoderOptions, TensorRTOptions, export_encoder
-    from export.triton_models.image_preprocess.imaging import Preprocess, ResizedAway
+    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.triton.python_models.image_preprocess.imaging import Preprocess, ResizedAway
     from export.vision import sample_images
     from fixture_models.detection import probe_images
     from PIL import Image

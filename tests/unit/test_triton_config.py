@@ -4,8 +4,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from export.triton_config import DynamicBatching, EnsembleStep, InstanceGroup, ModelConfig, TensorSpec
-from export.triton_entry import EntryOptions, classification_entry
+from export.triton.model_config import DynamicBatching, EnsembleStep, InstanceGroup, ModelConfig, TensorSpec
+from export.triton.entry import EntryOptions, classification_entry
 
 
 def _entry(tmp_path, **opts):
@@ -96,7 +96,7 @@ def test_dynamic_batching_queue_policy_renders():
 
 
 def test_ragged_inputs_let_the_batcher_group_texts_of_different_lengths():
-    from export.triton_config import ModelConfig, TensorSpec
+    from export.triton.model_config import ModelConfig, TensorSpec
 
     config = ModelConfig(name="m_model", backend="python", max_batch_size=8,
                          inputs=(TensorSpec("input_ids", "TYPE_INT64", (-1,), allow_ragged_batch=True),),

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from export.exceptions import ExportError
-from export.triton_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
-from export.triton_models.image_preprocess import imaging
-from export.yolo import check_task, ultralytics_checkpoint, validation_images
+from export.triton.python_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
+from export.triton.python_models.image_preprocess import imaging
+from export.detection.yolo import check_task, ultralytics_checkpoint, validation_images
 
 
 @pytest.mark.parametrize("size, expected", [
@@ -118,9 +118,9 @@ def test_other_ultralytics_tasks_are_refused_before_any_work(tmp_path, task):
 
 
 def test_without_the_ultralytics_environment_the_error_says_how_to_make_it(tmp_path, monkeypatch):
-    from export.encoder import EncoderOptions
-    from export.triton_entry import EntryOptions
-    from export.yolo import export_yolo
+    from export.encoders.encoder import EncoderOptions
+    from export.triton.entry import EntryOptions
+    from export.detection.yolo import export_yolo
 
     monkeypatch.setenv("RTXSERVE_ENVS_DIR", str(tmp_path / "envs"))
     (tmp_path / "best.pt").write_bytes(b"x")
@@ -135,7 +135,7 @@ def test_an_end_to_end_yolo_is_named_not_misread(tmp_path, dims, refused):
     import onnx
     from onnx import TensorProto, helper
 
-    from export.yolo import _refuse_end_to_end
+    from export.detection.yolo import _refuse_end_to_end
 
     graph = helper.make_graph([helper.make_node("Identity", ["images"], ["output0"])], "g",
                               [helper.make_tensor_value_info("images", TensorProto.FLOAT, dims)],

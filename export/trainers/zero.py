@@ -2,7 +2,7 @@
 folder, consolidated by DeepSpeed's own `get_fp32_state_dict_from_zero_checkpoint`.
 
 The parity reference is the trainer's own model: DeepSpeed's engine loads the original shards at the world
-size that wrote them (torchrun, gloo on CPU; export/zero_reference.py) and runs the sample prompts.
+size that wrote them (torchrun, gloo on CPU; export/trainers/zero_reference.py) and runs the sample prompts.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import TOKENIZER_FILES
-from .exceptions import ExportError
+from ..checkpoint import TOKENIZER_FILES
+from ..exceptions import ExportError
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]
     ids_file, logits_file = work / "parity-ids.json", work / "zero-reference.npz"
     ids_file.write_text(json.dumps(ids))
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ckpt.world_size}",
-            "-m", "export.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file),
+            "-m", "export.trainers.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file),
             auto_class, str(ckpt.stage)]
     log.info("    %s", shlex.join(argv))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
@@ -165,7 +165,7 @@ def to_hugging_face(ckpt: ZeroCheckpoint, config_dir: Path, work: Path, *, auto_
                     dtype: str, atol: float, allow_drift: bool, steps=log.info, output: str = "logits") -> tuple[Path, dict]:
     """The checkpoint as a Hugging Face folder in `work`, checked against DeepSpeed's engine on `ids`: the folder and
     the figures for parity.json (ParityError beyond `atol` unless drift is allowed)."""
-    from .parity import compare_with_trainer
+    from ..parity import compare_with_trainer
 
     hf = work / "hf"
     steps("consolidating %d ranks' ZeRO-%d shards (%s) with DeepSpeed's get_fp32_state_dict_from_zero_checkpoint",

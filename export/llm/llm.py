@@ -31,11 +31,12 @@ import numpy as np
 from core import lora
 from core.weights import WeightsIndexError, safetensors_files
 
-from . import megatron, repository, trainers, zero
-from .checkpoint import TOKENIZER_FILES, check_safetensors, read_json
-from .exceptions import ExportError
-from .parity import ParityReport, compare_with_trainer, first_outputs
-from .progress import Steps
+from ..trainers import megatron, runs, zero
+from ..triton import repository
+from ..checkpoint import TOKENIZER_FILES, check_safetensors, read_json
+from ..exceptions import ExportError
+from ..parity import ParityReport, compare_with_trainer, first_outputs
+from ..progress import Steps
 
 log = logging.getLogger(__name__)
 
@@ -462,8 +463,8 @@ class LLMOptions:
     name: the served model name (default: the output folder's name).
     force: replace an existing output folder.
     command: the command line that reproduces this export, recorded in the metadata.
-    quantize: a scheme (export/quantize.py): the full-precision model made as above, then quantised.
-    calibration, calibration_samples, eval_file, max_seq_length: the quantisation's data (export/quantize.py).
+    quantize: a scheme (export/llm/quantize.py): the full-precision model made as above, then quantised.
+    calibration, calibration_samples, eval_file, max_seq_length: the quantisation's data (export/llm/quantize.py).
     max_ppl_increase: the perplexity increase a quantisation may cost (relative); beyond it the export fails.
     """
 
@@ -498,9 +499,9 @@ def export_llm(source: str | Path, out: str | Path, options: LLMOptions = LLMOpt
         from .quantize import export_quantized
 
         return export_quantized(source, out, options)
-    layout = trainers.layout(source)
-    trained = trainers.describe(source)
-    trainers.check_finetuning_type(source, trained)
+    layout = runs.layout(source)
+    trained = runs.describe(source)
+    runs.check_finetuning_type(source, trained)
     extra = {"trained_with": trained} if trained else {}
     if layout in ("zero", "megatron"):
         if options.merge:
@@ -551,7 +552,7 @@ def _export_adapter(source: Path, out: Path, options: LLMOptions, trained: dict 
     ckpt = resolve_base(adapter, options.base)
     steps("checking every LoRA tensor against the layers of base %s", ckpt.path)
     check_lora_against_base(adapter, ckpt, for_vllm=not options.merge)
-    qlora = trainers.is_quantized_lora(trained) if options.qlora is None else options.qlora
+    qlora = runs.is_quantized_lora(trained) if options.qlora is None else options.qlora
     name = options.name or out.name
     if not options.merge:
         if qlora:

@@ -5,8 +5,8 @@ Ultralytics itself does the ONNX export and the reference answers, in its own en
 `ultralytics_runner.py`. Here: the graph checked against the PyTorch model's outputs (atol; min cosine for int8 /
 fp16 variants), the served steps (`imaging.letterbox`, the graph in ONNX Runtime, `detections.yolo_detections`)
 checked against Ultralytics' own `model.predict` on the sample images, and the entry written as for DETR
-(export/triton_entry.detection_entry). With --tensorrt (a GPU machine) the fp32 graph becomes a TensorRT plan
-(export/tensorrt.py) whose sides range from one stride to imgsz, as the letterbox makes them, checked the same
+(export/triton/entry.py: detection_entry). With --tensorrt (a GPU machine) the fp32 graph becomes a TensorRT plan
+(export/tensorrt/plan.py) whose sides range from one stride to imgsz, as the letterbox makes them, checked the same
 way and served as the entry's tensorrt_plan step. Nothing of Ultralytics is imported by rtxserve.
 """
 
@@ -22,17 +22,18 @@ import numpy as np
 from core.envs import ULTRALYTICS
 from core.tasks import OBJECT_DETECTION
 
-from . import repository, variants
-from .activations import graph_activations
-from .detection import compare_detections, gate_served
-from .exceptions import ExportError
-from .parity import ParityReport
-from .progress import Steps
-from .tensorrt import Profile
-from .tool_env import run_tool, tool_python
-from .triton_entry import EntryOptions, detection_entry
-from .triton_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
-from .triton_models.image_preprocess import imaging
+from ..triton import repository
+from .. import variants
+from ..activations import graph_activations
+from .detr import compare_detections, gate_served
+from ..exceptions import ExportError
+from ..parity import ParityReport
+from ..progress import Steps
+from ..tensorrt.plan import Profile
+from ..tool_env import run_tool, tool_python
+from ..triton.entry import EntryOptions, detection_entry
+from ..triton.python_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
+from ..triton.python_models.image_preprocess import imaging
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +140,7 @@ def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:
 
 def _forward(path: Path):
     """images [batch, 3, H, W] -> output0, by the served model at `path` (a graph in ONNX Runtime, or a plan)."""
-    from .tensorrt import session
+    from ..tensorrt.plan import session
 
     run = session(path).run
     return lambda pixels: run(["output0"], {"images": pixels})[0]
@@ -190,7 +191,7 @@ def served_detections(path: Path, images: list[np.ndarray], letterbox: dict, con
 def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tuple[list[Path], dict, float]:
     """Export the Ultralytics detector `weights` (see ultralytics_checkpoint) as the Triton entry `entry` in `repo`.
 
-    `options` are the encoder export's (export.encoder.EncoderOptions): atol, allow_drift, force, sample_images,
+    `options` are the encoder export's (export.encoders.encoder.EncoderOptions): atol, allow_drift, force, sample_images,
     precision (fp32, int8 or fp16), min_cosine, calibration_images (int8; default: the sample images), command.
     Returns (the written model folders, the parity report, seconds). Raises ExportError on bad input, a failed
     export or a parity breach (nothing is written then).
@@ -249,7 +250,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
                                  pixel_shape=(3, -1, -1), labels=labels, defaults=defaults, metadata=metadata,
                                  parity=parity, letterbox=letterbox)
         if plan_info is not None:
-            from .tensorrt import serve_plan
+            from ..tensorrt.plan import serve_plan
 
             serve_plan(models, entry, served, {"images": PLAN_INPUT}, parity, plan_info)
         written = repository.commit(repo, models, work, options.force)
@@ -325,7 +326,7 @@ def _plan_batches(batch: str | None, entry: EntryOptions) -> tuple[int, int, int
 def calibration_feeds(images: list[np.ndarray], imgsz: int, batch: int) -> list[dict[str, np.ndarray]]:
     """INT8 calibration batches of one shape (TensorRT calibrates at one): each image letterboxed to the whole imgsz
     square, the incomplete last batch dropped, as Ultralytics' own INT8 engine export feeds its calibrator."""
-    from .inputs import full_batches
+    from ..encoders.inputs import full_batches
 
     return [{"images": np.stack([imaging.letterbox(image, imgsz, imgsz) for image in chunk])}
             for chunk in full_batches(images, batch)]
@@ -335,7 +336,7 @@ def _build_plan(onnx_path: Path, plan_path: Path, images: list[np.ndarray], lett
                 options, steps: Steps) -> dict:
     """The TensorRT plan of the fp32 graph at options.precision; INT8 calibrates on --calibration-images (default:
     the sample images, as the ONNX INT8 variant does). What build_plan returns, with the images it calibrated on."""
-    from .tensorrt import build_plan
+    from ..tensorrt.plan import build_plan
 
     trt = options.tensorrt
     profile = plan_profile(trt.batch, entry, letterbox)
@@ -363,7 +364,7 @@ def _default_samples(weights: Path) -> list[bytes]:
     """The run's validation images, else the synthetic samples less the saturating 16-bit gradient: over 100
     overlapping boxes scoring 1.0 to within 1e-7 make greedy NMS's choice hang on the scores' last bit, which PyTorch
     and ONNX Runtime round differently (Ultralytics' own ONNX and PyTorch predict differ there)."""
-    from .vision import sample_images
+    from ..vision import sample_images
 
     found = validation_images(weights)
     if found:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint
-from .exceptions import ExportError
+from ..checkpoint import Checkpoint
+from ..exceptions import ExportError
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +137,15 @@ class TextInputs:
 
 class ImageInputs:
     """Pixel values from encoded PNG / JPEG images, through the served pre-processing
-    (triton_models/image_preprocess/imaging.py), checked against transformers' image processor."""
+    (triton/python_models/image_preprocess/imaging.py), checked against transformers' image processor."""
 
     what = "images"
 
     def __init__(self, ckpt: Checkpoint, samples: list[bytes] | None, *, plan: bool = False):
         """plan: the graph is served as a TensorRT plan, whose profile takes sides up to the processor's longest edge
         where the size varies (the served pre-processing then refuses what would pass it)."""
-        from .triton_models.image_preprocess.imaging import Preprocess
-        from .vision import read_image_processor, sample_images
+        from ..triton.python_models.image_preprocess.imaging import Preprocess
+        from ..vision import read_image_processor, sample_images
 
         self.path = ckpt.path
         self.settings = read_image_processor(ckpt.path, ckpt.task)
@@ -162,7 +162,7 @@ class ImageInputs:
     def _servable(self, samples: list[bytes]) -> tuple[list[bytes], list[str]]:
         """The sample images this processor can take, and a note for each it cannot: one that its resize leaves no
         pixels on a side (YOLOS' on an extreme aspect ratio), which transformers' processor fails on too."""
-        from .triton_models.image_preprocess.imaging import ResizedAway
+        from ..triton.python_models.image_preprocess.imaging import ResizedAway
 
         kept, notes = [], []
         for i, data in enumerate(samples):
@@ -194,7 +194,7 @@ class ImageInputs:
     def cases(self) -> list[dict[str, np.ndarray]]:
         """Each sample alone, then all together; the served pre-processing is first checked against
         transformers' image processor on the same images."""
-        from .vision import reference_pixels
+        from ..vision import reference_pixels
 
         served = [self._pixels([image]) for image in self.samples]
         reference = reference_pixels(self.path, self.samples)
@@ -231,7 +231,7 @@ class ImageInputs:
         centre square, which the processor resizes to one size, as it would not the whole image."""
         if not self.varies:
             return [{"pixel_values": self._pixels(chunk, "calibration")} for chunk in full_batches(images, batch)]
-        from .triton_models.image_preprocess.imaging import decode
+        from ..triton.python_models.image_preprocess.imaging import decode
 
         squares = []
         for i, data in enumerate(images):
@@ -255,7 +255,7 @@ class ImageInputs:
         return (3, size["shortest_edge"], size["longest_edge"])
 
     def activations(self, graph: Path) -> dict:
-        from .activations import graph_activations
+        from ..activations import graph_activations
 
         return {"graph_activations": graph_activations(graph, "pixel_values", self.largest())}
 

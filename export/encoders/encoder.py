@@ -1,7 +1,7 @@
 """Export a fine-tuned encoder: checkpoint -> validated ONNX -> Triton ensemble entry.
 
 One pipeline for every encoder task; what differs per task (which outputs the graph has, how the
-model is wrapped, which Triton models follow it) is a `TaskSpec` from export/tasks.py.
+model is wrapped, which Triton models follow it) is a `TaskSpec` from export/encoders/task_specs.py.
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import onnx_export, repository, zero
+from .. import onnx_export
+from ..triton import repository
+from ..trainers import zero
 from core.tasks import OBJECT_DETECTION, TEXT_CLASSIFICATION
 
-from .checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
-from .exceptions import ExportError
+from ..checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
+from ..exceptions import ExportError
 from .inputs import SAMPLE_TEXTS, ImageInputs, TextInputs
-from .parity import ParityReport
-from .progress import Steps
-from .triton_entry import EntryOptions
+from ..parity import ParityReport
+from ..progress import Steps
+from ..triton.entry import EntryOptions
 
 if TYPE_CHECKING:
-    from .encoder_adapters import EncoderAdapter
+    from .adapters import EncoderAdapter
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ def _load_models(ckpt: Checkpoint, spec, adapter) -> tuple:
 
     auto_class = getattr(transformers, TASKS[ckpt.task][1])
     if adapter is not None:
-        from .encoder_adapters import load_models
+        from .adapters import load_models
 
         merged, reference = load_models(adapter, auto_class)
         return spec.wrap(merged, ckpt).eval(), spec.wrap(reference, ckpt).eval()
@@ -165,11 +167,11 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
     Returns the written model folders, the parity report and the wall time. Raises ExportError on bad input, a
     failed load, or a parity breach (nothing is written then).
     """
-    from .yolo import ultralytics_checkpoint
+    from ..detection.yolo import ultralytics_checkpoint
 
     weights = ultralytics_checkpoint(Path(checkpoint).expanduser())
     if weights is not None:  # exported by Ultralytics itself, in its own environment
-        from .yolo import check_task, export_yolo
+        from ..detection.yolo import check_task, export_yolo
 
         check_task(weights, task)
         return ExportResult(*export_yolo(weights, entry, repo, options))
@@ -190,13 +192,13 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         metadata |= inputs.activations(served if plan_info is None else work / "model.onnx")
         if spec.served_check is not None:  # what the served steps answer against the framework's own predict
             steps("checking the served answers against the framework's own predict")
-            from .detection import gate_served
+            from ..detection.detr import gate_served
 
             parity["served"] = gate_served(spec.served_check(served, source.ckpt.path, inputs), options.precision,
                                            options.allow_drift)
         models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
-            from .tensorrt import serve_plan
+            from ..tensorrt.plan import serve_plan
 
             serve_plan(models, entry, served, inputs.plan_inputs(), parity, plan_info)
         written = repository.commit(repo, models, work, options.force)
@@ -206,7 +208,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
 
 def _check_options(options: EncoderOptions, entry: EntryOptions) -> None:
     """Refuse what cannot be built before any work."""
-    from . import variants
+    from .. import variants
 
     if options.precision not in variants.PRECISIONS:
         raise ExportError(f"unknown precision {options.precision!r}; valid: {', '.join(variants.PRECISIONS)}")
@@ -232,7 +234,7 @@ def _resolve(path: Path, task: str, entry: EntryOptions, repo: Path, options: En
              scratch: contextlib.ExitStack) -> _Source:
     """Which checkpoint is exported: a LoRA adapter on its base, a ZeRO checkpoint converted (into a scratch
     folder that lives as long as `scratch`), or the folder itself."""
-    from .encoder_adapters import is_adapter, resolve_adapter
+    from .adapters import is_adapter, resolve_adapter
 
     if is_adapter(path):
         adapter = resolve_adapter(path, task, options.base)
@@ -270,7 +272,7 @@ def _convert_zero(path: Path, task: str, options: EncoderOptions, work: Path) ->
 
 def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
     """(the model to export, the reference it is checked against, its sample inputs, the task's spec)."""
-    from .tasks import spec_for
+    from .task_specs import spec_for
 
     ckpt, adapter = source.ckpt, source.adapter
     spec = spec_for(ckpt, aggregation=options.aggregation)
@@ -294,7 +296,7 @@ def _export_variants(model, reference, inputs, spec, source: _Source, options: E
     PyTorch: (the served file, the reports by variant, the plan's figures or None)."""
     import torch
 
-    from . import variants
+    from .. import variants
 
     served = work / "model.onnx"
     steps("exporting ONNX (%s; outputs %s)", inputs.describe(), ", ".join(spec.outputs))
@@ -332,8 +334,8 @@ class _Check:
     steps: Steps
 
     def __call__(self, path: Path, what: str, *, lossy: bool) -> dict:
-        from . import variants
-        from .tensorrt import session
+        from .. import variants
+        from ..tensorrt.plan import session
 
         self.steps("validating %s against PyTorch on %d %s", what, len(self.inputs.samples), self.inputs.what)
         report = _validate(self.reference, session(path), self.cases, self.options.atol, self.outputs)
@@ -372,7 +374,7 @@ def _record(source: _Source, options: EncoderOptions, entry: EntryOptions, repor
 
 def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, precision: str,
                 trt: TensorRTOptions) -> dict:
-    from .tensorrt import Profile, build_plan
+    from ..tensorrt.plan import Profile, build_plan
 
     text = isinstance(inputs, TextInputs)
     try:

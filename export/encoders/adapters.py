@@ -17,12 +17,12 @@ from pathlib import Path
 
 from core import lora
 
-from .checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
+from ..checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
                          check_task, find_weights, is_adapter, label_names, read_json)
 from core import tasks as registry
 
-from .exceptions import ExportError
-from .llm import AdapterInfo, base_folder, raise_misfit, read_lora
+from ..exceptions import ExportError
+from ..llm.llm import AdapterInfo, base_folder, raise_misfit, read_lora
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def load_models(adapter: EncoderAdapter, auto_class):
             resized = len(ckpt.config["id2label"]) != config.num_labels
             config.id2label = {int(i): l for i, l in ckpt.config["id2label"].items()}
             config.label2id = dict(ckpt.config["label2id"])
-        # Eager attention, as export/encoder.py loads checkpoints. A head resized to the adapter's
+        # Eager attention, as export/encoders/encoder.py loads checkpoints. A head resized to the adapter's
         # label count is initialised randomly here and replaced by the adapter's saved head.
         base = auto_class.from_pretrained(adapter.base_path, config=config, dtype="float32",
                                           attn_implementation="eager", ignore_mismatched_sizes=resized).eval()

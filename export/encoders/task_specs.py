@@ -1,4 +1,4 @@
-"""What each encoder task adds to the common export pipeline (export/encoder.py): how the PyTorch model
+"""What each encoder task adds to the common export pipeline (export/encoders/encoder.py): how the PyTorch model
 is wrapped before export, the graph's outputs, the Triton models after it, and task metadata.
 
 feature-extraction reads the sentence-transformers layout (`modules.json`, `1_Pooling/config.json`,
@@ -15,11 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import Checkpoint, read_json
-from .triton_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
-from .exceptions import ExportError
-from .detection import DETR_FAMILY, NOT_YET, detections_parity, detector, query_count, top_k
-from .triton_entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
+from ..checkpoint import Checkpoint, read_json
+from ..triton.python_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
+from ..exceptions import ExportError
+from ..detection.detr import DETR_FAMILY, NOT_YET, detections_parity, detector, query_count, top_k
+from ..triton.entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
                            image_classification_entry, token_classification_entry)
 
 from core.contract import DETECTION_DEFAULTS
@@ -46,7 +46,7 @@ _UNSUPPORTED_MODULES = ("Dense", "LayerNorm", "WordWeights", "CNN", "LSTM", "Wei
 class TaskSpec:
     outputs: tuple[str, ...]
     wrap: Callable  # (transformers model, Checkpoint) -> torch module whose outputs are `outputs`
-    entry: Callable  # triton_entry builder, task-specific arguments already bound
+    entry: Callable  # an export/triton/entry.py builder, task-specific arguments already bound
     max_length: int | None = None  # the checkpoint's own truncation length, if it records one
     metadata: dict = field(default_factory=dict)
     # (served model file, checkpoint folder, inputs) -> {"passed", "detail", ...}: the served steps' answers held

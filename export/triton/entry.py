@@ -15,7 +15,7 @@ from pathlib import Path
 from core import contract
 from core.entry_metadata import entry_metadata_json
 
-from .triton_config import (
+from .model_config import (
     DynamicBatching,
     EnsembleStep,
     InstanceGroup,
@@ -24,7 +24,7 @@ from .triton_config import (
     check_model_name,
 )
 
-PYTHON_MODELS = Path(__file__).parent / "triton_models"
+PYTHON_MODELS = Path(__file__).parent / "python_models"
 TARGETS = ("cpu", "gpu")
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import read_json
-from .exceptions import ExportError
+from ..checkpoint import read_json
+from ..exceptions import ExportError
 
 log = logging.getLogger(__name__)
 

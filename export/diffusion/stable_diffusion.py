@@ -24,10 +24,10 @@ from core import contract, lora
 from core.entry_metadata import entry_metadata_json
 from core.weights import WeightsIndexError, safetensors_files
 
-from . import repository
-from .exceptions import ExportError
-from .triton_config import InstanceGroup, ModelConfig, TensorSpec
-from .triton_entry import PYTHON_MODELS, EntryOptions, ModelDir
+from ..triton import repository
+from ..exceptions import ExportError
+from ..triton.model_config import InstanceGroup, ModelConfig, TensorSpec
+from ..triton.entry import PYTHON_MODELS, EntryOptions, ModelDir
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def check_compiled_unet(pipeline: Path, lora_path: Path | None, defaults: Diffus
     import torch
     from diffusers import DiffusionPipeline
 
-    from .exceptions import ParityError
+    from ..exceptions import ParityError
 
     pipe = DiffusionPipeline.from_pretrained(pipeline, torch_dtype=torch.float32, safety_checker=None)
     if lora_path is not None:

@@ -20,10 +20,10 @@ import numpy as np
 
 from core import contract
 
-from .exceptions import ExportError
-from .triton_config import TensorSpec
-from .triton_entry import EntryOptions, ModelDir, gpu_model_config
-from .variants import PRECISIONS
+from ..exceptions import ExportError
+from ..triton.model_config import TensorSpec
+from ..triton.entry import EntryOptions, ModelDir, gpu_model_config
+from ..variants import PRECISIONS
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .exceptions import ExportError
+from ..exceptions import ExportError
 
 # The DETR-family detectors (relative cx cy w h boxes, one per query), by how transformers reads their logits: with a
 # trailing no-object class (DETR: softmax), or a sigmoid per class, the best `top_k` (query, class) pairs taken
@@ -133,9 +133,9 @@ def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
     code) against transformers' object-detection pipeline on the sample images."""
     import json
 
-    from .tensorrt import session as served_session
-    from .triton_models.detection_postprocess.detections import detr_detections, top_k_detections
-    from .triton_models.image_preprocess.imaging import decode
+    from ..tensorrt.plan import session as served_session
+    from ..triton.python_models.detection_postprocess.detections import detr_detections, top_k_detections
+    from ..triton.python_models.image_preprocess.imaging import decode
 
     k = top_k(json.loads((checkpoint / "config.json").read_text()))
     session = served_session(model_path)

@@ -1,8 +1,8 @@
 """The parity reference of a ZeRO conversion: the trainer's own model, DeepSpeed's engine, loaded from the
 original ZeRO checkpoint at the world size that wrote it, run on the sample prompts.
 
-Started by export/zero.py as
-`torchrun --nproc-per-node W -m export.zero_reference CKPT TAG CONFIG IDS OUT AUTO_CLASS STAGE`
+Started by export/trainers/zero.py as
+`torchrun --nproc-per-node W -m export.trainers.zero_reference CKPT TAG CONFIG IDS OUT AUTO_CLASS STAGE`
 (gloo on CPU); rank 0 writes the first output (logits, or the last hidden state of a bare encoder) of every
 input to OUT (.npz).
 """

@@ -1,7 +1,7 @@
 """What the trainers write, recognised: LLaMA-Factory runs (training_args.yaml), Hugging Face Trainer
 `checkpoint-N/` folders (trainer_state.json), DeepSpeed ZeRO shards and Megatron checkpoints.
 
-`describe` reads what a run records about itself (for rtxserve.json and the checks in llm.py);
+`describe` reads what a run records about itself (for rtxserve.json and the checks in export/llm/);
 `layout` says which converter, if any, a folder needs before it is a Hugging Face model.
 """
 
@@ -11,8 +11,8 @@ import json
 import re
 from pathlib import Path
 
-from .checkpoint import find_weights, is_adapter
-from .exceptions import ExportError
+from ..checkpoint import find_weights, is_adapter
+from ..exceptions import ExportError
 from .megatron import is_megatron
 from .zero import is_zero
 

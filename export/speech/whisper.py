@@ -27,11 +27,11 @@ from core import lora
 from core.contract import AUDIO_SUFFIXES
 from core.tasks import SPEECH_RECOGNITION
 
-from .checkpoint import read_json
-from .exceptions import ExportError
-from .llm import _copy, _package, _side_files, _weight_files, _write_metadata, base_folder, read_lora
-from .parity import ParityReport
-from .progress import Steps
+from ..checkpoint import read_json
+from ..exceptions import ExportError
+from ..llm.llm import _copy, _package, _side_files, _weight_files, _write_metadata, base_folder, read_lora
+from ..parity import ParityReport
+from ..progress import Steps
 
 log = logging.getLogger(__name__)
 

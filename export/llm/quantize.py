@@ -1,7 +1,7 @@
 """`rtxserve export llm CHECKPOINT --quantize SCHEME`: a quantised package vLLM loads as it is, made by llm-compressor
 (vLLM's own project's tool) and measured against the unquantised model before anything is written.
 
-Schemes (llm-compressor's recipes, export/llmcompressor_runner.py): `w4a16` (GPTQ, int4 weights, a scale per group
+Schemes (llm-compressor's recipes, export/llm/llmcompressor_runner.py): `w4a16` (GPTQ, int4 weights, a scale per group
 of 128), `w8a8-int8` (SmoothQuant then GPTQ: int8 weights per channel, int8 activations per token), `w8a8-fp8`
 (fp8 weights per channel, fp8 activations per token at run time; no calibration). The checkpoint is first made a
 full-precision Hugging Face folder the way `export llm` makes one (a LoRA merged into its base, a ZeRO or Megatron
@@ -24,10 +24,10 @@ from pathlib import Path
 
 from core.envs import LLMCOMPRESSOR
 
-from .exceptions import ExportError
+from ..exceptions import ExportError
 from .llmcompressor_runner import CALIBRATED, SCHEMES
-from .progress import Steps
-from .tool_env import run_tool, tool_python
+from ..progress import Steps
+from ..tool_env import run_tool, tool_python
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,10 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
     """`export_llm` with `options.quantize`: the full-precision model (as export_llm makes it), quantised."""
     from transformers import AutoTokenizer
 
-    from . import trainers
-    from .checkpoint import read_json
+    from ..trainers import runs
+    from ..checkpoint import read_json
     from .llm import LLMExport, _add_chat_template, _package, _write_metadata, export_llm, inspect_llm
-    from .repository import work_dir
+    from ..triton.repository import work_dir
 
     scheme = options.quantize
     if scheme not in SCHEMES:
@@ -182,7 +182,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
     for path, what in ((options.calibration, "--calibration file"), (options.eval_file, "--eval file")):
         if path is not None:
             _jsonl(Path(path), what)  # before any work: it exists, holds records, each a JSON object
-    layout = trainers.layout(source)
+    layout = runs.layout(source)
     if layout == "hf":  # what the checkpoint is, before the tool's environment is even looked for
         found = already_quantized(read_json(source / "config.json", "checkpoint"))
         if found:

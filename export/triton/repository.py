@@ -14,8 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from .exceptions import ExportError
-from .triton_entry import ModelDir
+from ..exceptions import ExportError
+from .entry import ModelDir
 
 log = logging.getLogger(__name__)
 
