@@ -14,6 +14,7 @@ A folder per family of models, the pieces they share at the top:
     tensorrt/     ONNX -> TensorRT plan and its tensorrt_plan model (GPU machines)
 
 Shared: cli.py (`rtxserve export`), exceptions.py, checkpoint.py (a checkpoint folder and its files),
-onnx_export.py, variants.py (fused / int8 / fp16 graphs), parity.py, activations.py,
-vision.py (image processors and sample images), tool_env.py (steps run in a tool's own environment), progress.py.
+lora_adapter.py (a PEFT LoRA adapter folder and its base), onnx_export.py, variants.py (fused / int8 / fp16 graphs),
+parity.py, activations.py, vision.py (image processors and sample images), tool_env.py (steps run in a tool's own
+environment), progress.py.
 """

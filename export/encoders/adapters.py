@@ -22,7 +22,7 @@ from ..checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_F
 from core import tasks as registry
 
 from ..exceptions import ExportError
-from ..llm.llm import AdapterInfo, base_folder, raise_misfit, read_lora
+from ..lora_adapter import AdapterInfo, base_folder, raise_misfit, read_lora
 
 log = logging.getLogger(__name__)
 

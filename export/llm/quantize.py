@@ -24,10 +24,17 @@ from pathlib import Path
 
 from core.envs import LLMCOMPRESSOR
 
+from ..checkpoint import read_json
 from ..exceptions import ExportError
-from .llmcompressor_runner import CALIBRATED, SCHEMES
 from ..progress import Steps
 from ..tool_env import run_tool, tool_python
+from ..trainers import runs
+from ..triton.repository import work_dir
+from .checks import inspect_llm
+from .full_precision import export_full_precision
+from .llmcompressor_runner import CALIBRATED, SCHEMES
+from .options import LLMOptions
+from .package import LLMExport, add_chat_template, package_folder, write_metadata
 
 log = logging.getLogger(__name__)
 
@@ -164,14 +171,9 @@ def already_quantized(config: dict) -> str | None:
     return str(found.get("quant_method") or found.get("format") or "unnamed") if isinstance(found, dict) else None
 
 
-def export_quantized(source: Path, out: Path, options) -> "LLMExport":
+def export_quantized(source: Path, out: Path, options: LLMOptions) -> LLMExport:
     """`export_llm` with `options.quantize`: the full-precision model (as export_llm makes it), quantised."""
     from transformers import AutoTokenizer
-
-    from ..trainers import runs
-    from ..checkpoint import read_json
-    from .llm import LLMExport, _add_chat_template, _package, _write_metadata, export_llm, inspect_llm
-    from ..triton.repository import work_dir
 
     scheme = options.quantize
     if scheme not in SCHEMES:
@@ -198,8 +200,8 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
         upstream: dict = {}
         if layout != "hf":  # a LoRA merged, a trainer's checkpoint converted: each with its own parity
             steps("making a full-precision model of %s first (%s)", source, layout)
-            made = export_llm(source, work / "full", replace(options, quantize=None, merge=layout == "adapter",
-                                                            force=True, name=None))
+            made = export_full_precision(source, work / "full", replace(options, quantize=None, merge=layout == "adapter",
+                                                                         force=True, name=None))
             model, upstream = made.out, {k: v for k, v in made.metadata.items() if k != "parity"}
         tokenizer = AutoTokenizer.from_pretrained(model)
         if options.chat_template is not None:  # the package's template renders its calibration data too
@@ -208,12 +210,12 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
                                 scheme in CALIBRATED)
         steps("quantising %s to %s with llm-compressor (calibration: %s); measuring it on %d held-out texts",
               model, scheme, data.source, len(data.eval))
-        with _package(out) as pkg:
+        with package_folder(out) as pkg:
             result = _run(python, {"model": str(model), "out": str(pkg), "scheme": scheme, "calibration": data.texts,
                                    "max_seq_length": options.max_seq_length, "eval": data.eval,
                                    "prompts": [_render(tokenizer, p, "built-in prompt") for p in GREEDY_PROMPTS],
                                    "max_new_tokens": 16}, work)
-            _add_chat_template(pkg, options.chat_template)
+            add_chat_template(pkg, options.chat_template)
             accuracy = result["accuracy"]
             increase = accuracy["perplexity_increase"]
             passed = increase <= options.max_ppl_increase
@@ -240,7 +242,7 @@ def export_quantized(source: Path, out: Path, options) -> "LLMExport":
                         "perplexity_increase": increase, "top1_agreement": accuracy["top1_agreement"],
                         "mean_kl": accuracy["mean_kl"], "parity_passed": passed, "quantized_with": result["versions"],
                         "seconds_quantizing": result["seconds"], "command": options.command}
-            _write_metadata(pkg, metadata)
+            write_metadata(pkg, metadata)
     name = options.name or out.name
     return LLMExport("quantized", out, metadata | {"accuracy": figures},
                      f"rtxserve serve vllm {out} --served-model-name {name}", steps.seconds)

@@ -29,7 +29,8 @@ from core.tasks import SPEECH_RECOGNITION
 
 from ..checkpoint import read_json
 from ..exceptions import ExportError
-from ..llm.llm import _copy, _package, _side_files, _weight_files, _write_metadata, base_folder, read_lora
+from ..llm.package import copy_files, package_folder, side_files, weight_files, write_metadata
+from ..lora_adapter import base_folder, read_lora
 from ..parity import ParityReport
 from ..progress import Steps
 
@@ -61,7 +62,7 @@ def inspect_whisper(path: Path) -> dict:
     if ARCHITECTURE not in architectures:
         raise ExportError(f"{path / 'config.json'} names architectures {', '.join(map(str, architectures)) or '(none)'}; "
                           f"a speech export needs {ARCHITECTURE}")
-    weights = _weight_files(path)
+    weights = weight_files(path)
     features = _feature_extractor(path)
     if features.get("feature_extractor_type") != "WhisperFeatureExtractor":
         raise ExportError(f"the processor in {path} has a {features.get('feature_extractor_type')}, "
@@ -144,7 +145,7 @@ def merge_lora(adapter_dir: Path, base: Path | None, into: Path, samples: list[P
     steps("checking the adapter %s against its Whisper base %s", adapter.path, base)
     inspect_whisper(base)
     try:
-        lora.check_fit(adapter.path, adapter.config, adapter.shapes, base, lora.tensor_shapes(_weight_files(base)),
+        lora.check_fit(adapter.path, adapter.config, adapter.shapes, base, lora.tensor_shapes(weight_files(base)),
                        read_json(base / "config.json", "checkpoint"), for_vllm=False)
     except lora.AdapterFitError as exc:
         raise ExportError(f"{exc} (--base)") from None
@@ -168,7 +169,7 @@ def merge_lora(adapter_dir: Path, base: Path | None, into: Path, samples: list[P
     steps("merging (merge_and_unload); comparing the reloaded model's logits with base + adapter on %d input(s)",
           len(audio))
     model.merge_and_unload().save_pretrained(into, safe_serialization=True)
-    _copy([f for f in _side_files(base) if not (into / f.name).exists()], into)
+    copy_files([f for f in side_files(base) if not (into / f.name).exists()], into)
     report = ParityReport(atol=atol)
     report.add({"logits": reference}, {"logits": logits(WhisperForConditionalGeneration.from_pretrained(into).eval())})
     report.notes.append(f"the adapter itself moves the base's logits by up to {effect:.3g} (max abs)")
@@ -194,14 +195,14 @@ def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | N
             if Path(sample_audio).is_dir() else []
         if not files:
             raise ExportError(f"{sample_audio} holds no {' / '.join(AUDIO_SUFFIXES)} files")
-    with _package(out) as pkg:
+    with package_folder(out) as pkg:
         merged = merge_lora(source, base, pkg, files, steps=steps) if is_adapter else None
         model = pkg if merged else source
         steps("checking the Whisper in %s", model)
         facts = inspect_whisper(model)
         steps("packaging %d weight file(s), the processor and the tokenizer into %s", len(facts["weights"]), out)
         if not merged:
-            _copy([*facts["weights"], source / "config.json", *_side_files(source)], pkg)
+            copy_files([*facts["weights"], source / "config.json", *side_files(source)], pkg)
         parity = {"merge": merged.pop("parity")} if merged else {}
         if files:
             steps("transcribing %d sample file(s) with transformers' pipeline (greedy), the served model's reference",
@@ -213,7 +214,7 @@ def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | N
         metadata = {"kind": "speech", "task": SPEECH_RECOGNITION, "source": str(source.resolve()),
                     **({"merged": merged} if merged else {}), **{k: v for k, v in facts.items() if k != "weights"},
                     "command": command}
-        _write_metadata(pkg, metadata)
+        write_metadata(pkg, metadata)
     served = name or out.name
     serve_command = f"rtxserve serve vllm {out} --served-model-name {served}"
     steps("done: %s", out)
