@@ -1,12 +1,13 @@
-"""What an object-detection export adds: the DETR-family model wrapped for its graph, and the check that the
-served steps answer as transformers' `pipeline("object-detection")` does (recorded as `served` in parity.json).
+"""What a DETR-family object-detection export adds to the encoder pipeline: the model wrapped for its graph, how its
+logits are read, and the check that the served steps answer as transformers' `pipeline("object-detection")` does
+(recorded as `served` in parity.json).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..exceptions import ExportError
+from .served import compare_detections
 
 # The DETR-family detectors (relative cx cy w h boxes, one per query), by how transformers reads their logits: with a
 # trailing no-object class (DETR: softmax), or a sigmoid per class, the best `top_k` (query, class) pairs taken
@@ -46,9 +47,9 @@ def detector(model):
     return Detector(model)
 
 
-# Where the served detections must agree with transformers' pipeline (the issue's bar): same class, score within
-# 1e-3, box IoU at least 0.99. At a threshold low enough that a briefly trained model finds something.
-PARITY_THRESHOLD, SCORE_ATOL, MIN_IOU = 0.3, 1e-3, 0.99
+# The score threshold at which the served detections are held to transformers' pipeline's (served.py): low enough that
+# a briefly trained model finds something.
+PARITY_THRESHOLD = 0.3
 
 
 def pipeline_detections(checkpoint: Path, images: list[bytes], threshold: float) -> list[list[tuple]]:
@@ -80,54 +81,6 @@ def pipeline_detections(checkpoint: Path, images: list[bytes], threshold: float)
     return found
 
 
-def compare_detections(served: list, reference: list[list[tuple]], threshold: float | None = None) -> dict:
-    """Served detections (per image, rows of x1, y1, x2, y2, score, class id) against the framework's: each reference
-    detection paired with a served one of its class whose score is within SCORE_ATOL, the one of highest box IoU
-    (pairs are found this way rather than by rank: scores that tie to the last bit, as a saturated model's 1.0s do,
-    may come in either order), each pair's IoU >= MIN_IOU, and none left over. With `threshold`, the conf both sides
-    were cut at, a detection scoring within SCORE_ATOL of it may be on one side only: the engines' last bits decide
-    which side of the cut it falls on."""
-    near_cut = lambda score: threshold is not None and score < threshold + SCORE_ATOL  # noqa: E731
-    worst_iou, worst_score, count, detail = 1.0, 0.0, 0, ""
-    for i, (got, want) in enumerate(zip(served, reference)):
-        free = [[float(v) for v in row] for row in got]
-        for score, label, box in want:
-            candidates = [row for row in free if int(row[5]) == label and abs(row[4] - score) <= SCORE_ATOL]
-            if not candidates:
-                if not near_cut(score):
-                    near = min(free, key=lambda row: abs(row[4] - score), default=None)
-                    if near is not None:
-                        worst_score = max(worst_score, abs(near[4] - score))
-                    detail = detail or (f"image {i}: no served detection of class {label} scores within {SCORE_ATOL} "
-                                        f"of {score:.6f}" + (f" (nearest: class {int(near[5])}, {near[4]:.6f})"
-                                                             if near is not None else " (none served)"))
-                continue
-            count += 1
-            best = max(candidates, key=lambda row: _iou(box, row[:4]))
-            free.remove(best)
-            worst_score = max(worst_score, abs(best[4] - score))
-            worst_iou = min(worst_iou, _iou(box, best[:4]))
-        extra = [row for row in free if not near_cut(row[4])]
-        if extra:
-            detail = detail or (f"image {i}: {len(extra)} served detection(s) the framework does not have (the best "
-                                f"class {int(extra[0][5])}, {extra[0][4]:.6f})")
-    passed = not detail and worst_iou >= MIN_IOU and worst_score <= SCORE_ATOL
-    if not detail and not passed:
-        detail = f"worst box IoU {worst_iou:.4f} (needs >= {MIN_IOU}), worst score diff {worst_score:.2g} (<= {SCORE_ATOL})"
-    return {"passed": passed, "detail": detail or "matched", "images": len(reference), "detections": count,
-            "min_box_iou": round(worst_iou, 6), "max_score_diff": worst_score}
-
-
-def gate_served(served: dict, precision: str, allow_drift: bool) -> dict:
-    """The served-answers check as a gate: an fp32 export whose answers differ from the framework's fails (unless
-    drift is allowed); a lossy variant is gated on min cosine instead, and these figures record what it costs."""
-    if precision != "fp32":
-        served["gate"] = f"none for {precision} (recorded; the variant is gated on min cosine)"
-    elif not served["passed"] and not allow_drift:
-        raise ExportError(f"the served answers differ from {served['reference']}: {served['detail']}")
-    return served
-
-
 def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
     """The served steps (the pre-processing, the graph in ONNX Runtime or the TensorRT plan, the postprocess step's
     code) against transformers' object-detection pipeline on the sample images."""
@@ -148,9 +101,3 @@ def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
     return {**compare_detections(served, pipeline_detections(checkpoint, inputs.samples, PARITY_THRESHOLD),
                                  PARITY_THRESHOLD),
             "reference": "transformers pipeline('object-detection')", "threshold": PARITY_THRESHOLD}
-
-
-def _iou(a, b) -> float:
-    inter = max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return float(inter / union) if union > 0 else float(list(a) == list(b))

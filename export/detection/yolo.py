@@ -25,7 +25,7 @@ from core.tasks import OBJECT_DETECTION
 from ..triton import repository
 from .. import variants
 from ..activations import graph_activations
-from .detr import compare_detections, gate_served
+from .served import compare_detections, gate_served
 from ..exceptions import ExportError
 from ..parity import ParityReport
 from ..progress import Steps
@@ -326,7 +326,7 @@ def _plan_batches(batch: str | None, entry: EntryOptions) -> tuple[int, int, int
 def calibration_feeds(images: list[np.ndarray], imgsz: int, batch: int) -> list[dict[str, np.ndarray]]:
     """INT8 calibration batches of one shape (TensorRT calibrates at one): each image letterboxed to the whole imgsz
     square, the incomplete last batch dropped, as Ultralytics' own INT8 engine export feeds its calibrator."""
-    from ..encoders.inputs import full_batches
+    from ..tensorrt.plan import full_batches
 
     return [{"images": np.stack([imaging.letterbox(image, imgsz, imgsz) for image in chunk])}
             for chunk in full_batches(images, batch)]

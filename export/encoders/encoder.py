@@ -192,7 +192,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         metadata |= inputs.activations(served if plan_info is None else work / "model.onnx")
         if spec.served_check is not None:  # what the served steps answer against the framework's own predict
             steps("checking the served answers against the framework's own predict")
-            from ..detection.detr import gate_served
+            from ..detection.served import gate_served
 
             parity["served"] = gate_served(spec.served_check(served, source.ckpt.path, inputs), options.precision,
                                            options.allow_drift)

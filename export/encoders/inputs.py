@@ -14,6 +14,7 @@ import numpy as np
 
 from ..checkpoint import Checkpoint
 from ..exceptions import ExportError
+from ..tensorrt.plan import full_batches
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,6 @@ def _max_length(tokenizer, config: dict, requested: int | None) -> int:
     if not 1 <= requested <= limit:
         raise ExportError(f"--max-length {requested} is outside 1..{limit} (the model's position limit)")
     return requested
-
-
-def full_batches(items: list, batch: int) -> list[list]:
-    """`items` in batches of min(batch, len(items)), the incomplete tail dropped (calibration needs one shape)."""
-    size = min(batch, len(items))
-    return [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
 
 
 class TextInputs:

@@ -203,6 +203,13 @@ def _progress_monitor(trt):
     return Monitor()
 
 
+def full_batches(items: list, batch: int) -> list[list]:
+    """`items` in batches of min(batch, len(items)), the incomplete tail dropped: TensorRT calibrates at one shape
+    (the text, image and YOLO calibration batches are cut with it)."""
+    size = min(batch, len(items))
+    return [items[i:i + size] for i in range(0, len(items) - size + 1, size)]
+
+
 def _calibrator(trt, feeds: list[dict[str, np.ndarray]], dtypes: dict[str, type], cache: Path | None):
     """Entropy calibrator that copies each feed to the GPU (torch CUDA tensors) when TensorRT asks for it."""
     import torch

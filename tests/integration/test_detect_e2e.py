@@ -10,7 +10,8 @@ import json
 import httpx
 import pytest
 
-from export.detection.detr import PARITY_THRESHOLD, compare_detections, pipeline_detections
+from export.detection.detr import PARITY_THRESHOLD, pipeline_detections
+from export.detection.served import compare_detections
 from export.vision import sample_images
 from fixture_models.detection import probe_images
 

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from export.detection.detr import SCORE_ATOL, compare_detections
+from export.detection.served import SCORE_ATOL, compare_detections
 from export.triton.python_models.image_preprocess import imaging
 from export.vision import sample_images
 from export.detection.yolo import PREDICT_DEFAULTS, run_ultralytics

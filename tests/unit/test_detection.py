@@ -207,7 +207,7 @@ def test_the_triton_client_sends_each_image_with_its_options_and_drops_padding_r
 
 
 def test_detections_are_paired_by_class_score_and_box_not_by_rank():
-    from export.detection.detr import compare_detections
+    from export.detection.served import compare_detections
 
     reference = [[(1.0, 0, [0, 0, 10, 10]), (1.0, 0, [20, 20, 30, 30]), (0.5, 1, [5, 5, 15, 15])]]
     tied_swapped = [[[20, 20, 30, 30, 1.0, 0], [0, 0, 10, 10, 1.0, 0], [5, 5, 15, 15, 0.5, 1]]]
@@ -226,7 +226,7 @@ def test_detections_are_paired_by_class_score_and_box_not_by_rank():
 def test_a_detection_at_the_cut_may_be_on_one_side_only():
     """Scored within SCORE_ATOL of the conf both sides were cut at, a detection may fall on either side of it in two
     engines; anything further from the cut must be on both."""
-    from export.detection.detr import SCORE_ATOL, compare_detections
+    from export.detection.served import SCORE_ATOL, compare_detections
 
     box = [0, 0, 10, 10]
     reference = [[(0.9, 0, box), (0.3 + SCORE_ATOL / 2, 1, [20, 20, 30, 30])]]
@@ -242,7 +242,7 @@ def test_a_detection_at_the_cut_may_be_on_one_side_only():
 
 
 def test_the_served_check_gates_fp32_and_records_a_lossy_variant():
-    from export.detection.detr import gate_served
+    from export.detection.served import gate_served
     from export.exceptions import ExportError
 
     def differing():
