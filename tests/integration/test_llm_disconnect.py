@@ -65,7 +65,7 @@ def test_client_disconnect_aborts_the_generation_in_vllm(small_llm):
     # vLLM publishes its metrics about once a second, later on a loaded box: the baseline once two reads agree.
     before = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total"))
     completed = _settled(lambda: _completed(vllm_url))
-    assert completed == 1  # the run above: the counter does see finished requests
+    assert completed >= 1  # the run above (and the gateway's canary): the counter does see finished requests
     chunks = 0
     body["stream"] = True
     with httpx.Client(timeout=30) as client, client.stream("POST", f"{gateway}/v1/chat/completions", json=body) as response:
@@ -77,8 +77,7 @@ def test_client_disconnect_aborts_the_generation_in_vllm(small_llm):
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and _metric(vllm_url, "vllm:num_requests_running") > 0:
         time.sleep(0.05)
-    time.sleep(1.5)
-    generated = _metric(vllm_url, "vllm:generation_tokens_total") - before
     assert _metric(vllm_url, "vllm:num_requests_running") == 0
-    assert _completed(vllm_url) == completed, "the abandoned generation ran to its end"
+    generated = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total")) - before
+    assert _settled(lambda: _completed(vllm_url)) == completed, "the abandoned generation ran to its end"
     assert 1 <= generated < 480, f"vLLM generated {generated:g} of 480 tokens for a client that left after 2"

@@ -3,6 +3,7 @@ every gateway test applies."""
 
 import asyncio
 import json
+import threading
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -25,7 +26,8 @@ def vector(text: str) -> np.ndarray:
 
 
 class FakeTriton(Backend):
-    """Serves `models`; records the texts of each call; `up` and `fail_with` simulate outages."""
+    """Serves `models`; records the texts of each call answered (`calls`) and of each call failed (`failed`); `up` and
+    `fail_with` simulate outages."""
 
     kind = "triton"
 
@@ -34,6 +36,7 @@ class FakeTriton(Backend):
         self.models = list(models)
         self.up = True
         self.calls: list[list[str]] = []
+        self.failed: list[list[str]] = []
         self.fail_with: Exception | None = None
 
     async def discover(self):
@@ -43,6 +46,7 @@ class FakeTriton(Backend):
 
     def _record(self, texts):
         if self.fail_with:
+            self.failed.append(texts)
             raise self.fail_with
         self.calls.append(texts)
 
@@ -64,6 +68,27 @@ class FakeTriton(Backend):
         self._record(texts)
         self.aggregations = [*getattr(self, "aggregations", []), aggregation]
         return [Tagging(capitalised(t), len(t) > 40, len(t.split()) + 2) for t in texts]
+
+
+class GatedTriton(FakeTriton):
+    """Holds each classify call while `gate` is closed (`gate.clear()`; open at first, for the start's canaries), so
+    that a test knows which requests hold a slot instead of guessing from how long they take; `holding` counts the
+    calls held now."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.holding = 0
+
+    async def classify(self, model, texts, timeout_s):
+        self.holding += 1
+        try:
+            while not self.gate.is_set():
+                await asyncio.sleep(0.005)
+        finally:
+            self.holding -= 1
+        return await super().classify(model, texts, timeout_s)
 
 
 class SlowTriton(FakeTriton):

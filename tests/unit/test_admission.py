@@ -9,15 +9,15 @@ from fastapi.testclient import TestClient
 from serve.gateway.app import create_app
 from serve.gateway.settings import GatewaySettings
 
-from .fakes import SlowTriton, error_of
-
+from .fakes import GatedTriton, error_of
 
 
 @pytest.fixture
 def busy():
-    settings = GatewaySettings(max_concurrency=2, max_queue=1, queue_timeout_s=5, health_interval_s=60)
-    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as c:
-        yield c
+    backend = GatedTriton()
+    settings = GatewaySettings(max_concurrency=2, max_queue=1, queue_timeout_s=30, health_interval_s=60)
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as c:
+        yield c, backend
 
 
 def timed_post(client):
@@ -26,45 +26,65 @@ def timed_post(client):
     return r, time.perf_counter() - start
 
 
-def test_past_the_slots_and_the_queue_requests_are_shed_fast(busy):
-    with ThreadPoolExecutor(5) as pool:
-        results = list(pool.map(lambda _: timed_post(busy), range(5)))
-        live = busy.get("/healthz")  # probes are not admitted, so never queued
-    codes = sorted(r.status_code for r, _ in results)
-    assert codes == [200, 200, 200, 503, 503]
-    for r, seconds in results:
-        if r.status_code == 503:
-            assert error_of(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"
-            assert seconds < 0.3  # shed at once, not after waiting
+def send_held(client, backend: GatedTriton, count: int, answered_while_held: int, holding: int):
+    """`count` classify requests at once with the backend's gate closed; returns (the futures, the answers given
+    while `holding` of them hold the backend, `answered_while_held` of them), then opens the gate. Which requests
+    hold a slot is known, not guessed from how long they take."""
+    backend.gate.clear()
+    pool = ThreadPoolExecutor(count)
+    futures = [pool.submit(timed_post, client) for _ in range(count)]
+    deadline = time.monotonic() + 30
+    while sum(f.done() for f in futures) < answered_while_held or backend.holding < holding:
+        assert time.monotonic() < deadline, (backend.holding, [f.done() for f in futures])
+        time.sleep(0.01)
+    early = [f.result() for f in futures if f.done()]
+    assert len(early) == answered_while_held and backend.holding == holding  # the rest still wait
+    return pool, futures, early
+
+
+def test_past_the_slots_and_the_queue_requests_are_shed_at_once(busy):
+    client, backend = busy
+    pool, futures, shed = send_held(client, backend, 5, answered_while_held=2, holding=2)  # 2 slots, 1 queued
+    live = client.get("/healthz")  # probes are not admitted, so never queued
+    backend.gate.set()
+    results = [f.result() for f in futures]
+    pool.shutdown()
+    for r, _ in shed:  # shed while the slots were held: not after waiting for one
+        assert r.status_code == 503 and error_of(r, 503)["code"] == "overloaded" and r.headers["retry-after"] == "1"
+    assert sorted(r.status_code for r, _ in results) == [200, 200, 200, 503, 503]
     assert live.status_code == 200
-    metrics = busy.get("/metrics").text
+    metrics = client.get("/metrics").text
     assert 'rtxserve_requests_shed_total{reason="queue full"} 2.0' in metrics
     assert "rtxserve_requests_in_flight 0.0" in metrics and "rtxserve_requests_queued 0.0" in metrics
 
 
 def test_a_queued_request_that_waits_too_long_is_503():
+    backend = GatedTriton()
     settings = GatewaySettings(max_concurrency=1, max_queue=4, queue_timeout_s=0.2, health_interval_s=60)
-    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as client:
-        with ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda _: timed_post(client), range(2)))
-    waited = [(r, s) for r, s in results if r.status_code == 503]
-    assert len(waited) == 1 and 0.15 < waited[0][1] < 0.5
-    assert "queue wait timed out" in error_of(waited[0][0], 503)["message"]
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
+        pool, futures, waited = send_held(client, backend, 2, answered_while_held=1, holding=1)
+        backend.gate.set()
+        served = [f.result() for f in futures if f.result() not in waited]
+        pool.shutdown()
+    ((r, seconds),) = waited  # answered while the slot was still held: it gave up waiting, at its timeout
+    assert r.status_code == 503 and seconds >= settings.queue_timeout_s
+    assert "queue wait timed out" in error_of(r, 503)["message"]
+    assert [r.status_code for r, _ in served] == [200]
 
 
 def test_a_model_limit_sheds_that_model_only():
+    backend = GatedTriton()
     settings = GatewaySettings(model_concurrency={"clf": 1}, max_queue=0, health_interval_s=60)
-    with TestClient(create_app(settings, [SlowTriton(0.6)]), raise_server_exceptions=False) as client:
-        with ThreadPoolExecutor(4) as pool:
-            clf = [pool.submit(timed_post, client) for _ in range(3)]
-            time.sleep(0.1)
-            other = client.post("/v1/embeddings", json={"model": "emb", "input": "good"})  # not limited: answers
-            results = [f.result() for f in clf]
-    assert other.status_code == 200
-    assert sorted(r.status_code for r, _ in results) == [200, 503, 503]
-    for r, seconds in results:
-        if r.status_code == 503:
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
+        pool, futures, shed = send_held(client, backend, 3, answered_while_held=2, holding=1)
+        other = client.post("/v1/embeddings", json={"model": "emb", "input": "good"})  # not limited: answers
+        backend.gate.set()
+        results = [f.result() for f in futures]
+        pool.shutdown()
+        assert other.status_code == 200
+        assert sorted(r.status_code for r, _ in results) == [200, 503, 503]
+        for r, _ in shed:  # while the one slot was held
             assert error_of(r, 503)["message"] == "model 'clf' is at capacity (queue full); retry shortly"
-            assert r.headers["retry-after"] == "1" and seconds < 0.3
-    # the slot came back: the next request is served
-    assert timed_post(client)[0].status_code == 200
+            assert r.headers["retry-after"] == "1"
+        # the slot came back: the next request is served
+        assert timed_post(client)[0].status_code == 200
