@@ -236,7 +236,7 @@ def main(argv: list[str]) -> int:
         return _main_diffusion(args, argv)
     if args.format == "speech":
         return _main_speech(args, argv)
-    from .checkpoint import check_task
+    from .encoders.task_specs import check_task
     from .triton.entry import EntryOptions
 
     try:

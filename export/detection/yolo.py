@@ -22,18 +22,18 @@ import numpy as np
 from core.envs import ULTRALYTICS
 from core.tasks import OBJECT_DETECTION
 
-from ..triton import repository
 from .. import variants
 from ..activations import graph_activations
-from .served import compare_detections, gate_served
 from ..exceptions import ExportError
 from ..parity import ParityReport
 from ..progress import Steps
 from ..tensorrt.plan import Profile
 from ..tool_env import run_tool, tool_python
+from ..triton import repository
 from ..triton.entry import EntryOptions, detection_entry
 from ..triton.python_models.detection_postprocess.detections import yolo_detections, yolo_nms_detections
 from ..triton.python_models.image_preprocess import imaging
+from .served import compare_detections, gate_served
 
 log = logging.getLogger(__name__)
 

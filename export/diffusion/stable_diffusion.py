@@ -24,10 +24,10 @@ from core import contract, lora
 from core.entry_metadata import entry_metadata_json
 from core.weights import WeightsIndexError, safetensors_files
 
-from ..triton import repository
 from ..exceptions import ExportError
-from ..triton.model_config import InstanceGroup, ModelConfig, TensorSpec
+from ..triton import repository
 from ..triton.entry import PYTHON_MODELS, EntryOptions, ModelDir
+from ..triton.model_config import InstanceGroup, ModelConfig, TensorSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,17 +17,14 @@ from pathlib import Path
 
 from core import lora
 
-from ..checkpoint import (IMAGE_PROCESSOR_FILE, TASKS, TOKENIZER_FILES, WEIGHT_FILES, Checkpoint, check_safetensors,
-                         check_task, find_weights, is_adapter, label_names, read_json)
-from core import tasks as registry
-
+from ..checkpoint import (IMAGE_PROCESSOR_FILE, TOKENIZER_FILES, WEIGHT_FILES, check_safetensors, find_weights,
+                          is_adapter, read_json)
 from ..exceptions import ExportError
 from ..lora_adapter import AdapterInfo, base_folder, raise_misfit, read_lora
+from .task_specs import ENCODER_TASKS, Checkpoint, check_task, label_names
 
 log = logging.getLogger(__name__)
 
-# task -> the peft task_type an adapter for it records (an adapter may also record none).
-PEFT_TASK_TYPES = {name: registry.TASKS[name].peft_task_type for name in TASKS}
 # peft saves a modules_to_save copy as `<module>.<param>`; older versions kept the wrapper's path.
 _SAVED_COPY = re.compile(r"\.modules_to_save\.[^.]+\.")
 _PREFIX = "base_model.model."
@@ -41,13 +38,14 @@ class EncoderAdapter:
 
 
 def _check_task_type(adapter: AdapterInfo, task: str) -> None:
-    recorded = adapter.config.get("task_type")
-    if recorded is None or recorded == PEFT_TASK_TYPES.get(task):
+    # the peft task_type an adapter for the task records (an adapter may also record none)
+    recorded, wanted = adapter.config.get("task_type"), ENCODER_TASKS[task].peft_task_type
+    if recorded is None or recorded == wanted:
         return
-    matching = [t for t, tt in PEFT_TASK_TYPES.items() if tt == recorded and t in TASKS]
+    matching = [t.name for t in ENCODER_TASKS.values() if t.peft_task_type == recorded]
     hint = f"; export it with --task {matching[0]}" if matching else ""
     raise ExportError(f"adapter {adapter.path} was trained with task_type {recorded}, which does not fit task {task} "
-                      f"(that needs task_type {PEFT_TASK_TYPES.get(task) or 'none'}){hint}")
+                      f"(that needs task_type {wanted or 'none'}){hint}")
 
 
 def _base_folder(adapter: AdapterInfo, base: str | Path | None) -> Path:
@@ -104,7 +102,7 @@ def _check_fit(adapter: AdapterInfo, base: Path, arch: str, params: dict, layers
 
 def _processor_folder(adapter_dir: Path, base: Path, task: str) -> Path:
     """The folder whose tokenizer (image processor for image tasks) the export uses: the adapter's, else the base's."""
-    image = task.startswith("image-")
+    image = ENCODER_TASKS[task].image
     files = (IMAGE_PROCESSOR_FILE,) if image else TOKENIZER_FILES
     source = next((d for d in (adapter_dir, base) if any((d / f).is_file() for f in files)), None)
     if source is None:
@@ -118,7 +116,7 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
 
     Args:
         path: the folder written by the PeftModel's `save_pretrained` (adapter_config.json + safetensors).
-        task: one of export.checkpoint.TASKS.
+        task: one of ENCODER_TASKS (task_specs.py).
         base: the base model folder; default: the adapter's recorded `base_model_name_or_path`, which
             must then be a local folder.
 
@@ -140,7 +138,7 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
     _check_task_type(adapter, task)
     base_path = _base_folder(adapter, base)
     base_config = read_json(base_path / "config.json", "base checkpoint")
-    auto_name = TASKS[task][1]
+    auto_name = ENCODER_TASKS[task].auto_class
     auto_class = getattr(transformers, auto_name)
     try:
         config = transformers.AutoConfig.from_pretrained(base_path)
@@ -170,7 +168,7 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
                           f"({sorted(counts)})")
     num_labels = counts.pop() if counts else base_labels
     if label_dims and not any(n in head for n in label_dims):
-        suffix = TASKS[task][0]
+        suffix = ENCODER_TASKS[task].arch_suffix
         if not any(isinstance(a, str) and a.endswith(suffix) for a in base_config.get("architectures") or []):
             raise ExportError(f"adapter {adapter.path} saves no {task} head and base {base_path} is not a "
                               f"*{suffix} model, so the head would be random; train the adapter with "

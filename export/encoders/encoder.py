@@ -1,7 +1,8 @@
 """Export a fine-tuned encoder: checkpoint -> validated ONNX -> Triton ensemble entry.
 
 One pipeline for every encoder task; what differs per task (which outputs the graph has, how the
-model is wrapped, which Triton models follow it) is a `TaskSpec` from export/encoders/task_specs.py.
+model is wrapped, which Triton models follow it) is a `TaskSpec`, built by the task's entry in ENCODER_TASKS
+(export/encoders/task_specs.py).
 """
 
 from __future__ import annotations
@@ -16,17 +17,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import onnx_export
-from ..triton import repository
-from ..trainers import zero
 from core.tasks import OBJECT_DETECTION, TEXT_CLASSIFICATION
 
-from ..checkpoint import IMAGE_TASKS, TASKS, Checkpoint, find_weights, inspect_checkpoint
+from .. import onnx_export
+from ..checkpoint import find_weights
 from ..exceptions import ExportError
-from .inputs import SAMPLE_TEXTS, ImageInputs, TextInputs
 from ..parity import ParityReport
 from ..progress import Steps
+from ..trainers import zero
+from ..triton import repository
 from ..triton.entry import EntryOptions
+from .inputs import SAMPLE_TEXTS, ImageInputs, TextInputs
+from .task_specs import ENCODER_TASKS, Checkpoint, inspect_checkpoint
 
 if TYPE_CHECKING:
     from .adapters import EncoderAdapter
@@ -59,7 +61,7 @@ def _load_models(ckpt: Checkpoint, spec, adapter) -> tuple:
     PeftModel."""
     import transformers
 
-    auto_class = getattr(transformers, TASKS[ckpt.task][1])
+    auto_class = getattr(transformers, ENCODER_TASKS[ckpt.task].auto_class)
     if adapter is not None:
         from .adapters import load_models
 
@@ -161,7 +163,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
     `checkpoint` is a folder written by `save_pretrained` (model + tokenizer); a PEFT LoRA adapter folder
     (adapter_config.json), merged into its base before export and validated against the unmerged PeftModel; or a
     DeepSpeed ZeRO checkpoint (a Trainer `checkpoint-N` with `global_stepN/` shards and no weights), consolidated
-    with DeepSpeed and checked against DeepSpeed's engine first. `task` is one of export.checkpoint.TASKS, `entry`
+    with DeepSpeed and checked against DeepSpeed's engine first. `task` is one of ENCODER_TASKS (task_specs.py), `entry`
     the entry's name, target, instances and batching, `repo` the Triton model repository to write into.
 
     Returns the written model folders, the parity report and the wall time. Raises ExportError on bad input, a
@@ -254,7 +256,7 @@ def _convert_zero(path: Path, task: str, options: EncoderOptions, work: Path) ->
     DeepSpeed's engine; returns the folder and the conversion's figures."""
     import transformers
 
-    if task in IMAGE_TASKS:
+    if ENCODER_TASKS[task].image:
         raise ExportError(f"{path} is a DeepSpeed ZeRO checkpoint of an image model; consolidate it with the "
                           "zero_to_fp32.py beside it, then export the folder that writes")
     base = Path(options.base) if options.base else None
@@ -262,7 +264,7 @@ def _convert_zero(path: Path, task: str, options: EncoderOptions, work: Path) ->
     config_dir = zero.config_folder(ckpt, base)
     tokenizer = transformers.AutoTokenizer.from_pretrained(zero.tokenizer_folder(config_dir, base))
     ids = [tokenizer(t, truncation=True)["input_ids"] for t in options.sample_texts or SAMPLE_TEXTS]
-    auto_class = TASKS[task][1]
+    auto_class = ENCODER_TASKS[task].auto_class
     hf, conversion = zero.to_hugging_face(ckpt, config_dir, work, auto_class=auto_class, ids=ids, dtype="float32",
                                           atol=options.atol, allow_drift=options.allow_drift,
                                           output="last_hidden_state" if auto_class == "AutoModel" else "logits")
@@ -272,17 +274,15 @@ def _convert_zero(path: Path, task: str, options: EncoderOptions, work: Path) ->
 
 def _load(source: _Source, options: EncoderOptions, steps: Steps) -> tuple:
     """(the model to export, the reference it is checked against, its sample inputs, the task's spec)."""
-    from .task_specs import spec_for
-
     ckpt, adapter = source.ckpt, source.adapter
-    spec = spec_for(ckpt, aggregation=options.aggregation)
+    spec = ENCODER_TASKS[ckpt.task].build_spec(ckpt, options.aggregation)
     if adapter is None:
         steps("loading %s (%s)", ckpt.path, ckpt.architecture)
     else:
         steps("loading LoRA adapter %s on base %s (%s) and merging it", adapter.adapter.path, adapter.base_path,
               ckpt.architecture)
     model, reference = _load_models(ckpt, spec, adapter)
-    if ckpt.task in IMAGE_TASKS:
+    if ENCODER_TASKS[ckpt.task].image:
         inputs = ImageInputs(ckpt, options.sample_images, plan=options.tensorrt is not None)
     else:
         inputs = TextInputs(ckpt, model, options.max_length if options.max_length is not None else spec.max_length,

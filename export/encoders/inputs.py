@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import Checkpoint
 from ..exceptions import ExportError
 from ..tensorrt.plan import full_batches
+from .task_specs import Checkpoint
 
 log = logging.getLogger(__name__)
 

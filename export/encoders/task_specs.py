@@ -1,5 +1,6 @@
-"""What each encoder task adds to the common export pipeline (export/encoders/encoder.py): how the PyTorch model
-is wrapped before export, the graph's outputs, the Triton models after it, and task metadata.
+"""The encoder tasks: each a task of the registry (core/tasks.py), read as it is declared there, with what it adds to
+the common export pipeline (export/encoders/encoder.py): how the PyTorch model is wrapped before export, the graph's
+outputs, the Triton models after it, and task metadata; and the checkpoint each needs, inspected before any heavy work.
 
 feature-extraction reads the sentence-transformers layout (`modules.json`, `1_Pooling/config.json`,
 `sentence_bert_config.json`) so that pooling and normalisation match what the checkpoint was trained
@@ -8,6 +9,7 @@ and evaluated with; both run inside the ONNX graph, so Triton serves finished ve
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -15,15 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkpoint import Checkpoint, read_json
-from ..triton.python_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
-from ..exceptions import ExportError
-from ..detection.detr import DETR_FAMILY, NOT_YET, detections_parity, detector, query_count, top_k
-from ..triton.entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
-                           image_classification_entry, token_classification_entry)
-
+from core import tasks as registry
 from core.contract import DETECTION_DEFAULTS
-from core.tasks import FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION
+from core.tasks import (FEATURE_EXTRACTION, IMAGE_CLASSIFICATION, OBJECT_DETECTION, TEXT_CLASSIFICATION,
+                        TOKEN_CLASSIFICATION, Task)
+
+from ..checkpoint import IMAGE_PROCESSOR_FILE, TOKENIZER_FILES, WEIGHT_FILES, find_weights, read_json
+from ..detection.detr import DETR_FAMILY, NOT_YET, detections_parity, detector, query_count, top_k
+from ..exceptions import ExportError
+from ..triton.entry import (DetrOutputs, EntityRules, classification_entry, detection_entry, embedding_entry,
+                            image_classification_entry, token_classification_entry)
+from ..triton.python_models.ner_postprocess.entities import STRATEGIES, WORD_STRATEGIES
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,28 @@ _UNSUPPORTED_MODULES = ("Dense", "LayerNorm", "WordWeights", "CNN", "LSTM", "Wei
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A Hugging Face checkpoint inspected for an encoder task: its folder, config, architecture and weights file."""
+
+    path: Path
+    task: str
+    config: dict
+    architecture: str
+    weights: Path
+
+    @property
+    def labels(self) -> list[str]:
+        """Label names in class-index order (`id2label`), or LABEL_i when the checkpoint has none."""
+        id2label = self.config.get("id2label") or {}
+        return label_names(id2label, len(id2label) or int(self.config.get("num_labels", 2)))
+
+
+def label_names(id2label: dict, count: int) -> list[str]:
+    """`count` label names from an `id2label` map (string or int keys), LABEL_i where it has none."""
+    return [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count)]
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     outputs: tuple[str, ...]
     wrap: Callable  # (transformers model, Checkpoint) -> torch module whose outputs are `outputs`
@@ -52,6 +78,24 @@ class TaskSpec:
     # (served model file, checkpoint folder, inputs) -> {"passed", "detail", ...}: the served steps' answers held
     # to the framework's own predict (recorded in parity.json as "served")
     served_check: Callable | None = None
+
+
+@dataclass(frozen=True)
+class EncoderTask(Task):
+    """An encoder task of the registry (core/tasks.py), its facts read as declared there (arch_suffix, auto_class,
+    inputs, peft_task_type), with what export adds to the common pipeline for it."""
+
+    # (checkpoint, aggregation) -> the TaskSpec of that checkpoint: its outputs, wrapping, Triton models, metadata
+    build_spec: Callable[[Checkpoint, str], TaskSpec] = field(kw_only=True)
+
+    def __post_init__(self):
+        if self.kind != registry.ENCODER:
+            raise ValueError(f"{self.name} is a {self.kind} task, not an encoder's")
+
+    @property
+    def image(self) -> bool:
+        """Whether its requests carry images (its checkpoint has an image processor, not a tokenizer)."""
+        return self.inputs == "image"
 
 
 @dataclass(frozen=True)
@@ -203,12 +247,57 @@ def _object_detection(ckpt: Checkpoint, aggregation: str) -> TaskSpec:
                     served_check=detections_parity)
 
 
-# encoder task (core/tasks.py) -> what it adds to the common export
-SPECS = {TEXT_CLASSIFICATION: _classification, FEATURE_EXTRACTION: _embedding, IMAGE_CLASSIFICATION: _image_classification,
-         TOKEN_CLASSIFICATION: _token_classification, OBJECT_DETECTION: _object_detection}
+def _encoder_task(name: str, build_spec: Callable[[Checkpoint, str], TaskSpec]) -> EncoderTask:
+    declared = registry.TASKS[name]
+    return EncoderTask(**{f.name: getattr(declared, f.name) for f in dataclasses.fields(Task)}, build_spec=build_spec)
 
 
-def spec_for(ckpt: Checkpoint, *, aggregation: str = "first") -> TaskSpec:
-    if ckpt.task not in SPECS:
-        raise ExportError(f"no export pipeline for task {ckpt.task}")
-    return SPECS[ckpt.task](ckpt, aggregation)
+# The encoder tasks export builds, by name: the registry's tasks with what each adds to the common export.
+ENCODER_TASKS: dict[str, EncoderTask] = {task.name: task for task in (
+    _encoder_task(TEXT_CLASSIFICATION, _classification),
+    _encoder_task(TOKEN_CLASSIFICATION, _token_classification),
+    _encoder_task(FEATURE_EXTRACTION, _embedding),
+    _encoder_task(IMAGE_CLASSIFICATION, _image_classification),
+    _encoder_task(OBJECT_DETECTION, _object_detection),
+)}
+
+
+def check_task(task: str) -> EncoderTask:
+    """The encoder task named `task`; ExportError naming the supported ones."""
+    if task not in ENCODER_TASKS:
+        raise ExportError(f"unsupported task {task!r}; supported tasks: {', '.join(sorted(ENCODER_TASKS))}")
+    return ENCODER_TASKS[task]
+
+
+def inspect_checkpoint(path: str | Path, task: str) -> Checkpoint:
+    """Check that `path` is a Hugging Face checkpoint for `task` (no weights are loaded here)."""
+    declared = check_task(task)
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ExportError(f"checkpoint not found: {path}")
+    if not path.is_dir():
+        raise ExportError(f"{path} is not a directory; pass the folder written by save_pretrained()")
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise ExportError(
+            f"{path} is not a Hugging Face checkpoint: no config.json (pass the folder written by save_pretrained())"
+        )
+    config = read_json(config_path, "checkpoint")
+    weights = find_weights(path)
+    if weights is None:
+        raise ExportError(f"no model weights in {path}: expected one of {', '.join(WEIGHT_FILES)}")
+    if declared.image:
+        if not (path / IMAGE_PROCESSOR_FILE).is_file():
+            raise ExportError(f"no {IMAGE_PROCESSOR_FILE} in {path}: {task} needs the image processor beside the "
+                              "model (image_processor.save_pretrained)")
+    elif not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"no tokenizer in {path}: save the tokenizer beside the model (tokenizer.save_pretrained)")
+    suffix = declared.arch_suffix
+    architectures = config.get("architectures") or []
+    matching = [a for a in architectures if isinstance(a, str) and a.endswith(suffix)]
+    if not matching:
+        found = ", ".join(map(str, architectures)) or "none recorded"
+        raise ExportError(
+            f"task {task} needs a *{suffix} model, but {config_path} names architectures: {found}"
+        )
+    return Checkpoint(path=path, task=task, config=config, architecture=matching[0], weights=weights)

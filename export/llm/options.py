@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+
 @dataclass(frozen=True)
 class LLMOptions:
     """How to export an LLM checkpoint: everything but the source and the output folder.

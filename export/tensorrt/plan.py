@@ -21,8 +21,8 @@ import numpy as np
 from core import contract
 
 from ..exceptions import ExportError
-from ..triton.model_config import TensorSpec
 from ..triton.entry import EntryOptions, ModelDir, gpu_model_config
+from ..triton.model_config import TensorSpec
 from ..variants import PRECISIONS
 
 log = logging.getLogger(__name__)

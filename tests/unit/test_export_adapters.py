@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from export.checkpoint import TASKS
+from export.encoders.task_specs import ENCODER_TASKS
 from export.encoders.adapters import is_adapter, load_models, resolve_adapter
 from export.exceptions import ExportError
 from fixture_models.text import LABELS, write_encoder_adapter, write_text_classifier
@@ -75,7 +75,7 @@ def test_adapter_is_resolved_to_its_recorded_base(base, adapter):
 
 def test_merged_model_matches_the_peft_model_and_the_adapter_changes_the_outputs(base, adapter):
     resolved = resolve_adapter(adapter, "text-classification")
-    merged, reference = load_models(resolved, TASKS["text-classification"][1])
+    merged, reference = load_models(resolved, ENCODER_TASKS["text-classification"].auto_class)
     assert type(merged).__name__ == "BertForSequenceClassification"
     assert not any("lora" in name for name, _ in merged.named_modules())
     tokenizer = _tokenizer(resolved.checkpoint.path)
@@ -187,7 +187,7 @@ def test_token_classification_adapter_merges(tmp_path):
     assert resolved.checkpoint.architecture == "BertForTokenClassification"
     with pytest.raises(ExportError, match="task_type TOKEN_CLS"):
         resolve_adapter(adapter, "text-classification")
-    merged, reference = load_models(resolved, TASKS["token-classification"][1])
+    merged, reference = load_models(resolved, ENCODER_TASKS["token-classification"].auto_class)
     tokenizer = _tokenizer(resolved.checkpoint.path)
     texts = ["anna moved to paris"]
     got, want = _logits(merged, tokenizer, texts), _logits(reference, tokenizer, texts)

@@ -5,7 +5,7 @@ from core import tasks
 
 
 def test_every_task_is_served_built_and_load_tested():
-    from export.encoders.task_specs import SPECS
+    from export.encoders.task_specs import ENCODER_TASKS
     from loadtest.scenarios.options import SCENARIOS
     from serve.gateway.app import create_app
     from serve.gateway.settings import GatewaySettings
@@ -14,7 +14,7 @@ def test_every_task_is_served_built_and_load_tested():
     for task in tasks.TASKS.values():
         assert set(task.routes) <= routes, task.name
         assert set(task.loadtest) <= set(SCENARIOS) and len(task.loadtest) == len(task.routes), task.name
-    assert set(tasks.of_kind("encoder")) == set(SPECS)  # every encoder task has its export builder, and no more
+    assert set(tasks.of_kind("encoder")) == set(ENCODER_TASKS)  # every encoder task has its export builder, and no more
 
 
 def test_scenarios_call_their_tasks_routes():
