@@ -1,7 +1,9 @@
 """Runs inside the Ultralytics environment (`.envs/ultralytics`, `make setup-ultralytics`), never imported by
 rtxserve: Ultralytics is AGPL-3.0 and needs a torchvision that does not load beside rtxserve's CPU torch, so
-`export/ultralytics.py` starts this file with that environment's Python (`python -P`, so that export/'s own
-modules do not shadow installed ones) and reads back what it writes.
+export/detection/yolo.py starts this file with that environment's Python (`python -P`, so that export/'s own
+modules do not shadow installed ones; export/tool_env.py's run_tool) and reads back what it writes. yolo.py's
+run_in_ultralytics starts it for the YOLO test fixture (fixture_models/detection.py) and benchmark B7
+(bench/detection.py) too.
 
     python -P ultralytics_runner.py export REQUEST.json
     python -P ultralytics_runner.py train REQUEST.json     (the test fixture: `rtxserve fixtures yolo`)

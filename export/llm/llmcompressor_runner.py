@@ -1,8 +1,13 @@
-"""Runs inside the llm-compressor environment (`.envs/llmcompressor`, `make setup-quantize`), never imported by
-rtxserve: llm-compressor pins its own transformers. `export/quantize.py` starts this file with that environment's
-Python (`python -P`, so that export/'s own modules do not shadow installed ones) and reads back what it writes.
+"""Runs inside the llm-compressor environment (`.envs/llmcompressor`, `make setup-quantize`): llm-compressor pins its
+own transformers. export/llm/quantize.py starts this file with that environment's Python (`python -P`, so that
+export/'s own modules do not shadow installed ones; export/tool_env.py's run_tool) and reads back what it writes.
 
     python -P llmcompressor_runner.py quantize REQUEST.json
+
+Three modules of rtxserve also import it, in rtxserve's own environment, so its top imports nothing but the standard
+library (llm-compressor, torch and numpy only inside the functions that run here): export/llm/quantize.py reads its
+SCHEMES and CALIBRATED; benchmark B8 (bench/quantize.py, bfloat16 measured as the schemes are) and
+tests/unit/test_quantize.py run its accuracy measure (_token_ids, _reference_pass, _accuracy) in-process.
 
 REQUEST.json: {"model": a Hugging Face folder, "out": the folder to write the quantised model into, "scheme": one of
 SCHEMES, "calibration": [texts], "max_seq_length", "eval": [texts], "prompts": [texts], "max_new_tokens"}. The texts
