@@ -17,6 +17,7 @@ Shared: cli.py (`rtxserve export`), exceptions.py, checkpoint.py (a checkpoint f
 lora_adapter.py (a PEFT LoRA adapter folder and its base), onnx_export.py, variants.py (fused / int8 / fp16 graphs),
 parity.py, activations.py, vision.py (image processors and sample images), tool_env.py (steps run in a tool's own
 environment), progress.py.
-Imports between these rooms run one way (no cycle, in a folder or between folders); the families stand on the
-shared pieces, triton/ and tensorrt/, and encoders/ on detection/ for the detectors it exports.
+Imports between these rooms run one way, with no cycle in a folder or between folders: the families stand on the
+shared pieces, triton/ and tensorrt/; encoders/ on detection/ (the detectors it exports) and trainers/ (ZeRO), llm/ on
+trainers/, speech/ on llm/package.py.
 """
