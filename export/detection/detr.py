@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core.contract import DETECTION_DEFAULTS
+
 from .served import compare_detections
 
 # The DETR-family detectors (relative cx cy w h boxes, one per query), by how transformers reads their logits: with a
@@ -99,5 +101,5 @@ def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
         args = (logits[0], boxes[0], image.height, image.width, PARITY_THRESHOLD, 10**6)
         served.append(detr_detections(*args) if k is None else top_k_detections(*args, k))
     return {**compare_detections(served, pipeline_detections(checkpoint, inputs.samples, PARITY_THRESHOLD),
-                                 PARITY_THRESHOLD),
+                                 PARITY_THRESHOLD, DETECTION_DEFAULTS["conf"]),
             "reference": "transformers pipeline('object-detection')", "threshold": PARITY_THRESHOLD}

@@ -235,7 +235,8 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         parity["served"] = {**compare_detections(
             served_detections(served, images, letterbox, PARITY_CONF, settings["iou"], settings["max_det"],
                               graph_nms=graph_nms is not None),
-            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]], PARITY_CONF),
+            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]], PARITY_CONF,
+            _defaults(result["args"], graph_nms)["conf"]),
             "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
         gate_served(parity["served"], options.precision, options.allow_drift)
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]

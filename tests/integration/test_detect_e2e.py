@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from export.detection.detr import PARITY_THRESHOLD, pipeline_detections
-from export.detection.served import compare_detections
+from export.detection.served import MIN_RECALL, compare_detections
 from export.vision import sample_images
 from fixture_models.detection import probe_images
 
@@ -86,7 +86,8 @@ def test_an_int8_export_records_what_it_costs_against_the_pipeline(detector_chec
     result = export_encoder(detector_checkpoint, "object-detection", EntryOptions(name="detr_int8"), tmp_path / "repo",
                             EncoderOptions(precision="int8"))
     served = result.parity["served"]
-    assert result.parity["variant"] == "int8" and served["gate"].startswith("none for int8")
+    assert result.parity["variant"] == "int8" and served["recall"] >= MIN_RECALL["int8"]  # the export gates on it
+    assert served["gate"] == f"recall {served['recall']:.3f} >= 0.9 at conf 0.5, box IoU 0.5"
     assert served["images"] == 13 and "min_box_iou" in served  # recorded whether or not it meets the fp32 bar
 
 

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from export.detection.served import SCORE_ATOL, compare_detections
+from export.detection.served import MIN_RECALL, SCORE_ATOL, compare_detections
 from export.triton.python_models.image_preprocess import imaging
 from export.vision import sample_images
 from export.detection.yolo import PREDICT_DEFAULTS, run_ultralytics
@@ -118,7 +118,8 @@ def test_an_int8_export_is_calibrated_on_the_images_given_smaller_and_records_wh
     assert f"calibrated on {len(train)} images" in parity["notes"]
     assert parity["variant"] == "int8" and parity["passed"] and parity["min_cosine"] == 0.95
     assert parity["outputs"]["scores"]["max_abs_diff"] > parity["variants"]["fp32"]["outputs"]["scores"]["max_abs_diff"]
-    assert parity["served"]["gate"].startswith("none for int8") and parity["served"]["images"] == 8
+    assert parity["served"]["recall"] >= MIN_RECALL["int8"] and parity["served"]["images"] == 8  # gated at export
+    assert parity["served"]["recall_conf"] == PREDICT_DEFAULTS["conf"]
     sizes = {p.name: (p / "1" / "model.onnx").stat().st_size for p in result.entry if p.name.endswith("_model")}
     # Ultralytics saves fp16 weights: the fp32 graph is about twice best.pt, the int8 one under half of that
     assert sizes["yolo_int8_model"] < (yolo_run / "weights" / "best.pt").stat().st_size

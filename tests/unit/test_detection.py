@@ -271,3 +271,26 @@ def test_a_deformable_detr_is_refused_with_the_reason(tmp_path):
     with pytest.raises(ExportError, match="'deformable_detr' is not supported yet: .*traced for one image size"):
         export_encoder(tmp_path / "ckpt", "object-detection", EntryOptions(name="x"), tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_lossy_variant_is_gated_on_what_it_still_finds_at_the_default_conf():
+    """Recall: of the framework's detections over the default conf, those a served one of the same class over it
+    overlaps by RECALL_IOU; an int8 variant finding less than MIN_RECALL of them is refused unless drift is allowed."""
+    from export.detection.served import MIN_RECALL, compare_detections, gate_served, recall
+    from export.exceptions import ExportError
+
+    reference = [[(0.9, 0, [0, 0, 10, 10]), (0.6, 1, [20, 20, 30, 30]), (0.2, 0, [40, 40, 50, 50])]] + \
+        [[(0.8, 0, [0, 0, 10, 10])]] * 8
+    kept = [[[1, 0, 11, 10, 0.7, 0], [20, 21, 30, 30, 0.55, 1]]] + [[[0, 0, 10, 10, 0.75, 0]]] * 8
+    assert recall(kept, reference, 0.5) == 1.0  # scores moved, boxes a pixel off: everything found; 0.2 not asked
+    lost = [[[1, 0, 11, 10, 0.7, 0], [20, 21, 30, 30, 0.45, 1]]] + [[[0, 0, 10, 10, 0.75, 0]]] * 7 + [[[0, 0, 10, 10, 0.8, 1]]]
+    assert recall(lost, reference, 0.5) == 8 / 10  # one fell under the conf, one changed class
+    assert recall([[[0, 0, 4, 10, 0.9, 0]]], [[(0.9, 0, [0, 0, 10, 10])]], 0.5) == 0.0  # IoU 0.4: not the same box
+    assert recall([[]], [[(0.2, 0, [0, 0, 10, 10])]], 0.5) is None  # nothing over the conf to find
+
+    served = compare_detections(kept, reference, 0.01, recall_conf=0.5) | {"reference": "predict"}
+    assert gate_served(served, "int8", False)["gate"] == "recall 1.000 >= 0.9 at conf 0.5, box IoU 0.5"
+    served = compare_detections(lost, reference, 0.01, recall_conf=0.5) | {"reference": "predict"}
+    with pytest.raises(ExportError, match=r"the int8 variant finds 80.0% of the detections predict finds at conf 0.5"):
+        gate_served(served, "int8", False)
+    assert gate_served(served, "int8", True)["recall"] == 0.8 < MIN_RECALL["int8"]  # --allow-drift keeps it, recorded
