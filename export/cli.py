@@ -61,7 +61,8 @@ def _add_onnx(onnx, task: str | None = None) -> None:
     onnx.add_argument("--max-length", type=int, default=None,
                       help="tokens per text; longer texts are truncated (default: the model's limit)")
     onnx.add_argument("--atol", type=float, default=1e-4, help="tolerated max abs difference from PyTorch")
-    onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol")
+    onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol, or an int8 / fp16 detector "
+                      "that finds less than its floor of the framework's detections")
     onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
     onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
     onnx.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusions (validated against --atol)")
