@@ -1,5 +1,7 @@
 """The floors of the house (pyproject.toml's [tool.importlinter]): core/ imports nothing of ours; export/, serve/
-and loadtest/ import only core/; deploy/ may import them; rtxserve/ and bench/ are the roof. import-linter reads
+and loadtest/ import only core/; deploy/ may import them; rtxserve/ and bench/ are the roof. Inside a package no two
+modules or folders import each other, round any circle (import-linter's acyclic_siblings, which prints the imports
+that would break it), and the gateway's API folders do not import one another. import-linter reads
 every import, those inside functions too (its use case, not its CLI entry, which reconfigures the process's logging
 and silences every logger made before it). On a back-import the test fails with import-linter's chains and the
 package graph as it is."""
