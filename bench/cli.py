@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     soak.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     soak.add_argument("--out", type=Path, help="folder (default reports/bench-soak-<time>)")
-    rel = sub.add_parser("reliability", help="R3 (goodput and admitted P99 at 4x capacity) and R14 (another key's P99 "
-                         "beside a key over its quota): the timing targets CI cannot hold on a shared box")
+    rel = sub.add_parser("reliability", help="R3 (goodput and admitted P99 at 4x capacity), R14 (another key's P99 "
+                         "beside a key over its quota), R2 (a hung backend's 504 at the deadline, probes meanwhile) and "
+                         "R1 (refusals once a killed backend is down): the timing targets CI cannot hold on a shared box")
     rel.add_argument("--rounds", type=int, default=3)
     rel.add_argument("--duration", type=float, default=10.0, help="seconds of R3 load per run and round")
     rel.add_argument("--requests", type=int, default=400, help="R14 requests of the other key per run and round")

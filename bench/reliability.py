@@ -8,6 +8,11 @@ the other key never refused.
   (target >= 0.8). Admitted P99 over the P99 at capacity (target <= 2).
 - R14, per-key limits: another key's latency while one key is hammered over its quota from another process,
   over the same client alone (target: P99 <= 1.2x).
+- R2, a hung backend (Triton stopped with SIGSTOP, a 1.5 s deadline): when each request's 504 comes (target: the
+  deadline +-10 %) and how fast the probes answer meanwhile (target: P99 < 100 ms). test_gateway_faults.py asserts
+  the exact part: the 504s come before the backend is woken, the probes while the requests still hang.
+- R1, a killed backend (SIGKILL under load, once, at the end): how fast new requests are refused once its replica is
+  known down (target: P99 < 200 ms). The test asserts that each is a 503 with Retry-After saying the replica is down.
 
 Rounds interleave the runs (A, B, A, B, ...); the verdict takes the median of the per-round ratios.
 """
@@ -34,6 +39,9 @@ CAPACITY = 4
 R3_GOODPUT_MIN = 0.8
 R3_P99_MAX = 2.0
 R14_P99_MAX = 1.2
+DEADLINE_S = 1.5
+R2_PROBE_P99_MAX_MS = 100.0
+R1_REFUSAL_P99_MAX_MS = 200.0
 
 # One key over its quota, from a process of its own (its refusals cost the gateway CPU, not this client's GIL).
 HAMMER = """
@@ -133,17 +141,92 @@ def r14(out: Path, *, rounds: int, requests: int, progress) -> dict:
     return {"rounds": per_round, "p99_ratio": statistics.median(r["p99_ratio"] for r in per_round)}
 
 
+def _triton_pid(http_url: str) -> int:
+    """The tritonserver listening on `http_url`'s port (the stack owns the process; the faults are signals to it)."""
+    import psutil
+
+    port = int(http_url.rsplit(":", 1)[1])
+    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == "LISTEN")
+
+
+def _timed_get(client: httpx.Client, url: str) -> float:
+    started = time.perf_counter()
+    if client.get(url).status_code >= 500 and not url.endswith("/readyz"):
+        raise RuntimeError(f"{url} failed while the backend was stopped: R2 is broken, not slow")
+    return (time.perf_counter() - started) * 1000
+
+
+def faults(*, rounds: int, progress) -> dict:
+    """R2 each round (hang, measure, wake), then R1 once (the kill ends the stack's Triton)."""
+    import concurrent.futures as cf
+    import os
+    import signal
+
+    env = {"RTXSERVE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "RTXSERVE_HEALTH_INTERVAL_S": "0.5"}
+    body = {"model": MODEL, "input": TEXT}
+    r2_rounds, refusals = [], []
+    with classifier_stack(1, progress, gateway_env=env) as (url, triton_url, _), httpx.Client(timeout=30) as client:
+        def classify() -> tuple[int, float]:
+            started = time.perf_counter()
+            code = client.post(f"{url}/v1/classify", json=body).status_code
+            return code, (time.perf_counter() - started) * 1000
+
+        pid = _triton_pid(triton_url)
+        [classify() for _ in range(20)]  # warm
+        for i in range(rounds):
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                with cf.ThreadPoolExecutor(3) as pool:
+                    hung = [pool.submit(classify) for _ in range(3)]
+                    probes = [_timed_get(client, f"{url}{path}") for _ in range(20)
+                              for path in ("/healthz", "/metrics", "/readyz") if not all(f.done() for f in hung)]
+                    answers = [f.result() for f in hung]
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            if {code for code, _ in answers} != {504}:
+                raise RuntimeError(f"a hung backend's requests got {answers}, not 504s: R2 is broken, not slow")
+            while classify()[0] != 200:
+                time.sleep(0.1)
+            r2_rounds.append({"probe_p99_ms": _p(probes, 99), "probes": probes,
+                              "answered_s": [ms / 1000 for _, ms in answers]})
+            progress(f"R2 round {i + 1}/{rounds}: 504s at {', '.join(f'{ms / 1000:.2f}' for _, ms in answers)} s "
+                     f"(deadline {DEADLINE_S:g} s), probes P99 {r2_rounds[-1]['probe_p99_ms']:.1f} ms")
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while time.monotonic() < killed + 1.5:  # the health loop marks the replica down
+            classify()
+        while len(refusals) < 200:
+            code, ms = classify()
+            if code != 503:
+                raise RuntimeError(f"a request to a killed backend got {code}, not 503: R1 is broken, not slow")
+            refusals.append(ms)
+    progress(f"R1: {len(refusals)} refusals after the kill, P99 {_p(refusals, 99):.1f} ms")
+    answered = [s for r in r2_rounds for s in r["answered_s"]]
+    return {"deadline_s": DEADLINE_S, "rounds": r2_rounds, "probe_p99_ms": statistics.median(r["probe_p99_ms"] for r in r2_rounds),
+            "answered_min_s": min(answered), "answered_max_s": max(answered),
+            "refusal_p50_ms": _p(refusals, 50), "refusal_p99_ms": _p(refusals, 99), "refusals": refusals}
+
+
 def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int = 400, progress=log.info) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    result = {"bench": "R3 / R14", "model": "fixture BERT classifier (2 instances) behind one gateway worker",
+    result = {"bench": "R3 / R14 / R2 / R1", "model": "fixture BERT classifier (2 instances) behind one gateway worker",
               "rounds": rounds, "duration_s": duration_s, "requests": requests,
               "r3": r3(out / "r3", rounds=rounds, duration_s=duration_s, progress=progress),
-              "r14": r14(out / "r14", rounds=rounds, requests=requests, progress=progress)}
+              "r14": r14(out / "r14", rounds=rounds, requests=requests, progress=progress),
+              "faults": faults(rounds=rounds, progress=progress)}
+    f = result["faults"]
     result["verdict"] = {"R3 goodput": result["r3"]["goodput"] >= R3_GOODPUT_MIN,
                          "R3 admitted P99": result["r3"]["p99_ratio"] <= R3_P99_MAX,
-                         "R14 other key P99": result["r14"]["p99_ratio"] <= R14_P99_MAX}
+                         "R14 other key P99": result["r14"]["p99_ratio"] <= R14_P99_MAX,
+                         "R2 504 at the deadline": 0.9 * DEADLINE_S <= f["answered_min_s"]
+                         and f["answered_max_s"] <= 1.1 * DEADLINE_S,
+                         "R2 probes P99": f["probe_p99_ms"] < R2_PROBE_P99_MAX_MS,
+                         "R1 refusals P99": f["refusal_p99_ms"] < R1_REFUSAL_P99_MAX_MS}
     _plot(result, out / "reliability.png")
     saved = json.loads(json.dumps(result))
+    saved["faults"].pop("refusals")
+    for r in saved["faults"]["rounds"]:
+        r.pop("probes")
     for part in ("r3", "r14"):  # the raw latencies are in the plot; the JSON keeps the figures
         for r in saved[part]["rounds"]:
             for key in ("alone", "beside"):
@@ -157,18 +240,24 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int =
 
 
 def markdown(result: dict) -> str:
-    r3_, r14_ = result["r3"], result["r14"]
+    r3_, r14_, f = result["r3"], result["r14"], result["faults"]
     ok = lambda passed: "met" if passed else "**missed**"  # noqa: E731
     verdict = result["verdict"]
-    lines = [f"# R3 / R14: overload and per-key limits ({result['model']}, median of {result['rounds']} interleaved "
-             "rounds)", "", "![R3 and R14 per round](reliability.png)", "",
+    lines = [f"# R3 / R14 / R2 / R1: overload, per-key limits, a hung and a killed backend ({result['model']}, median "
+             f"of {result['rounds']} interleaved rounds)", "", "![R3, R14, R2 and R1](reliability.png)", "",
              "| target | measured | verdict |", "|---|---|---|",
              f"| R3 goodput of users that honour Retry-After at 4x capacity >= {R3_GOODPUT_MIN} x peak | "
              f"{r3_['goodput']:.2f} | {ok(verdict['R3 goodput'])} |",
              f"| R3 admitted P99 <= {R3_P99_MAX:g} x P99 at capacity | {r3_['p99_ratio']:.2f} | "
              f"{ok(verdict['R3 admitted P99'])} |",
              f"| R14 other key's P99 beside a key over its quota <= {R14_P99_MAX:g} x alone | {r14_['p99_ratio']:.2f} | "
-             f"{ok(verdict['R14 other key P99'])} |", "",
+             f"{ok(verdict['R14 other key P99'])} |",
+             f"| R2 a hung backend's 504 at the deadline ({f['deadline_s']:g} s) +-10 % | "
+             f"{f['answered_min_s']:.2f} to {f['answered_max_s']:.2f} s | {ok(verdict['R2 504 at the deadline'])} |",
+             f"| R2 probes' P99 while it hangs < {R2_PROBE_P99_MAX_MS:g} ms | {f['probe_p99_ms']:.1f} ms | "
+             f"{ok(verdict['R2 probes P99'])} |",
+             f"| R1 refusals' P99 once a killed backend is known down < {R1_REFUSAL_P99_MAX_MS:g} ms | "
+             f"{f['refusal_p99_ms']:.1f} ms | {ok(verdict['R1 refusals P99'])} |", "",
              "| round | R3 QPS at capacity | R3 QPS admitted at 4x | R3 P99 ms capacity / 4x | R14 P99 ms alone / beside |",
              "|---|---|---|---|---|"]
     for i, (a, b) in enumerate(zip(r3_["rounds"], r14_["rounds"]), 1):
@@ -182,7 +271,7 @@ def _plot(result: dict, path: Path) -> None:
     from loadtest.plots import latency_cdf, pyplot
 
     plt = pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (left, right, faults_ax) = plt.subplots(1, 3, figsize=(17, 4.2))
     rounds = np.arange(1, len(result["r3"]["rounds"]) + 1)
     left.plot(rounds, [r["goodput"] for r in result["r3"]["rounds"]], "o-", label="goodput (admitted / peak QPS)")
     left.plot(rounds, [r["p99_ratio"] for r in result["r3"]["rounds"]], "s-", label="admitted P99 / P99 at capacity")
@@ -201,6 +290,15 @@ def _plot(result: dict, path: Path) -> None:
                       f"(P99 {_p(values, 99):.1f} ms)", values, colour))
     latency_cdf(right, lines)
     right.set_title(f"R14: P99 ratio {result['r14']['p99_ratio']:.2f} (target <= {R14_P99_MAX:g})")
+    f = result["faults"]
+    latency_cdf(faults_ax, [
+        (f"R2 probes while the backend hangs (P99 {f['probe_p99_ms']:.1f} ms)",
+         np.concatenate([r["probes"] for r in f["rounds"]]), "tab:green"),
+        (f"R1 refusals after the kill (P99 {f['refusal_p99_ms']:.1f} ms)", f["refusals"], "tab:purple")])
+    faults_ax.axvline(R2_PROBE_P99_MAX_MS, color="tab:green", ls="--", lw=0.8)
+    faults_ax.axvline(R1_REFUSAL_P99_MAX_MS, color="tab:purple", ls="--", lw=0.8)
+    faults_ax.set_title(f"R2 / R1: 504s at {f['answered_min_s']:.2f}-{f['answered_max_s']:.2f} s "
+                        f"(deadline {f['deadline_s']:g} s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
