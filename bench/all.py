@@ -4,8 +4,6 @@ benchmark's own page under the command that measured it."""
 from __future__ import annotations
 
 import json
-import os
-import platform
 import re
 import shlex
 import shutil
@@ -13,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.machine import cpu_flags
+from core.machine import machine
 
 # name -> (arguments after `rtxserve bench`, the page it writes)
 BENCHES = {
@@ -29,19 +27,6 @@ BENCHES = {
     "B11 speech real-time factor": (["speech"], "bench-speech.md"),
     "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),
 }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    flags = ""
-    try:
-        cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()).group(1)
-        found = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
-        flags = f"; {' '.join(found)}" if found else ""
-    except (OSError, AttributeError):
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}{flags}; {os.cpu_count()} cores; {memory:.0f} GiB; {platform.system()} {platform.release()}; Python {platform.python_version()}"
 
 
 def previous_sections(page: Path) -> dict[str, str]:

@@ -21,6 +21,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from core.machine import machine
+
 from .gateway import _closed_loop, _summary
 
 ENTRIES = {"cached": 64, "uncached": 0}  # entry name -> response_cache_mb
@@ -97,8 +99,6 @@ async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: int = 8, repeats: float = 0.5,
         progress=print) -> dict:
-    from .all import machine
-
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rtxserve-b9-") as tmp, _stack(Path(tmp), progress) as (url, metrics):
         measured = asyncio.run(_measure(url, rounds=rounds, duration_s=duration_s, concurrency=concurrency,

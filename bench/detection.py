@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.machine import machine
+
 from .export import latency_bars, median_ms
 
 FORMS = ("pytorch eager", "onnxruntime fp32", "onnxruntime int8")
@@ -41,7 +43,6 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
         val_images: int = 64, progress=print) -> dict:
     import onnxruntime as ort
 
-    from .all import machine
     from export.triton.python_models.image_preprocess import imaging
     from export.detection.yolo import run_in_ultralytics
     from fixture_models.detection import write_yolo

@@ -24,6 +24,8 @@ import httpx
 import numpy as np
 import psutil
 
+from core.machine import machine
+
 from .proxy import PATHS, nginx_version, path_table, plain_proxy
 
 log = logging.getLogger("rtxserve.bench")
@@ -142,8 +144,6 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, vllm_worker_process: bool = False,
         progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
-    from .all import machine
-
     out.mkdir(parents=True, exist_ok=True)
     with classifier_stack(workers, progress) as (url, triton_http, pid), tempfile.TemporaryDirectory() as tmp, \
             plain_proxy(triton_http.removeprefix("http://"), Path(tmp), "/v2/health/ready") as (proxy, proxy_pid):

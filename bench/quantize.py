@@ -16,6 +16,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from core.machine import machine
+
 SCHEMES = ("w4a16", "w8a8-int8", "w8a8-fp8")
 TARGETS = {"w4a16": 0.05, "w8a8-int8": 0.01, "w8a8-fp8": 0.01}  # BENCH.md: ppl increase <= 5 % (w8a8 <= 1 %)
 STREAMS = (1, 16)
@@ -68,8 +70,6 @@ def _size(folder: Path) -> int:
 def run(out: Path, *, rounds: int = 3, duration_s: float = 6.0, max_tokens: int = 64, progress=print) -> dict:
     from fixture_models.llm import write_llm
     from export.llm.llm import LLMOptions, export_llm
-
-    from .all import machine
 
     out.mkdir(parents=True, exist_ok=True)
     forms: dict[str, dict] = {}

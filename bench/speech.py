@@ -15,6 +15,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from core.machine import machine
+
 MODEL = "bench-whisper"
 
 
@@ -51,8 +53,6 @@ def _figures(summary) -> dict:
 def run(out: Path, *, rounds: int = 3, duration_s: float = 15.0, users: tuple[int, ...] = (1, 4),
         progress=print) -> dict:
     from loadtest.runner import LoadSpec, run as loadtest, scenario_options
-
-    from .all import machine
 
     out.mkdir(parents=True, exist_ok=True)
     per_round: dict[int, list[dict]] = {n: [] for n in users}
