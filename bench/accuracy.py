@@ -12,17 +12,22 @@ histograms report), vLLM's interpolate; our end-to-end time ends with the stream
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
+from .record import Benchmark, Files, Progress
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = {"ttft_p50": ("median_ttft_ms", ("streaming", "ttft_ms", "p50")),
            "ttft_p99": ("p99_ttft_ms", ("streaming", "ttft_ms", "p99")),
            "e2el_p50": ("median_e2el_ms", ("latency_ms", "p50")),
            "e2el_p99": ("p99_e2el_ms", ("latency_ms", "p99"))}
+PLOT = "b6.png"
+FILES = Files("bench-accuracy.json", "bench-accuracy.md", plots=(PLOT,))
 
 
 def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
@@ -113,9 +118,9 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "settings": {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                            "output_len": output_len, "rounds": rounds, "ignore_eos": True, "stream": True}}
-    (out / "bench-accuracy.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b6.png")
-    (out / "bench-accuracy.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -143,7 +148,7 @@ def markdown(result: dict) -> str:
     rows = "\n".join(f"| {k} | {m['vllm'][k]:.1f} | {m['rtxserve'][k]:.1f} | **{v:.3f}** |" for k, v in result["ratios"].items())
     return f"""# rtxserve bench accuracy (B6)
 
-![both tools' figures, round by round](b6.png)
+![both tools' figures, round by round]({PLOT})
 
 `rtxserve loadtest` vs `vllm bench serve` on the same vLLM: random-token prompts of {s['input_len']} tokens,
 {s['output_len']} output tokens (ignore_eos), {s['concurrency']} in flight, streamed completions; {s['rounds']}
@@ -155,3 +160,36 @@ interleaved rounds, medians (ms).
 
 Target: every ratio within 0.9-1.1 ({"met" if result["within_target"] else "**not met**"}).
 """
+
+
+# --- `rtxserve bench accuracy` --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="", help="a running vLLM server (default: start one on the fixture Llama)")
+    parser.add_argument("--model", type=Path, help="with --url: the served model's folder (its tokenizer)")
+    parser.add_argument("--served-name", default="bench-llm")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=160,
+                        help="requests per vllm bench serve round (P99 of fewer is about their maximum)")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--input-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-accuracy-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or min(args.prompts, args.concurrency, args.input_len, args.output_len) < 1:
+        return "need --rounds, --prompts, --concurrency, --input-len and --output-len >= 1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, url=args.url.rstrip("/"), model_dir=args.model, served_name=args.served_name, rounds=args.rounds,
+               prompts=args.prompts, concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="accuracy", id="B6", title="measurement accuracy",
+    help="B6: rtxserve loadtest vs vllm bench serve on the same vLLM and workload",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

@@ -15,6 +15,7 @@ first.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -27,8 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .record import Benchmark, Files, Progress
+
 MODES = ("affinity", "least busy")
 SERVED = "bench-llm"
+PLOT = "b10.png"
+FILES = Files("bench-affinity.json", "bench-affinity.md", plots=(PLOT,))
 
 
 def _prefix_counters(urls: list[str]) -> tuple[float, float]:
@@ -124,9 +129,9 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
     result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), two vLLM CPU engines", "rounds": rounds,
               "conversations": conversations, "turns": turns, "concurrency": concurrency, "medians": medians,
               "runs": figures}
-    (out / "bench-affinity.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b10.png")
-    (out / "bench-affinity.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -134,7 +139,7 @@ def markdown(result: dict) -> str:
     lines = [f"## B10: cache-aware routing ({result['model']}; {result['conversations']} conversations x "
              f"{result['turns']} turns, {result['concurrency']} at a time, each opening with its own document under a shared "
              f"system prompt; median of "
-             f"{result['rounds']} alternating rounds)", "", "![hit rate and TTFT per mode](b10.png)", "",
+             f"{result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})", "",
              "| routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P90 ms, later turns | "
              "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|"]
     for mode, m in result["medians"].items():
@@ -156,3 +161,30 @@ def plot(result: dict, path: Path) -> Path:
         ax.set_xticks(range(len(MODES)), MODES)
         ax.set_ylabel(label)
     return save(fig, path, "B10: affinity vs least busy on two vLLM replicas (bars: median; dots: rounds)")
+
+
+# --- `rtxserve bench affinity` --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--conversations", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=8, help="conversations at a time")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-affinity-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2:
+        return "need --rounds, --conversations and --concurrency >= 1, and --turns >= 2"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, conversations=args.conversations, turns=args.turns,
+               concurrency=args.concurrency, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="affinity", id="B10", title="cache-aware routing",
+    help="B10: cache-aware routing vs least busy on two vLLM replicas, multi-turn chats",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

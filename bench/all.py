@@ -1,5 +1,6 @@
-"""`make bench` (`rtxserve bench all`): every CPU benchmark in turn, then BENCHMARKS.md: the machine, and each
-benchmark's own page under the command that measured it."""
+"""`make bench` (`python -m bench.all reports/bench`): every benchmark record that `make bench` takes
+(bench/registry.py), in turn, then BENCHMARKS.md: the machine, and each benchmark's own page under the command that
+measured it."""
 
 from __future__ import annotations
 
@@ -13,20 +14,11 @@ from pathlib import Path
 
 from core.machine import machine
 
-# name -> (arguments after `rtxserve bench`, the page it writes)
-BENCHES = {
-    "B1 gateway overhead": (["gateway"], "bench-gateway.md"),
-    "B2 exported encoder": (["export"], "bench-export.md"),
-    "B3 / B5 Triton batching and instances": (["batching"], "bench-batching.md"),
-    "B4 vLLM continuous batching": (["llm"], "bench-llm.md"),
-    "B6 measurement accuracy": (["accuracy"], "bench-accuracy.md"),
-    "B7 object detection": (["detection"], "bench-detection.md"),
-    "B8 quantised LLMs": (["quantize"], "bench-quantize.md"),
-    "B9 Triton response cache": (["cache"], "bench-cache.md"),
-    "B10 cache-aware routing": (["affinity"], "bench-affinity.md"),
-    "B11 speech real-time factor": (["speech"], "bench-speech.md"),
-    "R3 / R14 overload and per-key limits": (["reliability"], "reliability.md"),
-}
+from .cli import main as bench
+from .record import Benchmark
+from .registry import BENCHMARKS
+
+FIGURES = Path("bench/figures")  # the plots BENCHMARKS.md shows, copied from each benchmark's folder
 
 
 def previous_sections(page: Path) -> dict[str, str]:
@@ -37,52 +29,63 @@ def previous_sections(page: Path) -> dict[str, str]:
     return {part.split("\n", 1)[0]: "## " + part.rstrip("\n") for part in parts}
 
 
-def run(out: Path, only: list[str] | None = None, log=print) -> Path:
-    """Run every benchmark (or those whose title holds one of `only`; the others keep their last pages from
-    `out`, or else their sections of the current BENCHMARKS.md), then write BENCHMARKS.md with the plots copied
-    next to it into bench/figures/."""
-    from bench.cli import main as bench
+def _measure(benchmark: Benchmark, folder: Path, log) -> dict:
+    """Run it as `rtxserve bench NAME --out FOLDER` does: its exit code, minutes, when and at which commit."""
     from loadtest.pages import versions
 
-    figures = Path("bench/figures")
-    figures.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        code = bench([benchmark.name, "--out", str(folder)])
+    except Exception as exc:  # noqa: BLE001 (one benchmark's crash must not lose the others' pages)
+        log(f"{benchmark.section} crashed: {type(exc).__name__}: {exc}")
+        code = 1
+    return {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": versions()["git commit"]}
+
+
+def _section(benchmark: Benchmark, folder: Path, command: list[str], done: dict) -> str:
+    """Its section: the command and its page, the page's plots copied into bench/figures/ and its headings a level
+    down; where it failed or never ran, says so."""
+    page = folder / benchmark.files.page
+    if done.get("exit") == 0 and page.exists():
+        body = page.read_text()
+    else:
+        body = f"**failed** (exit {done.get('exit')}); run the command to see why." if done else "not run yet."
+
+    def keep(match: re.Match) -> str:
+        image = folder / match.group(2)
+        if not image.exists():
+            return match.group(0)
+        shutil.copyfile(image, FIGURES / f"{benchmark.name}-{image.name}")
+        return f"![{match.group(1)}](bench/figures/{benchmark.name}-{image.name})"
+
+    body = re.sub(r"^#", "###", re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", keep, body), flags=re.M)
+    when = f" ({done['minutes']} min, {done['when']}, at commit {done.get('commit', '?')})" if done else ""
+    return f"## {benchmark.section}\n\n`{shlex.join(command)}`{when}\n\n{body}"
+
+
+def run(out: Path, only: list[str] | None = None, log=print) -> Path:
+    """Run every benchmark `make bench` takes (or those whose section title holds one of `only`; the others keep
+    their last pages from `out`, or else their sections of the current BENCHMARKS.md), then write BENCHMARKS.md with
+    the plots copied next to it into bench/figures/."""
+    from loadtest.pages import versions
+
+    FIGURES.mkdir(parents=True, exist_ok=True)
     timings_path = out / "timings.json"
     timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     earlier = previous_sections(Path("BENCHMARKS.md"))
     sections = []
-    for title, (args, page) in BENCHES.items():
-        folder = out / args[0]
-        command = ["rtxserve", "bench", *args, "--out", str(folder)]
+    for benchmark in (b for b in BENCHMARKS if b.in_make_bench):
+        title, folder = benchmark.section, out / benchmark.name
+        command = ["rtxserve", "bench", benchmark.name, "--out", str(folder)]
         if not only or any(o in title for o in only):
             log(f"== {title}: {shlex.join(command)}")
-            started = time.monotonic()
-            try:
-                code = bench([*args, "--out", str(folder)])
-            except Exception as exc:  # noqa: BLE001 (one benchmark's crash must not lose the others' pages)
-                log(f"{title} crashed: {type(exc).__name__}: {exc}")
-                code = 1
-            timings[title] = {"minutes": round((time.monotonic() - started) / 60, 1), "exit": code,
-                              "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                              "commit": versions()["git commit"]}
+            timings[title] = _measure(benchmark, folder, log)
         done = timings.get(title, {})
         if not done and title in earlier:  # neither run now nor in `out`: keep what BENCHMARKS.md says of it
             sections.append(earlier[title])
-            continue
-        if done.get("exit") == 0 and (folder / page).exists():
-            body = (folder / page).read_text()
         else:
-            body = f"**failed** (exit {done.get('exit')}); run the command to see why." if done else "not run yet."
-
-        def keep(match: re.Match) -> str:
-            image = folder / match.group(2)
-            if not image.exists():
-                return match.group(0)
-            shutil.copyfile(image, figures / f"{args[0]}-{image.name}")
-            return f"![{match.group(1)}](bench/figures/{args[0]}-{image.name})"
-
-        body = re.sub(r"^#", "###", re.sub(r"!\[([^]]*)\]\(([^)/]+\.png)\)", keep, body), flags=re.M)
-        when = f" ({done['minutes']} min, {done['when']}, at commit {done.get('commit', '?')})" if done else ""
-        sections.append(f"## {title}\n\n`{shlex.join(command)}`{when}\n\n{body}")
+            sections.append(_section(benchmark, folder, command, done))
     timings_path.write_text(json.dumps(timings, indent=2))
     page = f"""# Benchmarks
 

@@ -9,12 +9,17 @@ each figure is the median over rounds, so a noisy neighbour hits them alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
+from .record import Benchmark, Files, Progress
+
 MODEL = "bench_clf"
+PLOT = "b3-b5.png"
+FILES = Files("bench-batching.json", "bench-batching.md", plots=(PLOT,))
 CONFIGS = {  # the knobs of each measured configuration
     "batching off": {"instances": 1, "max_batch_size": 1, "max_queue_delay_us": 0},
     "batching on": {"instances": 1, "max_batch_size": 16, "max_queue_delay_us": 2000},
@@ -59,9 +64,9 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16
               "qps_rounds": qps, "qps_median": medians}
     for key, (a, b, target, what) in TARGETS.items():
         result[key] = {"what": what, "ratio": medians[a] / medians[b], "target": target, "a": a, "b": b}
-    (out / "bench-batching.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b3-b5.png")
-    (out / "bench-batching.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -82,9 +87,34 @@ def plot(result: dict, path: Path) -> Path:
 def markdown(result: dict) -> str:
     rows = "\n".join(f"| {n} | {json.dumps(CONFIGS[n])} | {m:.1f} | {', '.join(f'{q:.1f}' for q in result['qps_rounds'][n])} |"
                      for n, m in result["qps_median"].items())
-    lines = ["# rtxserve bench batching (B3, B5)", "", "![QPS per configuration](b3-b5.png)", "",
+    lines = ["# rtxserve bench batching (B3, B5)", "", f"![QPS per configuration]({PLOT})", "",
              "| configuration | knobs | QPS (median) | rounds |", "|---|---|---|---|", rows, ""]
     for key in ("B3", "B5"):
         b = result[key]
         lines.append(f"**{key} = {b['ratio']:.2f}x** ({b['what']}: {b['a']} / {b['b']}; target ≥ {b['target']:g}x)  ")
     return "\n".join(lines) + "\n"
+
+
+# --- `rtxserve bench batching` --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=12.0, help="seconds of load per configuration and round")
+    parser.add_argument("--users", type=int, default=16, help="closed-loop users")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-batching-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.duration <= 4 or args.users < 1:
+        return "need --rounds >= 1, --duration > 4 and --users >= 1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, duration_s=args.duration, users=args.users, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="batching", id="B3 / B5", title="Triton batching and instances",
+    help="B3 (dynamic batching on / off) and B5 (2 instances / 1) on the fixture classifier",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

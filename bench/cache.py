@@ -10,6 +10,7 @@ median over rounds. B9 is the ratio of their QPS (target >= 1.5), with Triton's 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -24,9 +25,12 @@ import yaml
 from core.machine import machine
 
 from .gateway import _closed_loop, _summary
+from .record import Benchmark, Files, Progress
 
 ENTRIES = {"cached": 64, "uncached": 0}  # entry name -> response_cache_mb
 REPEATED = [f"the package arrived on day {i} and it works" for i in range(8)]
+PLOT = "b9.png"
+FILES = Files("bench-cache.json", "bench-cache.md", plots=(PLOT,))
 
 
 def _texts(repeats: float, seed: int):
@@ -107,9 +111,9 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: int
     result = {"bench": "B9", "target": 1.5, "cpu": machine(), "rounds": rounds, "duration_s": duration_s,
               "concurrency": concurrency, "repeats": repeats, "hit_rate": hit_rate, **measured,
               "qps_ratio": round(measured["cached"]["qps"] / measured["uncached"]["qps"], 3)}
-    (out / "bench-cache.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b9.png")
-    (out / "bench-cache.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -119,7 +123,7 @@ def markdown(result: dict) -> str:
     hits = "–" if result["hit_rate"] is None else f"{result['hit_rate']:.0%}"
     return f"""# B9: Triton's response cache ({result['repeats']:.0%} repeated inputs, classify through the gateway)
 
-![QPS with and without the cache, round by round](b9.png)
+![QPS with and without the cache, round by round]({PLOT})
 
 Fixture classifier exported twice, one entry with `response_cache_mb`, one without, in one tritonserver behind the
 gateway; {result['concurrency']} in flight, median of {result['rounds']} alternating rounds x {result['duration_s']:g} s.
@@ -148,3 +152,30 @@ def plot(result: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     return save(fig, path, f"B9: response cache, {result['repeats']:.0%} repeated inputs: "
                            f"{result['qps_ratio']}x QPS (target {result['target']}x)")
+
+
+# --- `rtxserve bench cache` -----------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per entry and round")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument("--repeats", type=float, default=0.5, help="share of requests that repeat an earlier input")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-cache-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.duration <= 0 or args.concurrency < 1 or not 0 <= args.repeats <= 1:
+        return "need --rounds >= 1, --duration > 0, --concurrency >= 1 and --repeats within 0..1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, duration_s=args.duration, concurrency=args.concurrency, repeats=args.repeats,
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="cache", id="B9", title="Triton response cache",
+    help="B9: classify QPS with Triton's response cache / without, at repeated inputs",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

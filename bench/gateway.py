@@ -10,6 +10,7 @@ divided by the requests they served gives CPU-ms per request.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -26,12 +27,16 @@ import psutil
 
 from core.machine import machine
 
+from . import streams as b1s
 from .proxy import PATHS, nginx_version, path_table, plain_proxy
+from .record import Benchmark, Files, Progress
 
 log = logging.getLogger("rtxserve.bench")
 MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
+PLOT = "b1.png"
+FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, b1s.PLOT))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -158,20 +163,18 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
                            "nginx": nginx_version()},
               "levels": [{k: v for k, v in level.items() if k != "samples"} for level in levels]}
     if streams:
-        from . import streams as b1s
-
         result["streams"] = b1s.run(out / "streams", rounds=rounds, concurrency=streams, prompts=stream_prompts,
                                     worker_process=vllm_worker_process, progress=progress)
-        b1s.plot(result["streams"], out / "b1s.png")
+        b1s.plot(result["streams"], out / b1s.PLOT)
     for level in result["levels"]:
         m = level["medians"]
         level["p99_ratio"] = round(m["gateway"]["p99_ms"] / m["direct"]["p99_ms"], 3)
         level["qps_ratio"] = round(m["gateway"]["qps"] / m["direct"]["qps"], 3)
         level["p50_added_ms"] = round(m["gateway"]["p50_ms"] - m["direct"]["p50_ms"], 3)
         level["proxy_p50_added_ms"] = round(m["proxy"]["p50_ms"] - m["direct"]["p50_ms"], 3)
-    (out / "bench-gateway.json").write_text(json.dumps(result, indent=2))
-    (out / "bench-gateway.md").write_text(markdown(result))
-    _plot(levels, out / "b1.png")
+    (out / FILES.json).write_text(json.dumps(result, indent=2))
+    (out / FILES.page).write_text(markdown(result))
+    _plot(levels, out / PLOT)
     return result
 
 
@@ -184,7 +187,7 @@ def _version(name: str) -> str:
 def markdown(result: dict) -> str:
     lines = [f"# B1: gateway overhead ({result['model']}, {result['gateway_workers']} gateway worker(s), "
              f"median of {result['rounds']} interleaved rounds x {result['duration_s']:g} s; CPU: {result['cpu']})", "",
-             "![latency distributions direct, through nginx and through the gateway](b1.png)", "",
+             f"![latency distributions direct, through nginx and through the gateway]({PLOT})", "",
              *path_table(result["levels"], "in flight", [("P50 ms", "p50_ms"), ("P90 ms", "p90_ms"), ("P99 ms", "p99_ms"),
                                                          ("P99.9 ms", "p99.9_ms"), ("QPS", "qps"), ("errors", "errors"),
                                                          ("CPU-ms / request", "cpu_ms_per_request")])]
@@ -197,9 +200,7 @@ def markdown(result: dict) -> str:
                      f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
                      f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
     if "streams" in result:
-        from .streams import markdown as streams_markdown
-
-        lines += ["", streams_markdown(result["streams"])]
+        lines += ["", b1s.markdown(result["streams"])]
     return "\n".join(lines) + "\n"
 
 
@@ -216,3 +217,49 @@ def _plot(levels: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- `rtxserve bench gateway` ---------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per path, level and round")
+    parser.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    parser.add_argument("--streams", default="4,16",
+                        help="B1s: concurrent streams per level, comma-separated ('' skips it)")
+    parser.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
+    parser.add_argument("--vllm-worker-process", action="store_true",
+                        help="B1s: vLLM in its default layout, the model in a worker process beside the engine core "
+                             "(default: in the engine core; bench/streams.py says why)")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
+
+
+def _levels(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """--concurrency's levels and --streams' (which may be empty); ValueError where one is not numbers."""
+    return (tuple(int(c) for c in args.concurrency.split(",")),
+            tuple(int(c) for c in args.streams.split(",") if c.strip()))
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    try:
+        levels, streams = _levels(args)
+    except ValueError:
+        return "--concurrency and --streams: use numbers separated by commas"
+    if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or min(streams, default=1) < 1 or args.workers < 1 \
+            or args.stream_prompts < 1:
+        return "need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1 and levels >= 1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    levels, streams = _levels(args)
+    return run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels, workers=args.workers,
+               streams=streams, stream_prompts=args.stream_prompts, vllm_worker_process=args.vllm_worker_process,
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="gateway", id="B1", title="gateway overhead",
+    help="B1: the gateway's overhead and CPU-ms per request vs calling Triton directly",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

@@ -15,6 +15,7 @@ The benchmark talks to vLLM directly (the gateway's own overhead is B1's busines
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -28,7 +29,11 @@ from pathlib import Path
 import httpx
 from httpx_sse import EventSource
 
+from .record import Benchmark, Files, Progress
+
 log = logging.getLogger("rtxserve.bench")
+PLOT = "b4.png"  # B4's; the GPU benchmarks have tables only
+FILES = Files("bench-llm.json", "bench-llm.md", plots=(PLOT,))
 
 # Peak memory bandwidth (GB/s) by GPU name, from the vendors' data sheets; --bandwidth-gbs overrides.
 GPU_BANDWIDTH_GBS = {
@@ -246,7 +251,7 @@ def markdown(results: dict) -> str:
              f"model {results['model']}.", ""]
     if "B4" in results:
         b4r = results["B4"]
-        lines += ["## B4: continuous batching", "", "![tokens/s vs streams](b4.png)", "",
+        lines += ["## B4: continuous batching", "", f"![tokens/s vs streams]({PLOT})", "",
                   "| streams | output tokens/s (median) | rounds |", "|---|---|---|"]
         lines += [f"| {c} | {v:.1f} | {', '.join(f'{x:.1f}' for x in b4r['rounds'][c])} |"
                   for c, v in b4r["median_tokens_per_s"].items()]
@@ -334,7 +339,7 @@ def run(opts: BenchOptions, progress=log.info) -> dict:
             progress(f"B4: output tokens/s at 1..16 streams, {opts.rounds} interleaved rounds of {opts.duration_s:g}s each")
             results["B4"] = b4(url, name, rounds=opts.rounds, duration_s=opts.duration_s, max_tokens=opts.max_tokens,
                                progress=progress)
-            plot_b4(results["B4"], opts.out / "b4.png")
+            plot_b4(results["B4"], opts.out / PLOT)
         if opts.gpu:
             config = json.loads((Path(model) / "config.json").read_text())
             bandwidth = opts.bandwidth_gbs or gpu_bandwidth_gbs(gpu)
@@ -344,6 +349,45 @@ def run(opts: BenchOptions, progress=log.info) -> dict:
             results["G2"] = g2(url, name, config, bandwidth)
             progress("G3: Poisson arrivals, doubling the rate until P99 TTFT > 500 ms")
             results["G3"] = g3(url, name, opts.out, duration_s=opts.g3_duration_s, progress=progress)
-    (opts.out / "bench-llm.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (opts.out / "bench-llm.md").write_text(markdown(results))
+    (opts.out / FILES.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (opts.out / FILES.page).write_text(markdown(results))
     return results
+
+
+# --- `rtxserve bench llm` -------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, help="model folder (default: the tiny Llama fixture, written fresh)")
+    parser.add_argument("--url", default="",
+                        help="benchmark a vLLM server already running here instead of starting one")
+    parser.add_argument("--served-name", default="bench-llm", help="model name at --url")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds per concurrency level and round")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens per request (ignore_eos)")
+    parser.add_argument("--gpu", action="store_true", help="8B-shaped FP16 model with random weights; adds G2 and G3")
+    parser.add_argument("--bandwidth-gbs", type=float,
+                        help="GPU memory bandwidth for G2 (default: from the GPU's name)")
+    parser.add_argument("--g3-duration", type=float, default=30.0, help="seconds of Poisson arrivals per G3 rate")
+    parser.add_argument("--skip-b4", action="store_true", help="with --gpu: only G2 and G3")
+    parser.add_argument("--out", type=Path,
+                        help="folder for bench-llm.json/.md and b4.png (default reports/bench-llm-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.duration <= 0 or args.max_tokens < 2:
+        return "need --rounds >= 1, --duration > 0 and --max-tokens >= 2"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(BenchOptions(out=out, model=args.model, url=args.url.rstrip("/"), served_name=args.served_name,
+                            rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, gpu=args.gpu,
+                            bandwidth_gbs=args.bandwidth_gbs, g3_duration_s=args.g3_duration,
+                            skip={"B4"} if args.skip_b4 else set()),
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="llm", id="B4", title="vLLM continuous batching",
+    help="B4 (vLLM tokens/s at 16 streams vs 1); with --gpu also G2 and G3",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

@@ -10,6 +10,7 @@ weights as stored.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -18,9 +19,13 @@ from pathlib import Path
 
 from core.machine import machine
 
+from .record import Benchmark, Files, Progress
+
 SCHEMES = ("w4a16", "w8a8-int8", "w8a8-fp8")
 TARGETS = {"w4a16": 0.05, "w8a8-int8": 0.01, "w8a8-fp8": 0.01}  # BENCH.md: ppl increase <= 5 % (w8a8 <= 1 %)
 STREAMS = (1, 16)
+PLOT = "b8.png"
+FILES = Files("bench-quantize.json", "bench-quantize.md", plots=(PLOT,))
 
 
 def _bf16_accuracy(model: Path) -> dict:
@@ -97,9 +102,9 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 6.0, max_tokens: int 
                          "tokens_per_s": {str(n): statistics.median(v) for n, v in f["tokens_per_s"].items()},
                          "rounds": {str(n): v for n, v in f["tokens_per_s"].items()}}
                   for name, f in forms.items()}}
-    (out / "bench-quantize.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b8.png")
-    (out / "bench-quantize.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -118,7 +123,7 @@ def markdown(result: dict) -> str:
                     f"{sixteen:.0f} ({sixteen / fp32['tokens_per_s']['16']:.2f}x) |")
     return f"""# B8: quantised LLMs against the unquantised one
 
-![Output tokens/s at 1 and 16 streams, and the perplexity each form costs](b8.png)
+![Output tokens/s at 1 and 16 streams, and the perplexity each form costs]({PLOT})
 
 {result['model']}, quantised by `rtxserve export llm --quantize` (llm-compressor; accuracy measured through
 transformers' compressed-tensors loader on the held-out built-in prompts; bfloat16 measured the same way) and served by
@@ -159,3 +164,29 @@ def plot(result: dict, path: Path) -> Path:
     right.set_ylabel("perplexity increase vs float32 (%); dashed: target")
     fastest = max(names, key=lambda k: result["forms"][k]["tokens_per_s"]["16"])
     return save(fig, path, f"B8: quantised forms of the B4 model; fastest at 16 streams: {fastest}")
+
+
+# --- `rtxserve bench quantize` --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=6.0, help="seconds per stream level, form and round")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-quantize-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.duration <= 0 or args.max_tokens < 2:
+        return "need --rounds >= 1, --duration > 0 and --max-tokens >= 2"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, duration_s=args.duration, max_tokens=args.max_tokens, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="quantize", id="B8", title="quantised LLMs",
+    help="B8: the B4 model quantised with each scheme (llm-compressor) against float32 and bfloat16: perplexity, size, "
+         "output tokens/s at 1 and 16 streams through vLLM",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

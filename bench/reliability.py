@@ -19,6 +19,7 @@ Rounds interleave the runs (A, B, A, B, ...); the verdict takes the median of th
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -33,6 +34,7 @@ import httpx
 import numpy as np
 
 from .gateway import MODEL, TEXT, classifier_stack
+from .record import Benchmark, Files, Progress
 
 log = logging.getLogger("rtxserve.bench")
 CAPACITY = 4
@@ -42,6 +44,8 @@ R14_P99_MAX = 1.2
 DEADLINE_S = 1.5
 R2_PROBE_P99_MAX_MS = 100.0
 R1_REFUSAL_P99_MAX_MS = 200.0
+PLOT = "reliability.png"
+FILES = Files("reliability.json", "reliability.md", plots=(PLOT,))
 
 # One key over its quota, from a process of its own (its refusals cost the gateway CPU, not this client's GIL).
 HAMMER = """
@@ -222,7 +226,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int =
                          and f["answered_max_s"] <= 1.1 * DEADLINE_S,
                          "R2 probes P99": f["probe_p99_ms"] < R2_PROBE_P99_MAX_MS,
                          "R1 refusals P99": f["refusal_p99_ms"] < R1_REFUSAL_P99_MAX_MS}
-    _plot(result, out / "reliability.png")
+    _plot(result, out / PLOT)
     saved = json.loads(json.dumps(result))
     saved["faults"].pop("refusals")
     for r in saved["faults"]["rounds"]:
@@ -234,8 +238,8 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int =
             for key in ("capacity", "backoff"):
                 if key in r:
                     r[key].pop("latencies", None)
-    (out / "reliability.json").write_text(json.dumps(saved, indent=2))
-    (out / "reliability.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(saved, indent=2))
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -244,7 +248,7 @@ def markdown(result: dict) -> str:
     ok = lambda passed: "met" if passed else "**missed**"  # noqa: E731
     verdict = result["verdict"]
     lines = [f"# R3 / R14 / R2 / R1: overload, per-key limits, a hung and a killed backend ({result['model']}, median "
-             f"of {result['rounds']} interleaved rounds)", "", "![R3, R14, R2 and R1](reliability.png)", "",
+             f"of {result['rounds']} interleaved rounds)", "", f"![R3, R14, R2 and R1]({PLOT})", "",
              "| target | measured | verdict |", "|---|---|---|",
              f"| R3 goodput of users that honour Retry-After at 4x capacity >= {R3_GOODPUT_MIN} x peak | "
              f"{r3_['goodput']:.2f} | {ok(verdict['R3 goodput'])} |",
@@ -302,3 +306,31 @@ def _plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- `rtxserve bench reliability` -----------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of R3 load per run and round")
+    parser.add_argument("--requests", type=int, default=400, help="R14 requests of the other key per run and round")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-reliability-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.rounds < 1 or args.duration <= 4 or args.requests < 100:
+        return "need --rounds >= 1, --duration > 4 (2 s of warm-up) and --requests >= 100 (a P99)"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, duration_s=args.duration, requests=args.requests, progress=progress)
+
+
+# Its section in BENCHMARKS.md keeps the heading it had before R2 and R1 joined (`make bench` finds earlier runs by it).
+BENCHMARK = Benchmark(
+    name="reliability", id="R3 / R14", title="overload and per-key limits",
+    help="R3 (goodput and admitted P99 at 4x capacity), R14 (another key's P99 beside a key over its quota), R2 (a "
+         "hung backend's 504 at the deadline, probes meanwhile) and R1 (refusals once a killed backend is down): the "
+         "timing targets CI cannot hold on a shared box",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

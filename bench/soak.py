@@ -13,6 +13,7 @@ window the gateway's processes are sampled: resident memory, open file descripto
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -26,11 +27,14 @@ import numpy as np
 import psutil
 
 from .gateway import MODEL, TEXT, classifier_stack
+from .record import Benchmark, Files, Progress
 
 log = logging.getLogger("rtxserve.bench")
 RSS_GROWTH_MAX = 0.02
 FD_SLACK = 2
 P99_DRIFT_MAX = 0.10
+PLOT = "soak.png"
+FILES = Files("soak.json", "soak.md", plots=(PLOT,))
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -135,9 +139,9 @@ def run(out: Path, *, duration_s: float = 600, window_s: float = 10, concurrency
     result = {"bench": "R18", "model": "fixture BERT classifier (2 instances)", "duration_s": duration_s,
               "window_s": window_s, "concurrency": concurrency, "gateway_workers": workers,
               "verdict": verdict(windows), "windows": windows}
-    (out / "soak.json").write_text(json.dumps(result, indent=2))
-    (out / "soak.md").write_text(markdown(result))
-    plot(result, out / "soak.png")
+    (out / FILES.json).write_text(json.dumps(result, indent=2))
+    (out / FILES.page).write_text(markdown(result))
+    plot(result, out / PLOT)
     return result
 
 
@@ -184,3 +188,32 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --- `rtxserve bench soak` ------------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    parser.add_argument("--window", type=float, default=10.0, help="seconds per sample")
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-soak-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if args.duration < 3 * args.window or args.window <= 0 or args.concurrency < 1 or args.workers < 1:
+        return ("need --window > 0, --duration >= 3 windows (the first 20 % is warm-up), --concurrency >= 1 "
+                "and --workers >= 1")
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, duration_s=args.duration, window_s=args.window, concurrency=args.concurrency, workers=args.workers,
+               progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="soak", id="R18", title="bounded soak of the gateway",
+    help="R18: a bounded soak of the gateway (RSS slope, open descriptors, P99 drift)",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES,
+    in_make_bench=False)

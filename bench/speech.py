@@ -9,6 +9,7 @@ second of wall time (all requests together); per request, its audio over its lat
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import statistics
@@ -17,7 +18,11 @@ from pathlib import Path
 
 from core.machine import machine
 
+from .record import Benchmark, Files, Progress
+
 MODEL = "bench-whisper"
+PLOT = "b11.png"
+FILES = Files("bench-speech.json", "bench-speech.md", plots=(PLOT,))
 
 
 @contextlib.contextmanager
@@ -71,9 +76,9 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 15.0, users: tuple[in
     result = {"bench": "B11", "cpu": machine(), "rounds": rounds, "duration_s": duration_s, "model": "fixture Whisper "
               "(d_model 128, 2+2 layers, 10 s windows)", "users": medians,
               "per_round": {str(n): rs for n, rs in per_round.items()}}
-    (out / "bench-speech.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / "b11.png")
-    (out / "bench-speech.md").write_text(markdown(result))
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
     return result
 
 
@@ -82,7 +87,7 @@ def markdown(result: dict) -> str:
                      f"{f['errors']:g} |" for n, f in result["users"].items())
     return f"""# B11: speech to text, real-time factor (the fixture Whisper through the gateway and vLLM)
 
-![Real-time factor at 1 and 4 users, round by round](b11.png)
+![Real-time factor at 1 and 4 users, round by round]({PLOT})
 
 {result['model']}, served by vLLM on this CPU behind the gateway; `rtxserve loadtest --scenario transcribe` uploads
 its 2-3 s clips in a closed loop, median of {result['rounds']} alternating rounds x {result['duration_s']:g} s.
@@ -110,3 +115,36 @@ def plot(result: dict, path: Path) -> Path:
     ax.legend(fontsize=8)
     best = max(f["rtf"] for f in result["users"].values())
     return save(fig, path, f"B11: the fixture Whisper through the gateway, real-time factor up to {best:.1f}")
+
+
+# --- `rtxserve bench speech` ----------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds of load per level and round")
+    parser.add_argument("--users", default="1,4", help="closed-loop users per level, comma-separated")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-speech-<time>)")
+
+
+def _users(args: argparse.Namespace) -> tuple[int, ...]:
+    return tuple(int(n) for n in args.users.split(","))
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    try:
+        users = _users(args)
+    except ValueError:
+        return "--users: use numbers separated by commas"
+    if args.rounds < 1 or args.duration <= 4 or min(users) < 1:
+        return "need --rounds >= 1, --duration > 4 (2 s of warm-up) and --users >= 1"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, rounds=args.rounds, duration_s=args.duration, users=_users(args), progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="speech", id="B11", title="speech real-time factor",
+    help="B11: the real-time factor of the fixture Whisper through the gateway and vLLM, 1 and 4 users",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

@@ -28,6 +28,7 @@ from .proxy import PATHS, path_table
 FIGURES = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "itl_p50_ms": "median_itl_ms",
            "itl_p99_ms": "p99_itl_ms", "output_tokens_s": "output_throughput", "failed": "failed"}
 SERVED = "bench-llm"
+PLOT = "b1s.png"  # bench/gateway.py, which runs B1s, saves it beside its own
 
 
 def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), prompts: int = 300, input_len: int = 60,
@@ -78,7 +79,7 @@ def markdown(result: dict) -> str:
     lines = [f"## B1s: streams ({result['model']}; `vllm bench serve`, random {result['input_len']} in / "
              f"{result['output_len']} out, ignore_eos, {result['prompts']} prompts; median of {result['rounds']} "
              f"rotating rounds; vLLM with {result.get('vllm_layout', 'its default layout')})", "",
-             "![TTFT and tokens/s per path](b1s.png)", "",
+             f"![TTFT and tokens/s per path]({PLOT})", "",
              *path_table(result["levels"], "concurrent", [("TTFT P50 ms", "ttft_p50_ms"), ("TTFT P99 ms", "ttft_p99_ms"),
                                                           ("ITL P50 ms", "itl_p50_ms"), ("ITL P99 ms", "itl_p99_ms"),
                                                           ("output tokens/s", "output_tokens_s"),
