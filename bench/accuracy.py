@@ -17,6 +17,7 @@ import json
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .record import Benchmark, Files, Progress
@@ -30,17 +31,32 @@ PLOT = "b6.png"
 FILES = Files("bench-accuracy.json", "bench-accuracy.md", plots=(PLOT,))
 
 
-def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompts: int, concurrency: int, input_len: int,
-                     output_len: int, seed: int, metrics: str = "ttft,e2el", failures_ok: bool = False) -> dict:
+@dataclass(frozen=True)
+class RandomWorkload:
+    """What both tools send (B6) and B1s sends down each path: random-token prompts of `input_len` tokens of the
+    model's tokenizer, `output_len` tokens out (ignore_eos), streamed completions, `concurrency` in flight; `prompts`
+    requests per `vllm bench serve` run (ours runs as long as vLLM's took), `seed` picks the prompts."""
+
+    prompts: int
+    concurrency: int
+    input_len: int
+    output_len: int
+    seed: int = 0
+
+
+def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, workload: RandomWorkload, *,
+                     metrics: str = "ttft,e2el", failures_ok: bool = False) -> dict:
     """`vllm bench serve` (random-token prompts, ignore_eos, streamed completions) against `url`: its result JSON.
     Failed requests raise, unless `failures_ok` (the caller reports `result["failed"]`)."""
     from serve.vllm import DEFAULT_ENV
 
+    w = workload
     argv = [str((ROOT / DEFAULT_ENV / "bin" / "vllm").absolute()), "bench", "serve",
             "--base-url", url, "--model", model, "--tokenizer", str(tokenizer.resolve()), "--dataset-name", "random",
-            "--random-input-len", str(input_len), "--random-output-len", str(output_len), "--num-prompts", str(prompts),
-            "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed), "--percentile-metrics", metrics,
-            "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(out.resolve()), "--result-filename", "result.json"]
+            "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
+            "--num-prompts", str(w.prompts), "--max-concurrency", str(w.concurrency), "--ignore-eos",
+            "--seed", str(w.seed), "--percentile-metrics", metrics, "--metric-percentiles", "50,99", "--save-result",
+            "--result-dir", str(out.resolve()), "--result-filename", "result.json"]
     out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=out)
     (out / "vllm-bench.log").write_text(done.stdout + done.stderr)
@@ -52,15 +68,14 @@ def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, *, prompt
     return result
 
 
-def _ours(url: str, model: str, tokenizer: Path, out: Path, *, duration_s: float, concurrency: int, input_len: int,
-          output_len: int, seed: int) -> dict:
+def _ours(url: str, model: str, tokenizer: Path, out: Path, workload: RandomWorkload, duration_s: float) -> dict:
     from loadtest.runner import LoadSpec, run, scenario_options
 
     options = scenario_options(scenario="completions", model=model, workload="random", tokenizer=str(tokenizer),
-                               input_len=input_len, output_len=output_len, seed=seed)
+                               input_len=workload.input_len, output_len=workload.output_len, seed=workload.seed)
     # No /metrics scraping: vllm bench serve does none, and on a small box serving /metrics costs the server time.
-    summary = run(LoadSpec(url, options, users=concurrency, duration_s=duration_s, warmup_s=0.0, scrape_host=False), out,
-                  log=lambda m: None).summary
+    summary = run(LoadSpec(url, options, users=workload.concurrency, duration_s=duration_s, warmup_s=0.0,
+                           scrape_host=False), out, log=lambda m: None).summary
     if summary.errors:
         raise RuntimeError(f"rtxserve loadtest: {summary.errors} failed requests ({summary.error_kinds})")
     return summary.to_dict()
@@ -96,16 +111,15 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
         duration = 10.0
         for r in range(rounds):
             order = ("vllm", "rtxserve") if r % 2 == 0 else ("rtxserve", "vllm")
+            workload = RandomWorkload(prompts, concurrency, input_len, output_len, seed=r)
             for tool in order:
                 where = out / f"round-{r + 1}" / tool
                 if tool == "vllm":
-                    result = vllm_bench_serve(url, served_name, model_dir, where, prompts=prompts, concurrency=concurrency,
-                                         input_len=input_len, output_len=output_len, seed=r)
+                    result = vllm_bench_serve(url, served_name, model_dir, where, workload)
                     duration = max(5.0, float(result["duration"]))  # ours runs as long as vLLM's took
                     values = {k: float(result[v]) for k, (v, _) in FIGURES.items()}
                 else:
-                    summary = _ours(url, served_name, model_dir, where, duration_s=duration, concurrency=concurrency,
-                                    input_len=input_len, output_len=output_len, seed=r)
+                    summary = _ours(url, served_name, model_dir, where, workload, duration)
                     values = {k: _pick(summary, p) for k, (_, p) in FIGURES.items()}
                 for k, v in values.items():
                     figures[tool][k].append(v)

@@ -37,7 +37,7 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
     from serve.stack import start_gateway, start_vllm
     from serve.vllm import TWO_PROCESSES, VLLMOptions
 
-    from .accuracy import vllm_bench_serve
+    from .accuracy import RandomWorkload, vllm_bench_serve
     from .proxy import plain_proxy
 
     model = write_llm(out / "tiny-llama")  # a fast backend: what the gateway adds shows most
@@ -58,8 +58,8 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
             for r in range(rounds):
                 for path in PATHS[r % 3:] + PATHS[:r % 3]:  # each path first in turn
                     result = vllm_bench_serve(urls[path], SERVED, model, out / f"c{c}-round-{r + 1}" / path,
-                                              prompts=prompts, concurrency=c, input_len=input_len,
-                                              output_len=output_len, seed=r, metrics="ttft,itl", failures_ok=True)
+                                              RandomWorkload(prompts, c, input_len, output_len, seed=r),
+                                              metrics="ttft,itl", failures_ok=True)
                     for k, key in FIGURES.items():
                         figures[path][k].append(float(result[key]))
                     progress(f"streams, {c} concurrent, round {r + 1}/{rounds}, {path}: TTFT P50 "
