@@ -49,6 +49,29 @@ class Trial:
         return ", ".join(f"{SHORT.get(k, k)} {'(server default)' if v is None else v}" for k, v in self.config.items())
 
 
+@dataclass(frozen=True)
+class Search:
+    """What `tune` searches and how it measures: the SLO goodput is counted against, the values of each knob to
+    consider (`axes`), each configuration's load (closed-loop users, or the scenario's own rate; seconds, warm-up),
+    how many configurations at most (the default included), and whether to write the best into the target."""
+
+    slo: str
+    axes: dict[str, list[int]]
+    users: int = 16
+    duration_s: float = 15.0
+    warmup_s: float = 3.0
+    budget: int = 8
+    apply: bool = False
+
+    def __post_init__(self):
+        from core.slo import parse_slo
+
+        if not parse_slo(self.slo):
+            raise ValueError("--slo is required: goodput is counted against it (e.g. e2el:100)")
+        if self.budget < 2:
+            raise ValueError("--budget must be at least 2 (the default and one other configuration)")
+
+
 @dataclass
 class TuneResult:
     trials: list[Trial]
@@ -194,20 +217,16 @@ def evaluate(target, config: dict, spec_for, work: Path, log) -> Trial:
     return trial
 
 
-def tune(target, *, options: dict, slo: str, axes: dict[str, list[int]], users: int = 16, duration_s: float = 15.0,
-         warmup_s: float = 3.0, budget: int = 8, apply: bool = False, out: Path, log=print) -> TuneResult:
-    """Measure the default, quick-search `axes`, write tune.md/.html/.png/.json into `out` (see the module doc).
-    `options` are the load's scenario options (loadtest.runner.scenario_options)."""
-    from core.slo import parse_slo
+def tune(target, *, options: dict, search: Search, out: Path, log=print) -> TuneResult:
+    """Measure the default, quick-search `search.axes`, write tune.md/.html/.png/.json into `out` (see the module
+    doc). `options` are the load's scenario options (loadtest.runner.scenario_options)."""
     from loadtest.runner import LoadSpec
 
-    if not parse_slo(slo):
-        raise ValueError("--slo is required: goodput is counted against it (e.g. e2el:100)")
-    if budget < 2:
-        raise ValueError("--budget must be at least 2 (the default and one other configuration)")
+    axes, slo = search.axes, search.slo
 
     def spec_for(url: str, scrape: list[str]) -> LoadSpec:
-        return LoadSpec(url, dict(options), users=users, duration_s=duration_s, warmup_s=warmup_s, slo=slo, scrape=scrape)
+        return LoadSpec(url, dict(options), users=search.users, duration_s=search.duration_s, warmup_s=search.warmup_s,
+                        slo=slo, scrape=scrape)
 
     spec_for("http://127.0.0.1:1", []).check()  # a load that cannot run is refused before any server starts
     out.mkdir(parents=True, exist_ok=True)
@@ -225,18 +244,18 @@ def tune(target, *, options: dict, slo: str, axes: dict[str, list[int]], users: 
 
     # The default counts against the budget unless the climb can reach it (then it is measured once anyway).
     on_grid = all(current[k] in axes[k] for k in axes)
-    quick_search(axes, measure, budget if on_grid else budget - 1, log)
+    quick_search(axes, measure, search.budget if on_grid else search.budget - 1, log)
     trials = list(measured.values())
     eligible = [t for t in trials if t.eligible]
     best = max(eligible, key=lambda t: t.goodput_rps) if eligible else None
     result = TuneResult(trials, best, default, out / "tune.md")
     if best is None:
         result.notes.append("No configuration met the SLO: loosen it, lower the load, or widen the axes.")
-    elif apply and best.config != current:
+    elif search.apply and best.config != current:
         result.notes.append(f"Applied: {best.label()} {target.apply(best.config)}.")
         result.applied = True
     _write_report(result, target, slo, out, f"{options['rate']:g} req/s ({options['arrival']})"
-                  if options["arrival"] != "closed" else f"{users} closed-loop users")
+                  if options["arrival"] != "closed" else f"{search.users} closed-loop users")
     return result
 
 
@@ -382,8 +401,9 @@ def main(argv: list[str]) -> int:
     out = args.out or Path("reports") / f"tune-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         target, options, axes = _target_and_load(args)
-        result = tune(target, options=options, slo=args.slo, axes=axes, users=args.users, duration_s=args.duration,
-                      warmup_s=args.warmup, budget=args.budget, apply=getattr(args, "apply", False), out=out, log=log)
+        search = Search(args.slo, axes, users=args.users, duration_s=args.duration, warmup_s=args.warmup,
+                        budget=args.budget, apply=getattr(args, "apply", False))
+        result = tune(target, options=options, search=search, out=out, log=log)
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"rtxserve tune: error: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ recommendation beats the entry's own configuration in goodput, in the same run, 
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
 from loadtest.runner import scenario_options
-from rtxserve.tune import TritonTarget, tune
+from rtxserve.tune import Search, TritonTarget, tune
 from serve.entry_config import Batching, read_batching
 from tests.integration import VLLM_EAGER
 
@@ -15,8 +15,8 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     export_text_classification(classifier_checkpoint, EntryOptions(name="tunable", max_batch_size=1, max_queue_delay_us=0), repo)
     axes = {"instances": [1, 2], "max_batch_size": [1, 16], "max_queue_delay_us": [0, 2000]}
     target = TritonTarget(repo, "tunable")
-    result = tune(target, options=scenario_options(model="tunable"), slo="e2el:2000", axes=axes, users=16, duration_s=8,
-                  warmup_s=2, budget=4, apply=True, out=tmp_path / "tune", log=print)
+    result = tune(target, options=scenario_options(model="tunable"), out=tmp_path / "tune", log=print,
+                  search=Search("e2el:2000", axes, users=16, duration_s=8, warmup_s=2, budget=4, apply=True))
     for t in result.trials:
         print(f"{t.label()}: goodput {t.goodput_rps:.1f}, P99 {t.p99_ms}")
     assert len(result.trials) == 4 and not any(t.failure for t in result.trials)
@@ -38,7 +38,7 @@ def test_tune_vllm_restarts_the_engine_per_configuration_and_each_engine_schedul
     # Two engines, vLLM's defaults and one sequence at a time: each trial restarts the engine (about 17 s here).
     axes = {"max_num_seqs": [1], "max_num_batched_tokens": [512]}
     options = scenario_options(scenario="chat", model="tiny-llama", output_len=16)
-    result = tune(target, options=options, slo="e2el:5000", axes=axes, users=8, duration_s=8, warmup_s=2, budget=2,
+    result = tune(target, options=options, search=Search("e2el:5000", axes, users=8, duration_s=8, warmup_s=2, budget=2),
                   out=tmp_path / "tune", log=print)
     by_seqs = {t.config["max_num_seqs"]: t for t in result.trials}
     assert set(by_seqs) == {None, 1} and not any(t.failure for t in result.trials)

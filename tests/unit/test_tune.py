@@ -78,11 +78,22 @@ def test_quick_search_keeps_to_its_budget():
     assert len(trials) == 5
 
 
+def test_a_search_without_an_slo_or_room_for_a_second_configuration_is_refused_before_any_server_starts():
+    from rtxserve.tune import Search
+
+    axes = {"instances": [1, 2]}
+    with pytest.raises(ValueError, match="--slo is required"):
+        Search("", axes)
+    with pytest.raises(ValueError, match="--budget must be at least 2"):
+        Search("e2el:100", axes, budget=1)
+    assert Search("e2el:100", axes).budget == 8
+
+
 def test_a_configuration_whose_server_cannot_start_is_named_with_its_log_and_the_search_goes_on(tmp_path):
     import contextlib
 
     from loadtest.runner import scenario_options
-    from rtxserve.tune import tune
+    from rtxserve.tune import Search, tune
     from serve.launcher import ServerStartError
 
     class Refusing:
@@ -98,8 +109,8 @@ def test_a_configuration_whose_server_cannot_start_is_named_with_its_log_and_the
 
     logged = []
     axes = {"instances": [1, 2], "max_batch_size": [1], "max_queue_delay_us": [0]}
-    result = tune(Refusing(), options=scenario_options(model="m"), slo="e2el:100", axes=axes, duration_s=4, warmup_s=1,
-                  budget=3, out=tmp_path, log=logged.append)
+    result = tune(Refusing(), options=scenario_options(model="m"),
+                  search=Search("e2el:100", axes, duration_s=4, warmup_s=1, budget=3), out=tmp_path, log=logged.append)
     assert len(result.trials) == 2 and all("end of its log" in t.failure for t in result.trials)
     assert result.best is None and "no configuration met the SLO" in (tmp_path / "tune.md").read_text()
     assert any(m.startswith("config inst 2, batch 1, delay us 0 failed: tritonserver exited") for m in logged)
