@@ -23,6 +23,8 @@ from ..checkpoint import TOKENIZER_FILES
 from ..exceptions import ExportError
 
 log = logging.getLogger(__name__)
+# The folder that holds the export package: torchrun's ranks import export.trainers.zero_reference from it.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ def reference_logits(ckpt: ZeroCheckpoint, config_dir: Path, ids: list[list[int]
             "-m", "export.trainers.zero_reference", str(ckpt.path), ckpt.tag, str(config_dir), str(ids_file), str(logits_file),
             auto_class, str(ckpt.stage)]
     log.info("    %s", shlex.join(argv))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SOURCE_ROOT),
                                                        os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
