@@ -1,3 +1,5 @@
+import time
+
 from serve.vllm import TWO_PROCESSES
 
 # vLLM's torch.compile of the model costs 35 s of every engine start on this CPU with a cold inductor cache (13 s
@@ -20,3 +22,12 @@ def png(array) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def until(condition, what: str, limit_s: float = 30.0) -> None:
+    """Poll `condition` until it holds (the tests' synchronisation, instead of sleeps); fail naming `what` after
+    `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {limit_s:.0f} s"
+        time.sleep(0.02)

@@ -18,6 +18,8 @@ from serve.launcher import ServerProcess, free_port
 from serve.stack import start_gateway
 from serve.triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
 
+from . import until
+
 MODEL = "fault_clf"
 DEADLINE_S = 1.5
 
@@ -64,14 +66,6 @@ def served_counts(url) -> dict[str, float]:
     for status, value in re.findall(pattern, text):
         counts[status] = counts.get(status, 0) + float(value)
     return counts
-
-
-def until(condition, what: str, limit_s: float = 30.0) -> None:
-    """Poll `condition` until it holds; fail naming `what` after `limit_s`."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not after {limit_s:.0f} s"
-        time.sleep(0.02)
 
 
 def in_flight(url) -> float:

@@ -18,6 +18,7 @@ from bench.reliability import HAMMER
 from serve.gateway.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
+from . import until
 from .conftest import EMBEDDER, MODEL
 
 
@@ -72,13 +73,6 @@ def _refusals(url: str) -> float:
                if sample.name == "rtxserve_requests_total" and sample.labels.get("status") == "429")
 
 
-def _wait_until(condition, what: str, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} after {limit_s:.0f} s"
-        time.sleep(0.05)
-
-
 def test_a_key_over_its_quota_is_refused_and_the_others_are_not(keyed):
     """R14's exact part: while one client keeps sending with a key over its quota (about 50 refusals a second,
     from its own process), each of its requests is a 429 and every request of another key is served. The other
@@ -92,7 +86,7 @@ def test_a_key_over_its_quota_is_refused_and_the_others_are_not(keyed):
         refusals = _refusals(url)
         hammer = subprocess.Popen([sys.executable, "-c", HAMMER, f"{url}/v1/classify", secrets["quota"], "4", MODEL],
                                   stdout=subprocess.PIPE, text=True)
-        _wait_until(lambda: _refusals(url) > refusals, "the hammer's first refusal")  # it is at work
+        until(lambda: _refusals(url) > refusals, "the hammer's first refusal")  # it is at work
         others = [client.post(f"{url}/v1/classify", headers=ops, json=body).status_code for _ in range(200)]
         refused = [int(c) for c in hammer.communicate(timeout=60)[0].split()]
     # (a fixed minute window may roll over during the run: at most its 20 requests then pass)
