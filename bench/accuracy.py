@@ -48,7 +48,7 @@ def vllm_bench_serve(url: str, model: str, tokenizer: Path, out: Path, workload:
                      metrics: str = "ttft,e2el", failures_ok: bool = False) -> dict:
     """`vllm bench serve` (random-token prompts, ignore_eos, streamed completions) against `url`: its result JSON.
     Failed requests raise, unless `failures_ok` (the caller reports `result["failed"]`)."""
-    from serve.vllm import DEFAULT_ENV
+    from serve.vllm_server import DEFAULT_ENV
 
     w = workload
     argv = [str((ROOT / DEFAULT_ENV / "bin" / "vllm").absolute()), "bench", "serve",
@@ -99,7 +99,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
         if not url:
             from fixture_models.llm import write_llm
             from serve.stack import start_vllm
-            from serve.vllm import VLLMOptions
+            from serve.vllm_server import VLLMOptions
 
             model_dir = model_dir or write_llm(out / "small-llama", shape="small")
             progress(f"starting vLLM for {model_dir} (log: {out / 'vllm.log'})")

@@ -99,7 +99,7 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
         progress=print) -> dict:
     from fixture_models.llm import write_llm
     from serve.stack import start_gateway, start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     model = write_llm(out / "tiny-llama", max_length=2048)
     figures: dict[str, list[dict]] = {m: [] for m in MODES}

@@ -309,7 +309,7 @@ def run(opts: BenchOptions, progress=log.info) -> dict:
     from contextlib import ExitStack
 
     from serve.stack import start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     opts.out.mkdir(parents=True, exist_ok=True)
     gpu = _gpu_name()

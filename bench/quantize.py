@@ -49,7 +49,7 @@ def _bf16_accuracy(model: Path) -> dict:
 def _throughput(model: Path, dtype: str, work: Path, rounds: int, duration_s: float, max_tokens: int,
                 progress) -> dict[int, list[float]]:
     from serve.stack import start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     from .llm import closed_loop, prompts_for
 

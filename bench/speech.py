@@ -31,7 +31,7 @@ def _stack(work: Path, progress):
     from fixture_models.speech import write_whisper
     from export.speech.whisper import export_speech
     from serve.stack import start_gateway, start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     progress("training the fixture Whisper and exporting it")
     source = write_whisper(work / "whisper")

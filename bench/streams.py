@@ -8,7 +8,7 @@ at least 0.97x the proxy's.
 
 The paths of one round send the same prompts (one seed), so vLLM runs without prefix caching: otherwise the
 first path of a round pays the prefills and the others hit the cache. vLLM runs the model in its engine core
-(serve.vllm.TWO_PROCESSES), the same for every path. In its default layout a worker process of its own runs it while
+(serve.vllm_server.TWO_PROCESSES), the same for every path. In its default layout a worker process of its own runs it while
 the engine core spins waiting for it, a core's worth of CPU that on a 2-core box leaves the API server, the front ends
 and the clients one core between them; there vLLM held back whole answers, headers included, for a few hundred ms in
 some rounds of every path (direct too: 206 ms TTFT P50 in one round against 14 ms in the next), and the figures said
@@ -35,7 +35,7 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
         output_len: int = 64, worker_process: bool = False, progress=print) -> dict:
     from fixture_models.llm import write_llm
     from serve.stack import start_gateway, start_vllm
-    from serve.vllm import TWO_PROCESSES, VLLMOptions
+    from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
     from .accuracy import RandomWorkload, vllm_bench_serve
     from .proxy import plain_proxy

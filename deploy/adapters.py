@@ -2,7 +2,7 @@
 restart, and written into (or out of) its deployment file, so that `serve up` brings the same set back.
 
 On the box that runs the deployment. An adapter is checked first, against the base model its entry serves, by the one
-LoRA fit check (core.lora, through serve.vllm.check_adapter_base) and against the largest rank the engines were
+LoRA fit check (core.lora, through serve.vllm_server.check_adapter_base) and against the largest rank the engines were
 started for; then each replica's vLLM loads it through its runtime LoRA API (serve.lora_runtime: on every replica or
 on none). The gateway lists the adapter at its next discovery (every
 `health_interval_s`), and streams in flight are not touched: vLLM loads an adapter beside the running batch.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from core.contract import padded_lora_rank
 from serve.lora_runtime import RuntimeLoraError, load_everywhere, unload_everywhere
-from serve.vllm import VLLMConfigError, check_adapter_base, read_adapter
+from serve.vllm_server import VLLMConfigError, check_adapter_base, read_adapter
 
 from .spec import Deployment, DeploymentError, LLMModel, SpeechModel, load_deployment
 

@@ -28,9 +28,9 @@ import psutil
 import yaml
 
 from core.envs import TRITON, VLLM, env_dir
-from serve import triton, vllm
+from serve import triton_server, vllm_server
 from serve.launcher import ServerProcess
-from serve.triton import TritonInstall, TritonNotFound
+from serve.triton_server import TritonInstall, TritonNotFound
 
 from .plan import format_plan, plan
 from .repository import assemble_repository
@@ -110,9 +110,9 @@ def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_
     """The service as a process of this host, with the programs installed here."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("RTXSERVE_")} | service.env
     if service.kind == "triton":
-        argv, env = triton.install_argv(install, service.args), triton.install_env(install, base)
+        argv, env = triton_server.install_argv(install, service.args), triton_server.install_env(install, base)
     elif service.kind == "vllm":
-        argv, env = vllm.install_argv(envs["vllm"], service.args), vllm.install_env(envs["vllm"], base)
+        argv, env = vllm_server.install_argv(envs["vllm"], service.args), vllm_server.install_env(envs["vllm"], base)
         if service.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(service.gpu)
     else:
@@ -298,6 +298,6 @@ def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
         left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _members(r)]
         if not left:
             (run / "state.json").unlink(missing_ok=True)
-        for region in triton.remove_orphaned_regions():
+        for region in triton_server.remove_orphaned_regions():
             log(f"removed {region}, which a killed Triton left behind")
     return left

@@ -31,7 +31,7 @@ import yaml
 
 from core.envs import TRITON, VLLM, env_under
 from core.tasks import DIFFUSION, ENCODER
-from serve.vllm import is_cpu_build
+from serve.vllm_server import is_cpu_build
 
 from .images import TRITON_IMAGE, TRITON_IMAGE_PYTHON, VLLM_IMAGE, VLLM_IMAGE_PYTHON
 from .render import render

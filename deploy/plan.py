@@ -232,7 +232,7 @@ def _serving_bytes(m: LLMModel, config: dict, on_gpu: bool) -> int:
         return SERVING_BYTES[m.dtype]
     stored = str(config.get("torch_dtype") or config.get("dtype") or "float32")
     if not on_gpu:
-        return 4 if m.adapters or stored == "float32" else 2  # serve/vllm.py serves adapters in float32 on CPU
+        return 4 if m.adapters or stored == "float32" else 2  # serve/vllm_server.py serves adapters in float32 on CPU
     return 2  # vLLM's "auto" on a GPU: float16 for float32 / float16 checkpoints, bfloat16 for bfloat16 ones
 
 
@@ -293,7 +293,7 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     except (OSError, ValueError) as exc:
         raise DeploymentError(f"models.{m.name}: {path / 'config.json'} is not readable JSON ({exc})") from None
     g = _geometry(config, f"models.{m.name}: {path / 'config.json'}")
-    from serve.vllm import base_weights
+    from serve.vllm_server import base_weights
 
     files = base_weights(path)
     if not files:

@@ -43,7 +43,7 @@ class Layout:
 
 
 def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     extra = ["--max-num-seqs", str(m.max_num_seqs)]
     if m.max_num_batched_tokens:
@@ -77,10 +77,10 @@ def gateway_settings(d: Deployment, layout: Layout) -> dict:
 
 def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_env: Path | None = None) -> list[Service]:
     """Triton (if any encoder), the vLLM engines, then the gateway: the order they start in. Each engine's
-    model and adapters are checked (serve.vllm.check_vllm: their configs and shapes) on the way; `vllm_env` is
+    model and adapters are checked (serve.vllm_server.check_vllm: their configs and shapes) on the way; `vllm_env` is
     the vLLM install that will run them on this host (None: elsewhere, e.g. a container)."""
-    from serve.triton import TritonOptions, triton_args
-    from serve.vllm import VLLMConfigError, check_vllm, runtime_lora_env, serving_dtype, vllm_args
+    from serve.triton_server import TritonOptions, triton_args
+    from serve.vllm_server import VLLMConfigError, check_vllm, runtime_lora_env, serving_dtype, vllm_args
 
     services = []
     if d.encoders:

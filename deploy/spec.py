@@ -432,7 +432,7 @@ def check_artifacts(d: Deployment) -> None:
     """Every artifact exists and is of the kind the file says (DeploymentError naming the first that is not)."""
     for m in d.encoders:
         encoder_metadata(d, m)
-    from serve.vllm import is_speech_model
+    from serve.vllm_server import is_speech_model
 
     for m in d.vllm_models:
         path = d.resolve(m.path)

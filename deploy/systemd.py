@@ -34,15 +34,15 @@ def _docker_run(name: str, image: str, mounts: list[str], argv: list[str]) -> li
 
 def _triton_command(d: Deployment, s: Service, prefix: Path, tritonserver: Path | None, backend_directory: Path | None,
                     container: TritonContainer | None) -> tuple[list[str], dict[str, str]]:
-    from serve import triton
+    from serve import triton_server
 
     if container is not None:
         models = str(container.models)
         return _docker_run(f"rtxserve-{d.name}-triton", container.image, [f"{models}:{models}:ro"],
                            ["tritonserver", *s.args]), {"PATH": "/usr/bin:/bin"}
-    install = (triton.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
-               if tritonserver else triton.TritonInstall.at(env_under(prefix, TRITON), "python%d.%d" % sys.version_info[:2]))
-    return triton.install_argv(install, s.args), triton.install_env(install, base={"PATH": "/usr/bin:/bin"})
+    install = (triton_server.TritonInstall(Path(tritonserver), Path(backend_directory or "/opt/tritonserver/backends"))
+               if tritonserver else triton_server.TritonInstall.at(env_under(prefix, TRITON), "python%d.%d" % sys.version_info[:2]))
+    return triton_server.install_argv(install, s.args), triton_server.install_env(install, base={"PATH": "/usr/bin:/bin"})
 
 
 def _build_lines(s: Service, build_engines: str, container: TritonContainer | None) -> list[str]:
@@ -63,7 +63,7 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
     makes), and a target that starts them together. A GPU box's Triton runs from `tritonserver` (the box's own,
     NGC's layout) or else through Docker (`triton_container`)."""
-    from serve import vllm
+    from serve import vllm_server
 
     units = {}
     target = f"rtxserve-{d.name}.target"
@@ -74,8 +74,8 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         if s.kind == "triton":
             argv, env = _triton_command(d, s, prefix, tritonserver, backend_directory, triton_container)
         elif s.kind == "vllm":
-            argv = vllm.install_argv(env_under(prefix, VLLM), s.args)
-            env = vllm.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
+            argv = vllm_server.install_argv(env_under(prefix, VLLM), s.args)
+            env = vllm_server.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
             if s.gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(s.gpu)
         else:

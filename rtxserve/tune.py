@@ -374,7 +374,7 @@ def _target_and_load(args) -> tuple[object, dict, dict]:
         options = scenario_options(scenario=target.scenario, model=args.model,
                                    **({"arrival": "poisson", "rate": args.rate} if args.rate else {}))
         return target, options, axes
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     axes = {"max_num_seqs": _values(args.max_num_seqs, "max-num-seqs"),
             "max_num_batched_tokens": _values(args.max_num_batched_tokens, "max-num-batched-tokens")}

@@ -16,7 +16,7 @@ from core.envs import TRITON, VLLM, env_dir
 
 def _triton(args) -> int:
     from .launcher import ServerProcess
-    from .triton import TritonInstall, TritonNotFound, TritonOptions, triton_command
+    from .triton_server import TritonInstall, TritonNotFound, TritonOptions, triton_command
 
     try:
         install = (
@@ -58,7 +58,7 @@ def _run_foreground(server, what: str, timeout_s: float, ready_message: str) -> 
 
 def _vllm(args) -> int:
     from .launcher import ServerProcess
-    from .vllm import VLLMConfigError, VLLMOptions, vllm_command
+    from .vllm_server import VLLMConfigError, VLLMOptions, vllm_command
 
     try:
         adapters = {}

@@ -2,7 +2,7 @@
 one refuses, those that loaded it unload it again), and unloaded from every one. `rtxserve adapters add|remove`
 (deploy/adapters.py, on the box) and the gateway's admin route (`/admin/adapters`, with an admin key) both call it.
 
-The engines must run with VLLM_ALLOW_RUNTIME_LORA_UPDATING (serve.vllm.runtime_lora_env: every engine with LoRA on).
+The engines must run with VLLM_ALLOW_RUNTIME_LORA_UPDATING (serve.vllm_server.runtime_lora_env: every engine with LoRA on).
 vLLM loads an adapter beside the running batch: streams in flight are not touched.
 """
 

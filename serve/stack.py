@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .launcher import ServerProcess, free_port
-from .triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
+from .triton_server import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
 
 
 @dataclass
@@ -48,9 +48,9 @@ def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV
 
 def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300,
                env: dict[str, str] | None = None) -> tuple[ServerProcess, str]:
-    """The real vLLM OpenAI server for `opts` (a serve.vllm.VLLMOptions; its port is replaced by a free one), with `env`
+    """The real vLLM OpenAI server for `opts` (a serve.vllm_server.VLLMOptions; its port is replaced by a free one), with `env`
     over its environment."""
-    from .vllm import DEFAULT_ENV as VLLM_ENV, vllm_command
+    from .vllm_server import DEFAULT_ENV as VLLM_ENV, vllm_command
 
     opts.port = free_port()
     argv, command_env = vllm_command(opts, vllm_env or VLLM_ENV)
@@ -75,7 +75,7 @@ def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", wo
 
 def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_ENV, gateway_workers: int = 1,
                 vllm_opts=None) -> Stack:
-    """Triton on `repository`, vLLM too when `vllm_opts` (serve.vllm.VLLMOptions) is given, and the gateway."""
+    """Triton on `repository`, vLLM too when `vllm_opts` (serve.vllm_server.VLLMOptions) is given, and the gateway."""
     triton, opts = start_triton(repository, log_dir, triton_env)
     grpc_url = f"127.0.0.1:{opts.grpc_port}"
     vllm, vllm_url = None, ""

@@ -38,7 +38,7 @@ def pytest_sessionstart(session):
     """Tests kill Triton on purpose (and a run cut short kills it too): each killed server leaves its python
     stubs' shared-memory regions in /dev/shm, which is RAM. Left to pile up, they starved later runs' vLLM of
     memory; what no process maps any more goes before and after every run."""
-    from serve.triton import remove_orphaned_regions
+    from serve.triton_server import remove_orphaned_regions
 
     remove_orphaned_regions()
 

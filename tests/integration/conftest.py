@@ -15,7 +15,7 @@ from fixture_models.llm import write_llm_with_adapters
 from fixture_models.text import write_encoder_adapter
 from fixture_models.vision import write_image_classifier
 from serve.stack import start_gateway, start_stack, start_vllm
-from serve.vllm import VLLMOptions
+from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once
 from tests.integration import VLLM_EAGER, VLLM_TWO_PROCESSES, png
 

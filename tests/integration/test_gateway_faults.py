@@ -16,7 +16,7 @@ from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
 from serve.launcher import ServerProcess, free_port
 from serve.stack import start_gateway
-from serve.triton import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
+from serve.triton_server import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
 
 from . import until
 

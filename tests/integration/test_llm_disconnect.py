@@ -14,7 +14,7 @@ import pytest
 
 from fixture_models.llm import write_llm
 from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
+from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once
 from tests.integration import VLLM_EAGER
 

@@ -104,7 +104,7 @@ def test_vllm_serves_the_package_as_it_is_through_the_gateway(served):
 def test_vllm_serves_the_w4a16_package_where_the_cpu_has_avx512(packages, tmp_path):
     """Where vLLM can run int4 on this CPU, the w4a16 package is served as it is and answers through vLLM's own API."""
     from serve.stack import start_vllm
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     vllm, url = start_vllm(VLLMOptions(model=packages["w4a16"].out, served_name="tiny-w4", max_model_len=256,
                                        extra_args=VLLM_EAGER), tmp_path)

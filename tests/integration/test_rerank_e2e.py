@@ -8,7 +8,7 @@ import pytest
 
 from fixture_models.text import RERANK_DOCUMENTS, RERANK_QUERIES, write_reranker
 from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
+from serve.vllm_server import VLLMOptions
 from tests.integration import VLLM_EAGER
 
 MODEL = "tiny-reranker"

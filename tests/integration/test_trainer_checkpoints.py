@@ -19,7 +19,7 @@ import yaml
 
 from rtxserve.cli import main as cli_main
 from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
+from serve.vllm_server import VLLMOptions
 from tests.integration import VLLM_EAGER
 from tests.trainer_checkpoints.build import build
 

@@ -31,7 +31,7 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
 def test_tune_vllm_restarts_the_engine_per_configuration_and_each_engine_schedules_as_configured(llm_fixtures, tmp_path):
     from loadtest.server_metrics import load
     from rtxserve.tune import VLLMTarget
-    from serve.vllm import VLLMOptions
+    from serve.vllm_server import VLLMOptions
 
     target = VLLMTarget(VLLMOptions(model=llm_fixtures / "base", served_name="tiny-llama", max_model_len=512,
                                         extra_args=VLLM_EAGER))

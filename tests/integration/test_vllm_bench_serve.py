@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serve.vllm import DEFAULT_ENV
+from serve.vllm_server import DEFAULT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 

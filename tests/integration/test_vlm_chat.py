@@ -16,7 +16,7 @@ from PIL import Image
 
 from fixture_models.llm import write_vlm
 from serve.stack import start_gateway, start_vllm
-from serve.vllm import VLLMOptions
+from serve.vllm_server import VLLMOptions
 from tests.integration import VLLM_EAGER
 
 QUERY_TOKENS = 8  # the fixture's Q-Former query tokens: what one image adds to the prompt

@@ -8,7 +8,7 @@ import pytest
 from export.exceptions import ExportError
 from export.llm.llm import LLMOptions, export_llm
 from export.llm.quantize import HELD_OUT, PROMPTS, read_calibration
-from serve.vllm import cpu_cannot_serve, gpu_cannot_serve
+from serve.vllm_server import cpu_cannot_serve, gpu_cannot_serve
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import os
 import time
 
 from serve.launcher import log_tail
-from serve.triton import SHM_REGION_PREFIX, remove_orphaned_regions
+from serve.triton_server import SHM_REGION_PREFIX, remove_orphaned_regions
 
 
 def test_the_tail_of_a_log_leads_with_the_exception_raised_earlier_in_it(tmp_path):

@@ -15,7 +15,7 @@ from export.triton.model_config import TensorSpec
 from export.triton.entry import EntryOptions
 from serve import tensorrt_check
 from serve.tensorrt_check import check_plans, detect_compute_capability, detect_tensorrt_version, plan_problems
-from serve.triton import TritonInstall, TritonNotFound, TritonOptions, triton_command
+from serve.triton_server import TritonInstall, TritonNotFound, TritonOptions, triton_command
 
 TOKENS = ["input_ids", "attention_mask", "token_type_ids"]
 INFO = {"tensorrt_version": "10.3.0.26", "precision": "fp16", "gpu": "NVIDIA GeForce RTX 4090", "compute_capability": "8.9",

