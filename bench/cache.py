@@ -24,7 +24,7 @@ import yaml
 
 from core.machine import machine
 
-from .gateway import _closed_loop, _summary
+from .gateway import closed_loop, latency_summary
 from .record import Benchmark, Files, Progress
 
 ENTRIES = {"cached": 64, "uncached": 0}  # entry name -> response_cache_mb
@@ -94,7 +94,7 @@ async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int
                     body = {"model": name, "input": next(texts)}
                     return (await client.post(f"{url}/v1/classify", json=body)).status_code == 200
 
-                summary = _summary(*await _closed_loop(request, concurrency, duration_s))
+                summary = latency_summary(*await closed_loop(request, concurrency, duration_s))
                 per_round[name].append(summary)
                 progress(f"round {i + 1}/{rounds}, {name}: {summary['qps']} QPS, P99 {summary['p99_ms']} ms")
     return {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]} for name, rs in per_round.items()} \

@@ -50,7 +50,7 @@ def _cpu_seconds(pid: int) -> float:
     return total
 
 
-async def _closed_loop(request, concurrency: int, duration_s: float) -> tuple[list[float], int, float]:
+async def closed_loop(request, concurrency: int, duration_s: float) -> tuple[list[float], int, float]:
     """`concurrency` loops sending `request()` back to back for `duration_s`: latencies (ms), errors, seconds."""
     latencies: list[float] = []
     errors = 0
@@ -74,7 +74,8 @@ async def _closed_loop(request, concurrency: int, duration_s: float) -> tuple[li
     return latencies, errors, time.perf_counter() - started
 
 
-def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
+def latency_summary(latencies: list[float], errors: int, seconds: float) -> dict:
+    """Percentiles (ms), QPS, requests and errors of one closed-loop run, as the benchmarks record them."""
     values = np.percentile(latencies, PERCENTILES) if latencies else [float("nan")] * len(PERCENTILES)
     return {**{f"p{p:g}_ms": round(float(v), 3) for p, v in zip(PERCENTILES, values)},
             "qps": round(len(latencies) / seconds, 1), "requests": len(latencies), "errors": errors}
@@ -98,15 +99,15 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
 
         targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": via_gateway}
         for request in targets.values():  # warm up every path (connections, Triton instances)
-            await _closed_loop(request, concurrency, 2.0)
+            await closed_loop(request, concurrency, 2.0)
         per_round: dict[str, list[dict]] = {name: [] for name in targets}
         samples: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
         for i in range(rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:  # each path first in turn
                 cpu_before = _cpu_seconds(pids[name]) if name in pids else 0.0
-                latencies, errors, seconds = await _closed_loop(targets[name], concurrency, duration_s)
-                summary = _summary(latencies, errors, seconds)
+                latencies, errors, seconds = await closed_loop(targets[name], concurrency, duration_s)
+                summary = latency_summary(latencies, errors, seconds)
                 if name in pids:
                     summary["cpu_ms_per_request"] = round(
                         (_cpu_seconds(pids[name]) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)

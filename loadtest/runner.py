@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import platform
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from core.machine import machine
 from core.slo import parse_slo
 
 from .pages import write_report
@@ -257,7 +257,7 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     load_cpu = cpu.figures(wall, process.pid)
     if "CPU usage above" in (out_dir / "locust.log").read_text(errors="replace"):
         load_cpu["cpu_bound"] = True  # locust's own warning
-    settings = spec.settings() | {"load generator": load_cpu, "machine": _machine()}
+    settings = spec.settings() | {"load generator": load_cpu, "machine": machine()}
     summary = summarize(samples, spec.warmup_s, settings, parse_slo(spec.slo))
     images = spec.options.get("chat_images") or 0
     scenario = spec.options["scenario"] + (f" with {images} image{'s' * (images > 1)} per request" if images else "")
@@ -280,10 +280,3 @@ def _stop_group(process: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _machine() -> dict:
-    import os
-
-    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "system": f"{platform.system()} {platform.release()}"}

@@ -2,11 +2,11 @@
 
 import numpy as np
 
-from bench.gateway import _plot, _summary, markdown
+from bench.gateway import _plot, latency_summary, markdown
 
 
 def test_percentiles_come_from_every_sample_and_errors_are_counted():
-    s = _summary(list(np.arange(1, 1001, dtype=float)), errors=3, seconds=2.0)
+    s = latency_summary(list(np.arange(1, 1001, dtype=float)), errors=3, seconds=2.0)
     assert s["p50_ms"] == 500.5 and s["p99_ms"] == 990.01 and s["qps"] == 500.0 and s["errors"] == 3
 
 
