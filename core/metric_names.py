@@ -20,3 +20,9 @@ ALIAS_REQUESTS = "rtxserve_alias_requests_total"  # counter, by alias, model: th
 FALLBACKS = "rtxserve_fallbacks_total"  # counter, by model, fallback: requests its fallback answered
 QUOTA_STORAGE_ERRORS = "rtxserve_quota_storage_errors_total"  # counter: quota checks the storage could not answer
 AFFINITY = "rtxserve_affinity_total"  # counter, by outcome: preferred / spilled (cache-aware routing)
+# On-demand models (serve/gateway/residency.py)
+MODEL_LOADS = "rtxserve_model_loads_total"  # counter, by model, outcome: loaded / failed
+MODEL_UNLOADS = "rtxserve_model_unloads_total"  # counter, by model, reason: idle / room
+MODEL_LOAD_SECONDS = "rtxserve_model_load_duration_seconds"  # histogram, by model: from the load's start to ready
+MODEL_RESIDENT = "rtxserve_model_resident"  # gauge, by model: 1 while an on-demand model is loaded
+LOAD_WAITS = "rtxserve_load_waits_total"  # counter, by model, outcome: requests that waited for a load (served / timeout / failed)

@@ -78,7 +78,7 @@ class LoadSpec:
             from .scenarios.options import parse_mix
 
             return sorted({model for _, model, _ in parse_mix(self.options["mix"])})
-        return [self.options["model"]]
+        return [m.strip() for m in self.options["model"].split(",") if m.strip()]
 
     def check(self) -> None:
         """Refuse a run that cannot work, before any load (the workload is built once here to check it)."""

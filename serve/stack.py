@@ -37,9 +37,10 @@ class Stack:
 
 
 def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV, timeout_s: float = 300,
-                 extra_args: tuple[str, ...] = ()) -> tuple[ServerProcess, TritonOptions]:
+                 extra_args: tuple[str, ...] = (), load_models: list[str] | None = None) -> tuple[ServerProcess, TritonOptions]:
+    """tritonserver on `repository`: every entry loaded, or (`load_models`) explicit model control with those loaded."""
     opts = TritonOptions(repository=repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
-                         extra_args=list(extra_args))
+                         load_models=load_models, extra_args=list(extra_args))
     argv, env = triton_command(TritonInstall.from_env(triton_env), opts)
     server = ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
                            ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready")

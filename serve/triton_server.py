@@ -81,6 +81,9 @@ class TritonOptions:
     metrics_port: int = contract.TRITON_METRICS_PORT
     address: str = "127.0.0.1"  # loopback by default: clients go through the gateway
     log_verbose: int = 0
+    # None: every entry is loaded at start and stays (model-control mode none); a list: explicit model control, these
+    # loaded at start and the others when the gateway asks (on-demand entries, serve/gateway/residency.py)
+    load_models: list[str] | None = None
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -95,8 +98,12 @@ def triton_args(opts: TritonOptions, repository: str | None = None) -> list[str]
         f"--grpc-port={opts.grpc_port}",
         f"--metrics-address={opts.address}",
         f"--metrics-port={opts.metrics_port}",
-        "--model-control-mode=none",
-        "--strict-readiness=true",
+        # Explicit control: the server is ready once the entries named load (it fails to start otherwise); an
+        # on-demand entry whose load fails later must not make the whole server unready, as strict readiness would
+        # (it counts every model ever tried), so readiness is per model there, in the repository index.
+        *(["--model-control-mode=none", "--strict-readiness=true"] if opts.load_models is None else
+          ["--model-control-mode=explicit", *(f"--load-model={m}" for m in opts.load_models),
+           "--strict-readiness=false"]),
         "--exit-on-error=true",  # a model that fails to load stops the start, with its error in the log
         # Each python-backend stub talks to the server through a shared-memory region that starts at 1 MB and
         # grows under load; growing it while requests run concurrently can abort the whole server with

@@ -57,9 +57,13 @@ class Load:
             mix = parse_mix(options.mix)
             load.entries, load.weights = [(a, m) for a, m, _ in mix], [w for _, _, w in mix]
         else:
-            if not options.model:
+            models = [m.strip() for m in options.model.split(",") if m.strip()]
+            if not models:
                 raise ValueError("--model is required")
-            load.entries, load.weights = [(options.scenario, options.model)], [1.0]
+            if options.zipf < 0:
+                raise ValueError("--zipf must be >= 0")
+            load.entries = [(options.scenario, m) for m in models]
+            load.weights = [1 / rank**options.zipf for rank in range(1, len(models) + 1)]  # Zipf's law over the ranks
         if options.batch < 1 or options.output_len < 1:
             raise ValueError("--batch and --output-len must be >= 1")
         apis = {api for api, _ in load.entries}

@@ -22,7 +22,10 @@ def add_options(parser):
     group.add_argument("--scenario", choices=SCENARIOS, default="classify",
                        help="API under load: classify (texts), image (classify images), ner, embeddings, chat, "
                             "completions, images (generations), or mix (--mix)")
-    group.add_argument("--model", default="", help="model name the requests ask for")
+    group.add_argument("--model", default="", help="model name the requests ask for; several, comma-separated: each "
+                       "request asks for one of them, drawn with Zipf popularity (--zipf)")
+    group.add_argument("--zipf", type=float, default=1.0, help="with several --model names: the k-th named is asked for "
+                       "in proportion to 1/k^s (s = this; 0: all alike), the popularity of fine-tunes on one box")
     group.add_argument("--mix", default="", metavar="API:MODEL:WEIGHT,...",
                        help="--scenario mix: APIs with their model and a weight per request, e.g. "
                             "classify:reviews:3,chat:tiny-llama:1")

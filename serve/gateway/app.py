@@ -80,14 +80,16 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         if unknown:  # a settings error, found once the backends say what they serve
             raise RuntimeError(f"settings: aliases or fallbacks name models no backend serves: {', '.join(unknown)} "
                                f"(served: {', '.join(sorted(state.registry.models)) or 'none'})")
-        health = asyncio.create_task(state.registry.run_health_loop())
+        loops = [asyncio.create_task(state.registry.run_health_loop()),
+                 asyncio.create_task(state.residency.run_idle_loop())]
         _drain_on_sigterm(state)
         try:
             yield
         finally:
-            health.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await health
+            for loop in loops:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
             for backend in backends:
                 await backend.close()
 

@@ -26,6 +26,7 @@ from .admission import Gate
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
 from .registry import Registry, Replica
+from .residency import Residency
 from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
@@ -50,23 +51,29 @@ class _HeldStream(Stream):
 
 
 class Dispatcher:
-    def __init__(self, settings: GatewaySettings, registry: Registry):
+    def __init__(self, settings: GatewaySettings, registry: Registry, residency: Residency):
         self.settings = settings
         self.registry = registry
+        self.residency = residency
         self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
                       for m, n in settings.model_concurrency.items()}
 
-    def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None, user: str | None = None) -> ModelInfo:
+    async def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None,
+                      user: str | None = None) -> ModelInfo:
         """The model a request names (of one of the tasks `task` names), or the error the client should get.
 
         An alias (settings.aliases) is one of its targets, by weight: the same one for the same API `key` name or
-        request `user` where the alias is sticky by it, else drawn per request. A model with no live replica is
-        answered by its first ready fallback (settings.fallbacks) of the same task."""
+        request `user` where the alias is sticky by it, else drawn per request. An on-demand model not loaded is
+        loaded first (residency.py). A model with no live replica is answered by its first ready fallback
+        (settings.fallbacks) of the same task."""
         alias = self.settings.aliases.get(name)
         if alias is not None:
             target = _draw(alias.targets, {"key": key or CALLER.get(), "user": user}.get(alias.sticky))
             metrics.ALIAS_REQUESTS.labels(name, target).inc()
             name = target
+        if name in self.residency.models and name in self.registry.models:
+            self._resolve(name, task, loaded=False)  # its task, before anything is loaded for it
+            await self.residency.ensure(name)
         try:
             return self._resolve(name, task)
         except BackendUnavailable as exc:
@@ -85,7 +92,7 @@ class Dispatcher:
                 metrics.FALLBACKS.labels(name, fallback).inc()
                 yield info
 
-    def _resolve(self, name: str, task: str | tuple[str, ...]) -> ModelInfo:
+    def _resolve(self, name: str, task: str | tuple[str, ...], loaded: bool = True) -> ModelInfo:
         if name not in self.registry.models:
             if not all(r.up for r in self.registry.replicas):
                 raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
@@ -94,7 +101,7 @@ class Dispatcher:
         tasks = (task,) if isinstance(task, str) else task
         if info.task not in tasks:
             raise InvalidRequest(f"model {name!r} is a {info.task} model, not {' or '.join(tasks)}", param="model")
-        if not info.ready:
+        if loaded and not info.ready:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
         return info
 
@@ -130,14 +137,30 @@ class Dispatcher:
         _pick."""
         chain = self.settings.fallbacks.get(info.name)
         if not chain:
-            return await self._gated(info, fn, affinity)
+            return await self._resident(info, fn, affinity)
         try:
-            return await self._gated(info, fn, affinity)
+            return await self._resident(info, fn, affinity)
         except BackendUnavailable as exc:
             for fallback in self._fallbacks(info.name, info.task, exc):
                 with contextlib.suppress(BackendUnavailable):
-                    return await self._gated(fallback, fn, affinity)
+                    return await self._resident(fallback, fn, affinity)
             raise
+
+    async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                        affinity: str | None = None) -> T:
+        """`_gated`, with the model held loaded (an on-demand model: until a stream ends)."""
+        if info.name not in self.residency.models:
+            return await self._gated(info, fn, affinity)
+        release = await self.residency.hold(info.name)
+        try:
+            result = await self._gated(info, fn, affinity)
+        except BaseException:
+            release()
+            raise
+        if isinstance(result, Stream):
+            return _HeldStream(result, release)
+        release()
+        return result
 
     async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                      affinity: str | None = None) -> T:

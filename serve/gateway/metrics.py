@@ -54,6 +54,14 @@ AFFINITY = Counter(metric_names.AFFINITY, "Generation requests with a conversati
                    "(preferred) or, that one over its share of the load, on another (spilled)", ("outcome",))
 QUOTA_STORAGE_ERRORS = Counter(metric_names.QUOTA_STORAGE_ERRORS, "Quota checks the quota storage (Redis) could not answer")
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
+MODEL_LOADS = Counter(metric_names.MODEL_LOADS, "Loads of on-demand models, by outcome", ("model", "outcome"))
+MODEL_UNLOADS = Counter(metric_names.MODEL_UNLOADS, "Unloads of on-demand models: idle, or to make room", ("model", "reason"))
+MODEL_LOAD_SECONDS = Histogram(metric_names.MODEL_LOAD_SECONDS, "Seconds an on-demand model took to load and answer its "
+                               "first request", ("model",), buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+MODEL_RESIDENT = Gauge(metric_names.MODEL_RESIDENT, "1 while an on-demand model is loaded", ("model",),
+                       multiprocess_mode="livemax")
+LOAD_WAITS = Counter(metric_names.LOAD_WAITS, "Requests that found their model unloaded and waited for its load, by "
+                     "outcome (served, timeout: 503 after load_wait_s, failed: 503 naming the failure)", ("model", "outcome"))
 
 
 def render() -> tuple[bytes, str]:

@@ -77,6 +77,8 @@ class Registry:
             # Keep the models it served, marked not ready: clients get 503, not 404, while it is down.
             replica.models = {n: replace(m, ready=False) for n, m in replica.models.items()}
             return
+        found = [m if m.task else replace(m, task=self.settings.on_demand[m.name].task) for m in found
+                 if m.task or m.name in self.settings.on_demand]  # an on-demand model not loaded yet: its task is known
         if not replica.up:
             log.info("backend %s is up: %s", replica.name, ", ".join(m.name for m in found) or "no models")
             replica.canaried.clear()  # a backend that came back is checked again
@@ -139,10 +141,12 @@ class Registry:
         return sorted(self.settings.route_names() - set(self.models))
 
     def ready(self) -> tuple[bool, dict]:
-        """Ready when not draining and every required model (default: all known) is served by a live replica."""
-        required = self.settings.required_models or list(self.models)
+        """Ready when not draining and every required model (default: all known but the on-demand ones, loaded when
+        asked for) is served by a live replica."""
+        required = self.settings.required_models or [n for n in self.models if n not in self.settings.on_demand]
         missing = [n for n in required if n not in self.models or not self.models[n].ready]
-        ok = not self.draining and bool(required) and not missing
+        known = bool(required) or (bool(self.models) and all(r.up for r in self.replicas))  # every model on demand
+        ok = not self.draining and known and not missing
 
         def replica_state(r: Replica) -> str:
             broken = sorted(n for n, m in r.models.items() if not m.ready) if r.up else []

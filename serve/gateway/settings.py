@@ -41,6 +41,18 @@ class Alias(BaseModel):
         return targets
 
 
+class OnDemand(BaseModel):
+    """A model loaded when a request first asks for it and unloaded when idle or when another needs its room
+    (residency.py). `rtxserve deploy` writes these from the deployment file's `resident: on-demand` models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(description="its task (core.tasks), known before it is loaded: /v1/models lists it meanwhile")
+    gib: float = Field(gt=0, description="the memory it takes once loaded, GiB, as `rtxserve plan` estimates it")
+    idle_unload_s: float | None = Field(None, gt=0, description="unloaded after this many seconds without a request; "
+                                        "none: only when another on-demand model needs its room")
+
+
 class GatewaySettings(BaseSettings):
     """Everything the gateway process reads at start. Env: RTXSERVE_<FIELD>; file: RTXSERVE_CONFIG (YAML)."""
 
@@ -97,6 +109,18 @@ class GatewaySettings(BaseSettings):
     affinity_load_factor: float = Field(1.25, ge=1.0, le=10.0, description="the most a replica takes of a model's "
                                         "requests in flight, as a multiple of the average, before a conversation that "
                                         "hashes to it goes to another (bounded-load hashing)")
+    on_demand: dict[str, OnDemand] = Field(
+        default_factory=dict, description='models loaded on their first request and unloaded when idle or to make '
+        'room, e.g. {"reviews-de": {"task": "text-classification", "gib": 0.6, "idle_unload_s": 600}}; the others '
+        'are loaded when their server starts and stay (Triton runs in explicit model-control mode for these)')
+    swap_room_gib: float = Field(0.0, ge=0, description="the memory the on-demand models share, GiB (the plan's swap "
+                                 "room): the least recently used idle one is unloaded when a load would pass it")
+    load_wait_s: float = Field(30.0, gt=0, le=3600, description="how long a request waits for its model to load; "
+                               "then 503 with Retry-After, while the load goes on")
+    load_timeout_s: float = Field(600.0, gt=0, le=3600, description="the longest one load of an on-demand model may "
+                                  "take before it counts as failed")
+    load_retry_s: float = Field(5.0, gt=0, le=3600, description="after a failed load, requests are refused (503) "
+                                "this long before the next try, doubled after each failure up to 60 s")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
     )
@@ -146,6 +170,14 @@ class GatewaySettings(BaseSettings):
         for name, chain in self.fallbacks.items():
             if not chain or name in chain or name in self.aliases or any(f in self.aliases for f in chain):
                 raise ValueError(f"fallbacks.{name}: name one or more other models (not aliases), in order")
+        return self
+
+    @model_validator(mode="after")
+    def _on_demand_fits(self):
+        over = {n: m.gib for n, m in self.on_demand.items() if m.gib > self.swap_room_gib}
+        if over:
+            raise ValueError(f"on_demand: {', '.join(f'{n} ({g:g} GiB)' for n, g in over.items())} cannot fit in "
+                             f"swap_room_gib {self.swap_room_gib:g}")
         return self
 
     def route_names(self) -> set[str]:

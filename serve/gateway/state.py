@@ -2,6 +2,7 @@
 - `registry` (registry.py): the backend replicas, what each serves and whether it is up, canaries, readiness;
 - `dispatch` (dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
+- `residency` (residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
 - `access` (access.py): the API keys and their quotas.
 
 One is made per gateway worker (app.py) and reached by the routes as `request.app.state.gateway`.
@@ -16,6 +17,7 @@ from .access import Access
 from .backends.base import Backend
 from .dispatch import Dispatcher
 from .registry import Canary, Registry
+from .residency import Residency
 from .settings import GatewaySettings
 
 
@@ -23,10 +25,12 @@ from .settings import GatewaySettings
 class GatewayState:
     settings: GatewaySettings
     registry: Registry
+    residency: Residency
     dispatch: Dispatcher
     access: Access
 
     @classmethod
     def build(cls, settings: GatewaySettings, backends: list[Backend], canaries: Mapping[str, Canary]) -> GatewayState:
         registry = Registry(settings, backends, canaries)
-        return cls(settings, registry, Dispatcher(settings, registry), Access(settings))
+        residency = Residency(settings, registry)
+        return cls(settings, registry, residency, Dispatcher(settings, registry, residency), Access(settings))

@@ -173,3 +173,37 @@ def error_of(response, status):
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert "Traceback" not in response.text and "/work" not in response.text
     return body["error"]
+
+
+class SwappingTriton(GatedTriton):
+    """Serves MODELS always, and loads `on_demand` (copies of the classifier under other names) when asked: `loads`
+    and `unloads` list the calls in order; a load waits while `load_gate` is closed and raises `load_fails[model]` where set."""
+
+    swaps = True
+
+    def __init__(self, on_demand: tuple[str, ...], **kwargs):
+        super().__init__(**kwargs)
+        self.on_demand = on_demand
+        self.loaded: set[str] = set()
+        self.loads: list[str] = []
+        self.unloads: list[str] = []
+        self.load_gate = threading.Event()
+        self.load_gate.set()
+        self.load_fails: dict[str, Exception] = {}
+
+    async def discover(self):
+        found = await super().discover()
+        return [*found, *(ModelInfo(n, "text-classification", "triton", True, LABELS, 4) if n in self.loaded
+                          else ModelInfo(n, "", "triton", False) for n in self.on_demand)]
+
+    async def load(self, model, timeout_s):
+        self.loads.append(model)
+        while not self.load_gate.is_set():
+            await asyncio.sleep(0.005)
+        if model in self.load_fails:
+            raise self.load_fails[model]
+        self.loaded.add(model)
+
+    async def unload(self, model):
+        self.unloads.append(model)
+        self.loaded.discard(model)

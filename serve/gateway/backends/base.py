@@ -85,6 +85,7 @@ class Stream(ABC):
 class Backend(ABC):
     kind: str = ""
     url: str = ""
+    swaps: bool = False  # loads and unloads its models on request (load / unload): on-demand models live here
 
     @property
     def name(self) -> str:
@@ -99,7 +100,16 @@ class Backend(ABC):
 
     @abstractmethod
     async def discover(self) -> list[ModelInfo]:
-        """The models this backend serves, with readiness. Raises BackendUnavailable if unreachable."""
+        """The models this backend serves, with readiness. Raises BackendUnavailable if unreachable. A backend that
+        swaps also lists the models it could load, not ready, with the task "" where it cannot tell it yet."""
+
+    async def load(self, model: str, timeout_s: float) -> None:
+        """Load `model` (swapping backends); raises BackendError saying why it could not."""
+        raise NotImplementedError(f"{self.kind} backends do not load models on demand")
+
+    async def unload(self, model: str) -> None:
+        """Unload `model` once the requests it is running are answered (swapping backends)."""
+        raise NotImplementedError(f"{self.kind} backends do not unload models on demand")
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
         raise NotImplementedError(f"{self.kind} backends do not serve text classification")

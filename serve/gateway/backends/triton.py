@@ -76,11 +76,13 @@ class _Line:
 
 class TritonBackend(Backend):
     kind = "triton"
+    swaps = True  # through the repository API, where tritonserver runs in explicit model-control mode
 
     def __init__(self, grpc_url: str, coalesce_calls: int = 1):
         self.url = grpc_url
         self.client: grpcclient.InferenceServerClient | None = None
         self._configs: dict[tuple[str, str], dict] = {}
+        self._last_config: dict[str, dict] = {}  # name -> its config when last loaded: an unloaded entry keeps its task
         self.coalesce_calls = coalesce_calls  # calls in flight per call shape before batches wait; 0: off
         self._lines: dict[tuple, _Line] = {}  # per call shape: batches waiting, calls in flight
         self._sending: set[asyncio.Task] = set()  # coalesced calls in flight (held: the loop keeps weak references)
@@ -120,10 +122,14 @@ class TritonBackend(Backend):
         key = (entry["name"], entry.get("version", ""))
         if key not in self._configs and entry.get("state") == "READY":
             response = await self.client.get_model_config(entry["name"], as_json=True, client_timeout=2.0)
-            self._configs[key] = response.get("config", {})
-        return self._configs.get(key)
+            self._configs[key] = self._last_config[entry["name"]] = response.get("config", {})
+        return self._configs.get(key) or self._last_config.get(entry["name"])
 
     def _model_info(self, entry: dict, config: dict | None) -> ModelInfo | None:
+        """The entry as the gateway routes to it; None for a step of an ensemble (no task in its config). An entry
+        never loaded has no config to read: it is listed not ready, its task "" (explicit model control)."""
+        if config is None and entry.get("state") != "READY":
+            return ModelInfo(name=entry["name"], task="", backend=self.kind, ready=False)
         params = {k: v.get("string_value", "") for k, v in (config or {}).get("parameters", {}).items()}
         task = params.get(contract.PARAM_TASK)
         if not task:
@@ -139,6 +145,23 @@ class TritonBackend(Backend):
             extra={k: params[p] for k, p in (("aggregation", contract.PARAM_AGGREGATION), ("defaults", contract.PARAM_DEFAULTS))
                    if p in params},
         )
+
+    async def load(self, model: str, timeout_s: float) -> None:
+        """Triton's repository API: the entry and, an ensemble, its steps (what its config names)."""
+        try:
+            await self.client.load_model(model, client_timeout=timeout_s)
+        except InferenceServerException as exc:
+            detail = str(exc.message() or exc)
+            if "DEADLINE" in str(exc.status()) or "Deadline" in detail:
+                raise BackendTimeout(f"model {model} did not load within {timeout_s:g} s") from exc
+            raise BackendError(f"Triton could not load model {model}: {detail[:400]}") from exc
+
+    async def unload(self, model: str) -> None:
+        """Triton unloads an entry once the requests it runs are answered; its ensemble's steps go with it."""
+        try:
+            await self.client.unload_model(model, unload_dependents=True, client_timeout=30.0)
+        except InferenceServerException as exc:
+            raise BackendError(f"Triton could not unload model {model}: {exc.message()}") from exc
 
     async def classify(self, model: ModelInfo, texts: list[str], timeout_s: float) -> list[Classification]:
         return await self._in_chunks(self._classify_chunk, model, texts, timeout_s)

@@ -15,7 +15,7 @@ TASK, IMAGE_TASK = TEXT_CLASSIFICATION, IMAGE_CLASSIFICATION
 
 async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyResponse:
     limits = state.settings
-    info = state.dispatch.resolve(request.model, (TASK, IMAGE_TASK))
+    info = await state.dispatch.resolve(request.model, (TASK, IMAGE_TASK))
     images = isinstance(request.input[0], ImageInput)  # the validator made it a list
     if info.task == IMAGE_TASK and not images:
         raise InvalidRequest(f'model {info.name!r} classifies images; send input as [{{"image": "<base64 PNG or JPEG>"}}]',

@@ -40,7 +40,7 @@ def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
 
 async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
     limits = state.settings
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     encoded = decode_images(state, request.input)
     labels = info.labels
     unknown = sorted({c for c in request.classes or () if c >= len(labels)})

@@ -40,7 +40,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
 
 async def embed(state: GatewayState, request: EmbeddingRequest) -> EmbeddingResponse:
     texts = _check_texts(state, request)
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     _check_dimensions(request, info.name, info.dimensions)  # before the backend call when the size is known
     results = await state.dispatch.call(info, lambda b, m: b.embed(m, texts, state.settings.request_timeout_s))
     _check_dimensions(request, info.name, results[0].vector.size)  # models that did not declare their size

@@ -156,7 +156,7 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     _check_bounds(state.settings, request)
     user = (request.model_extra or {}).get("user")
     user = user if isinstance(user, str) else None
-    info = state.dispatch.resolve(request.model, TASK, key.name if key else None, user)
+    info = await state.dispatch.resolve(request.model, TASK, key.name if key else None, user)
     affinity = conversation(request, user, session) if state.settings.affinity else None
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
@@ -175,7 +175,7 @@ async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequ
     """/v1/responses or /v1/messages: bounded, relayed, counted. Non-streamed: vLLM's JSON answer; streamed: an
     async iterator of its SSE events, the usage event included."""
     _check_agent_bounds(state.settings, request)
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)
     if isinstance(request, ResponsesRequest) and request.max_output_tokens is None:
         # Left out, vLLM would generate to the end of the context. It refuses a length over the model's context (and
@@ -204,7 +204,7 @@ async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | De
     if size > limits.max_prompt_chars:
         raise InvalidRequest(f"the {field} has {size} {'tokens' if field == 'tokens' else 'characters'}; this gateway "
                              f"allows at most {limits.max_prompt_chars}", param=field)
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)
     return await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name))
 

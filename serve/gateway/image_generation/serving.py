@@ -60,7 +60,7 @@ def generation_parameters(state: GatewayState, request: ImageGenerationRequest, 
 
 
 async def generate_images(state: GatewayState, request: ImageGenerationRequest) -> ImageGenerationResponse:
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     params = generation_parameters(state, request, json.loads(info.extra["defaults"]))
     timeout = state.settings.image_timeout_s
     images, truncated = await state.dispatch.call(info, lambda b, m: b.generate_images(m, params, timeout))

@@ -13,7 +13,7 @@ TASK = TOKEN_CLASSIFICATION
 
 async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
     texts = check_texts(state, request.input)
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     aggregation = request.aggregation or info.extra.get("aggregation") or "first"
     results = await state.dispatch.call(info, lambda b, m: b.tag(m, texts, aggregation, state.settings.request_timeout_s))
     data = [

@@ -38,7 +38,7 @@ async def rank(state: GatewayState, path: str, request: RerankRequest | ScoreReq
     for field in sides:
         if body.get(field) is not None:
             _check_side(state.settings, field, body[field])
-    info = state.dispatch.resolve(request.model, TASK)
+    info = await state.dispatch.resolve(request.model, TASK)
     answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name))
     await count_usage(state, key, info.name, answer.get("usage"))
     return answer

@@ -82,7 +82,7 @@ def check_fields(fields: list[tuple[str, str]]) -> dict[str, str]:
 async def transcribe(state: GatewayState, path: str, fields: list[tuple[str, str]], audio: Upload) -> dict | str:
     """The backend's answer to the form: a dict (json, verbose_json) or the text (response_format text)."""
     found = check_fields(fields)
-    info = state.dispatch.resolve(found["model"], TASK)
+    info = await state.dispatch.resolve(found["model"], TASK)
     # off the event loop: libsndfile counts an MP3's frames by reading it through
     await asyncio.to_thread(check_audio, state.settings, audio)
     response_format = found.get("response_format", "json")

@@ -41,12 +41,15 @@ async def prometheus() -> Response:
 
 @router.get("/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 async def list_models(request: Request) -> dict:
-    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use, and the
+    """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use (an
+    on-demand one with its residency: loaded, loading, unloading or unloaded, its GiB and requests in flight), and the
     aliases (settings.aliases) whose targets are known, with their weights; an alias is ready when a target is."""
     state, key = request.app.state.gateway, request_key(request)
+    on_demand = state.residency.status()
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
+        | ({"on_demand": on_demand[info.name]} if info.name in on_demand else {})
         for info in sorted(state.registry.models.values(), key=lambda m: m.name)
         if key is None or key.allows(info.name)
     ]
