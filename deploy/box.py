@@ -173,7 +173,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
         layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"))
         if d.encoders:
             assemble_repository(d, p, run / "model_repository")
-        (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout), sort_keys=False))
+        (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout, p), sort_keys=False))
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
         state = {"name": d.name, "deployment": str(d.base_dir), "started": time.time(), "servers": []}
         try:
@@ -241,20 +241,25 @@ def _members(r: dict) -> list[psutil.Process]:
 
 
 def status(run: Path) -> list[dict]:
-    """Each server of the run: name, kind, pid, whether its process lives, and what its readiness URL says."""
+    """Each server of the run: name, kind, pid, whether its process lives, what its readiness URL says, and (the
+    gateway) the residency of each on-demand model."""
     out = []
     with httpx.Client(timeout=2.0) as client:
         for r in read_state(run)["servers"]:
             members = _members(r)
             alive = any(p.pid == r["pid"] for p in members)
-            ready = "-"
+            ready, on_demand = "-", {}
             if alive:
                 try:
-                    ready = str(client.get(r["url"]).status_code)
-                except httpx.HTTPError as exc:
-                    ready = type(exc).__name__
+                    answer = client.get(r["url"])
+                    ready = str(answer.status_code)
+                    if r["kind"] == "gateway":  # its /readyz says which on-demand models are loaded
+                        on_demand = answer.json().get("on_demand") or {}
+                except (httpx.HTTPError, ValueError) as exc:
+                    ready = ready if ready != "-" else type(exc).__name__
             rss = sum(_rss(p) for p in members)
-            out.append({**r, "alive": alive, "ready": ready, "processes": len(members), "rss_gib": rss / 1024**3})
+            out.append({**r, "alive": alive, "ready": ready, "processes": len(members), "rss_gib": rss / 1024**3,
+                        "on_demand": on_demand})
     return out
 
 

@@ -53,6 +53,11 @@ def _status(args) -> int:
         for s in rows:
             print(f"  {s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} "
                   f"{s['processes']:>5} {s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
+            by_state: dict[str, list[str]] = {}
+            for model, state in s.get("on_demand", {}).items():
+                by_state.setdefault(state, []).append(model)
+            if by_state:
+                print("    on demand: " + "; ".join(f"{state}: {', '.join(models)}" for state, models in sorted(by_state.items())))
     return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
 
 

@@ -75,6 +75,7 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     kv_bytes_per_token: int = 0  # vLLM engines: what one token of KV cache takes
     context: int = 0  # vLLM engines: max_model_len (a Whisper's: plus its encoder states)
+    task: str = ""  # Triton entries: the task export recorded (core.tasks), what the gateway routes it as
 
 
 @dataclass
@@ -121,6 +122,9 @@ class Plan:
     # GPU engines: the KV cache tokens the memory its GPU has left for it holds (what vLLM would give it, were it
     # given all of that), whether or not the max_num_seqs x max_model_len it was planned for fit
     kv_room_tokens: dict[str, int] = field(default_factory=dict)
+    on_demand: dict[str, float] = field(default_factory=dict)  # on-demand entry -> GiB on each device once loaded
+    swap_room_gib: float = 0.0  # what the on-demand entries share on each device
+    warm_together: list[str] = field(default_factory=list)  # on-demand entries, in file order, that fit at once
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -175,7 +179,7 @@ def estimate_encoder(d: Deployment, m: EncoderModel) -> Estimate:
     overhead = ENCODER_INSTANCE_GIB if d.on_gpu else CPU_ENCODER_INSTANCE_GIB
     parts = {"weights": weights, "activations": activations, "runtime": overhead}
     notes.append(f"max batch {batch}")
-    return Estimate(m.name, ENCODER, sum(parts.values()), parts, notes)
+    return Estimate(m.name, ENCODER, sum(parts.values()), parts, notes, task=meta.task)
 
 
 def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
@@ -207,7 +211,7 @@ def estimate_diffusion(d: Deployment, m: DiffusionModel) -> Estimate:
     parts = {"weights": params * width / GIB, "activations": (activations + vae) / GIB,
              "runtime": DIFFUSION_PROCESS_GIB if d.on_gpu else CPU_DIFFUSION_PROCESS_GIB}
     notes = [f"{params / 1e9:.2f} B parameters at {width} bytes", f"{m.max_images} image(s) of {size}x{size}"]
-    return Estimate(m.name, DIFFUSION, sum(parts.values()), parts, notes)
+    return Estimate(m.name, DIFFUSION, sum(parts.values()), parts, notes, task=meta.task)
 
 
 # ---------------------------------------------------------------------------------------------- LLMs
@@ -350,8 +354,18 @@ def server_host_gib(d: Deployment, p: Plan) -> dict[str, float]:
         (cpu,) = p.devices
         triton = sum(pl.gib for pl in cpu.placements if pl.what != "engine")
         return {"triton": triton} | {pl.model: pl.gib for pl in cpu.placements if pl.what == "engine"}
-    stubs = sum(2 * CPU_ENCODER_INSTANCE_GIB if not isinstance(m, DiffusionModel)
-                else p.instances[m.name] * (CPU_DIFFUSION_PROCESS_GIB + CUDA_HOST_GIB) for m in d.encoders)
+    def stub_gib(m: EncoderModel) -> float:
+        return (2 * CPU_ENCODER_INSTANCE_GIB if not isinstance(m, DiffusionModel)
+                else p.instances[m.name] * (CPU_DIFFUSION_PROCESS_GIB + CUDA_HOST_GIB))
+
+    stubs = sum(stub_gib(m) for m in d.encoders if m.resident == "always")
+    if p.on_demand:  # as many as the swap room holds at once (the smallest first), each as large as the largest
+        fit, used = 0, 0.0
+        for gib in sorted(p.on_demand.values()):
+            if used + gib > p.swap_room_gib:
+                break
+            fit, used = fit + 1, used + gib
+        stubs += sum(sorted((stub_gib(m) for m in d.on_demand), reverse=True)[:fit])
     return ({"triton": CPU_TRITON_GIB + CUDA_HOST_GIB + stubs} if d.encoders else {}) | {
         m.name: CPU_VLLM_PROCESS_GIB + CUDA_HOST_GIB for m in d.vllm_models}
 
@@ -393,11 +407,16 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         for dev in devices:
             dev.placements.append(Placement("tritonserver", "runtime", 1, runtime))
     instances = {m.name: (1 if m.instances == "auto" else m.instances) for m in d.encoders}
-    for m in d.encoders:
+    always = [m for m in d.encoders if m.resident == "always"]
+    for m in always:
         for dev in devices:
             dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
+    on_demand = {m.name: instances[m.name] * estimates[m.name].gib for m in d.on_demand}
+    if on_demand:  # the largest is held free while "auto" instances grow; the room is settled after
+        for dev in devices:
+            dev.placements.append(Placement("on-demand entries", "swap room", 1, max(on_demand.values())))
     fits = all(dev.free_gib >= 0 for dev in devices)
-    auto = [m for m in d.encoders if m.instances == "auto"] if d.on_gpu else []
+    auto = [m for m in always if m.instances == "auto"] if d.on_gpu else []
     while fits and auto:  # round robin: one more instance of each auto model while it fits everywhere
         grown = []
         for m in auto:
@@ -408,20 +427,42 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
                     next(p for p in dev.placements if p.model == m.name).count += 1
                 grown.append(m)
         auto = grown
+    room, warm = _swap_room(d, devices, on_demand)
+    fits = fits and all(dev.free_gib >= 0 for dev in devices)
     more = {}
-    for m in d.encoders:
+    for m in always:
         gib = estimates[m.name].gib
         more[m.name] = max(0, min(int(dev.free_gib // gib) for dev in devices)) if fits else 0
     for m in d.vllm_models:
         share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
         more[m.name] = sum(1 for dev in devices if not dev.has_engine() and dev.free_gib >= share) if d.on_gpu else 0
-    room = {}
+    kv_room = {}
     for m in d.vllm_models if d.on_gpu else ():
         e = estimates[m.name]
         free = min(devices[i].free_gib for i in engines[m.name])  # each replica's GPU, after everything placed
         share = next(p.gib_each for p in devices[engines[m.name][0]].placements if p.model == m.name)
-        room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
-    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more, fits, room)
+        kv_room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
+    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more,
+                fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm)
+
+
+def _swap_room(d: Deployment, devices: list[Device], on_demand: dict[str, float]) -> tuple[float, list[str]]:
+    """Settle the swap room on every device: deployment.swap_room_gib, or all that the rest leaves; and which
+    on-demand entries, in the file's order, fit in it at once. The plan does not fit where the room is over what the
+    device has, or the largest on-demand entry does not fit in it even with every other one unloaded."""
+    if not on_demand:
+        return 0.0, []
+    reserved = [next(p for p in dev.placements if p.what == "swap room") for dev in devices]
+    left = min(dev.free_gib for dev in devices) + reserved[0].gib_each
+    room = d.swap_room_gib if d.swap_room_gib is not None else max(0.0, left)
+    for placement in reserved:
+        placement.gib_each = room
+    warm, used = [], 0.0
+    for name, gib in on_demand.items():
+        if used + gib <= room:
+            warm.append(name)
+            used += gib
+    return room, warm
 
 
 def format_plan(p: Plan) -> str:
@@ -444,6 +485,15 @@ def format_plan(p: Plan) -> str:
         planned = round(e.parts["kv_cache"] * GIB / e.kv_bytes_per_token)
         lines.append(f"  {name}: its GPU has room for {tokens} tokens of KV cache ({tokens // e.context} sequences of "
                      f"{e.context}); planned {planned}")
+    if p.on_demand:
+        where = "each GPU" if p.on_gpu else "the box"
+        lines += ["", f"on demand (loaded when asked for, the least recently used unloaded to make room): a swap room of "
+                  f"{p.swap_room_gib:.2f} GiB on {where}"]
+        for name, gib in p.on_demand.items():
+            lines.append(f"  {name:<28} {gib:>7.2f} GiB" + ("" if gib <= p.swap_room_gib else "  DOES NOT FIT the room"))
+        lines.append(f"  warm together: {', '.join(p.warm_together) or 'none'}" + (
+            f" ({len(p.warm_together)} of {len(p.on_demand)}; the others swap in as they are asked for)"
+            if len(p.warm_together) < len(p.on_demand) else " (all of them)"))
     if p.fits:
         more = [f"{n}: +{k} {'engine(s)' if n in p.engines else 'instance(s) per ' + ('GPU' if p.on_gpu else 'box')}"
                 for n, k in p.more.items() if k > 0]
@@ -451,5 +501,9 @@ def format_plan(p: Plan) -> str:
             lines += ["", "would also fit: " + ", ".join(more)]
     else:
         over = [f"{dev.name} by {-dev.free_gib:.2f} GiB" for dev in p.devices if dev.free_gib < 0]
+        largest = max(p.on_demand.items(), key=lambda kv: kv[1], default=None)
+        if largest and largest[1] > p.swap_room_gib:
+            over.append(f"the swap room: {largest[0]} needs {largest[1]:.2f} GiB with every other on-demand entry "
+                        f"unloaded, the room is {p.swap_room_gib:.2f} GiB")
         lines += ["", f"DOES NOT FIT: over on {', '.join(over)}"]
     return "\n".join(lines)

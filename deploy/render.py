@@ -171,7 +171,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     # compose and Kubernetes run the same containers, reached by service name
     inside = container_layout(d, where)
     services = build_services(d, p, inside)
-    settings = gateway_settings(d, inside)
+    settings = gateway_settings(d, inside, p)
     _containers(d, p, services, settings, builds, files)
     _kubernetes(d, p, services, settings, keys, builds, files)
     _systemd(d, p, where, builds, files, at=Path(at or out).resolve(), prefix=Path(prefix or Path.cwd()).resolve(),
@@ -251,7 +251,7 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
                   str(at / "secrets" / "keys.json") for k, v in where.items()}
     host = Layout(path=lambda path: host_where[Path(path).resolve()], repository=str(at / "models" / "repository"),
                   gateway_config=str(at / "systemd" / "gateway.yaml"))
-    files.dump("systemd/gateway.yaml", gateway_settings(d, host))
+    files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
     build = str(at / "systemd" / "build-engines.sh") if builds else None

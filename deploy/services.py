@@ -62,14 +62,20 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
                        extra_args=[*extra, *m.vllm_args])
 
 
-def gateway_settings(d: Deployment, layout: Layout) -> dict:
-    """The gateway's settings file (RTXSERVE_CONFIG): the deployment's wiring, then its own settings."""
+def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
+    """The gateway's settings file (RTXSERVE_CONFIG): the deployment's wiring (the on-demand entries with what the plan
+    gives each, and their room), then its own settings."""
     settings = {"host": layout.gateway_host or d.gateway.host, "port": d.ports.gateway,
                 "workers": d.gateway.workers,
                 "triton_grpc_url": f"{layout.host_of('triton')}:{d.ports.triton_grpc}" if d.encoders else "",
                 "vllm_url": ",".join(f"http://{layout.host_of(engine_name(m.name, r))}:{port}" for m, r, port in d.engines()),
-                # /readyz waits for every model the deployment names, adapters included
-                "required_models": [n for m in d.models for n in (m.name, *getattr(m, "adapters", {}))]}
+                # /readyz waits for every model the deployment names, adapters included, but those loaded on demand
+                "required_models": [n for m in d.models if m.resident == "always"
+                                    for n in (m.name, *getattr(m, "adapters", {}))]}
+    if d.on_demand:
+        settings["on_demand"] = {m.name: {"task": p.estimates[m.name].task, "gib": round(p.on_demand[m.name], 3),
+                                          "idle_unload_s": m.idle_unload_s} for m in d.on_demand}
+        settings["swap_room_gib"] = round(p.swap_room_gib, 3)
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
     return settings | d.gateway.settings
@@ -87,7 +93,8 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
         from .repository import response_cache_args
 
         opts = TritonOptions(repository=Path(layout.repository), http_port=d.ports.triton_http, grpc_port=d.ports.triton_grpc,
-                             metrics_port=d.ports.triton_metrics, address=layout.bind, extra_args=response_cache_args(d))
+                             metrics_port=d.ports.triton_metrics, address=layout.bind, extra_args=response_cache_args(d),
+                             load_models=[m.name for m in d.encoders if m.resident == "always"] if d.on_demand else None)
         services.append(Service("triton", "triton", triton_args(opts, layout.repository), d.ports.triton_http,
                                 "/v2/health/ready", "/v2/health/live", d.ports.triton_metrics,
                                 models=[m.name for m in d.encoders]))

@@ -123,6 +123,18 @@ class _Model(_Strict):
     name: str = Field(description="the name clients use in requests")
     path: Path = Field(description="the artifact, relative to the deployment file")
     slo: str | None = Field(None, description='what a request must meet, as `rtxserve loadtest --slo` takes it, e.g. "e2el:200"')
+    resident: Literal["always", "on-demand"] = Field(
+        "always", description="always: loaded when its server starts, and stays; on-demand: loaded by the gateway on "
+        "its first request, unloaded when idle (idle_unload_s) or when another on-demand model needs the room (the "
+        "least recently used first; never one serving a request). `rtxserve plan` shows the swap room they share")
+    idle_unload_s: float | None = Field(None, gt=0, description="on-demand models: unloaded after this many seconds "
+                                        "without a request (default: only to make room)")
+
+    @model_validator(mode="after")
+    def _idle_is_on_demand(self):
+        if self.idle_unload_s is not None and self.resident != "on-demand":
+            raise ValueError("idle_unload_s: applies to resident: on-demand models")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -216,6 +228,14 @@ class LLMModel(_Model):
                 raise ValueError(f"adapter name {name!r}: use letters, digits, '.', '_' or '-'")
         return value
 
+    @field_validator("resident")
+    @classmethod
+    def _always(cls, value: str) -> str:
+        if value != "always":
+            raise ValueError("on-demand vLLM engines (sleep and wake) are not built yet: LLM and speech models are "
+                             "resident: always; encoder and diffusion entries can be on-demand")
+        return value
+
 
 class SpeechModel(LLMModel):
     """A Whisper folder (`rtxserve export speech`): run by vLLM as an LLM is (one engine per replica, each on a GPU
@@ -244,6 +264,9 @@ class Deployment(_Strict):
     gateway: Gateway = Field(default_factory=Gateway)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
     models: list[Model] = Field(min_length=1)
+    swap_room_gib: float | None = Field(None, gt=0, description="the memory the on-demand models share on each device, "
+                                        "GiB (default: all that the always-resident models leave); `rtxserve plan` "
+                                        "refuses a room the largest on-demand model does not fit in")
     base_dir: Path = Field(Path("."), exclude=True, description="where relative paths start: the file's folder")
 
     @field_validator("name")
@@ -297,6 +320,11 @@ class Deployment(_Strict):
     def encoders(self) -> list[EncoderModel]:
         """Every model Triton serves: encoders and diffusion pipelines."""
         return [m for m in self.models if isinstance(m, EncoderModel)]
+
+    @property
+    def on_demand(self) -> list[EncoderModel]:
+        """The Triton entries loaded when first asked for (resident: on-demand)."""
+        return [m for m in self.encoders if m.resident == "on-demand"]
 
     @property
     def diffusion(self) -> list[DiffusionModel]:

@@ -162,7 +162,7 @@ def test_the_services_are_the_servers_options_wherever_they_run(boxes):
     assert "--model /models/llama-3-8b" in args and "--gpu-memory-utilization 0.84" in args and "--max-num-seqs 8" in args
     assert "--lora-modules support=/models/adapter-support sales=/models/adapter-sales" in args and "--max-lora-rank 16" in args
     assert engine.gpu == 0 and engine.name == "vllm-llama-3-8b-0"
-    settings = gateway_settings(d, inside)
+    settings = gateway_settings(d, inside, p)
     assert settings["vllm_url"] == "http://vllm-llama-3-8b-0:8100" and settings["triton_grpc_url"] == "triton:8001"
     assert settings["required_models"] == ["bert_classifier", "llama-3-8b", "support", "sales"]
     assert gateway.env == {"RTXSERVE_CONFIG": "/etc/rtxserve/gateway.yaml"}
@@ -380,3 +380,68 @@ def test_an_entry_without_dimensions_or_graph_activations_is_assumed_and_says_so
     e = plan(d).estimates["yolo"]
     assert e.parts["activations"] == pytest.approx(e.parts["weights"]) == pytest.approx(9_400_000 * 4 / GIB)
     assert "activations assumed equal to weights (export it again to record them)" in " ".join(e.notes)
+
+
+def _on_demand_box(tmp_path, swap_room_gib=None, fine_tunes=6, idle=None) -> Path:
+    """One GPU with an 8B engine beside it, one always-resident BERT and `fine_tunes` on-demand BERT fine-tunes."""
+    write_llama(tmp_path / "llm")
+    for i in range(fine_tunes + 1):
+        write_entry(tmp_path / "repo", f"bert_{i}")
+    models = [{"name": "llm", "kind": "llm", "path": "llm", "max_num_seqs": 4, "max_model_len": 4096},
+              {"name": "bert_0", "kind": "encoder", "path": "repo/bert_0", "instances": 2}]
+    models += [{"name": f"bert_{i}", "kind": "encoder", "path": f"repo/bert_{i}", "instances": 2,
+                "resident": "on-demand", **({"idle_unload_s": idle} if idle else {})} for i in range(1, fine_tunes + 1)]
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump({"name": "box", "gpus": {"count": 1}, "models": models,
+                                    **({"swap_room_gib": swap_room_gib} if swap_room_gib else {})}))
+    return path
+
+
+def test_on_demand_entries_share_a_swap_room_and_the_plan_says_which_are_warm_together(tmp_path):
+    bert = 2 * plan(load_deployment(_on_demand_box(tmp_path / "a", fine_tunes=1))).estimates["bert_1"].gib
+    p = plan(load_deployment(_on_demand_box(tmp_path / "b", swap_room_gib=round(2.5 * bert, 3))))
+    assert p.fits and p.on_demand == {f"bert_{i}": pytest.approx(bert) for i in range(1, 7)}
+    assert p.swap_room_gib == round(2.5 * bert, 3) and p.warm_together == ["bert_1", "bert_2"]
+    gpu = p.devices[0]
+    assert [pl.model for pl in gpu.placements if pl.what == "instances"] == ["bert_0"]  # the always-resident one
+    assert next(pl for pl in gpu.placements if pl.what == "swap room").gib == p.swap_room_gib
+    table = format_plan(p)
+    assert f"a swap room of {p.swap_room_gib:.2f} GiB on each GPU" in table
+    assert "warm together: bert_1, bert_2 (2 of 6; the others swap in as they are asked for)" in table
+
+
+def test_a_room_the_largest_on_demand_entry_cannot_fit_is_refused_with_the_numbers(tmp_path, capsys):
+    from deploy.cli import plan_main
+
+    path = _on_demand_box(tmp_path, swap_room_gib=0.1, fine_tunes=2)
+    assert plan_main([str(path)]) == 2
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT: over on the swap room: bert_1 needs" in out and "the room is 0.10 GiB" in out
+
+
+def test_without_a_room_on_demand_entries_get_what_the_rest_leaves(tmp_path):
+    p = plan(load_deployment(_on_demand_box(tmp_path, fine_tunes=3)))
+    assert p.fits and p.devices[0].free_gib == pytest.approx(0) and p.swap_room_gib > max(p.on_demand.values())
+
+
+def test_on_demand_entries_render_as_explicit_model_control_and_gateway_settings(tmp_path):
+    d = load_deployment(_on_demand_box(tmp_path, fine_tunes=2, idle=600))
+    p = plan(d)
+    triton = build_services(d, p)[0]
+    assert "--model-control-mode=explicit" in triton.args and "--load-model=bert_0" in triton.args
+    assert not any(a.startswith("--load-model=bert_1") for a in triton.args) and "--strict-readiness=false" in triton.args
+    settings = gateway_settings(d, Layout(), p)
+    assert settings["required_models"] == ["llm", "bert_0"]
+    assert settings["on_demand"]["bert_2"] == {"task": "text-classification", "gib": round(p.on_demand["bert_2"], 3),
+                                               "idle_unload_s": 600}
+    assert settings["swap_room_gib"] == round(p.swap_room_gib, 3)
+    from serve.gateway.settings import GatewaySettings
+
+    GatewaySettings.model_validate(settings)  # what the gateway reads at start
+
+
+def test_every_entry_resident_keeps_triton_loading_all_of_them(boxes):
+    d = load_deployment(boxes[0])
+    triton = build_services(d, plan(d))[0]
+    assert "--model-control-mode=none" in triton.args and "--strict-readiness=true" in triton.args
+    assert "on_demand" not in gateway_settings(d, Layout(), plan(d))

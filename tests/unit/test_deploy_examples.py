@@ -29,8 +29,8 @@ GPU_EXAMPLES = [p for p in EXAMPLES if yaml.safe_load(p.read_text())["gpus"]["co
 CUDA_TOTAL_GIB = {"NVIDIA GeForce RTX 4090": 23.64}
 
 
-def test_the_examples_are_a_cpu_box_one_4090_and_four():
-    assert [p.stem for p in EXAMPLES] == ["cpu-box", "four-4090", "one-4090"]
+def test_the_examples_are_a_cpu_box_one_4090_and_four_and_a_4090_with_more_fine_tunes_than_it_holds():
+    assert [p.stem for p in EXAMPLES] == ["cpu-box", "fine-tunes-4090", "four-4090", "one-4090"]
     for path in EXAMPLES:
         assert path.read_text().startswith("# "), f"{path.name}: a comment header says what it is and how to run it"
 
@@ -51,6 +51,21 @@ def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_
     p = plan(load_deployment(write_artifacts(Path(shutil.copy(example, tmp_path / example.name)))))
     assert p.engines == {"llama-3-8b": [0]} and p.instances["reviews"] >= 1 and p.more["reviews"] == 0
     assert p.devices[0].free_gib < p.estimates["reviews"].gib  # "auto": as many as fit, then no room for one more
+
+
+def test_the_fine_tunes_example_swaps_its_languages_and_diffusion_model_through_one_room(tmp_path):
+    example = next(p for p in EXAMPLES if p.stem == "fine-tunes-4090")
+    d = load_deployment(write_artifacts(Path(shutil.copy(example, tmp_path / example.name))))
+    p = plan(d)
+    assert p.fits and p.swap_room_gib == 4.4 and set(p.on_demand) == {m.name for m in d.on_demand}
+    assert p.warm_together == ["reviews-de", "reviews-fr", "reviews-es", "reviews-it", "reviews-ja"]  # sd swaps with them
+    assert p.on_demand["sd"] <= p.swap_room_gib < p.on_demand["sd"] + p.on_demand["reviews-de"]
+    render(d, tmp_path / "out", **on_box(d))
+    compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())
+    triton = " ".join(compose["services"]["triton"]["command"])
+    assert "--model-control-mode=explicit --load-model=reviews-en --strict-readiness=false" in triton
+    settings = yaml.safe_load((tmp_path / "out" / "gateway.yaml").read_text())
+    assert set(settings["on_demand"]) == set(p.on_demand) and settings["required_models"] == ["llama-3-8b", "reviews-en"]
 
 
 def every_task(tmp_path) -> list[dict]:
@@ -189,7 +204,7 @@ def test_every_pod_asks_for_the_host_memory_the_plan_estimates(example, tmp_path
             assert planned <= gib < planned + 0.25, (doc["metadata"]["name"], c["name"], gib, planned)
             assert int(c["resources"]["limits"]["memory"].removesuffix("Mi")) == 2 * gib * 1024
             asked += gib * doc["spec"]["replicas"]
-    assert asked < 8 * max(d.gpus.count, 1), f"{asked:.1f} GiB asked"
+    assert asked < 12 * max(d.gpus.count, 1), f"{asked:.1f} GiB asked"  # a 4090 box has 32 GB or more per card
 
 
 @pytest.mark.parametrize("example", GPU_EXAMPLES, ids=lambda p: p.stem)

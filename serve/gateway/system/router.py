@@ -16,6 +16,7 @@ class Readiness(BaseModel):
     status: str
     backends: dict[str, str]
     models: dict[str, str]
+    on_demand: dict[str, str] = {}  # each on-demand model's residency: loaded, loading, unloading or unloaded
     draining: bool = False
 
 
@@ -28,8 +29,12 @@ async def healthz() -> dict:
 
 @probes.get("/readyz", responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "not ready"}})
 async def readyz(request: Request) -> JSONResponse:
-    """Readiness: every backend is up and every required model is ready (503 otherwise)."""
-    ok, detail = request.app.state.gateway.registry.ready()
+    """Readiness: every backend is up and every required model is ready (503 otherwise); and what of the on-demand
+    models is loaded (`rtxserve serve status` shows it)."""
+    state = request.app.state.gateway
+    ok, detail = state.registry.ready()
+    if state.residency.models:
+        detail["on_demand"] = {name: s["state"] for name, s in state.residency.status().items()}
     return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
 
 
