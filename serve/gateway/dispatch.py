@@ -71,9 +71,10 @@ class Dispatcher:
             target = _draw(alias.targets, {"key": key or CALLER.get(), "user": user}.get(alias.sticky))
             metrics.ALIAS_REQUESTS.labels(name, target).inc()
             name = target
-        if name in self.residency.models and name in self.registry.models:
+        owner = self.settings.on_demand_owner(name)
+        if owner and name in self.registry.models:
             self._resolve(name, task, loaded=False)  # its task, before anything is loaded for it
-            await self.residency.ensure(name)
+            await self.residency.ensure(owner)
         try:
             return self._resolve(name, task)
         except BackendUnavailable as exc:
@@ -149,9 +150,10 @@ class Dispatcher:
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                         affinity: str | None = None) -> T:
         """`_gated`, with the model held loaded (an on-demand model: until a stream ends)."""
-        if info.name not in self.residency.models:
+        owner = self.settings.on_demand_owner(info.name)
+        if owner is None:
             return await self._gated(info, fn, affinity)
-        release = await self.residency.hold(info.name)
+        release = await self.residency.hold(owner)
         try:
             result = await self._gated(info, fn, affinity)
         except BaseException:

@@ -77,8 +77,10 @@ class Registry:
             # Keep the models it served, marked not ready: clients get 503, not 404, while it is down.
             replica.models = {n: replace(m, ready=False) for n, m in replica.models.items()}
             return
-        found = [m if m.task else replace(m, task=self.settings.on_demand[m.name].task) for m in found
-                 if m.task or m.name in self.settings.on_demand]  # an on-demand model not loaded yet: its task is known
+        owners = {m.name: self.settings.on_demand_owner(m.name) for m in found if not m.task}
+        # an on-demand model not loaded yet (or an adapter of one): its task is known from the settings
+        found = [m if m.task else replace(m, task=self.settings.on_demand[owners[m.name]].task) for m in found
+                 if m.task or owners[m.name]]
         if not replica.up:
             log.info("backend %s is up: %s", replica.name, ", ".join(m.name for m in found) or "no models")
             replica.canaried.clear()  # a backend that came back is checked again
@@ -143,7 +145,7 @@ class Registry:
     def ready(self) -> tuple[bool, dict]:
         """Ready when not draining and every required model (default: all known but the on-demand ones, loaded when
         asked for) is served by a live replica."""
-        required = self.settings.required_models or [n for n in self.models if n not in self.settings.on_demand]
+        required = self.settings.required_models or [n for n in self.models if not self.settings.on_demand_owner(n)]
         missing = [n for n in required if n not in self.models or not self.models[n].ready]
         known = bool(required) or (bool(self.models) and all(r.up for r in self.replicas))  # every model on demand
         ok = not self.draining and known and not missing

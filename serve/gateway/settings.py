@@ -51,6 +51,10 @@ class OnDemand(BaseModel):
     gib: float = Field(gt=0, description="the memory it takes once loaded, GiB, as `rtxserve plan` estimates it")
     idle_unload_s: float | None = Field(None, gt=0, description="unloaded after this many seconds without a request; "
                                         "none: only when another on-demand model needs its room")
+    engine: str = Field("", description="a vLLM model: the engine serving it (one of vllm_url), woken and put to "
+                        "sleep through engine_control; empty: a Triton entry")
+    adapters: list[str] = Field(default_factory=list, description="a vLLM model: its LoRA adapters, which wake and "
+                                "sleep with it")
 
 
 class GatewaySettings(BaseSettings):
@@ -117,6 +121,11 @@ class GatewaySettings(BaseSettings):
                                  "room): the least recently used idle one is unloaded when a load would pass it")
     load_wait_s: float = Field(30.0, gt=0, le=3600, description="how long a request waits for its model to load; "
                                "then 503 with Retry-After, while the load goes on")
+    engine_control: dict[str, str] = Field(
+        default_factory=dict, description="on-demand vLLM engines: engine URL -> where its sleep API answers (the "
+        "engine itself on a GPU, started with --enable-sleep-mode; serve/engine_control.py's server on a CPU)")
+    sleep_level: Literal[1, 2] = Field(1, description="how an on-demand vLLM engine on a GPU sleeps: 1 moves its "
+                                       "weights to host memory (a fast wake), 2 drops them (for a host short of memory)")
     load_timeout_s: float = Field(600.0, gt=0, le=3600, description="the longest one load of an on-demand model may "
                                   "take before it counts as failed")
     load_retry_s: float = Field(5.0, gt=0, le=3600, description="after a failed load, requests are refused (503) "
@@ -174,11 +183,21 @@ class GatewaySettings(BaseSettings):
 
     @model_validator(mode="after")
     def _on_demand_fits(self):
+        unknown = sorted({m.engine for m in self.on_demand.values() if m.engine} - set(self.engine_control))
+        if unknown:
+            raise ValueError(f"on_demand: engines {', '.join(unknown)} have no engine_control URL to wake them with")
         over = {n: m.gib for n, m in self.on_demand.items() if m.gib > self.swap_room_gib}
         if over:
             raise ValueError(f"on_demand: {', '.join(f'{n} ({g:g} GiB)' for n, g in over.items())} cannot fit in "
                              f"swap_room_gib {self.swap_room_gib:g}")
         return self
+
+    def on_demand_owner(self, name: str) -> str | None:
+        """The on-demand model whose load brings `name` (itself, or the engine model an adapter rides on); None if
+        `name` is always resident."""
+        if name in self.on_demand:
+            return name
+        return next((owner for owner, m in self.on_demand.items() if name in m.adapters), None)
 
     def route_names(self) -> set[str]:
         """Every model name the aliases and fallbacks refer to (checked against what the backends serve)."""

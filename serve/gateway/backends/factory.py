@@ -16,7 +16,9 @@ def make_backend(kind: str, url: str, settings: GatewaySettings) -> Backend:
     if kind == "vllm":
         from .vllm import VLLMBackend
 
-        return VLLMBackend(url, settings.generation_timeout_s)
+        control = settings.engine_control.get(url, "")
+        serves = tuple(n for name, m in settings.on_demand.items() if m.engine == url for n in (name, *m.adapters))
+        return VLLMBackend(url, settings.generation_timeout_s, control, serves, settings.sleep_level)
     raise ValueError(f"unknown backend kind {kind!r}; valid: {', '.join(KINDS)}")
 
 

@@ -81,10 +81,14 @@ def raise_for_status(status: int, content: bytes, model: str) -> None:
 class VLLMBackend(Backend):
     kind = "vllm"
 
-    def __init__(self, url: str, timeout_s: float):
+    def __init__(self, url: str, timeout_s: float, control: str = "", serves: tuple[str, ...] = (), sleep_level: int = 1):
         self.url, self.timeout_s = url.rstrip("/"), timeout_s
         self.session: aiohttp.ClientSession | None = None
         self.task: str | None = None  # what the engine serves, read from its routes once it answers
+        # An on-demand engine: where its sleep API answers (vLLM's own on a GPU, serve/engine_control.py's on a CPU),
+        # and the models it serves (listed, not ready, while it sleeps)
+        self.control, self.serves, self.sleep_level = control.rstrip("/"), serves, sleep_level
+        self.swaps = bool(control)
 
     async def start(self) -> None:
         # timeout_s bounds each wait for bytes (as a read timeout), not a whole generation
@@ -97,6 +101,8 @@ class VLLMBackend(Backend):
 
     async def discover(self) -> list[ModelInfo]:
         quick = aiohttp.ClientTimeout(total=2.0)
+        if self.control and await self._sleeping(quick):
+            return [ModelInfo(name=n, task=self.task or "", backend=self.kind, ready=False) for n in self.serves]
         try:
             async with self.session.get(f"{self.url}/health", timeout=quick) as health:  # vLLM checks its engine here
                 if health.status != 200:
@@ -114,6 +120,37 @@ class VLLMBackend(Backend):
                       extra={"max_model_len": m.get("max_model_len"), "parent": m.get("parent") or m.get("root")})
             for m in data
         ]
+
+    async def _sleeping(self, timeout: aiohttp.ClientTimeout) -> bool:
+        try:
+            async with self.session.get(f"{self.control}/is_sleeping", timeout=timeout) as response:
+                response.raise_for_status()
+                return bool(orjson.loads(await response.read()).get("is_sleeping"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, AttributeError) as exc:
+            raise BackendUnavailable(f"vLLM's sleep control at {self.control} is unreachable: "
+                                     f"{type(exc).__name__}") from exc
+
+    async def load(self, model: str, timeout_s: float) -> None:
+        """Wake the engine (vLLM's POST /wake_up; on a CPU, engine_control starts it)."""
+        await self._control("wake_up", model, timeout_s)
+
+    async def unload(self, model: str) -> None:
+        """Put the engine to sleep: level 1 keeps its weights in host memory, level 2 drops them (a CPU engine stops)."""
+        await self._control(f"sleep?level={self.sleep_level}", model, 120.0)
+
+    async def _control(self, action: str, model: str, timeout_s: float) -> None:
+        try:
+            async with self.session.post(f"{self.control}/{action}",
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+                if response.status >= 400:
+                    message, _ = _error(await response.read())
+                    raise BackendError(f"vLLM could not {action.split('?')[0].replace('_', ' ')} for model {model}: "
+                                       f"{message[:400] or response.status}")
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(f"model {model}'s engine did not {action.split('?')[0]} within {timeout_s:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"vLLM's sleep control at {self.control} is unreachable: "
+                                     f"{type(exc).__name__}") from exc
 
     async def _served_task(self, timeout: aiohttp.ClientTimeout) -> str:
         """vLLM mounts the routes of what its model does (its OpenAPI document lists them): a speech model (Whisper)
