@@ -115,6 +115,10 @@ def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_
         argv, env = vllm_server.install_argv(envs["vllm"], service.args), vllm_server.install_env(envs["vllm"], base)
         if service.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(service.gpu)
+        if service.control_port is not None:  # on demand: its control starts it on the first request, stops it after
+            argv = [sys.executable, "-m", "serve.engine_control", "--port", str(service.control_port),
+                    "--engine-url", f"http://127.0.0.1:{service.metrics_port}",
+                    "--log", str(run / "logs" / f"{service.name}-engine.log"), "--", *argv]
     else:
         argv, env = [sys.executable, "-m", "rtxserve.cli", *service.args], base
     return ServerProcess(service.name, argv, env=env, log_path=run / "logs" / f"{service.name}.log",

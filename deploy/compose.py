@@ -61,8 +61,13 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                     "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
             if s.gpu is not None:
                 svc["deploy"] = _gpus([s.gpu])
-            if triton:  # vLLM takes its planned share of what is free when it starts: after Triton has loaded
-                svc["depends_on"] = {triton.name: {"condition": "service_healthy"}}
+            # vLLM takes its planned share of what is free when it starts: after Triton has loaded, and after the
+            # engines before it on its card (their start-up profiles would see each other's allocations)
+            before = [triton.name] if triton else []
+            before += [e.name for e in services[:services.index(s)] if e.kind == "vllm" and e.gpu is not None
+                       and e.gpu == s.gpu]
+            if before:
+                svc["depends_on"] = {name: {"condition": "service_healthy"} for name in before}
         else:
             from serve.gateway.settings import is_loopback
 

@@ -147,9 +147,9 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
     if d.on_gpu:
         files["gpu-claim.yaml"] = [gpu_claim(d)]
         for card in range(d.gpus.count):
-            engine = next((s for s in engines if s.gpu == card), None)
-            if triton or engine:
-                files[f"gpu-{card}.yaml"] = _card(d, card, triton, engine, host, builds)
+            on_card = [s for s in engines if s.gpu == card]
+            if triton or on_card:
+                files[f"gpu-{card}.yaml"] = _card(d, card, triton, on_card, host, builds)
     else:
         if triton:
             files["triton.yaml"] = _cpu_triton(d, triton, host["triton"])
@@ -204,13 +204,14 @@ def _engine_container(d: Deployment, s: Service, gib: float, claim: bool) -> dic
             "volumeMounts": list(MODELS_MOUNT), "securityContext": _security(_image_user(d, name))}
 
 
-def _card(d: Deployment, card: int, triton: Service | None, engine: Service | None, host: dict[str, float],
+def _card(d: Deployment, card: int, triton: Service | None, engines: list[Service], host: dict[str, float],
           builds: list[Build]) -> list[dict]:
     """The pod of GPU `card`, claiming one whole GPU that its containers share: the plan decides what shares a card,
     not the device plugin (whose time-slicing balances pods by count alone and may put two engines on one card).
-    Triton (its instances on this card) runs as a native sidecar, so that the card's vLLM engine starts once Triton's
-    startup probe has seen it ready: vLLM takes its share of what is free when it starts. TensorRT plans are built
-    first, by an init container of the TensorRT release that matches Triton's."""
+    Triton (its instances on this card) and every engine but the last run as native sidecars, in that order, so that
+    each starts once the one before has passed its startup probe: vLLM takes its share of what is free when it
+    starts, and its start-up profile must not see another engine's allocations. TensorRT plans are built first, by
+    an init container of the TensorRT release that matches Triton's."""
     app = f"gpu-{card}"
     containers, init, volumes = [], [], list(MODELS_VOLUME)
     out: list[dict] = []
@@ -223,19 +224,25 @@ def _card(d: Deployment, card: int, triton: Service | None, engine: Service | No
                 f"cp -r {MODELS}/repository/. /repository/\n" + build_script(builds, "/repository"))],
                 "volumeMounts": [*MODELS_MOUNT, {"name": "repository", "mountPath": "/repository"}],
                 "resources": _resources(host["triton"], True), "securityContext": _security()})
-        if engine:
+        if engines:
             init.append(container | {"restartPolicy": "Always"})
         else:
             containers.append(container)
         out.append(_service(d, f"triton-{card}", app, {"http": d.ports.triton_http, "grpc": d.ports.triton_grpc,
                                                         "metrics": d.ports.triton_metrics}, "triton"))
-    if engine:
-        containers.append(_engine_container(d, engine, host[engine.models[0]], True))
+    for i, engine in enumerate(engines):
+        container = _engine_container(d, engine, host[engine.models[0]], True)
+        if len(engines) > 1:  # containers of one pod need names of their own
+            container["name"] = f"vllm-{i}"
+        if engine is engines[-1]:
+            containers.append(container)
+        else:
+            init.append(container | {"restartPolicy": "Always"})
         out.append(_service(d, engine.name, app, {"http": engine.port}, "vllm"))
-    pod = _pod(d, app, 1, containers, init=init, volumes=volumes, shm="8Gi" if engine else "2Gi", gpu=True,
+    pod = _pod(d, app, 1, containers, init=init, volumes=volumes, shm="8Gi" if engines else "2Gi", gpu=True,
                fs_group=NON_ROOT_UID)
-    served = ([d.ports.triton_grpc] if triton else []) + ([engine.port] if engine else [])
-    metrics = ([d.ports.triton_metrics] if triton else []) + ([engine.port] if engine else [])
+    served = ([d.ports.triton_grpc] if triton else []) + [e.port for e in engines]
+    metrics = ([d.ports.triton_metrics] if triton else []) + [e.port for e in engines]
     return [pod, *out, _pdb(d, app), _engine_policy(d, app, served, metrics)]
 
 

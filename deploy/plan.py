@@ -17,9 +17,12 @@ Estimates, per instance:
   measures what it may take after the context exists), and is planned there. vLLM refuses to start when less than its share
   is free, so every target starts it after Triton has loaded (compose, systemd, Kubernetes' init container).
 
-Packing: each vLLM engine takes a GPU of its own (the emptiest one first); encoder instances are per GPU
-(Triton's KIND_GPU `count`) on every GPU or on the ones the model names; "auto" instances are added one
-at a time, round robin, while they fit. A deployment that does not fit is refused with the per-GPU table.
+Packing: each vLLM engine goes to the emptiest GPU that holds no other replica of its model (engines of different
+models share a card, each with its own share; they start one after another, so that each engine's start-up profile
+sees none of the other's allocations); encoder instances are per GPU (Triton's KIND_GPU `count`) on every GPU or on
+the ones the model names; "auto" instances are added one at a time, round robin, while they fit. On-demand models
+(resident: on-demand) share a swap room instead: all the always-resident ones leave, or deployment.swap_room_gib. A
+deployment that does not fit is refused with the per-GPU table.
 
 On a CPU deployment the same sums are held against this host's memory (CPU ONNX Runtime and vLLM's
 VLLM_CPU_KVCACHE_SPACE: plan on the box that will run it), and "auto" means one instance: on CPU the cores,
@@ -33,11 +36,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from core.entry_metadata import EntryMetadata
-from core.tasks import DIFFUSION, ENCODER
+from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION
+from core.tasks import DIFFUSION, ENCODER, SPEECH
 
 from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, check_artifacts, encoder_metadata
 
@@ -104,9 +109,6 @@ class Device:
     def free_gib(self) -> float:
         return self.memory_gib - self.used_gib
 
-    def has_engine(self) -> bool:
-        return any(p.what == "engine" for p in self.placements)
-
 
 @dataclass
 class Plan:
@@ -125,6 +127,7 @@ class Plan:
     on_demand: dict[str, float] = field(default_factory=dict)  # on-demand entry -> GiB on each device once loaded
     swap_room_gib: float = 0.0  # what the on-demand entries share on each device
     warm_together: list[str] = field(default_factory=list)  # on-demand entries, in file order, that fit at once
+    cpu_binds: dict[str, str] = field(default_factory=dict)  # CPU box: vLLM engine -> its cores (VLLM_CPU_OMP_THREADS_BIND)
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -338,7 +341,8 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
         if kv > m.kv_cache_gib:
             notes.append(f"kv_cache_gib {m.kv_cache_gib:g} holds {m.kv_cache_gib * GIB / kv_per_token:.0f} tokens, "
                          f"fewer than {m.max_num_seqs} x {tokens_per_seq}: vLLM queues the rest")
-    return Estimate(m.name, m.kind, sum(parts.values()), parts, notes, kv_per_token, tokens_per_seq)
+    task = SPEECH_RECOGNITION if m.kind == SPEECH else TEXT_GENERATION
+    return Estimate(m.name, m.kind, sum(parts.values()), parts, notes, kv_per_token, tokens_per_seq, task)
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -352,8 +356,10 @@ def server_host_gib(d: Deployment, p: Plan) -> dict[str, float]:
     memory, not these."""
     if not d.on_gpu:
         (cpu,) = p.devices
-        triton = sum(pl.gib for pl in cpu.placements if pl.what != "engine")
-        return {"triton": triton} | {pl.model: pl.gib for pl in cpu.placements if pl.what == "engine"}
+        room = p.swap_room_gib if any(isinstance(m, EncoderModel) for m in d.on_demand) else 0.0
+        triton = sum(pl.gib for pl in cpu.placements if pl.what not in ("engine", "swap room")) + room
+        return {"triton": triton} | {pl.model: pl.gib for pl in cpu.placements if pl.what == "engine"} | {
+            m.name: p.estimates[m.name].gib for m in d.on_demand if isinstance(m, LLMModel)}
     def stub_gib(m: EncoderModel) -> float:
         return (2 * CPU_ENCODER_INSTANCE_GIB if not isinstance(m, DiffusionModel)
                 else p.instances[m.name] * (CPU_DIFFUSION_PROCESS_GIB + CUDA_HOST_GIB))
@@ -397,11 +403,13 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
             utilization[m.name] = min(0.99, math.ceil(100 * inside / d.gpus.total_gib) / 100)
             share = max(share, utilization[m.name] * d.gpus.total_gib + VLLM_CONTEXT_GIB)
         engines[m.name] = []
-        for _ in range(m.replicas):
-            free = [i for i, dev in enumerate(devices) if not (d.on_gpu and dev.has_engine())]
-            i = max(free, key=lambda i: devices[i].free_gib)  # the spec allows no more engines than GPUs
-            devices[i].placements.append(Placement(m.name, "engine", 1, share))
+        for _ in range(m.replicas):  # each replica on a GPU of its own (the spec allows no more replicas than GPUs),
+            # the emptiest first; engines of other models may share it, each with its own share
+            free = [i for i in range(len(devices)) if i not in engines[m.name]]
+            i = max(free, key=lambda i: devices[i].free_gib)
             engines[m.name].append(i)
+            if m.resident == "always":  # an on-demand engine (a CPU box's) takes its turn in the swap room
+                devices[i].placements.append(Placement(m.name, "engine", 1, share))
     if d.encoders:
         runtime = TRITON_PROCESS_GIB if d.on_gpu else CPU_TRITON_GIB
         for dev in devices:
@@ -411,7 +419,8 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in always:
         for dev in devices:
             dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
-    on_demand = {m.name: instances[m.name] * estimates[m.name].gib for m in d.on_demand}
+    on_demand = {m.name: instances[m.name] * estimates[m.name].gib if isinstance(m, EncoderModel)
+                 else estimates[m.name].gib for m in d.on_demand}
     if on_demand:  # the largest is held free while "auto" instances grow; the room is settled after
         for dev in devices:
             dev.placements.append(Placement("on-demand entries", "swap room", 1, max(on_demand.values())))
@@ -433,9 +442,9 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
     for m in always:
         gib = estimates[m.name].gib
         more[m.name] = max(0, min(int(dev.free_gib // gib) for dev in devices)) if fits else 0
-    for m in d.vllm_models:
+    for m in (m for m in d.vllm_models if m.resident == "always"):
         share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
-        more[m.name] = sum(1 for dev in devices if not dev.has_engine() and dev.free_gib >= share) if d.on_gpu else 0
+        more[m.name] = sum(1 for i, dev in enumerate(devices) if i not in engines[m.name] and dev.free_gib >= share)
     kv_room = {}
     for m in d.vllm_models if d.on_gpu else ():
         e = estimates[m.name]
@@ -443,7 +452,21 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         share = next(p.gib_each for p in devices[engines[m.name][0]].placements if p.model == m.name)
         kv_room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
     return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more,
-                fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm)
+                fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm,
+                {} if d.on_gpu else cpu_binds(d, sorted(os.sched_getaffinity(0))))
+
+
+def cpu_binds(d: Deployment, cores: list[int]) -> dict[str, str]:
+    """The cores each vLLM engine of a CPU box binds its threads to (VLLM_CPU_OMP_THREADS_BIND): an equal slice for
+    each always-resident engine, and one for the on-demand engines, which take turns in it. Nothing (vLLM binds
+    every core of its NUMA node) where one slice would do, or where there are fewer cores than slices."""
+    slots = [[m.name] for m in d.vllm_models if m.resident == "always"]
+    asleep = [m.name for m in d.vllm_models if m.resident == "on-demand"]
+    slots += [asleep] if asleep else []
+    if len(slots) < 2 or len(cores) < len(slots):
+        return {}
+    per = len(cores) // len(slots)
+    return {name: f"{cores[i * per]}-{cores[(i + 1) * per - 1]}" for i, names in enumerate(slots) for name in names}
 
 
 def _swap_room(d: Deployment, devices: list[Device], on_demand: dict[str, float]) -> tuple[float, list[str]]:

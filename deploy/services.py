@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .plan import Plan
-from .spec import Deployment, DeploymentError, LLMModel, engine_name
+from .spec import Deployment, DeploymentError, LLMModel, control_port, engine_name
 
 
 @dataclass
@@ -30,6 +30,7 @@ class Service:
     env: dict[str, str] = field(default_factory=dict)
     gpu: int | None = None  # the GPU a vLLM engine runs on
     models: list[str] = field(default_factory=list)  # what it serves
+    control_port: int | None = None  # an on-demand CPU engine: where serve/engine_control.py (which starts it) listens
 
 
 @dataclass
@@ -65,10 +66,11 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
 def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
     """The gateway's settings file (RTXSERVE_CONFIG): the deployment's wiring (the on-demand entries with what the plan
     gives each, and their room), then its own settings."""
+    urls = {(m.name, r): f"http://{layout.host_of(engine_name(m.name, r))}:{port}" for m, r, port in d.engines()}
     settings = {"host": layout.gateway_host or d.gateway.host, "port": d.ports.gateway,
                 "workers": d.gateway.workers,
                 "triton_grpc_url": f"{layout.host_of('triton')}:{d.ports.triton_grpc}" if d.encoders else "",
-                "vllm_url": ",".join(f"http://{layout.host_of(engine_name(m.name, r))}:{port}" for m, r, port in d.engines()),
+                "vllm_url": ",".join(urls.values()),
                 # /readyz waits for every model the deployment names, adapters included, but those loaded on demand
                 "required_models": [n for m in d.models if m.resident == "always"
                                     for n in (m.name, *getattr(m, "adapters", {}))]}
@@ -76,6 +78,11 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
         settings["on_demand"] = {m.name: {"task": p.estimates[m.name].task, "gib": round(p.on_demand[m.name], 3),
                                           "idle_unload_s": m.idle_unload_s} for m in d.on_demand}
         settings["swap_room_gib"] = round(p.swap_room_gib, 3)
+        for m, r, port in d.engines():  # an on-demand engine (a CPU box's: one replica) wakes through its control
+            if m.resident == "on-demand":
+                settings["on_demand"][m.name] |= {"engine": urls[m.name, r], "adapters": list(m.adapters)}
+                settings.setdefault("engine_control", {})[urls[m.name, r]] = \
+                    f"http://{layout.host_of(engine_name(m.name, r))}:{control_port(port)}"
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
     return settings | d.gateway.settings
@@ -106,9 +113,14 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
             raise DeploymentError(f"models.{m.name}: {exc}") from None
         dtype = serving_dtype(opts, vllm_env) if vllm_env is not None else serving_dtype(opts, cpu=not d.on_gpu)
         env = ({"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}) | runtime_lora_env(adapters)
+        if m.name in p.cpu_binds:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_binds[m.name]
+        control = control_port(port) if m.resident == "on-demand" else None
+        # an on-demand engine answers ready through its control, asleep: it starts on its first request
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
-                                port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
-                                gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters]))
+                                control or port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
+                                gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters],
+                                control_port=control))
     services.append(Service("gateway", "gateway", ["serve", "gateway", "--log-level", "info"], d.ports.gateway,
                             "/readyz", "/healthz", d.ports.gateway, env={"RTXSERVE_CONFIG": layout.gateway_config}))
     return services

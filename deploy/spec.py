@@ -201,7 +201,8 @@ class DiffusionModel(EncoderModel):
 
 class LLMModel(_Model):
     """A Hugging Face LLM folder (a full fine-tune, a merged LoRA, or a base with adapters): run by vLLM,
-    one engine per replica, each on a GPU of its own."""
+    one engine per replica, each replica on a GPU of its own (engines of different models may share one, each with
+    its planned share; on a CPU box, several engines share the cores)."""
 
     kind: Literal[LLM]
     adapters: dict[str, Path] = Field(default_factory=dict, description="LoRA adapters served beside the model: name -> folder")
@@ -226,14 +227,6 @@ class LLMModel(_Model):
         for name in value:
             if not MODEL_NAME.match(name):
                 raise ValueError(f"adapter name {name!r}: use letters, digits, '.', '_' or '-'")
-        return value
-
-    @field_validator("resident")
-    @classmethod
-    def _always(cls, value: str) -> str:
-        if value != "always":
-            raise ValueError("on-demand vLLM engines (sleep and wake) are not built yet: LLM and speech models are "
-                             "resident: always; encoder and diffusion entries can be on-demand")
         return value
 
 
@@ -301,9 +294,11 @@ class Deployment(_Strict):
                 raise ValueError(f"models.{m.name}: its engines would have the same names as those of {names[name]} "
                                  f"({name}); rename one of them")
             names[name] = m.name
-        engines = sum(m.replicas for m in self.vllm_models)
-        if engines > max(self.gpus.count, 1):
-            raise ValueError(f"models: {engines} vLLM engines in all, one GPU each, but the box has {self.gpus.count} GPU(s)")
+        asleep = [m.name for m in self.vllm_models if m.resident == "on-demand"]
+        if asleep and self.on_gpu:
+            raise ValueError(f"models.{asleep[0]}.resident: on-demand vLLM engines run on CPU boxes for now (stopped "
+                             "and started); on a GPU they would sleep through vLLM's sleep mode, which the rendered "
+                             "boxes do not start yet")
         ports: dict[int, str] = {}
         for port, what in self.port_list():
             if port in ports:
@@ -322,9 +317,9 @@ class Deployment(_Strict):
         return [m for m in self.models if isinstance(m, EncoderModel)]
 
     @property
-    def on_demand(self) -> list[EncoderModel]:
-        """The Triton entries loaded when first asked for (resident: on-demand)."""
-        return [m for m in self.encoders if m.resident == "on-demand"]
+    def on_demand(self) -> list[EncoderModel | LLMModel]:
+        """The models loaded when first asked for (resident: on-demand): Triton entries and vLLM engines."""
+        return [m for m in self.models if m.resident == "on-demand"]
 
     @property
     def diffusion(self) -> list[DiffusionModel]:
@@ -357,6 +352,8 @@ class Deployment(_Strict):
             out += [(p.triton_http, "ports.triton_http"), (p.triton_grpc, "ports.triton_grpc"),
                     (p.triton_metrics, "ports.triton_metrics")]
         out += [(port, f"vLLM engine {m.name}#{r} (ports.vllm + {port - p.vllm})") for m, r, port in self.engines()]
+        out += [(control_port(port), f"vLLM engine {m.name}#{r}'s sleep control (its port + {CONTROL_OFFSET})")
+                for m, r, port in self.engines() if m.resident == "on-demand"]
         return out
 
     def resolve(self, path: Path) -> Path:
@@ -365,6 +362,13 @@ class Deployment(_Strict):
     @property
     def on_gpu(self) -> bool:
         return self.gpus.count > 0
+
+
+CONTROL_OFFSET = 1000  # an on-demand CPU engine's sleep control (serve/engine_control.py) listens at its port + this
+
+
+def control_port(engine_port: int) -> int:
+    return engine_port + CONTROL_OFFSET
 
 
 def llm_app(model: str) -> str:

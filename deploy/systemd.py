@@ -85,7 +85,9 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         name = f"rtxserve-{d.name}-{s.name}.service"
         # The gateway starts once every engine answers ready; a vLLM engine once Triton has loaded (it takes its
         # planned share of the memory free when it starts, and refuses to start on less).
-        needs = engines if s.kind == "gateway" else triton_units if s.kind == "vllm" else []
+        needs = engines if s.kind == "gateway" else triton_units + [  # and the engines before it on its card
+            f"rtxserve-{d.name}-{e.name}.service" for e in services[:services.index(s)]
+            if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu] if s.kind == "vllm" else []
         lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
                  f"After={' '.join(['network-online.target', *needs])}", "Wants=network-online.target", f"PartOf={target}"]
         if needs:  # Wants, not Requires: with Requires, systemd restarts the gateway whenever an engine's unit restarts

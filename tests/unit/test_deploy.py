@@ -42,8 +42,12 @@ def boxes(tmp_path_factory):
     ({"modles": []}, "modles: Extra inputs are not permitted"),
     ({"models": [{"name": "asr", "kind": "speech", "path": "w", "adapters": {"a": "a"}, "max_images": 1}]},
      "models[0]: adapters, max_images: chat options; a speech model takes none"),
-    ({"models": [{"name": "asr", "kind": "speech", "path": "w"}, {"name": "llm", "kind": "llm", "path": "l"}]},
-     "models: 2 vLLM engines in all, one GPU each, but the box has 1 GPU(s)"),
+    ({"models": [{"name": "llm", "kind": "llm", "path": "l", "resident": "on-demand"}]},
+     "models.llm.resident: on-demand vLLM engines run on CPU boxes for now"),
+    ({"models": [{"name": "llm", "kind": "llm", "path": "l", "replicas": 2}]},
+     "models[0].replicas: 2 engines need 2 GPUs (one engine per GPU); the box has 1"),
+    ({"models": [{"name": "enc", "kind": "encoder", "path": "e", "idle_unload_s": 60}]},
+     "models[0]: idle_unload_s: applies to resident: on-demand models"),
 ])
 def test_each_error_names_its_field(change, message):
     with pytest.raises(DeploymentError) as err:
@@ -445,3 +449,45 @@ def test_every_entry_resident_keeps_triton_loading_all_of_them(boxes):
     triton = build_services(d, plan(d))[0]
     assert "--model-control-mode=none" in triton.args and "--strict-readiness=true" in triton.args
     assert "on_demand" not in gateway_settings(d, Layout(), plan(d))
+
+
+def test_a_cpu_box_with_two_llm_variants_and_room_for_one_wakes_them_through_their_controls(tmp_path):
+    from deploy.box import _process
+    from tests.plan_fixtures import TINY_LLAMA
+
+    for name in ("a", "b", "c"):
+        write_llama(tmp_path / name, TINY_LLAMA)
+    spec = {"name": "variants", "gpus": {"count": 0}, "models": [
+        {"name": "always", "kind": "llm", "path": "c", "kv_cache_gib": 1},
+        *({"name": f"variant-{n}", "kind": "llm", "path": n, "kv_cache_gib": 1, "resident": "on-demand"} for n in "ab")]}
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    d = load_deployment(path)
+    variant = plan(d).estimates["variant-a"].gib
+    spec["swap_room_gib"] = round(1.5 * variant, 3)
+    path.write_text(yaml.safe_dump(spec))
+    d = load_deployment(path)
+    p = plan(d)
+    assert p.fits and p.on_demand == {"variant-a": variant, "variant-b": variant} and p.warm_together == ["variant-a"]
+    assert [pl.model for pl in p.devices[0].placements if pl.what == "engine"] == ["always"]
+    services = {s.name: s for s in build_services(d, p)}
+    a = services["vllm-variant-a-0"]
+    assert a.control_port == a.metrics_port + 1000 and a.port == a.control_port  # ready through its control, asleep
+    assert services["vllm-always-0"].control_port is None
+    settings = gateway_settings(d, Layout(), p)
+    assert settings["on_demand"]["variant-a"]["engine"] == f"http://127.0.0.1:{a.metrics_port}"
+    assert settings["engine_control"] == {f"http://127.0.0.1:{s.metrics_port}": f"http://127.0.0.1:{s.control_port}"
+                                          for s in (a, services["vllm-variant-b-0"])}
+    assert settings["required_models"] == ["always"]
+    process = _process(a, tmp_path / "run", {"vllm": tmp_path / "env"}, None, "127.0.0.1")
+    assert process.command[1:5] == ["-m", "serve.engine_control", "--port", str(a.control_port)]
+    assert process.command[process.command.index("--") + 2] == "serve"  # then the engine's own `vllm serve ...`
+    assert process.ready_url == f"http://127.0.0.1:{a.control_port}/health"
+    from serve.gateway.settings import GatewaySettings
+
+    GatewaySettings.model_validate(settings)
+    from deploy.plan import cpu_binds
+
+    # each always-resident engine its slice of the cores, the variants one they take turns in; one core: no binding
+    assert cpu_binds(d, [0, 1, 2, 3]) == {"always": "0-1", "variant-a": "2-3", "variant-b": "2-3"}
+    assert cpu_binds(d, [0]) == {}

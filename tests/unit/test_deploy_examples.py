@@ -523,3 +523,42 @@ def test_every_vllm_runs_as_vllm_serve_and_no_image_built_here_runs_as_root(exam
                 assert c["securityContext"].get("runAsNonRoot") and c["securityContext"]["runAsUser"] == 1000, c["name"]
         if doc["kind"] == "Pod" or doc["metadata"]["name"].startswith("gpu-"):
             assert pod["securityContext"]["fsGroup"] == 1000, doc["metadata"]["name"]
+
+
+def test_two_llms_share_one_4090_each_with_its_share_started_one_after_the_other(tmp_path):
+    """A chat model and a Whisper on one card: each engine gets its own --gpu-memory-utilization, and each target starts
+    the second only once the first is healthy (Triton before both)."""
+    write_llama(tmp_path / "llm", dict(TINY_LLAMA, num_hidden_layers=8, hidden_size=1024, intermediate_size=2816))
+    write_whisper(tmp_path / "asr", TINY_WHISPER)
+    write_entry(tmp_path / "repo", "reviews")
+    path = write_artifacts_keys(tmp_path, {
+        "name": "shared-card", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+        "models": [{"name": "reviews", "kind": "encoder", "path": "repo/reviews"},
+                   {"name": "chat", "kind": "llm", "path": "llm", "max_model_len": 1024},
+                   {"name": "asr", "kind": "speech", "path": "asr"}]})
+    d = load_deployment(path)
+    p = plan(d)
+    assert p.fits and p.engines == {"chat": [0], "asr": [0]}, format_plan(p)
+    assert set(p.gpu_memory_utilization) == {"chat", "asr"} and sum(p.gpu_memory_utilization.values()) < 0.99
+    render(d, tmp_path / "out", **on_box(d))
+    out = tmp_path / "out"
+    services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]
+    first, second = (name for name in services if name.startswith("vllm-"))
+    assert set(services[first]["depends_on"]) == {"triton"}
+    assert set(services[second]["depends_on"]) == {"triton", first}
+    unit = (out / "systemd" / f"rtxserve-shared-card-{second}.service").read_text()
+    assert f"rtxserve-shared-card-{first}.service" in unit.split("After=")[1].splitlines()[0]
+    pod = next(doc for doc in manifests(out) if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpu-0")
+    spec = pod["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["tritonserver", "vllm-0"]  # sidecars, started in order
+    assert [c["name"] for c in spec["containers"]] == ["vllm-1"]
+    assert all(c["restartPolicy"] == "Always" and "startupProbe" in c for c in spec["initContainers"])
+
+
+def write_artifacts_keys(folder: Path, spec: dict) -> Path:
+    from serve.gateway.keys import ApiKey, hash_key, write_keys
+
+    write_keys(folder / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
+    path = folder / "box.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
