@@ -237,6 +237,16 @@ def versions() -> dict:
     return found | {"git commit": _git_commit()}
 
 
+def _swaps(out_dir: Path, samples: Samples) -> list:
+    """The on-demand models' loads and unloads the gateway counted during the run (none without a scrape)."""
+    from . import server_metrics
+
+    path = out_dir / "server_metrics.csv"
+    if not path.exists() or not len(samples.end):
+        return []
+    return server_metrics.swap_events(server_metrics.load(path), float(samples.start.min()))
+
+
 def write_report(summary: Summary, samples: Samples, out_dir: Path, title: str, scrape_errors: dict | None = None) -> Path:
     """Write report.json, summary.csv, latency.png (streaming.png for streamed runs, server.png when servers
     were scraped), report.md and report.html into `out_dir`; returns the Markdown path."""
@@ -246,7 +256,7 @@ def write_report(summary: Summary, samples: Samples, out_dir: Path, title: str, 
     (out_dir / "report.json").write_text(json.dumps(summary.to_dict(), indent=2, default=str))
     with open(out_dir / "summary.csv", "w", newline="") as f:
         csv.writer(f).writerows([("figure", "value"), *flat(summary.to_dict()).items()])
-    plot(samples, summary, out_dir / "latency.png", title)
+    plot(samples, summary, out_dir / "latency.png", title, _swaps(out_dir, samples))
     streaming = ""
     if summary.streaming:
         plot_streaming(samples, summary, out_dir / "streaming.png", title)

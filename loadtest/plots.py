@@ -99,9 +99,11 @@ def per_second(samples: Samples, t0: float | None = None) -> dict[str, np.ndarra
     return {"t": np.array(xs), "p50": np.array(p50), "p99": np.array(p99), "qps": np.array(qps)}
 
 
-def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
+def plot(samples: Samples, summary: Summary, path: Path, title: str, swaps: list | None = None) -> Path:
     """Latency over time (each request, with per-second P50/P99 and QPS) beside the latency distribution; a mix
-    of APIs gets a row of its own per API, each on its own scale, and so does each model behind an alias."""
+    of APIs gets a row of its own per API, each on its own scale, and so does each model behind an alias. On-demand
+    models' loads and unloads (`swaps`: server_metrics.swap_events) are marked on the time axes, each in its model's
+    row where rows are per model."""
     plt = pyplot()
     # the APIs the summary has figures for (a mix's, after warm-up), else the models that answered: a row each
     rows = [(api, samples.where(samples.names == api), f["latency_ms"]) for api, f in summary.by_name.items()] \
@@ -111,10 +113,29 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str) -> Path:
     t0 = samples.start.min() if len(samples.end) else 0.0
     for (api, mine, marks), (ax_t, ax_d) in zip(rows, axes):
         _latency_row(ax_t, ax_d, mine, marks, summary, t0, f"{api}: " if api else "")
-    if len(rows) > 1 and len(samples.end):  # one time axis for every API: the rows line up
+        mark_swaps(ax_t, [s for s in swaps or () if not api.startswith("model ") or api == f"model {s.model}"])
+    if (len(rows) > 1 or swaps) and len(samples.end):  # one time axis for every API, the swaps on it: rows line up
+        end = max(float(samples.start.max() - t0), *(s.t for s in swaps or ()))
         for ax_t in axes[:, 0]:
-            ax_t.set_xlim(0, float(samples.start.max() - t0) * 1.02 or 1.0)
+            ax_t.set_xlim(0, end * 1.02 or 1.0)
     return save(fig, path, title)
+
+
+SWAP_STYLE = {"load": dict(color="tab:purple", linestyle="--"), "unload": dict(color="tab:brown", linestyle=":")}
+
+
+def mark_swaps(ax, swaps: list) -> None:
+    """A vertical line at each load (dashed) and unload (dotted) of an on-demand model, named at the top."""
+    for i, swap in enumerate(swaps):
+        style = SWAP_STYLE[swap.what] | ({"color": "tab:red"} if swap.outcome == "failed" else {})
+        ax.axvline(swap.t, linewidth=1, alpha=0.7, **style)
+        ax.annotate(f"{swap.what} {swap.model}", (swap.t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                    fontsize=6, va="top", ha="right", color=style["color"], xytext=(-1, -2 - 30 * (i % 3)),
+                    textcoords="offset points", annotation_clip=True)
+    for what, style in SWAP_STYLE.items() if swaps else ():
+        ax.plot([], [], linewidth=1, label=f"model {what}", **style)  # legend entries
+    if swaps:
+        ax.legend(loc="upper left", fontsize=7)
 
 
 def _latency_row(ax_t, ax_d, samples: Samples, marks: dict, summary: Summary, t0: float, label: str) -> None:

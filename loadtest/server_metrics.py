@@ -40,8 +40,9 @@ GATEWAY = (metric_names.IN_FLIGHT, metric_names.QUEUED, metric_names.SHED,
            f"{metric_names.REQUEST_SECONDS}_sum", f"{metric_names.REQUEST_SECONDS}_count",
            f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count",
            f"{metric_names.OVERHEAD_SECONDS}_sum", f"{metric_names.OVERHEAD_SECONDS}_count")
+SWAPS = {metric_names.MODEL_LOADS: "load", metric_names.MODEL_UNLOADS: "unload"}  # on-demand models, by model
 GPU = ("gpu_utilization_percent", "gpu_memory_used_bytes")
-KEEP = frozenset(TRITON + VLLM + GATEWAY)  # only what derive() reads: histogram buckets would be most of the file
+KEEP = frozenset(TRITON + VLLM + GATEWAY + tuple(SWAPS))  # only what derive() reads: histogram buckets would be most of the file
 PROBE_ROUTES = frozenset({"/metrics", "/healthz", "/readyz", "/health"})  # not model traffic
 
 
@@ -191,6 +192,28 @@ def load(path: Path) -> list[Row]:
     with open(path, newline="") as f:
         return [Row(float(r["time"]), r["target"], r["metric"], json.loads(r["labels"]), float(r["value"]))
                 for r in csv.DictReader(f)]
+
+
+class Swap(NamedTuple):
+    t: float  # seconds since the load test's start: the scrape that first saw it
+    model: str
+    what: str  # "load" / "unload" (a failed load included: its outcome says so)
+    outcome: str  # loaded / failed (loads), idle / room (unloads)
+
+
+def swap_events(rows: list[Row], t0: float) -> list[Swap]:
+    """The on-demand models' loads and unloads during the run, each at the scrape whose counter first counted it
+    (within a scrape interval of when it happened), from the gateway's counters."""
+    last: dict[tuple, float] = {}
+    events = []
+    for row in sorted((r for r in rows if r.metric in SWAPS), key=lambda r: r.time):
+        outcome = row.labels.get("outcome") or row.labels.get("reason") or ""
+        key = (row.target, row.metric, row.labels.get("model", ""), outcome)
+        before = last.get(key)
+        last[key] = row.value
+        if before is not None and row.value > before:  # the first scrape is the baseline: what came before the run
+            events += [Swap(row.time - t0, key[2], SWAPS[row.metric], outcome)] * int(row.value - before)
+    return events
 
 
 def _increase(m: np.ndarray) -> np.ndarray:

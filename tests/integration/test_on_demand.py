@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
 from loadtest.runner import LoadSpec, run, scenario_options
+from loadtest.server_metrics import load, swap_events
 from serve.stack import start_gateway, start_triton
 
 from . import until
@@ -119,7 +120,14 @@ def test_a_zipf_load_over_more_entries_than_fit_gets_answers_or_the_documented_5
     url, _ = box
     swaps = counter(url, "rtxserve_model_unloads_total")
     models = ",".join((*SWAPPED, IDLE))
-    spec = LoadSpec(url, scenario_options(model=models, zipf=1.0), users=4, duration_s=8, warmup_s=0.5)
+    spec = LoadSpec(url, scenario_options(model=models, zipf=1.0), users=4, duration_s=8, warmup_s=0.5,
+                    scrape=[f"{url}/metrics"])
     s = run(spec, tmp_path / "report", log=lambda m: None).summary
     assert s.requests > 0 and set(s.error_kinds) <= {"HTTP 503"}, s.error_kinds  # 200 or 503 with Retry-After
-    assert counter(url, "rtxserve_model_unloads_total") > swaps  # four entries, room for two: they swapped
+    assert set(s.by_model) <= set(models.split(","))  # the report splits the figures by model
+    unloads = counter(url, "rtxserve_model_unloads_total") - swaps
+    assert unloads > 0  # four entries, room for two: they swapped
+    # the report marks each swap the gateway counted on its latency-over-time plot
+    events = swap_events(load(tmp_path / "report" / "server_metrics.csv"), 0.0)
+    # (the run's scrapes see those during it: reviews_it's idle unload may come after the last)
+    assert 0 < sum(e.what == "unload" for e in events) <= unloads and {e.model for e in events} <= set(models.split(","))
