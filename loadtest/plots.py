@@ -115,7 +115,7 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str, swaps: list
         _latency_row(ax_t, ax_d, mine, marks, summary, t0, f"{api}: " if api else "")
         mark_swaps(ax_t, [s for s in swaps or () if not api.startswith("model ") or api == f"model {s.model}"])
     if (len(rows) > 1 or swaps) and len(samples.end):  # one time axis for every API, the swaps on it: rows line up
-        end = max(float(samples.start.max() - t0), *(s.t for s in swaps or ()))
+        end = max([float(samples.start.max() - t0), *(s.t for s in swaps or ())])
         for ax_t in axes[:, 0]:
             ax_t.set_xlim(0, end * 1.02 or 1.0)
     return save(fig, path, title)
