@@ -47,8 +47,26 @@ def _quantiles(metric: str, by: str, scale: str = "") -> list[prometheus.Dataque
             for i, q in enumerate((0.5, 0.99))]
 
 
-def gateway_dashboard() -> dashboard.Dashboard:
-    return (dashboard.Dashboard("rtxserve gateway").uid("rtxserve-gateway").tags(["rtxserve"]).refresh("10s")
+def on_demand_panels(board: dashboard.Dashboard) -> dashboard.Dashboard:
+    """What operators of a box with on-demand models watch: what is loaded, the loads and unloads, how long a load
+    takes, and the requests that waited for one."""
+    return (board
+            .with_panel(_series("On-demand models loaded (1) or not (0)", "short",
+                                _p("A", f"max by (model) ({metric_names.MODEL_RESIDENT})", "{{model}}")))
+            .with_panel(_series("Loads and unloads per minute", "short",
+                                _p("A", f"sum by (model, outcome) (increase({metric_names.MODEL_LOADS}[1m]))",
+                                   "load {{model}} {{outcome}}"),
+                                _p("B", f"sum by (model, reason) (increase({metric_names.MODEL_UNLOADS}[1m]))",
+                                   "unload {{model}} ({{reason}})")))
+            .with_panel(_series("Load time (to its first answer)", "s",
+                                *_quantiles(f"{metric_names.MODEL_LOAD_SECONDS}_bucket", "model")))
+            .with_panel(_series("Requests that waited for a load", "reqps",
+                                _p("A", f"sum by (model, outcome) (rate({metric_names.LOAD_WAITS}[1m]))",
+                                   "{{model}} {{outcome}}"))))
+
+
+def gateway_dashboard(on_demand: bool = False) -> dashboard.Dashboard:
+    board = (dashboard.Dashboard("rtxserve gateway").uid("rtxserve-gateway").tags(["rtxserve"]).refresh("10s")
             .time("now-30m", "now")
             .with_panel(stat.Panel().title("Backends up").datasource(_DS).height(4).span(6)
                         .with_target(_p("A", f"sum({metric_names.BACKEND_UP})", "up")))
@@ -69,6 +87,7 @@ def gateway_dashboard() -> dashboard.Dashboard:
                                 _p("A", f"sum by (reason) (rate({metric_names.SHED}[1m]))", "{{reason}}")))
             .with_panel(_series("Tokens per second", "short",
                                 _p("A", f"sum by (model, kind) (rate({metric_names.TOKENS}[1m]))", "{{model}} {{kind}}"))))
+    return on_demand_panels(board) if on_demand else board
 
 
 def triton_dashboard() -> dashboard.Dashboard:
@@ -115,7 +134,7 @@ def vllm_dashboard() -> dashboard.Dashboard:
 
 def dashboards(d: Deployment) -> dict[str, str]:
     """file name -> the dashboard's JSON, for the servers the deployment runs."""
-    boards = {"rtxserve-gateway.json": gateway_dashboard()}
+    boards = {"rtxserve-gateway.json": gateway_dashboard(on_demand=bool(d.on_demand))}
     if d.encoders:
         boards["triton.json"] = triton_dashboard()
     if d.vllm_models:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
 from loadtest.runner import LoadSpec, run, scenario_options
+from deploy.monitoring import queried_metrics
 from loadtest.server_metrics import load, swap_events
 from serve.stack import start_gateway, start_triton
 
@@ -131,3 +132,21 @@ def test_a_zipf_load_over_more_entries_than_fit_gets_answers_or_the_documented_5
     events = swap_events(load(tmp_path / "report" / "server_metrics.csv"), 0.0)
     # (the run's scrapes see those during it: reviews_it's idle unload may come after the last)
     assert 0 < sum(e.what == "unload" for e in events) <= unloads and {e.model for e in events} <= set(models.split(","))
+
+
+def test_the_on_demand_dashboard_panels_query_what_this_gateway_exposes(box):
+    """The gateway dashboard of a box with on-demand models: each metric its panels query is one this gateway
+    serves, once it has loaded and unloaded (the other panels are checked in test_deploy_render)."""
+    from deploy.monitoring import dashboards
+    from deploy.spec import parse_deployment
+
+    url, _ = box
+    d = parse_deployment({"name": "swaps", "models": [
+        {"name": "de", "kind": "encoder", "path": "repo/de", "resident": "on-demand"}]})
+    queried = queried_metrics(dashboards(d)["rtxserve-gateway.json"])
+    swapping = {n for n in queried if "model_" in n or "load_waits" in n}
+    assert len(swapping) == 5  # resident, loads, unloads, load seconds, waits
+    samples = [s.name for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
+               for s in f.samples]
+    exposed = {n.removesuffix("_total").removesuffix("_bucket") for n in samples}
+    assert sorted(n for n in swapping if n.removesuffix("_total") not in exposed) == []
