@@ -141,6 +141,8 @@ def test_the_on_demand_dashboard_panels_query_what_this_gateway_exposes(box):
     from deploy.spec import parse_deployment
 
     url, _ = box
+    for model in (*SWAPPED, SWAPPED[0]):  # three entries through a room for two: loads, an unload, waits
+        assert classify(url, model).status_code == 200
     d = parse_deployment({"name": "swaps", "models": [
         {"name": "de", "kind": "encoder", "path": "repo/de", "resident": "on-demand"}]})
     queried = queried_metrics(dashboards(d)["rtxserve-gateway.json"])
