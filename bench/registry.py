@@ -4,7 +4,8 @@ benchmark is its module, with its `BENCHMARK` at the foot, and one line here."""
 
 from __future__ import annotations
 
-from . import accuracy, affinity, batching, cache, detection, export, gateway, llm, quantize, reliability, soak, speech
+from . import (accuracy, affinity, batching, cache, detection, export, gateway, llm, quantize, reliability, soak, speech,
+               swap)
 from .record import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -18,6 +19,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     cache.BENCHMARK,  # B9
     affinity.BENCHMARK,  # B10
     speech.BENCHMARK,  # B11
+    swap.BENCHMARK,  # B12
     reliability.BENCHMARK,  # R3 / R14 (R2, R1)
     soak.BENCHMARK,  # R18
 )

@@ -294,6 +294,9 @@ class Deployment(_Strict):
                 raise ValueError(f"models.{m.name}: its engines would have the same names as those of {names[name]} "
                                  f"({name}); rename one of them")
             names[name] = m.name
+        if self.on_demand and self.gateway.workers > 1:
+            raise ValueError(f"gateway.workers: {self.gateway.workers}, but each worker would decide for itself what "
+                             "is loaded; a box with on-demand models runs one gateway worker")
         asleep = [m.name for m in self.vllm_models if m.resident == "on-demand"]
         if asleep and self.on_gpu:
             raise ValueError(f"models.{asleep[0]}.resident: on-demand vLLM engines run on CPU boxes for now (stopped "

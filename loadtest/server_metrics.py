@@ -204,14 +204,18 @@ class Swap(NamedTuple):
 def swap_events(rows: list[Row], t0: float) -> list[Swap]:
     """The on-demand models' loads and unloads during the run, each at the scrape whose counter first counted it
     (within a scrape interval of when it happened), from the gateway's counters."""
+    first = {}  # each target's first scrape: the baseline, what came before the run
+    for row in rows:
+        first[row.target] = min(first.get(row.target, row.time), row.time)
     last: dict[tuple, float] = {}
     events = []
     for row in sorted((r for r in rows if r.metric in SWAPS), key=lambda r: r.time):
         outcome = row.labels.get("outcome") or row.labels.get("reason") or ""
         key = (row.target, row.metric, row.labels.get("model", ""), outcome)
-        before = last.get(key)
+        # a series that appears after the first scrape counted from 0: a label set appears on its first use
+        before = last.get(key, 0.0 if row.time > first[row.target] else None)
         last[key] = row.value
-        if before is not None and row.value > before:  # the first scrape is the baseline: what came before the run
+        if before is not None and row.value > before:
             events += [Swap(row.time - t0, key[2], SWAPS[row.metric], outcome)] * int(row.value - before)
     return events
 

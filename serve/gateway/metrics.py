@@ -58,6 +58,9 @@ MODEL_LOADS = Counter(metric_names.MODEL_LOADS, "Loads of on-demand models, by o
 MODEL_UNLOADS = Counter(metric_names.MODEL_UNLOADS, "Unloads of on-demand models: idle, or to make room", ("model", "reason"))
 MODEL_LOAD_SECONDS = Histogram(metric_names.MODEL_LOAD_SECONDS, "Seconds an on-demand model took to load and answer its "
                                "first request", ("model",), buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+MODEL_UNLOAD_SECONDS = Histogram(metric_names.MODEL_UNLOAD_SECONDS, "Seconds an on-demand model took to unload (an "
+                                 "engine: to stop or sleep)", ("model",),
+                                 buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
 MODEL_RESIDENT = Gauge(metric_names.MODEL_RESIDENT, "1 while an on-demand model is loaded", ("model",),
                        multiprocess_mode="livemax")
 LOAD_WAITS = Counter(metric_names.LOAD_WAITS, "Requests that found their model unloaded and waited for its load, by "

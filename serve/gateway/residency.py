@@ -42,9 +42,10 @@ class Residency:
         self.last_used: dict[str, float] = {}
         self._loads: dict[str, asyncio.Task] = {}
         self._unloading: set[str] = set()
+        self._loading: set[str] = set()  # room made, load under way
         self._no_room: dict[str, str] = {}  # model -> why its load is waiting: the room is held by busy models
         self._failures: dict[str, tuple[int, float, str]] = {}  # model -> (failures in a row, retry after, why)
-        self._lock: asyncio.Lock | None = None  # one load or unload at a time (made inside the event loop)
+        self._lock: asyncio.Lock | None = None  # room made, or an unload, one at a time (made inside the event loop)
         self._released: asyncio.Event | None = None  # set when a model's last request here ends
 
     # ------------------------------------------------------------------------------------------- what is loaded
@@ -63,7 +64,8 @@ class Residency:
         return sorted((n for n in self.models if self.loaded(n)), key=lambda n: self.last_used[n])
 
     def used_gib(self, leaving_out: str = "") -> float:
-        return sum(self.models[n].gib for n in self.resident() if n != leaving_out)
+        """The room the loaded models and those being loaded take."""
+        return sum(self.models[n].gib for n in {*self.resident(), *self._loading} if n != leaving_out)
 
     # ------------------------------------------------------------------------------------------- requests
 
@@ -119,36 +121,43 @@ class Residency:
     # ------------------------------------------------------------------------------------------- loads
 
     async def _load(self, name: str) -> None:
-        async with self._one_at_a_time():
+        async with self._one_at_a_time():  # room is made one load at a time; the loads themselves then overlap
             if self.loaded(name):  # another worker's load, seen by the last refresh
                 return
             await self._make_room(name)
             replicas = [r for r in self.registry.replicas if r.up and r.backend.swaps and name in r.models]
             if not replicas:
                 raise BackendUnavailable(f"model {name!r} has no live backend that can load it; retry shortly")
-            started = time.perf_counter()
-            log.info("loading model %s (%.2f GiB; on-demand models loaded: %s)", name, self.models[name].gib,
-                     ", ".join(self.resident()) or "none")
-            try:
-                results = await asyncio.gather(*(r.backend.load(name, self.settings.load_timeout_s)
-                                                 for r in replicas), return_exceptions=True)
-                failed = next((e for e in results if isinstance(e, BaseException)), None)
-                if failed is not None:
-                    raise failed
-                await self.registry.refresh()  # what the backends serve now, and the model's first request (canary)
-                if not self.loaded(name):
-                    raise BackendUnavailable(f"model {name!r} loaded but did not answer its first request")
-            except GatewayError as exc:
-                self._failed(name, exc.message)
-                raise BackendUnavailable(f"model {name!r} could not be loaded: {exc.message}",
-                                         retry_after=self._failures[name][1] - time.monotonic()) from None
-            took = time.perf_counter() - started
-            self._failures.pop(name, None)
-            self.last_used[name] = time.monotonic()
-            metrics.MODEL_LOADS.labels(name, "loaded").inc()
-            metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
-            metrics.MODEL_RESIDENT.labels(name).set(1)
-            log.info("model %s loaded in %.2f s", name, took)
+            self._loading.add(name)  # its room is taken from here
+        try:
+            await self._load_on(name, replicas)
+        finally:
+            self._loading.discard(name)
+
+    async def _load_on(self, name: str, replicas: list) -> None:
+        started = time.perf_counter()
+        log.info("loading model %s (%.2f GiB; on-demand models loaded: %s)", name, self.models[name].gib,
+                 ", ".join(self.resident()) or "none")
+        try:
+            results = await asyncio.gather(*(r.backend.load(name, self.settings.load_timeout_s) for r in replicas),
+                                           return_exceptions=True)
+            failed = next((e for e in results if isinstance(e, BaseException)), None)
+            if failed is not None:
+                raise failed
+            await self.registry.refresh()  # what the backends serve now, and the model's first request (canary)
+            if not self.loaded(name):
+                raise BackendUnavailable(f"model {name!r} loaded but did not answer its first request")
+        except GatewayError as exc:
+            self._failed(name, exc.message)
+            raise BackendUnavailable(f"model {name!r} could not be loaded: {exc.message}",
+                                     retry_after=self._failures[name][1] - time.monotonic()) from None
+        took = time.perf_counter() - started
+        self._failures.pop(name, None)
+        self.last_used[name] = time.monotonic()
+        metrics.MODEL_LOADS.labels(name, "loaded").inc()
+        metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+        metrics.MODEL_RESIDENT.labels(name).set(1)
+        log.info("model %s loaded in %.2f s", name, took)
 
     def _one_at_a_time(self) -> asyncio.Lock:
         if self._lock is None:
@@ -187,6 +196,7 @@ class Residency:
     async def _unload(self, name: str, reason: str) -> None:
         self._unloading.add(name)  # at once: no request starts on it from here
         log.info("unloading model %s (%s)", name, reason)
+        started = time.perf_counter()
         try:
             replicas = [r for r in self.registry.replicas if r.up and r.backend.swaps and name in r.models]
             await asyncio.gather(*(r.backend.unload(name) for r in replicas))
@@ -197,6 +207,7 @@ class Residency:
         finally:
             self._unloading.discard(name)
         metrics.MODEL_UNLOADS.labels(name, reason).inc()
+        metrics.MODEL_UNLOAD_SECONDS.labels(name).observe(time.perf_counter() - started)
         metrics.MODEL_RESIDENT.labels(name).set(0)
 
     # ------------------------------------------------------------------------------------------- idle models

@@ -139,3 +139,15 @@ def test_an_idle_model_is_unloaded_after_its_idle_time(backend):
 def test_the_room_setting_must_hold_each_model():
     with pytest.raises(ValueError, match="de \\(3 GiB\\) cannot fit in swap_room_gib 2"):
         GatewaySettings(on_demand={"de": OnDemand(task="text-classification", gib=3)}, swap_room_gib=2)
+
+
+def test_loads_of_two_models_that_fit_together_overlap(backend):
+    """A slow load (an engine's start) does not hold up another model's (a classifier's), room permitting."""
+    with client_for(backend, room=2.0) as client, ThreadPoolExecutor(2) as pool:
+        backend.load_gate.clear()
+        slow = pool.submit(classify, client, "de")
+        until(lambda: backend.loads == ["de"])
+        other = pool.submit(classify, client, "fr")
+        until(lambda: backend.loads == ["de", "fr"])  # started while de's load still runs
+        backend.load_gate.set()
+        assert slow.result().status_code == other.result().status_code == 200
