@@ -113,7 +113,8 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str, swaps: list
     t0 = samples.start.min() if len(samples.end) else 0.0
     for (api, mine, marks), (ax_t, ax_d) in zip(rows, axes):
         _latency_row(ax_t, ax_d, mine, marks, summary, t0, f"{api}: " if api else "")
-        mark_swaps(ax_t, [s for s in swaps or () if not api.startswith("model ") or api == f"model {s.model}"])
+        shown = set(mine.models) if api else None  # a row's own models' swaps (a model row's, an API row's)
+        mark_swaps(ax_t, [s for s in swaps or () if shown is None or s.model in shown])
     if (len(rows) > 1 or swaps) and len(samples.end):  # one time axis for every API, the swaps on it: rows line up
         end = max([float(samples.start.max() - t0), *(s.t for s in swaps or ())])
         for ax_t in axes[:, 0]:
@@ -121,19 +122,23 @@ def plot(samples: Samples, summary: Summary, path: Path, title: str, swaps: list
     return save(fig, path, title)
 
 
+MAX_SWAP_NAMES = 12  # more lines than this in one row: lines only, the counts are in the report's tables
 SWAP_STYLE = {"load": dict(color="tab:purple", linestyle="--"), "unload": dict(color="tab:brown", linestyle=":")}
 
 
 def mark_swaps(ax, swaps: list) -> None:
-    """A vertical line at each load (dashed) and unload (dotted) of an on-demand model, named at the top."""
+    """A vertical line at each load (dashed) and unload (dotted) of an on-demand model, named at the top where there
+    are few enough to read."""
     for i, swap in enumerate(swaps):
         style = SWAP_STYLE[swap.what] | ({"color": "tab:red"} if swap.outcome == "failed" else {})
         ax.axvline(swap.t, linewidth=1, alpha=0.7, **style)
-        ax.annotate(f"{swap.what} {swap.model}", (swap.t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                    fontsize=6, va="top", ha="right", color=style["color"], xytext=(-1, -2 - 30 * (i % 3)),
-                    textcoords="offset points", annotation_clip=True)
+        if len(swaps) <= MAX_SWAP_NAMES:
+            ax.annotate(f"{swap.what} {swap.model}", (swap.t, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                        fontsize=6, va="top", ha="right", color=style["color"], xytext=(-1, -2 - 30 * (i % 3)),
+                        textcoords="offset points", annotation_clip=True)
     for what, style in SWAP_STYLE.items() if swaps else ():
-        ax.plot([], [], linewidth=1, label=f"model {what}", **style)  # legend entries
+        ax.plot([], [], linewidth=1, label=f"model {what}" + (f"s ({sum(s.what == what for s in swaps)})"
+                                                                if len(swaps) > MAX_SWAP_NAMES else ""), **style)
     if swaps:
         ax.legend(loc="upper left", fontsize=7)
 
