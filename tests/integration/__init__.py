@@ -31,3 +31,25 @@ def until(condition, what: str, limit_s: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what}: not after {limit_s:.0f} s"
         time.sleep(0.02)
+
+
+def routes_not_through_the_gateway(gateway: str, engine: str) -> list[str]:
+    """What is wrong with how the gateway fronts the routes a vLLM engine serves (its /openapi.json): each must be
+    answered (relayed, or the gateway's own) unless serve/gateway/engine_routes.py refuses it on purpose (404)."""
+    import httpx
+
+    from serve.gateway.engine_routes import REFUSED
+
+    problems = []
+    for path, methods in httpx.get(f"{engine}/openapi.json", timeout=30).json()["paths"].items():
+        for method in methods:
+            status = httpx.request(method.upper(), gateway + path.replace("{response_id}", "resp_0")
+                                   .replace("{adapter_name}", "adapter-a"),
+                                   json={} if method in ("post", "put") else None, timeout=30).status_code
+            gone = status in (404, 405)
+            if path in REFUSED and not gone:
+                problems.append(f"{method.upper()} {path}: refused on purpose, but the gateway answered {status}")
+            elif path not in REFUSED and gone:
+                problems.append(f"{method.upper()} {path}: {status} from the gateway; relay it, or write in "
+                                "serve/gateway/engine_routes.py why not")
+    return problems

@@ -7,6 +7,8 @@ import httpx
 import openai
 import pytest
 
+from tests.integration import routes_not_through_the_gateway
+
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 OPENAI_TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather in a city", "parameters": WEATHER}]
 ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "the weather in a city", "input_schema": WEATHER}]
@@ -91,3 +93,23 @@ def test_lengths_are_bounded_and_an_omitted_one_is_sent(both):
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}
         both["gateway"][1].messages.create(model="tiny-llama", max_tokens=4,
                                            messages=[{"role": "user", "content": [image] * 9}])
+
+
+@pytest.mark.parametrize("tools", [None, ANTHROPIC_TOOLS])
+def test_messages_count_tokens_is_vllms_and_bounded(both, llm_gateway, tools):
+    """The `anthropic` SDK's messages.count_tokens (Claude Code calls it before every turn): vLLM's count, through the
+    gateway; a prompt over the gateway's bound is refused before vLLM sees it."""
+    call = dict(model="tiny-llama", messages=[{"role": "user", "content": PROMPT}], system="You answer questions.",
+                **({"tools": tools} if tools else {}))
+    ours, theirs = (both[name][1].messages.count_tokens(**call) for name in ("gateway", "vllm"))
+    assert ours.input_tokens == theirs.input_tokens > 0
+    before = _tokens(llm_gateway)
+    with pytest.raises(anthropic.BadRequestError, match="this gateway allows at most 256"):
+        both["gateway"][1].messages.count_tokens(model="tiny-llama",
+                                                 messages=[{"role": "user", "content": "hi"}] * 257)
+    assert _tokens(llm_gateway) == before  # counting generates nothing: no usage
+
+
+def test_every_route_a_chat_engine_serves_is_relayed_or_refused_with_its_reason(llm_servers):
+    gateway, vllm, _ = llm_servers
+    assert routes_not_through_the_gateway(gateway, vllm) == []

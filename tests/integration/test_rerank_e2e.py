@@ -9,7 +9,7 @@ import pytest
 from fixture_models.text import RERANK_DOCUMENTS, RERANK_QUERIES, write_reranker
 from serve.stack import start_gateway, start_vllm
 from serve.vllm_server import VLLMOptions
-from tests.integration import VLLM_EAGER
+from tests.integration import VLLM_EAGER, routes_not_through_the_gateway
 
 MODEL = "tiny-reranker"
 HAPPY = RERANK_QUERIES["positive"]
@@ -126,3 +126,18 @@ def test_a_load_test_reranks_and_scores_through_the_gateway(servers, tmp_path):
             log=lambda m: None).summary
     assert s.errors == 0 and set(s.by_name) == {"rerank", "score"}, s.error_kinds  # every answer checked: 4 scores
     assert all(f["requests"] > 0 for f in s.by_name.values())
+
+
+def test_every_route_a_pooling_engine_serves_is_relayed_or_refused_with_its_reason(servers):
+    assert routes_not_through_the_gateway(*servers) == []
+
+
+def test_pooling_and_classify_are_vllms_and_bounded(servers):
+    url, vllm_url = servers
+    for path in ("/pooling", "/classify"):
+        body = {"model": MODEL, "input": [HAPPY, DOCUMENTS[0]]}
+        ours, theirs = _post(url, path, body), _post(vllm_url, path, body)
+        assert ours.status_code == theirs.status_code == 200, ours.text
+        assert ours.json()["data"] == theirs.json()["data"]  # the same vectors, or labels and probabilities
+        refused = _post(url, path, {"model": MODEL, "input": ["a"] * 9})  # RTXSERVE_MAX_DOCUMENTS is 8
+        assert refused.status_code == 400 and "at most 8" in refused.json()["error"]["message"]

@@ -14,7 +14,7 @@ from fixture_models.speech import SPEECH_RATE, SPEECH_SENTENCES, WINDOW_S, write
 from export.speech.whisper import export_speech, pipeline_transcripts
 from deploy.spec import parse_deployment
 from serve.launcher import free_port
-from tests.integration import VLLM_EAGER
+from tests.integration import VLLM_EAGER, routes_not_through_the_gateway
 
 MODEL = "tiny-whisper"
 MAX_AUDIO_SECONDS = 40
@@ -268,3 +268,7 @@ def test_a_lora_on_the_whisper_is_merged_with_parity_and_packaged(whisper, tmp_p
         {**json.loads((tmp_path / "adapter" / "adapter_config.json").read_text()), "base_model_name_or_path": "/nowhere"}))
     with pytest.raises(ExportError, match="is not a local folder"):
         export_speech(tmp_path / "adapter", tmp_path / "none")
+
+
+def test_every_route_a_whisper_engine_serves_is_relayed_or_refused_with_its_reason(servers):
+    assert routes_not_through_the_gateway(*servers) == []

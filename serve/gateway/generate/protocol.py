@@ -82,6 +82,18 @@ class ResponsesRequest(BaseModel):
     stream: bool | None = False
 
 
+class CountTokensRequest(BaseModel):
+    """Anthropic's `messages.count_tokens` (Claude Code asks before every turn): a Messages request's prompt, no
+    length; bounded as its prompt is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    messages: list[dict] = Field(min_length=1)
+    system: StrictStr | list[dict] | None = None
+    tools: list[dict] | None = None
+
+
 class MessagesRequest(BaseModel):
     """Anthropic's Messages API: `messages` (text, image and tool blocks), `system` and `tools` bounded in count and
     size, `max_tokens` (required, as Anthropic's API requires it) in length; the rest relayed as sent."""

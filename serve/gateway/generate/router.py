@@ -4,9 +4,9 @@ from fastapi.responses import StreamingResponse
 
 from ..auth import admit, authenticate, request_key
 from ..routing import gateway_router
-from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest, ResponsesRequest,
-                       TokenizeRequest)
-from .serving import generate, relay_agent_api, tokenize
+from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
+                       ResponsesRequest, TokenizeRequest)
+from .serving import count_tokens, generate, relay_agent_api, tokenize
 
 router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
@@ -52,6 +52,13 @@ async def messages(body: MessagesRequest, request: Request):
     """Anthropic's Messages API (the `anthropic` SDK's `messages.create`, streamed with `stream: true`); the key may
     come as `x-api-key`, as Anthropic's clients send it, or as a Bearer token."""
     return await _relay_agent_api(request, "/v1/messages", body)
+
+
+@router.post("/v1/messages/count_tokens")
+async def messages_count_tokens(body: CountTokensRequest, request: Request):
+    """Anthropic's token count of a Messages prompt (the `anthropic` SDK's `messages.count_tokens`)."""
+    await admit(request, body.model)
+    return Response(orjson.dumps(await count_tokens(request.app.state.gateway, body)), media_type="application/json")
 
 
 @router.post("/tokenize")

@@ -26,7 +26,7 @@ from ..settings import GatewaySettings
 from ..state import GatewayState
 from ..usage import count_usage
 from ..chat_input import check_chat_images, messages_size
-from .protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, MessagesRequest,
+from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
 
 log = logging.getLogger("rtxserve.gateway")
@@ -99,15 +99,17 @@ def _text_size(value) -> int:
     return 0
 
 
-def _check_agent_bounds(limits: GatewaySettings, request: ResponsesRequest | MessagesRequest) -> None:
-    """The Responses and Messages APIs bounded as chat is: length, prompt size, messages, images and tools."""
+def _check_agent_bounds(limits: GatewaySettings, request: ResponsesRequest | MessagesRequest | CountTokensRequest) -> None:
+    """The Responses and Messages APIs (and count_tokens) bounded as chat is: length, prompt size, messages, images and
+    tools."""
     if isinstance(request, ResponsesRequest):
         _bound("max_output_tokens", request.max_output_tokens, limits.max_tokens)
         items, field = ([] if isinstance(request.input, str) else request.input), "input"
         size = _text_size(request.input) + len(request.instructions or "")
     else:
-        _bound("max_tokens", request.max_tokens, limits.max_tokens)
-        _check_stops(limits, request.stop_sequences or [], "stop_sequences")
+        if isinstance(request, MessagesRequest):  # count_tokens asks for no length
+            _bound("max_tokens", request.max_tokens, limits.max_tokens)
+            _check_stops(limits, request.stop_sequences or [], "stop_sequences")
         items, field = request.messages, "messages"
         size = _text_size(request.messages) + _text_size(request.system)
     if size > limits.max_prompt_chars:
@@ -188,6 +190,14 @@ async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequ
     stream = await state.dispatch.call(info, lambda b, m: b.open_stream(path, body, m.name))
     return _relay(stream, info.name, True, lambda usage: count_usage(state, key, info.name, usage),
                   end=b"", error_event=_typed_error_event)
+
+
+async def count_tokens(state: GatewayState, request: CountTokensRequest) -> dict:
+    """Anthropic's /v1/messages/count_tokens, bounded as a Messages prompt is, relayed (nothing generated: no usage)."""
+    _check_agent_bounds(state.settings, request)
+    info = await state.dispatch.resolve(request.model, TASK)
+    body = request.model_dump(exclude_unset=True)
+    return await state.dispatch.call(info, lambda b, m: b.generate("/v1/messages/count_tokens", body, m.name))
 
 
 async def tokenize(state: GatewayState, path: str, request: TokenizeRequest | DetokenizeRequest) -> dict:

@@ -39,3 +39,14 @@ class ScoreRequest(BaseModel):
     text_2: ScoreInputs | None = None
     data_1: ScoreInputs | None = None
     data_2: ScoreInputs | None = None
+
+
+class PoolingRequest(BaseModel):
+    """vLLM's /pooling (the model's hidden states, pooled) and /classify (a sequence classifier's labels) on a pooling
+    engine: texts or token ids as `input`, or a chat as `messages`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1, max_length=256)
+    input: StrictStr | list[StrictStr] | list[int] | list[list[int]] | None = None
+    messages: list[dict] | None = None

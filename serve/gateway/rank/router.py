@@ -3,7 +3,7 @@ from fastapi import Depends, Request, Response
 
 from ..auth import admit, authenticate, request_key
 from ..routing import gateway_router
-from .protocol import RerankRequest, ScoreRequest
+from .protocol import PoolingRequest, RerankRequest, ScoreRequest
 from .serving import rank
 
 router = gateway_router(tags=["rerank"], dependencies=[Depends(authenticate)])
@@ -16,6 +16,9 @@ ROUTES = {
     "/rerank": (RerankRequest, None),
     "/v1/score": (ScoreRequest, "A relevance score per pair of texts (queries with documents), by a cross-encoder."),
     "/score": (ScoreRequest, None),
+    "/pooling": (PoolingRequest, "vLLM's pooling API: each input's pooled hidden states, from a pooling engine."),
+    "/classify": (PoolingRequest, "vLLM's classify API: each input's labels and probabilities, from a pooling engine "
+                  "(the gateway's /v1/classify serves Triton's classifiers)."),
 }
 
 

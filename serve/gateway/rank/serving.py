@@ -10,7 +10,7 @@ from ..keys import ApiKey
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from ..usage import count_usage
-from .protocol import RerankRequest, ScoreRequest
+from .protocol import PoolingRequest, RerankRequest, ScoreRequest
 
 TASK = TEXT_RANKING
 # The fields of a score request that hold one side of its pairs, by any of vLLM's names for them.
@@ -31,11 +31,38 @@ def _check_side(limits: GatewaySettings, field: str, value: str | dict | list) -
     check_chat_images(limits, [item if isinstance(item, dict) else {} for item in items], field)
 
 
-async def rank(state: GatewayState, path: str, request: RerankRequest | ScoreRequest, key: ApiKey | None = None) -> dict:
-    """vLLM's answer to /v1/rerank, /v2/rerank, /rerank, /v1/score or /score (its own shape for each)."""
+def _check_pooling(limits: GatewaySettings, request: PoolingRequest) -> None:
+    """Texts as a side of a score request is; token ids as a prompt's characters (one each); a chat as chat's."""
+    value = request.input
+    if isinstance(value, list) and value and not isinstance(value[0], str):  # token ids: one list, or one per input
+        lists = value if isinstance(value[0], list) else [value]
+        if len(lists) > limits.max_documents:
+            raise InvalidRequest(f"{len(lists)} inputs; this gateway allows at most {limits.max_documents} per request",
+                                 param="input")
+        if max(map(len, lists)) > limits.max_prompt_chars:
+            raise InvalidRequest(f"an input has {max(map(len, lists))} token ids; this gateway allows at most "
+                                 f"{limits.max_prompt_chars}", param="input")
+    elif value is not None:
+        _check_side(limits, "input", value)
+    if request.messages is not None:
+        if len(request.messages) > limits.max_messages:
+            raise InvalidRequest(f"{len(request.messages)} messages; this gateway allows at most {limits.max_messages}",
+                                 param="messages")
+        if messages_size(request.messages) > limits.max_prompt_chars:
+            raise InvalidRequest(f"the messages have {messages_size(request.messages)} characters; this gateway allows "
+                                 f"at most {limits.max_prompt_chars}", param="messages")
+        check_chat_images(limits, request.messages, "messages")
+
+
+async def rank(state: GatewayState, path: str, request: RerankRequest | ScoreRequest | PoolingRequest,
+               key: ApiKey | None = None) -> dict:
+    """vLLM's answer to /v1/rerank, /v2/rerank, /rerank, /v1/score, /score, /pooling or /classify (its own shape for
+    each)."""
     body = request.model_dump(exclude_unset=True)
+    if isinstance(request, PoolingRequest):
+        _check_pooling(state.settings, request)
     sides = ("query", "documents") if isinstance(request, RerankRequest) else SCORE_SIDES
-    for field in sides:
+    for field in sides if not isinstance(request, PoolingRequest) else ():
         if body.get(field) is not None:
             _check_side(state.settings, field, body[field])
     info = await state.dispatch.resolve(request.model, TASK)
