@@ -25,6 +25,7 @@ from .access import CALLER
 from .admission import Gate
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
+from .prefix import Prefix
 from .registry import Registry, Replica
 from .residency import Residency
 from .settings import GatewaySettings
@@ -106,56 +107,72 @@ class Dispatcher:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
         return info
 
-    def _pick(self, model: str, tried: set[Replica], affinity: str | None = None) -> Replica:
-        """The least busy live replica; with an `affinity` (one conversation's key), the replica that key hashes to
-        unless it is over its share of the load, then the next one it hashes to (rendezvous hashing with bounded
-        loads: a replica takes at most affinity_load_factor x the average in flight, counting this request), so
-        that one conversation finds its prefix in one engine's cache and one hot session cannot swamp a replica."""
+    def _pick(self, model: str, tried: set[Replica], prefix: Prefix | None = None) -> Replica:
+        """The least busy live replica; with a `prefix` (cache-aware routing, prefix.py), the replica that holds the most
+        of it, less its share of the tokens in flight (settings.affinity_load_weight), among those under the load cap (a
+        replica takes at most affinity_load_factor x the average in flight, counting this request); least busy where
+        none holds any of it. The chosen replica records the prefix as sent."""
         candidates = [r for r in self.registry.replicas if r not in tried and r.serves(model)]
         if not candidates:
             waits = [r.breaker.open_remaining for r in self.registry.replicas if r.breaker.state == STATE_OPEN]
             raise BackendUnavailable(f"model {model!r} has no live replica right now; retry shortly",
                                      retry_after=max(1.0, min(waits, default=1.0)))
         replica = None
-        if affinity is not None and len(candidates) > 1:
-            cap = math.ceil(self.settings.affinity_load_factor * (sum(r.in_flight for r in candidates) + 1)
-                            / len(candidates))
-            ranked = sorted(candidates, reverse=True, key=lambda r: hashlib.blake2b(
-                f"{affinity}\0{r.name}".encode(), digest_size=8).digest())
-            replica = next((r for r in ranked if r.in_flight < cap), None)
-            metrics.AFFINITY.labels("preferred" if replica is ranked[0] else "spilled").inc()
+        if prefix is not None and len(candidates) > 1:
+            replica = self._by_prefix(candidates, prefix)
         if replica is None:
             replica = min(candidates, key=lambda r: (r.in_flight, r.picks))
         replica.picks += 1
+        if prefix is not None:
+            replica.prefixes.add(prefix)
+        return replica
+
+    def _by_prefix(self, candidates: list[Replica], prefix: Prefix) -> Replica | None:
+        matched = {r: r.prefixes.matched(prefix) for r in candidates}
+        best_match = max(matched.values())
+        if best_match == 0:
+            metrics.AFFINITY.labels("none").inc()
+            return None
+        cap = math.ceil(self.settings.affinity_load_factor * (sum(r.in_flight for r in candidates) + 1) / len(candidates))
+        tokens = sum(r.tokens_in_flight for r in candidates) + prefix.tokens
+        whole = 1 + len(prefix.blocks)
+
+        def score(r: Replica) -> tuple:
+            return (matched[r] / whole - self.settings.affinity_load_weight * r.tokens_in_flight / tokens,
+                    -r.in_flight, -r.picks)
+
+        under_cap = [r for r in candidates if r.in_flight < cap]
+        replica = max(under_cap or candidates, key=score)
+        metrics.AFFINITY.labels("preferred" if matched[replica] == best_match else "spilled").inc()
         return replica
 
     async def call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
-                   affinity: str | None = None) -> T:
+                   prefix: Prefix | None = None) -> T:
         """Run `fn(backend, model_info)` on the least busy live replica serving `info.name`, within the model's
         own concurrency limit if it has one. A failed connect is tried on the next replica; anything else is
         the answer. A Stream keeps its replica (and its slot) busy until closed. A model with no live replica left
-        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun. `affinity`: see
+        is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun. `prefix`: see
         _pick."""
         chain = self.settings.fallbacks.get(info.name)
         if not chain:
-            return await self._resident(info, fn, affinity)
+            return await self._resident(info, fn, prefix)
         try:
-            return await self._resident(info, fn, affinity)
+            return await self._resident(info, fn, prefix)
         except BackendUnavailable as exc:
             for fallback in self._fallbacks(info.name, info.task, exc):
                 with contextlib.suppress(BackendUnavailable):
-                    return await self._resident(fallback, fn, affinity)
+                    return await self._resident(fallback, fn, prefix)
             raise
 
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
-                        affinity: str | None = None) -> T:
+                        prefix: Prefix | None = None) -> T:
         """`_gated`, with the model held loaded (an on-demand model: until a stream ends)."""
         owner = self.settings.on_demand_owner(info.name)
         if owner is None:
-            return await self._gated(info, fn, affinity)
+            return await self._gated(info, fn, prefix)
         release = await self.residency.hold(owner)
         try:
-            result = await self._gated(info, fn, affinity)
+            result = await self._gated(info, fn, prefix)
         except BaseException:
             release()
             raise
@@ -165,13 +182,13 @@ class Dispatcher:
         return result
 
     async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
-                     affinity: str | None = None) -> T:
+                     prefix: Prefix | None = None) -> T:
         gate = self.gates.get(info.name)
         if gate is None:
-            return await self._call(info, fn, affinity)
+            return await self._call(info, fn, prefix)
         await gate.acquire()
         try:
-            result = await self._call(info, fn, affinity)
+            result = await self._call(info, fn, prefix)
         except BaseException:
             gate.release()
             raise
@@ -181,10 +198,10 @@ class Dispatcher:
         return result
 
     async def _call(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
-                    affinity: str | None = None) -> T:
-        first = self._pick(info.name, set(), affinity)
+                    prefix: Prefix | None = None) -> T:
+        first = self._pick(info.name, set(), prefix)
         try:
-            return await self._run(first, info, fn)  # the hot path: no retry machinery unless it is needed
+            return await self._run(first, info, fn, prefix)  # the hot path: no retry machinery unless it is needed
         except BackendConnectFailed:
             tried = {first}
             others = sum(1 for r in self.registry.replicas if r not in tried and r.serves(info.name))
@@ -193,18 +210,21 @@ class Dispatcher:
         async for attempt in AsyncRetrying(retry=retry_if_exception_type(BackendConnectFailed),
                                            stop=stop_after_attempt(others), reraise=True):
             with attempt:
-                replica = self._pick(info.name, tried, affinity)
+                replica = self._pick(info.name, tried, prefix)
                 tried.add(replica)
-                return await self._run(replica, info, fn)
+                return await self._run(replica, info, fn, prefix)
         raise AssertionError("unreachable")  # AsyncRetrying either returns or re-raises
 
-    async def _run(self, replica: Replica, info: ModelInfo, fn) -> T:
+    async def _run(self, replica: Replica, info: ModelInfo, fn, prefix: Prefix | None = None) -> T:
+        tokens = prefix.tokens if prefix is not None else 0
         replica.in_flight += 1
+        replica.tokens_in_flight += tokens  # until the answer, or the stream, ends: the load the scorer sees now
         start = time.perf_counter()
         held = False
 
         def release() -> None:
             replica.in_flight -= 1
+            replica.tokens_in_flight -= tokens
 
         try:
             with replica.breaker:  # a _BREAKS error counts towards opening it; a success closes it

@@ -21,6 +21,7 @@ from core import contract
 from . import metrics
 from .backends.base import Backend, ModelInfo
 from .exceptions import BackendError, BackendTimeout, BackendUnavailable
+from .prefix import PrefixIndex
 from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
@@ -38,10 +39,12 @@ class Replica:
     breaker: CircuitBreaker
     up: bool = False
     in_flight: int = 0
+    tokens_in_flight: int = 0  # generation requests' estimated prompt and output tokens (prefix.Prefix.tokens)
     picks: int = 0  # tie-break among equally busy replicas: round robin
     models: dict[str, ModelInfo] = field(default_factory=dict)
     canaried: set[str] = field(default_factory=set)  # models that answered their first request here
     last_ok: dict[str, float] = field(default_factory=dict)  # model -> when it last answered a request here
+    prefixes: PrefixIndex = field(default_factory=lambda: PrefixIndex(50_000))  # what its prefix cache may hold
 
     @property
     def name(self) -> str:
@@ -60,7 +63,8 @@ class Registry:
         self.canaries = canaries
         self.replicas = [
             Replica(b, CircuitBreaker(failure_threshold=settings.breaker_failures,
-                                      recovery_timeout=settings.breaker_reset_s, expected_exception=BREAKS, name=b.name))
+                                      recovery_timeout=settings.breaker_reset_s, expected_exception=BREAKS, name=b.name),
+                    prefixes=PrefixIndex(settings.prefix_index_blocks))
             for b in backends
         ]
         self.models: dict[str, ModelInfo] = {}

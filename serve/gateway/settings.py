@@ -106,13 +106,19 @@ class GatewaySettings(BaseSettings):
         default_factory=dict, description='model -> models tried in order when it has no live replica (every replica '
         'down or its breaker open), e.g. {"llm-big": ["llm-small"]}; never once a stream has begun, never for a '
         "client's error")
-    affinity: bool = Field(False, description="generation requests of one conversation go to one vLLM replica, whose "
-                           "prefix cache holds its history: keyed by the x-session-id header, else the request's user, "
-                           "else a hash of its first messages (or the prompt's start). Off: least busy (B10 on a 2-core "
-                           "CPU box: a little more prefix-cache hit, a slower TTFT from the uneven split)")
+    affinity: bool = Field(False, description="cache-aware routing of generation requests: each replica scored by how "
+                           "much of the request's prefix it was recently sent (prefix.py: its conversation, and its "
+                           "prompt's blocks of prefix_block_chars) against its share of the tokens in flight, with "
+                           "affinity_load_factor as a cap and least busy where no replica holds any of it. Off: least "
+                           "busy")
     affinity_load_factor: float = Field(1.25, ge=1.0, le=10.0, description="the most a replica takes of a model's "
-                                        "requests in flight, as a multiple of the average, before a conversation that "
-                                        "hashes to it goes to another (bounded-load hashing)")
+                                        "requests in flight, as a multiple of the average, before a request that "
+                                        "prefers it for its prefix goes to another (bounded load)")
+    affinity_load_weight: float = Field(0.5, ge=0.0, le=100.0, description="how much a replica's share of the tokens "
+                                        "in flight counts against the share of the prefix it holds (both 0 to 1)")
+    prefix_block_chars: int = Field(64, ge=8, le=65536, description="characters per block of a prompt's prefix hashes "
+                                    "(about 16 tokens, vLLM's block)")
+    prefix_index_blocks: int = Field(50_000, ge=100, description="block hashes remembered per replica (LRU)")
     on_demand: dict[str, OnDemand] = Field(
         default_factory=dict, description='models loaded on their first request and unloaded when idle or to make '
         'room, e.g. {"reviews-de": {"task": "text-classification", "gib": 0.6, "idle_unload_s": 600}}; the others '

@@ -137,3 +137,55 @@ def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
         for _ in range(4):
             _chat(client, messages)
         assert [len(e.bodies) for e in engines] == [2, 2]
+
+
+def test_a_new_conversation_goes_where_its_long_system_prompt_was_sent():
+    """Prefix scoring: a system prompt of several blocks, sent once to one replica, draws a new conversation that
+    opens with it to that replica (vLLM's prefix cache there holds it); a short one is left to least busy."""
+    engines = [Engine("a"), Engine("b")]
+    system = {"role": "system", "content": "You answer questions about orders. " * 20}  # 700 characters: 10 blocks
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=True), engines)) as client:
+        _chat(client, [system, {"role": "user", "content": "first"}])
+        home = next(i for i, e in enumerate(engines) if e.bodies)
+        before = _preferred(client)
+        for n in range(3):
+            _chat(client, [system, {"role": "user", "content": f"another customer {n}"}])
+        assert [len(e.bodies) for e in engines][home] == 4 and _preferred(client) - before == 3
+
+
+def _preferred(client) -> float:
+    line = next((l for l in client.get("/metrics").text.splitlines()
+                 if l.startswith('rtxserve_affinity_total{outcome="preferred"}')), "x 0")
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_between_replicas_that_hold_a_prefix_the_one_with_fewer_tokens_in_flight_wins():
+    engines = [Engine("a"), Engine("b")]
+    messages = [{"role": "user", "content": "a question long enough to fill a few blocks of the prompt " * 4}]
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=True), engines)) as client:
+        replicas = client.app.state.gateway.registry.replicas
+        for r in replicas:  # both were sent it (one after a spill, say)
+            r.prefixes.add(client.portal.call(_prefix_of, messages))
+        replicas[0].tokens_in_flight = 5000  # a long generation running there
+        _chat(client, messages)
+        assert [len(e.bodies) for e in engines] == [0, 1]
+
+
+async def _prefix_of(messages):
+    from serve.gateway.generate.serving import conversation
+    from serve.gateway.generate.protocol import ChatCompletionRequest
+    from serve.gateway.prefix import prefix_of, prompt_text
+
+    request = ChatCompletionRequest(model="llm", messages=messages, max_tokens=4)
+    return prefix_of(prompt_text(messages, None), conversation(request, None, None), 64, 4)
+
+
+def test_the_prefix_index_forgets_the_least_recently_sent_blocks_first():
+    from serve.gateway.prefix import PrefixIndex, prefix_of
+
+    index = PrefixIndex(capacity=12)
+    old, new = prefix_of("x" * 640, "old", 64, 1), prefix_of("y" * 640, "new", 64, 1)  # 11 hashes each
+    index.add(old)
+    assert index.matched(old) == 11
+    index.add(new)
+    assert index.matched(new) == 11 and index.matched(old) == 0  # old's first block went: nothing of it leads

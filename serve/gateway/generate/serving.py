@@ -22,6 +22,7 @@ from core.contract import TEXT_GENERATION
 from ..backends.base import Stream, StreamBroken
 from ..exceptions import InvalidRequest
 from ..keys import ApiKey
+from ..prefix import prefix_of, prompt_text
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from ..usage import count_usage
@@ -138,7 +139,7 @@ def _bound_omitted_length(limits: GatewaySettings, request: ChatCompletionReques
 
 
 def conversation(request: ChatCompletionRequest | CompletionRequest, user: str | None, session: str | None) -> str:
-    """What keeps one conversation on one replica (state.dispatch._pick): the client's x-session-id, else its `user`, else its
+    """What marks one conversation for cache-aware routing (prefix.py): the client's x-session-id, else its `user`, else its
     start (a chat's first two messages, the system prompt and the first question, which every later turn repeats; a
     completion's first 1,024 characters)."""
     if session:
@@ -159,9 +160,15 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     user = (request.model_extra or {}).get("user")
     user = user if isinstance(user, str) else None
     info = await state.dispatch.resolve(request.model, TASK, key.name if key else None, user)
-    affinity = conversation(request, user, session) if state.settings.affinity else None
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
+    affinity = None
+    if state.settings.affinity:  # cache-aware routing (prefix.py)
+        text = prompt_text(request.messages if isinstance(request, ChatCompletionRequest) else None,
+                           getattr(request, "prompt", None))
+        length = body.get("max_completion_tokens") or body.get("max_tokens") or state.settings.max_tokens
+        affinity = prefix_of(text, conversation(request, user, session), state.settings.prefix_block_chars,
+                             int(length) if isinstance(length, int) else state.settings.max_tokens)
     if not request.stream:
         answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
         await count_usage(state, key, info.name, answer.get("usage"))
