@@ -5,8 +5,11 @@ share, as a chat over an uploaded file or a long agent transcript does: what a l
 its own conversation's, which only the replica that served its earlier turns holds.
 
 Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
-with `affinity` (a conversation's requests go to the replica its first messages hash to, with bounded loads) and one
-without (least busy). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
+with `affinity` (prefix scoring against the tokens in flight, serve/gateway/prefix.py) and one without (least busy).
+Two rows: caches ample (vLLM's CPU default, which holds every conversation), then scarce: each engine's KV cache
+holds about half of the live conversations (`--num-gpu-blocks-override`, sized from a whole conversation's tokens as
+the engine counts them), more than one engine holds, which is where routing by prefix can pay (targets: hit rate
+>= 2x least busy's, later turns' TTFT P50 <= 0.8x and P99 <= 1.1x). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
 runs both gateways in turn (the first one alternating), each with system prompts and documents of its own, so that no
 run finds another's prefixes cached. Figures per mode: vLLM's prefix-cache hit rate over the run (hit tokens / queried
 tokens, summed over both engines' /metrics), TTFT P50 / P90 of the later turns (those that could hit) and P50 of the
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -91,27 +95,51 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
     later = [t for turn, t in ttfts if turn > 0]
     return {"hit_rate": round((after[0] - before[0]) / queried, 4) if queried else 0.0,
             "ttft_p50_ms": round(float(np.percentile(later, 50)), 2), "ttft_p90_ms": round(float(np.percentile(later, 90)), 2),
+            "ttft_p99_ms": round(float(np.percentile(later, 99)), 2),
             "first_turn_ttft_p50_ms": round(float(np.percentile([t for turn, t in ttfts if turn == 0], 50)), 2),
             "requests": len(ttfts), "seconds": round(seconds, 2)}
 
 
-def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 8,
-        progress=print) -> dict:
-    from fixture_models.llm import write_llm
+CACHES = ("ample", "scarce")
+BLOCK_TOKENS = 128  # vLLM's CPU block, set explicitly so that the scarce cache's size is known in tokens
+# The scarce row's targets (issue 42): affinity over least busy
+TARGETS = {"hit_rate": (">=", 2.0), "ttft_p50_ms": ("<=", 0.8), "ttft_p99_ms": ("<=", 1.1)}
+
+
+def _conversation_tokens(engine: str, turns: int) -> int:
+    """The tokens of one whole conversation at its last turn, as the engine's tokenizer and template count them."""
+    import httpx
+
+    rng = random.Random(0)
+    messages = [{"role": "system", "content": "[0] You answer briefly. " + " ".join(
+                    f"rule {i}: {rng.randrange(10**6)}." for i in range(15))},
+                {"role": "user", "content": "About this document (0-0): " + " ".join(
+                    f"fact {i}: {rng.randrange(10**6)}." for i in range(60)) + " Summarise it."}]
+    for turn in range(turns - 1):
+        messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": "and then 123456?"}]
+    answer = httpx.post(f"{engine}/tokenize", json={"model": SERVED, "messages": messages}, timeout=60).json()
+    return int(answer["count"]) + 16
+
+
+def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversations: int, turns: int, concurrency: int,
+         progress) -> tuple[dict, list[str]]:
+    """Both modes on two fresh engines (`blocks`: each one's KV cache in blocks; None: vLLM's default): the figures
+    of each run, and the engines' URLs while they run (for sizing)."""
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import VLLMOptions
 
-    model = write_llm(out / "tiny-llama", max_length=2048)
     figures: dict[str, list[dict]] = {m: [] for m in MODES}
+    extra = ["--block-size", str(BLOCK_TOKENS)] + (["--num-gpu-blocks-override", str(blocks)] if blocks else [])
     with contextlib.ExitStack() as stack:
         engines = []
         for core in ("0", "1"):  # one engine's worker on each core
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = core
-            server, url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048), out / f"vllm-{core}",
-                                     timeout_s=900)
+            server, url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048, extra_args=extra),
+                                     out / f"vllm-{core}-{blocks or 'default'}", timeout_s=900)
             stack.callback(server.stop)
             engines.append(url)
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+        tokens = _conversation_tokens(engines[0], turns)
         gateways = {}
         for mode in MODES:
             server, url = start_gateway("", out / mode.replace(" ", "-"), vllm_url=",".join(engines),
@@ -120,15 +148,34 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
             gateways[mode] = url
         for r in range(rounds):
             for i, mode in enumerate(MODES[r % 2:] + MODES[:r % 2]):
-                result = asyncio.run(_run_mode(gateways[mode], engines, seed=100 * r + i, conversations=conversations,
-                                               turns=turns, concurrency=concurrency))
+                result = asyncio.run(_run_mode(gateways[mode], engines, seed=1000 * (blocks or 0) + 100 * r + i,
+                                               conversations=conversations, turns=turns, concurrency=concurrency))
                 figures[mode].append(result)
-                progress(f"B10 round {r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, "
-                         f"later turns' TTFT P50 {result['ttft_p50_ms']:.1f} ms")
+                progress(f"B10 ({'caches of ' + str(blocks) + ' blocks' if blocks else 'ample caches'}) round "
+                         f"{r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, later turns' TTFT "
+                         f"P50 {result['ttft_p50_ms']:.1f} ms")
     medians = {m: {k: round(statistics.median(f[k] for f in runs), 4) for k in runs[0]} for m, runs in figures.items()}
+    return {"blocks": blocks, "conversation_tokens": tokens, "medians": medians, "runs": figures}, engines
+
+
+def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 8,
+        progress=print) -> dict:
+    from fixture_models.llm import write_llm
+
+    model = write_llm(out / "tiny-llama", max_length=2048)
+    kwargs = dict(rounds=rounds, conversations=conversations, turns=turns, concurrency=concurrency, progress=progress)
+    ample, _ = _row(model, out, None, **kwargs)
+    # each engine holds about half of the conversations running at once
+    blocks = math.ceil(concurrency / 2 * ample["conversation_tokens"] / BLOCK_TOKENS)
+    scarce, _ = _row(model, out, blocks, **kwargs)
+    rows = {"ample": ample, "scarce": scarce}
+    m = scarce["medians"]
+    ratios = {k: round(m["affinity"][k] / m["least busy"][k], 3) if m["least busy"][k] else None for k in TARGETS}
     result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), two vLLM CPU engines", "rounds": rounds,
-              "conversations": conversations, "turns": turns, "concurrency": concurrency, "medians": medians,
-              "runs": figures}
+              "conversations": conversations, "turns": turns, "concurrency": concurrency, "rows": rows,
+              "scarce_ratios": ratios,
+              "verdict": {k: ratios[k] is not None and (ratios[k] >= v if op == ">=" else ratios[k] <= v)
+                          for k, (op, v) in TARGETS.items()}}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -138,13 +185,22 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
 def markdown(result: dict) -> str:
     lines = [f"## B10: cache-aware routing ({result['model']}; {result['conversations']} conversations x "
              f"{result['turns']} turns, {result['concurrency']} at a time, each opening with its own document under a shared "
-             f"system prompt; median of "
-             f"{result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})", "",
-             "| routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P90 ms, later turns | "
-             "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|"]
-    for mode, m in result["medians"].items():
-        lines.append(f"| {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | {m['ttft_p90_ms']} | "
-                     f"{m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
+             f"system prompt; median of {result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})",
+             "", "| caches | routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P99 ms, later turns | "
+             "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|---|"]
+    for caches, row in result["rows"].items():
+        size = (f"{row['blocks']} blocks of {BLOCK_TOKENS} tokens" if row["blocks"] else "vLLM's default")
+        for mode, m in row["medians"].items():
+            lines.append(f"| {caches} ({size}) | {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | {m['ttft_p99_ms']} | "
+                         f"{m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
+    tokens = result["rows"]["scarce"]["conversation_tokens"]
+    lines += ["", f"Scarce: each engine's cache holds {result['concurrency'] // 2} of the {result['concurrency']} "
+              f"conversations running at once ({tokens} tokens each at their last turn).", "",
+              "| target (scarce caches, affinity / least busy) | measured | verdict |", "|---|---|---|"]
+    for key, (op, value) in TARGETS.items():
+        ratio = result["scarce_ratios"][key]
+        verdict = "met" if result["verdict"][key] else "**missed**"
+        lines.append(f"| {key} {op} {value}x | {ratio if ratio is not None else '-'}x | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,14 +208,18 @@ def plot(result: dict, path: Path) -> Path:
     from loadtest.plots import pyplot, save
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, label in ((axes[0], "hit_rate", "prefix-cache hit rate"), (axes[1], "ttft_p50_ms", "TTFT P50, later turns (ms)")):
-        for i, mode in enumerate(MODES):
-            ax.bar(i, result["medians"][mode][key], color=("tab:green", "tab:grey")[i], alpha=0.8)
-            ax.scatter([i] * len(result["runs"][mode]), [r[key] for r in result["runs"][mode]], color="black", s=10,
-                       zorder=3)
-        ax.set_xticks(range(len(MODES)), MODES)
-        ax.set_ylabel(label)
+    fig, axes = plt.subplots(len(CACHES), 2, figsize=(10, 7), squeeze=False)
+    for row_axes, caches in zip(axes, CACHES):
+        row = result["rows"][caches]
+        for ax, key, label in ((row_axes[0], "hit_rate", "prefix-cache hit rate"),
+                               (row_axes[1], "ttft_p50_ms", "TTFT P50, later turns (ms)")):
+            for i, mode in enumerate(MODES):
+                ax.bar(i, row["medians"][mode][key], color=("tab:green", "tab:grey")[i], alpha=0.8)
+                ax.scatter([i] * len(row["runs"][mode]), [r[key] for r in row["runs"][mode]], color="black", s=10,
+                           zorder=3)
+            ax.set_xticks(range(len(MODES)), MODES)
+            ax.set_ylabel(label)
+            ax.set_title(f"{caches} caches" + (f" ({row['blocks']} blocks)" if row["blocks"] else ""), fontsize=9)
     return save(fig, path, "B10: affinity vs least busy on two vLLM replicas (bars: median; dots: rounds)")
 
 
