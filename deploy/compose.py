@@ -10,7 +10,7 @@ from .engines import Build
 from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan
-from .services import Service
+from .services import Service, put_to_sleep
 from .spec import Deployment
 
 
@@ -63,11 +63,17 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                 svc["deploy"] = _gpus([s.gpu])
             # vLLM takes its planned share of what is free when it starts: after Triton has loaded, and after the
             # engines before it on its card (their start-up profiles would see each other's allocations)
-            before = [triton.name] if triton else []
-            before += [e.name for e in services[:services.index(s)] if e.kind == "vllm" and e.gpu is not None
-                       and e.gpu == s.gpu]
+            before = {triton.name: "service_healthy"} if triton else {}
+            for e in services[:services.index(s)]:  # an on-demand one asleep first: its share free again
+                if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu:
+                    before |= {f"{e.name}-asleep": "service_completed_successfully"} if e.sleep_level else {
+                        e.name: "service_healthy"}
             if before:
-                svc["depends_on"] = {name: {"condition": "service_healthy"} for name in before}
+                svc["depends_on"] = {name: {"condition": condition} for name, condition in before.items()}
+            if s.sleep_level:  # started awake (vLLM cannot start asleep), then put to sleep until asked for
+                out["services"][f"{s.name}-asleep"] = _image(GATEWAY_IMAGE) | {
+                    "command": put_to_sleep(s, s.name), "depends_on": {s.name: {"condition": "service_healthy"}},
+                    "restart": "no", "networks": ["engines"]}
         else:
             from serve.gateway.settings import is_loopback
 

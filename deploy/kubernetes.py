@@ -16,7 +16,7 @@ from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
-from .services import Service
+from .services import Service, put_to_sleep
 from .spec import Deployment, encoder_metadata
 
 # The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
@@ -238,6 +238,10 @@ def _card(d: Deployment, card: int, triton: Service | None, engines: list[Servic
             containers.append(container)
         else:
             init.append(container | {"restartPolicy": "Always"})
+            if engine.sleep_level:  # on demand: asleep before the next engine starts (an init container, run to its end)
+                init.append({"name": f"vllm-{i}-asleep", "image": image(d, GATEWAY_IMAGE),
+                             "command": put_to_sleep(engine, "localhost"),
+                             "resources": _resources(0.1, False), "securityContext": _security()})
         out.append(_service(d, engine.name, app, {"http": engine.port}, "vllm"))
     pod = _pod(d, app, 1, containers, init=init, volumes=volumes, shm="8Gi" if engines else "2Gi", gpu=True,
                fs_group=NON_ROOT_UID)

@@ -86,7 +86,7 @@ class Estimate:
 @dataclass
 class Placement:
     model: str
-    what: str  # "instance(s)" / "engine" / "runtime"
+    what: str  # "instances" / "engine" / "engine asleep" (its CUDA context) / "runtime" / "swap room"
     count: int
     gib_each: float
 
@@ -394,6 +394,7 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         devices = [Device("CPU", round(host_memory_gib(), 1))]
     engines: dict[str, list[int]] = {}
     utilization: dict[str, float] = {}
+    shares: dict[str, float] = {}  # vLLM engine -> what it holds awake, its CUDA context included
     for m in sorted(d.vllm_models, key=lambda m: -estimates[m.name].gib):
         e = estimates[m.name]
         share = e.gib
@@ -408,8 +409,11 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
             free = [i for i in range(len(devices)) if i not in engines[m.name]]
             i = max(free, key=lambda i: devices[i].free_gib)
             engines[m.name].append(i)
-            if m.resident == "always":  # an on-demand engine (a CPU box's) takes its turn in the swap room
+            if m.resident == "always":
                 devices[i].placements.append(Placement(m.name, "engine", 1, share))
+            elif d.on_gpu:  # asleep, an engine keeps its CUDA context; awake, the rest of its share is in the swap room
+                devices[i].placements.append(Placement(m.name, "engine asleep", 1, VLLM_CONTEXT_GIB))
+        shares[m.name] = share
     if d.encoders:
         runtime = TRITON_PROCESS_GIB if d.on_gpu else CPU_TRITON_GIB
         for dev in devices:
@@ -420,7 +424,7 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         for dev in devices:
             dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
     on_demand = {m.name: instances[m.name] * estimates[m.name].gib if isinstance(m, EncoderModel)
-                 else estimates[m.name].gib for m in d.on_demand}
+                 else shares[m.name] - (VLLM_CONTEXT_GIB if d.on_gpu else 0.0) for m in d.on_demand}
     if on_demand:  # the largest is held free while "auto" instances grow; the room is settled after
         for dev in devices:
             dev.placements.append(Placement("on-demand entries", "swap room", 1, max(on_demand.values())))
@@ -446,7 +450,7 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         share = next(p.gib_each for dev in devices for p in dev.placements if p.model == m.name)
         more[m.name] = sum(1 for i, dev in enumerate(devices) if i not in engines[m.name] and dev.free_gib >= share)
     kv_room = {}
-    for m in d.vllm_models if d.on_gpu else ():
+    for m in (m for m in d.vllm_models if m.resident == "always") if d.on_gpu else ():
         e = estimates[m.name]
         free = min(devices[i].free_gib for i in engines[m.name])  # each replica's GPU, after everything placed
         share = next(p.gib_each for p in devices[engines[m.name][0]].placements if p.model == m.name)

@@ -31,6 +31,14 @@ class Service:
     gpu: int | None = None  # the GPU a vLLM engine runs on
     models: list[str] = field(default_factory=list)  # what it serves
     control_port: int | None = None  # an on-demand CPU engine: where serve/engine_control.py (which starts it) listens
+    sleep_level: int | None = None  # an on-demand GPU engine: put to sleep at this level once it has started
+
+
+def put_to_sleep(s: Service, host: str) -> list[str]:
+    """The command that waits for an on-demand GPU engine to be ready, then puts it to sleep (serve/wait_ready.py):
+    vLLM cannot start asleep, and the next engine on its card must find its share free."""
+    return ["python", "-m", "serve.wait_ready", f"http://{host}:{s.port}{s.ready_path}", "--timeout", "600",
+            "--then-sleep", str(s.sleep_level)]
 
 
 @dataclass
@@ -53,6 +61,8 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
         extra += ["--gpu-memory-utilization", f"{p.gpu_memory_utilization[m.name]:.2f}"]
     if m.kv_cache_dtype != "auto":  # vLLM's CPU attention keeps an fp8 cache too
         extra += ["--kv-cache-dtype", m.kv_cache_dtype]
+    if d.on_gpu and m.resident == "on-demand":  # sleeps between uses (its /sleep and /wake_up: VLLM_SERVER_DEV_MODE)
+        extra += ["--enable-sleep-mode"]
     return VLLMOptions(model=d.resolve(m.path), served_name=m.name, host=bind, port=port, max_model_len=m.max_model_len,
                        kv_cache_gib=m.kv_cache_gib, adapters={n: d.resolve(a) for n, a in m.adapters.items()},
                        dtype=m.dtype, tool_call_parser=m.tool_call_parser,
@@ -78,10 +88,11 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
         settings["on_demand"] = {m.name: {"task": p.estimates[m.name].task, "gib": round(p.on_demand[m.name], 3),
                                           "idle_unload_s": m.idle_unload_s} for m in d.on_demand}
         settings["swap_room_gib"] = round(p.swap_room_gib, 3)
-        for m, r, port in d.engines():  # an on-demand engine (a CPU box's: one replica) wakes through its control
+        for m, r, port in d.engines():  # an on-demand engine wakes through its sleep API: on a GPU, vLLM's own (its
+            # port); on a CPU, engine_control's, which stops and starts it
             if m.resident == "on-demand":
                 settings["on_demand"][m.name] |= {"engine": urls[m.name, r], "adapters": list(m.adapters)}
-                settings.setdefault("engine_control", {})[urls[m.name, r]] = \
+                settings.setdefault("engine_control", {})[urls[m.name, r]] = urls[m.name, r] if d.on_gpu else \
                     f"http://{layout.host_of(engine_name(m.name, r))}:{control_port(port)}"
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
@@ -115,12 +126,15 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
         env = ({"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}) | runtime_lora_env(adapters)
         if m.name in p.cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_binds[m.name]
-        control = control_port(port) if m.resident == "on-demand" else None
+        if d.on_gpu and m.resident == "on-demand":
+            env["VLLM_SERVER_DEV_MODE"] = "1"  # mounts /sleep, /wake_up and /is_sleeping
+        control = control_port(port) if m.resident == "on-demand" and not d.on_gpu else None
         # an on-demand engine answers ready through its control, asleep: it starts on its first request
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 control or port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
                                 gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters],
-                                control_port=control))
+                                control_port=control, sleep_level=int(d.gateway.settings.get("sleep_level", 1))
+                                if d.on_gpu and m.resident == "on-demand" else None))
     services.append(Service("gateway", "gateway", ["serve", "gateway", "--log-level", "info"], d.ports.gateway,
                             "/readyz", "/healthz", d.ports.gateway, env={"RTXSERVE_CONFIG": layout.gateway_config}))
     return services

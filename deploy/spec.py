@@ -297,11 +297,6 @@ class Deployment(_Strict):
         if self.on_demand and self.gateway.workers > 1:
             raise ValueError(f"gateway.workers: {self.gateway.workers}, but each worker would decide for itself what "
                              "is loaded; a box with on-demand models runs one gateway worker")
-        asleep = [m.name for m in self.vllm_models if m.resident == "on-demand"]
-        if asleep and self.on_gpu:
-            raise ValueError(f"models.{asleep[0]}.resident: on-demand vLLM engines run on CPU boxes for now (stopped "
-                             "and started); on a GPU they would sleep through vLLM's sleep mode, which the rendered "
-                             "boxes do not start yet")
         ports: dict[int, str] = {}
         for port, what in self.port_list():
             if port in ports:

@@ -105,7 +105,9 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         lines += [f"ExecStart={' '.join(_quote(a) for a in argv)}",
                   # readiness: the unit counts as started once the server answers ready
                   f"ExecStartPost={prefix / '.venv' / 'bin' / 'python'} -m serve.wait_ready "
-                  f"http://127.0.0.1:{s.port}{s.ready_path} --timeout {600 if s.kind == 'vllm' else 300}",
+                  f"http://127.0.0.1:{s.port}{s.ready_path} --timeout {600 if s.kind == 'vllm' else 300}"
+                  # an on-demand GPU engine then sleeps, before the next engine on its card starts
+                  + (f" --then-sleep {s.sleep_level}" if s.sleep_level else ""),
                   f"TimeoutStartSec={3600 if building else 660 if s.kind == 'vllm' else 360}",
                   "KillMode=control-group", "KillSignal=SIGTERM", "TimeoutStopSec=60", "Restart=on-failure",
                   "RestartSec=5", "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=read-only",

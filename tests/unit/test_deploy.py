@@ -42,8 +42,6 @@ def boxes(tmp_path_factory):
     ({"modles": []}, "modles: Extra inputs are not permitted"),
     ({"models": [{"name": "asr", "kind": "speech", "path": "w", "adapters": {"a": "a"}, "max_images": 1}]},
      "models[0]: adapters, max_images: chat options; a speech model takes none"),
-    ({"models": [{"name": "llm", "kind": "llm", "path": "l", "resident": "on-demand"}]},
-     "models.llm.resident: on-demand vLLM engines run on CPU boxes for now"),
     ({"models": [{"name": "llm", "kind": "llm", "path": "l", "replicas": 2}]},
      "models[0].replicas: 2 engines need 2 GPUs (one engine per GPU); the box has 1"),
     ({"models": [{"name": "enc", "kind": "encoder", "path": "e", "idle_unload_s": 60}]},

@@ -562,3 +562,38 @@ def write_artifacts_keys(folder: Path, spec: dict) -> Path:
     path = folder / "box.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
+    """On-demand engines on a GPU: each keeps its CUDA context asleep and swaps the rest of its share through the room;
+    each starts awake (vLLM cannot start asleep) and is put to sleep before the next engine on the card starts, in
+    every target; the gateway wakes them through vLLM's own sleep API."""
+    write_llama(tmp_path / "llm")
+    write_entry(tmp_path / "repo", "reviews")
+    variant = {"kind": "llm", "path": "llm", "max_model_len": 2048, "max_num_seqs": 4, "resident": "on-demand"}
+    path = write_artifacts_keys(tmp_path, {
+        "name": "variants", "gpus": {"count": 1}, "gateway": {"keys_file": "keys.json"},
+        "models": [{"name": "reviews", "kind": "encoder", "path": "repo/reviews"},
+                   {"name": "variant-a", **variant}, {"name": "variant-b", **variant}]})
+    d = load_deployment(path)
+    p = plan(d)
+    assert p.fits and p.warm_together == ["variant-a"], format_plan(p)  # the room holds one of them awake
+    asleep = [pl for pl in p.devices[0].placements if pl.what == "engine asleep"]
+    assert [pl.model for pl in asleep] == ["variant-a", "variant-b"] and all(pl.gib == VLLM_CONTEXT_GIB for pl in asleep)
+    render(d, tmp_path / "out", **on_box(d))
+    out = tmp_path / "out"
+    services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]
+    a, b = "vllm-variant-a-0", "vllm-variant-b-0"
+    assert "--enable-sleep-mode" in services[a]["command"] and services[a]["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert services[f"{a}-asleep"]["command"][-2:] == ["--then-sleep", "1"]
+    assert services[b]["depends_on"] == {"triton": {"condition": "service_healthy"},
+                                         f"{a}-asleep": {"condition": "service_completed_successfully"}}
+    settings = yaml.safe_load((out / "gateway.yaml").read_text())
+    assert settings["engine_control"] == {settings["on_demand"][n]["engine"]: settings["on_demand"][n]["engine"]
+                                          for n in ("variant-a", "variant-b")}  # vLLM's own sleep API
+    unit = (out / "systemd" / f"rtxserve-variants-{a}.service").read_text()
+    assert "--then-sleep 1" in unit
+    pod = next(doc for doc in manifests(out) if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gpu-0")
+    spec = pod["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["initContainers"]] == ["tritonserver", "vllm-0", "vllm-0-asleep"]
+    assert [c["name"] for c in spec["containers"]] == ["vllm-1"]

@@ -44,3 +44,4 @@ def test_only_the_regions_no_process_maps_any_more_are_removed(tmp_path):
         assert remove_orphaned_regions(tmp_path) == [orphan]
     assert not orphan.exists() and mapped.exists() and young.exists() and other.exists()
     assert remove_orphaned_regions(tmp_path) == [mapped]  # once nothing maps it
+
