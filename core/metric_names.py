@@ -8,6 +8,10 @@ TOKENS = "rtxserve_tokens_total"  # counter, by model, kind
 IN_FLIGHT = "rtxserve_requests_in_flight"  # gauge
 QUEUED = "rtxserve_requests_queued"  # gauge
 SHED = "rtxserve_requests_shed_total"  # counter, by reason
+# Admission by priority (a key's: interactive 0, batch 10, lower first)
+PRIORITY_QUEUED = "rtxserve_priority_queued"  # gauge, by priority: requests waiting for a slot
+PRIORITY_WAIT = "rtxserve_priority_wait_seconds"  # histogram, by priority: how long each waited (0 for none)
+PRIORITY_SHED = "rtxserve_priority_shed_total"  # counter, by priority: refused by admission control
 BACKEND_SECONDS = "rtxserve_backend_request_duration_seconds"  # histogram, by backend
 # histogram, by route: the gateway's own time per request (its time minus its backend calls', to the response's start)
 OVERHEAD_SECONDS = "rtxserve_gateway_overhead_seconds"

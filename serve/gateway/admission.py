@@ -10,57 +10,120 @@ requests fast. Only model calls (`POST /v1/...`) are admitted here; probes and m
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict, deque
 
 from . import metrics
-from .exceptions import Overloaded, error_response
+from .exceptions import GatewayError, Overloaded, error_response
 
 
 class Gate:
-    """`limit` holders at once, at most `max_queue` waiting, each for at most `timeout_s`."""
+    """`limit` holders at once, at most `max_queue` waiting, each for at most `timeout_s`.
+
+    A freed slot goes to the waiting request of the lowest priority number (a key's `priority`: interactive 0 before
+    batch 10), and among those, to each key in turn (round robin over the keys with requests waiting, oldest first
+    within a key), so that one key's flood cannot starve another key's trickle."""
 
     def __init__(self, limit: int, max_queue: int, timeout_s: float, what: str = "the gateway"):
-        self.slots = asyncio.Semaphore(limit)
+        self.limit, self.in_use = limit, 0
         self.max_queue, self.timeout_s, self.what = max_queue, timeout_s, what
         self.waiting = 0
+        self._queues: dict[int, OrderedDict[str, deque[asyncio.Future]]] = {}  # priority -> key -> its waiters
 
-    def _shed(self, why: str) -> Overloaded:
+    def _shed(self, why: str, priority: int) -> Overloaded:
         metrics.SHED.labels(why).inc()
+        metrics.PRIORITY_SHED.labels(str(priority)).inc()
         return Overloaded(f"{self.what} is at capacity ({why}); retry shortly", retry_after=1)
 
-    async def acquire(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """A request now would wait (and so needs its priority)."""
+        return self.in_use >= self.limit or self.waiting > 0
+
+    async def acquire(self, priority: int = 0, key: str = "") -> None:
         """A slot, or Overloaded at once when the queue is full or after `timeout_s` in it."""
-        if not self.slots.locked():
-            await self.slots.acquire()  # free: no wait
+        if self.in_use < self.limit and not self.waiting:  # free, and nobody before it: no wait
+            self.in_use += 1
             return
         if self.waiting >= self.max_queue:
-            raise self._shed("queue full")
+            raise self._shed("queue full", priority)
+        served = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(priority, OrderedDict()).setdefault(key, deque()).append(served)
         self.waiting += 1
         metrics.QUEUED.inc()
+        metrics.PRIORITY_QUEUED.labels(str(priority)).inc()
+        start = time.perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self.slots.acquire()
-        except TimeoutError:
-            raise self._shed("queue wait timed out") from None
+                await asyncio.shield(served)
+        except BaseException as exc:  # the wait ran out, or the client left while waiting
+            if served.done() and not served.cancelled():  # handed the slot just then: give it on
+                self.release()
+            served.cancel()  # skipped where it waits (a cancelled waiter is never handed a slot)
+            if isinstance(exc, TimeoutError):
+                raise self._shed("queue wait timed out", priority) from None
+            raise
         finally:
             self.waiting -= 1
             metrics.QUEUED.dec()
+            metrics.PRIORITY_QUEUED.labels(str(priority)).dec()
+            metrics.PRIORITY_WAIT.labels(str(priority)).observe(time.perf_counter() - start)
 
     def release(self) -> None:
-        self.slots.release()
+        """Hand the slot to the next waiter (`_next`), or free it."""
+        waiter = self._next()
+        if waiter is None:
+            self.in_use -= 1
+        else:
+            waiter.set_result(None)
+
+    def _next(self) -> asyncio.Future | None:
+        for priority in sorted(self._queues):
+            keys = self._queues[priority]
+            while keys:
+                key, waiters = next(iter(keys.items()))
+                keys.move_to_end(key)  # the next slot of this priority goes to the next key
+                while waiters and waiters[0].done():  # timed out: skipped
+                    waiters.popleft()
+                if not waiters:
+                    del keys[key]
+                    continue
+                waiter = waiters.popleft()
+                if not waiters:
+                    del keys[key]
+                return waiter
+            del self._queues[priority]
+        return None
 
 
 class Admission:
-    """The gateway-wide gate, as ASGI middleware: it runs before the body is read."""
+    """The gateway-wide gate, as ASGI middleware: it runs before the body is read. A request that must wait is queued by
+    its key's priority and name (the client's address where the gateway has no keys), read from its headers only
+    then: a free slot costs no key lookup."""
 
-    def __init__(self, app, *, max_concurrency: int, max_queue: int, queue_timeout_s: float):
+    def __init__(self, app, *, max_concurrency: int, max_queue: int, queue_timeout_s: float, access=None):
         self.app = app
         self.gate = Gate(max_concurrency, max_queue, queue_timeout_s)
+        self.access = access  # access.Access: the keys
+
+    def _caller(self, scope) -> tuple[int, str]:
+        headers = {k: v for k, v in scope.get("headers", ()) if k in (b"authorization", b"x-api-key")}
+        key = None
+        if self.access is not None:
+            try:
+                key = self.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
+                                         headers.get(b"x-api-key", b"").decode("latin-1"))
+            except GatewayError:  # no or a wrong key: refused by authentication once admitted; queued as nobody
+                return 0, ""
+        if key is None:
+            return 0, (scope.get("client") or ("",))[0]
+        return key.priority, key.name
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
         try:
-            await self.gate.acquire()
+            await self.gate.acquire(*self._caller(scope)) if self.gate.busy else await self.gate.acquire()
         except Overloaded as exc:
             refusal = error_response(exc.status, exc.message, exc.type, code=exc.code, retry_after=exc.retry_after)
             return await refusal(scope, receive, send)

@@ -112,7 +112,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
                        documented={r.path: r for router in (classify_router, embeddings_router, ner_router)
                                    for r in router.routes})
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
-                       queue_timeout_s=settings.queue_timeout_s)
+                       queue_timeout_s=settings.queue_timeout_s, access=state.access)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     if settings.otlp_endpoint:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 log = logging.getLogger("rtxserve.gateway.keys")
 PREFIX = "rtx-"
+PRIORITIES = {"interactive": 0, "batch": 10}  # lower is served first when requests wait
 
 
 class KeysFileError(ValueError):
@@ -40,10 +41,20 @@ class ApiKey:
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens per minute (prompt + completion, as the backend counts them)
     created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    # its requests' place in the queues when the gateway is full: lower first (vLLM's convention); "interactive" 0,
+    # "batch" 10 (PRIORITIES), or any whole number
+    priority: int = 0
 
     def __post_init__(self):
         if not self.name or not self.hash.startswith("sha256:"):
             raise ValueError("every key needs a name and a sha256 hash")
+        if isinstance(self.priority, str):  # the named priorities, as the keys file and the CLI may give them
+            if self.priority not in PRIORITIES:
+                raise ValueError(f"key {self.name}: priority {self.priority!r} is none of {', '.join(PRIORITIES)} "
+                                 "and not a whole number")
+            object.__setattr__(self, "priority", PRIORITIES[self.priority])
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"key {self.name}: priority is a whole number or one of {', '.join(PRIORITIES)}")
         for quota in (self.rpm, self.tpm):
             if quota is not None and (not isinstance(quota, int) or quota < 1):
                 raise ValueError(f"key {self.name}: quotas are positive integers")

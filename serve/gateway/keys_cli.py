@@ -17,7 +17,8 @@ def _create(args, keys: dict[str, ApiKey]) -> int:
     models = tuple(m.strip() for m in args.models.split(",") if m.strip()) or ("*",)
     secret = new_secret()
     try:
-        keys[args.name] = ApiKey(args.name, hash_key(secret), models, args.admin, args.rpm, args.tpm)
+        priority = int(args.priority) if args.priority.lstrip("-").isdigit() else args.priority
+        keys[args.name] = ApiKey(args.name, hash_key(secret), models, args.admin, args.rpm, args.tpm, priority=priority)
     except ValueError as exc:
         print(f"rtxserve keys: error: {exc}", file=sys.stderr)
         return 2
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--admin", action="store_true", help="may use every model")
     c.add_argument("--rpm", type=int, help="requests per minute")
     c.add_argument("--tpm", type=int, help="tokens per minute (generation: prompt + completion)")
+    c.add_argument("--priority", default="interactive", help="when requests wait: interactive (0, first), batch (10), "
+                   "or a whole number, lower first")
     c.set_defaults(run=_create)
     sub.add_parser("list", help="the keys (names, models, quotas; never the keys themselves)",
                    parents=[common]).set_defaults(run=_list)

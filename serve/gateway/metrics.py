@@ -54,6 +54,12 @@ AFFINITY = Counter(metric_names.AFFINITY, "Generation requests with a conversati
                    "(preferred) or, that one over its share of the load, on another (spilled)", ("outcome",))
 QUOTA_STORAGE_ERRORS = Counter(metric_names.QUOTA_STORAGE_ERRORS, "Quota checks the quota storage (Redis) could not answer")
 SHED = Counter(metric_names.SHED, "Model requests refused by admission control", ("reason",))
+PRIORITY_QUEUED = Gauge(metric_names.PRIORITY_QUEUED, "Model requests waiting for a slot, by their key's priority",
+                        ("priority",), multiprocess_mode="livesum")
+PRIORITY_WAIT = Histogram(metric_names.PRIORITY_WAIT, "Seconds a request waited for a slot, by its key's priority",
+                          ("priority",), buckets=BUCKETS)
+PRIORITY_SHED = Counter(metric_names.PRIORITY_SHED, "Model requests refused by admission control, by their key's "
+                        "priority", ("priority",))
 MODEL_LOADS = Counter(metric_names.MODEL_LOADS, "Loads of on-demand models, by outcome", ("model", "outcome"))
 MODEL_UNLOADS = Counter(metric_names.MODEL_UNLOADS, "Unloads of on-demand models: idle, or to make room", ("model", "reason"))
 MODEL_LOAD_SECONDS = Histogram(metric_names.MODEL_LOAD_SECONDS, "Seconds an on-demand model took to load and answer its "

@@ -116,6 +116,9 @@ class GatewaySettings(BaseSettings):
                                         "prefers it for its prefix goes to another (bounded load)")
     affinity_load_weight: float = Field(0.5, ge=0.0, le=100.0, description="how much a replica's share of the tokens "
                                         "in flight counts against the share of the prefix it holds (both 0 to 1)")
+    vllm_priority: bool = Field(False, description="the vLLM engines run with --scheduling-policy priority: each "
+                                "generation request carries its key's priority (a client may ask for a later place, "
+                                "never an earlier one than its key's)")
     prefix_block_chars: int = Field(64, ge=8, le=65536, description="characters per block of a prompt's prefix hashes "
                                     "(about 16 tokens, vLLM's block)")
     prefix_index_blocks: int = Field(50_000, ge=100, description="block hashes remembered per replica (LRU)")

@@ -162,6 +162,9 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     info = await state.dispatch.resolve(request.model, TASK, key.name if key else None, user)
     body = request.model_dump(exclude_unset=True)  # as sent, extras included: vLLM judges what we do not bound
     _bound_omitted_length(state.settings, request, body)
+    if state.settings.vllm_priority and key is not None:  # vLLM's own queue orders by it too: lower first
+        asked = body.get("priority")
+        body["priority"] = max(asked, key.priority) if isinstance(asked, int) else key.priority
     affinity = None
     if state.settings.affinity:  # cache-aware routing (prefix.py)
         text = prompt_text(request.messages if isinstance(request, ChatCompletionRequest) else None,
