@@ -38,8 +38,9 @@ class Engine:
     """The engine process, started and stopped one at a time."""
 
     def __init__(self, argv: list[str], engine_url: str, log_path: Path, start_timeout_s: float):
+        # in this server's process group: `serve down` stops this server's group, the engine with it
         self.process = ServerProcess("vllm", argv, env=dict(os.environ), log_path=log_path,
-                                     ready_url=f"{engine_url.rstrip('/')}/health")
+                                     ready_url=f"{engine_url.rstrip('/')}/health", own_group=False)
         self.start_timeout_s = start_timeout_s
         self.lock = asyncio.Lock()
 

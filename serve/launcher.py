@@ -54,9 +54,13 @@ class ServerProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        own_group: bool = True,
     ):
         self.name, self.command, self.ready_url = name, list(command), ready_url
         self.log_path, self.env, self.cwd = Path(log_path), dict(env or os.environ), cwd
+        # own_group: a process group of its own, which stop() signals whole; else it stays in its parent's group, where
+        # whoever stops the parent's group (serve down) reaches it too, and stop() signals the process alone
+        self.own_group = own_group
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 180.0) -> "ServerProcess":
@@ -65,7 +69,7 @@ class ServerProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, cwd=self.cwd, start_new_session=True,  # own group: stop() reaches its children
+                env=self.env, cwd=self.cwd, start_new_session=self.own_group,  # own group: stop() reaches its children
             )
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=2.0) as client:
@@ -94,7 +98,10 @@ class ServerProcess:
 
     def signal(self, sig: int) -> None:
         if self.running:
-            os.killpg(self.process.pid, sig)
+            if self.own_group:
+                os.killpg(self.process.pid, sig)
+            else:
+                self.process.send_signal(sig)
 
     def stop(self, grace_s: float = 15.0) -> int | None:
         """SIGTERM the process group, wait up to `grace_s`, then SIGKILL. Returns the exit code."""

@@ -41,6 +41,9 @@ def main(checkpoint: str, tag: str, config_dir: str, ids_file: str, out: str, au
     if torch.distributed.get_rank() == 0:
         np.savez(out, **logits)
     torch.distributed.barrier()
+    # gloo's threads joined before the interpreter exits: left to exit, a rank could abort in teardown ("terminate
+    # called without an active exception", SIGABRT) after its work was done, and torchrun reports the run failed
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ def main(base: str, out: str) -> None:
                              report_to="none", logging_steps=1, seed=0)
     trainer = Trainer(model=model, args=args, train_dataset=Reviews(tokenizer), processing_class=tokenizer)
     trainer.train()
+    # Both ranks done, then gloo's threads joined before the interpreter exits: left to exit, rank 1 aborted in
+    # teardown once in CI ("terminate called without an active exception", SIGABRT) after the checkpoint was written.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
