@@ -234,7 +234,7 @@ def test_a_stream_holds_its_model_slot_until_it_ends(backend):
             backend.stream = FakeStream([_chunk("Hel"), "data: [DONE]"])
             assert client.post("/v1/chat/completions", json={**CHAT, "stream": True}).status_code == 200
         state = client.app.state.gateway
-        assert not state.dispatch.gates["llm-lora"].slots.locked() and backend.stream.closed
+        assert state.dispatch.gates["llm-lora"].in_use == 0 and backend.stream.closed
 
 
 def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend):
