@@ -9,8 +9,10 @@ is never picked, and the load waits for one to finish instead. A load that fails
 next request tries again after a backoff (`load_retry_s`, doubled per failure up to 60 s).
 
 It works through the backend's capability (`Backend.swaps`, `load`, `unload`): Triton's repository API in explicit
-model-control mode. Each gateway worker decides for itself: with several workers, an unload one decides can make
-another's next request wait for a load (Triton still answers every request it already runs).
+model-control mode, and vLLM's sleep API (`/wake_up`, `/sleep`: vLLM's own on a GPU, serve/engine_control.py's on a
+CPU). An adapter loads with its engine's model (`GatewaySettings.on_demand_owner`). Each gateway worker decides for
+itself: with several workers, an unload one decides can make another's next request wait for a load (Triton still
+answers every request it already runs), which is why a deployment with on-demand models runs one worker.
 """
 
 from __future__ import annotations
