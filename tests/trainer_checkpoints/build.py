@@ -75,11 +75,24 @@ def _key() -> str:
     return digest.hexdigest()[:16]
 
 
+# A torchrun rank that aborts as its interpreter exits, after its work: a thread of gloo's still joinable at exit
+# (seen in two cold CI runs out of three, in LLaMA-Factory's ZeRO-3 run, whose launcher is not ours to change).
+TEARDOWN_ABORT = "terminate called without an active exception"
+# The last thing a run prints once its checkpoint is saved: LLaMA-Factory's metrics table (after its save_model), and
+# hf_trainer_zero3.py's own line (after the Trainer's last checkpoint and the process group's end)
+TRAINED = ("***** train metrics *****", "[rtxserve] trained and saved")
+
+
 def _run(argv: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> None:
     with open(log, "w") as out:
         done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd)
     if done.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-30:])
+        text = log.read_text()
+        if TEARDOWN_ABORT in text and any(m in text for m in TRAINED):  # its work is done: the tests check every weight
+            with open(log, "a") as out:
+                out.write(f"\n[rtxserve] accepted: trained and saved, then a rank aborted in teardown ({done.returncode})\n")
+            return
+        tail = "\n".join(text.splitlines()[-30:])
         raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}); log {log}:\n{tail}")
 
 

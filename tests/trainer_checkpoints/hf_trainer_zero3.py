@@ -44,6 +44,7 @@ def main(base: str, out: str) -> None:
     # teardown once in CI ("terminate called without an active exception", SIGABRT) after the checkpoint was written.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    print("[rtxserve] trained and saved", flush=True)  # build.py's sign that the work is done, whatever exit brings
 
 
 if __name__ == "__main__":
