@@ -142,11 +142,13 @@ def markdown(r: dict) -> str:
                     f"{f.get('p99_ms', float('nan')):.0f} | {g.get('waited', 0):.0f} | {g.get('loads', 0):.0f} | "
                     f"{g.get('unloads', 0):.0f} | {seconds(g.get('load_mean_s'))} | {seconds(g.get('unload_mean_s'))} |")
     share = r["waited_share"]
+    kinds = f" ({', '.join(f'{k}: {v}' for k, v in r['error_kinds'].items())})" if r["errors"] else ""
     return f"""### B12: more fine-tunes than the box holds (CPU box, `serve up`; {r['machine']})
 
 Six classifier fine-tunes and two LLM variants, all on demand, in a swap room of {r['swap_room_gib']:g} GiB (two
 classifiers and one engine); Poisson arrivals at {r['rate']:g} requests/s for {r['duration_s']:g} s (open loop: a request
-arrives whether or not the last was answered), 3/4 classify and 1/4 chat, each set with Zipf popularity. {r['requests']} requests, {r['errors']} errors{' (' + ', '.join(f'{k}: {v}' for k, v in r['error_kinds'].items()) + ')' if r['errors'] else ''};
+arrives whether or not the last was answered), 3/4 classify and 1/4 chat, each set with Zipf popularity.
+{r['requests']} requests, {r['errors']} errors{kinds};
 **{share:.1%} of them waited for a load**. Loads and unloads are the gateway's counts; their seconds its histograms'
 means (a classifier: Triton's load of the entry and its first answer; an LLM variant: its vLLM engine started,
 or stopped).

@@ -32,8 +32,11 @@ def _hash(data: bytes) -> bytes:
 def prompt_text(messages: list | None, prompt) -> str:
     """A chat's messages (or a completion's prompt) as one text, in order, the way they reach the model's template."""
     if messages is not None:
-        return "".join(f"{m.get('role', '')}\x00{m.get('content') if isinstance(m.get('content'), str) else orjson.dumps(m.get('content'), default=str).decode()}\x01"
-                       for m in messages if isinstance(m, dict))
+        def content(m: dict) -> str:
+            c = m.get("content")
+            return c if isinstance(c, str) else orjson.dumps(c, default=str).decode()
+
+        return "".join(f"{m.get('role', '')}\x00{content(m)}\x01" for m in messages if isinstance(m, dict))
     return prompt if isinstance(prompt, str) else orjson.dumps(prompt, default=str).decode()
 
 
