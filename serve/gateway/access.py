@@ -15,6 +15,7 @@ from .settings import GatewaySettings
 
 # The API key name of the request being served (set where its key is admitted): what a sticky alias keeps on one model.
 CALLER: ContextVar[str | None] = ContextVar("rtxserve_caller", default=None)
+CALLER_PRIORITY: ContextVar[int] = ContextVar("rtxserve_caller_priority", default=0)  # its key's, for the model gates
 
 
 class Access:
@@ -44,6 +45,7 @@ class Access:
         if key is None:
             return
         CALLER.set(key.name)
+        CALLER_PRIORITY.set(key.priority)
         if not key.allows(model):
             raise Forbidden(f"this API key may not use model {model!r}", param="model")
         await self.quotas.admit(key)

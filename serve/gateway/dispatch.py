@@ -21,7 +21,7 @@ from circuitbreaker import STATE_OPEN
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from . import metrics
-from .access import CALLER
+from .access import CALLER, CALLER_PRIORITY
 from .admission import Gate
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
@@ -186,7 +186,7 @@ class Dispatcher:
         gate = self.gates.get(info.name)
         if gate is None:
             return await self._call(info, fn, prefix)
-        await gate.acquire()
+        await gate.acquire(CALLER_PRIORITY.get(), CALLER.get() or "")  # by the key's priority, keys in turn
         try:
             result = await self._call(info, fn, prefix)
         except BaseException:

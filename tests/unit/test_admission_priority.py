@@ -67,9 +67,10 @@ def test_an_unknown_priority_name_is_refused_naming_the_choices():
         ApiKey("k", hash_key("s"), priority="urgent")
 
 
-def test_through_the_gateway_a_chat_key_overtakes_a_batch_keys_queue(tmp_path):
-    """One slot, held; a batch key's three requests wait, then a chat key's one: when the slot frees, the chat key's
-    request is the next the backend sees, then the batch key's."""
+@pytest.mark.parametrize("limits", [{"max_concurrency": 1}, {"model_concurrency": {"clf": 1}}], ids=["gateway", "model"])
+def test_through_the_gateway_a_chat_key_overtakes_a_batch_keys_queue(tmp_path, limits):
+    """One slot (the gateway's, or the model's own), held; a batch key's three requests wait, then a chat key's one:
+    when the slot frees, the chat key's request is the next the backend sees, then the batch key's."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -84,8 +85,8 @@ def test_through_the_gateway_a_chat_key_overtakes_a_batch_keys_queue(tmp_path):
     write_keys(tmp_path / "keys.json", {"batch": ApiKey("batch", hash_key("rtx-batch"), priority="batch"),
                                         "chat": ApiKey("chat", hash_key("rtx-chat"))})
     backend = GatedTriton()
-    settings = GatewaySettings(max_concurrency=1, max_queue=10, queue_timeout_s=30, health_interval_s=60,
-                               keys_file=tmp_path / "keys.json")
+    settings = GatewaySettings(max_queue=10, queue_timeout_s=30, health_interval_s=60, keys_file=tmp_path / "keys.json",
+                               **limits)
     with TestClient(create_app(settings, [backend])) as client, ThreadPoolExecutor(5) as pool:
         def send(secret: str, text: str):
             return client.post("/v1/classify", json={"model": "clf", "input": text},
