@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 from pathlib import Path
@@ -201,12 +202,15 @@ class GatewaySettings(BaseSettings):
                              f"swap_room_gib {self.swap_room_gib:g}")
         return self
 
+    @functools.cached_property
+    def on_demand_owners(self) -> dict[str, str]:
+        """Each on-demand model and adapter -> the on-demand model whose load brings it (itself, or the engine model
+        an adapter rides on): worked out once, read on every request."""
+        return {n: n for n in self.on_demand} | {a: n for n, m in self.on_demand.items() for a in m.adapters}
+
     def on_demand_owner(self, name: str) -> str | None:
-        """The on-demand model whose load brings `name` (itself, or the engine model an adapter rides on); None if
-        `name` is always resident."""
-        if name in self.on_demand:
-            return name
-        return next((owner for owner, m in self.on_demand.items() if name in m.adapters), None)
+        """The on-demand model whose load brings `name`; None if `name` is always resident."""
+        return self.on_demand_owners.get(name)
 
     def route_names(self) -> set[str]:
         """Every model name the aliases and fallbacks refer to (checked against what the backends serve)."""
