@@ -3,6 +3,7 @@ backend (SIGSTOP), a killed one that comes back on its ports, and the client's t
 gateway's own counters (R1, R2, R10, R17 of shared/RELIABILITY.md)."""
 
 import concurrent.futures as cf
+import os
 import re
 import signal
 import time
@@ -79,7 +80,10 @@ def test_a_hung_backend_gives_504_at_the_deadline_while_probes_stay_fast(servers
     state, _, url, _ = servers
     with httpx.Client() as client:
         assert classify(client, url)[0] == 200
-        state["triton"].signal(signal.SIGSTOP)
+        # tritonserver itself, not its process group: its python backend's stubs, stopped in the middle of their
+        # shared-memory exchange, came back once (in a cold CI run) answering the ensemble's next request without its
+        # attention_mask, and the server never recovered. A server that stops answering is the fault here.
+        os.kill(state["triton"].process.pid, signal.SIGSTOP)
         try:
             with cf.ThreadPoolExecutor(4) as pool:
                 hung = [pool.submit(classify, client, url) for _ in range(3)]
@@ -88,7 +92,7 @@ def test_a_hung_backend_gives_504_at_the_deadline_while_probes_stay_fast(servers
                 waiting = sum(not f.done() for f in hung)
                 results = [f.result() for f in hung]
         finally:
-            state["triton"].signal(signal.SIGCONT)
+            os.kill(state["triton"].process.pid, signal.SIGCONT)
     assert probes == [200, 200, 200] and waiting == 3, (probes, waiting)
     for code, seconds, response in results:
         assert code == 504, (code, response and response.text)

@@ -120,9 +120,18 @@ def test_an_int8_export_is_calibrated_on_the_images_given_smaller_and_records_wh
     assert parity["outputs"]["scores"]["max_abs_diff"] > parity["variants"]["fp32"]["outputs"]["scores"]["max_abs_diff"]
     assert parity["served"]["recall"] >= MIN_RECALL["int8"] and parity["served"]["images"] == 8  # gated at export
     assert parity["served"]["recall_conf"] == PREDICT_DEFAULTS["conf"]
-    sizes = {p.name: (p / "1" / "model.onnx").stat().st_size for p in result.entry if p.name.endswith("_model")}
-    # Ultralytics saves fp16 weights: the fp32 graph is about twice best.pt, the int8 one under half of that
-    assert sizes["yolo_int8_model"] < (yolo_run / "weights" / "best.pt").stat().st_size
+    # The graph's size, by its own weights (best.pt is no yardstick: Ultralytics' pickle carries the run's metrics,
+    # which grow with the epochs trained): the convolutions but the head's hold int8 weights, and the file is about
+    # half what its weights take in fp32 (0.53 for YOLO11n: the head, its scales and biases stay float).
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    path = next(p for p in result.entry if p.name == "yolo_int8_model") / "1" / "model.onnx"
+    weights = [numpy_helper.to_array(w) for w in onnx.load(str(path)).graph.initializer]
+    elements = sum(w.size for w in weights)
+    assert sum(w.size for w in weights if w.dtype == np.int8) > 0.75 * elements
+    assert path.stat().st_size < 0.6 * 4 * elements
 
 
 def test_the_detect_load_test_drives_it(stack, yolo_run, tmp_path):
