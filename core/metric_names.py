@@ -31,3 +31,5 @@ MODEL_LOAD_SECONDS = "rtxserve_model_load_duration_seconds"  # histogram, by mod
 MODEL_UNLOAD_SECONDS = "rtxserve_model_unload_duration_seconds"  # histogram, by model: until its memory is free
 MODEL_RESIDENT = "rtxserve_model_resident"  # gauge, by model: 1 while an on-demand model is loaded
 LOAD_WAITS = "rtxserve_load_waits_total"  # counter, by model, outcome: requests that waited for a load (served / timeout / failed)
+BATCH_LINES = "rtxserve_batch_requests_total"  # counter, by status code: batch lines answered (0: not run, cancelled or expired)
+BATCHES = "rtxserve_batches_total"  # counter, by status: batches ended (completed / expired / cancelled / failed)

@@ -174,7 +174,8 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
             raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
         check_ports(d)
-        layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"))
+        layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
+                        batch_dir=str(run / "batches"))
         if d.encoders:
             assemble_repository(d, p, run / "model_repository")
         (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout, p), sort_keys=False))

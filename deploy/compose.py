@@ -7,7 +7,7 @@ from __future__ import annotations
 from serve.vllm_server import serve_args
 
 from .engines import Build
-from .images import (GATEWAY_IMAGE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
+from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan
 from .services import Service, put_to_sleep
@@ -79,9 +79,12 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
 
             host = d.gateway.host
             host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
+            # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
+            # image's home of the gateway's user, which a new volume takes its owner from)
             svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args],
-                   "environment": s.env, "ports": [f"{host}{s.port}:{s.port}"],
-                   "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro"],
+                   "environment": s.env | {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"},
+                   "ports": [f"{host}{s.port}:{s.port}"],
+                   "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
                    "depends_on": {e.name: {"condition": "service_healthy"} for e in engines},
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
@@ -103,6 +106,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
         "depends_on": {"prometheus": {"condition": "service_healthy"}}}
     # The engines' network has no way out and nothing published: only the gateway (and Prometheus) reach them.
     out["networks"] = {"engines": {"internal": True}, "front": {}}
+    out["volumes"] = {"gateway-state": {}}
     if d.gateway.keys_file is not None:
         out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
     return out

@@ -110,7 +110,8 @@ _SITE_CA = ("if ls /certs/*.crt >/dev/null 2>&1; then cat /certs/*.crt >> /etc/s
 IMAGE_ENVS = "/opt/rtxserve"  # the Python environments inside the images built FROM BASE_IMAGE
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The user every image built FROM BASE_IMAGE runs as, with a home of its own for caches (vLLM's compiled kernels)
-_USER = "useradd --system --uid 1000 --user-group --home-dir /var/lib/rtxserve --create-home rtxserve"
+GATEWAY_STATE = "/var/lib/rtxserve"  # that home; under systemd, the units' StateDirectory=: the batches live there
+_USER = f"useradd --system --uid 1000 --user-group --home-dir {GATEWAY_STATE} --create-home rtxserve"
 NL = " \\\n"  # a Dockerfile line continued
 
 

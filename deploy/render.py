@@ -38,7 +38,7 @@ import yaml
 from . import monitoring
 from .compose import compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (GATEWAY_DOCKERFILE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
+from .images import (GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
                      TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
                      speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
@@ -250,7 +250,8 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     host_where = {k: str(at / "models" / Path(v).relative_to(MODELS)) if v.startswith(MODELS) else
                   str(at / "secrets" / "keys.json") for k, v in where.items()}
     host = Layout(path=lambda path: host_where[Path(path).resolve()], repository=str(at / "models" / "repository"),
-                  gateway_config=str(at / "systemd" / "gateway.yaml"))
+                  gateway_config=str(at / "systemd" / "gateway.yaml"),
+                  batch_dir=f"{GATEWAY_STATE}/batches")  # the units' StateDirectory=, the rtxserve user's own
     files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))

@@ -49,6 +49,7 @@ class Layout:
     repository: str = "model_repository"  # the assembled Triton repository, as Triton sees it
     gateway_config: str = "gateway.yaml"  # the gateway's settings file, as the gateway sees it
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
+    batch_dir: str | None = None  # where the gateway keeps the Batch API's files and state (None: that API is off)
 
 
 def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
@@ -96,6 +97,8 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
                     f"http://{layout.host_of(engine_name(m.name, r))}:{control_port(port)}"
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
+    if layout.batch_dir:
+        settings["batch_dir"] = layout.batch_dir
     return settings | d.gateway.settings
 
 

@@ -62,10 +62,10 @@ def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: flo
 
 
 def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", workers: int = 1, extra_env: dict | None = None,
-                  timeout_s: float = 60, wait_for: str = "/readyz") -> tuple[ServerProcess, str]:
-    """The gateway as its own process (`rtxserve serve gateway`); by default started once its models are
-    ready (`wait_for="/healthz"`: once it is live, e.g. to test it with a dead backend)."""
-    port = free_port()
+                  timeout_s: float = 60, wait_for: str = "/readyz", port: int | None = None) -> tuple[ServerProcess, str]:
+    """The gateway as its own process (`rtxserve serve gateway`) on `port` (default: a free one); by default started
+    once its models are ready (`wait_for="/healthz"`: once it is live, e.g. to test it with a dead backend)."""
+    port = port or free_port()
     env = {**os.environ, "RTXSERVE_TRITON_GRPC_URL": triton_grpc_url, "RTXSERVE_VLLM_URL": vllm_url, "RTXSERVE_PORT": str(port),
            "RTXSERVE_WORKERS": str(workers), **(extra_env or {})}
     argv = [sys.executable, "-m", "rtxserve.cli", "serve", "gateway", "--log-level", "warning"]

@@ -16,6 +16,9 @@ from .settings import GatewaySettings
 # The API key name of the request being served (set where its key is admitted): what a sticky alias keeps on one model.
 CALLER: ContextVar[str | None] = ContextVar("rtxserve_caller", default=None)
 CALLER_PRIORITY: ContextVar[int] = ContextVar("rtxserve_caller_priority", default=0)  # its key's, for the model gates
+# The key an in-process request runs as, in its ASGI scope's state: set by the batch runner (batches/runner.py) for
+# each line it sends through the gateway's front door; never from anything a client sends.
+RUN_AS = "rtxserve.run_as"
 
 
 class Access:
@@ -24,9 +27,12 @@ class Access:
         self.quotas = (Quotas(settings.rate_limit_storage or "async+memory://", settings.rate_limit_unavailable)
                        if self.keys else None)
 
-    def key_of(self, authorization: str, api_key: str = "") -> ApiKey | None:
+    def key_of(self, authorization: str, api_key: str = "", scope_state: dict | None = None) -> ApiKey | None:
         """The key an `Authorization: Bearer` header names, else an `x-api-key` header: None when the gateway has no
-        keys; 401 when it has and the headers do not name one of them."""
+        keys; 401 when it has and the headers do not name one of them. A batch line's request (`scope_state` holds
+        RUN_AS) runs as its batch's key."""
+        if scope_state and RUN_AS in scope_state:
+            return scope_state[RUN_AS]
         if self.keys is None:
             return None
         scheme, _, secret = authorization.partition(" ")
@@ -48,7 +54,8 @@ class Access:
         CALLER_PRIORITY.set(key.priority)
         if not key.allows(model):
             raise Forbidden(f"this API key may not use model {model!r}", param="model")
-        await self.quotas.admit(key)
+        if self.quotas is not None:  # None: a gateway without keys, running a batch
+            await self.quotas.admit(key)
 
     async def charge_tokens(self, key: ApiKey | None, tokens: int) -> None:
         if self.quotas is not None:

@@ -112,7 +112,7 @@ class Admission:
         if self.access is not None:
             try:
                 key = self.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
-                                         headers.get(b"x-api-key", b"").decode("latin-1"))
+                                         headers.get(b"x-api-key", b"").decode("latin-1"), scope.get("state"))
             except GatewayError:  # no or a wrong key: refused by authentication once admitted; queued as nobody
                 return 0, ""
         if key is None:

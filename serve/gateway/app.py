@@ -17,18 +17,21 @@ from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
 from .admin.router import router as admin_router
+from .batches.router import router as batches_router
 from .classify.router import HOT as CLASSIFY, router as classify_router
 from .detect.router import router as detect_router
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
 from .exceptions import install_handlers
 from .frontdoor import FrontDoor
 from .hotpath import HotRoutes
+from .generate.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from .generate.router import router as generate_router
 from .image_generation.router import router as images_router
 from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import HOT as NER, router as ner_router
 from .settings import GatewaySettings
+from .rank.protocol import RerankRequest, ScoreRequest
 from .rank.router import router as rank_router
 from .speech.router import router as speech_router
 from .state import GatewayState
@@ -36,6 +39,11 @@ from .system.router import probes
 from .system.router import router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
+# What a batch may run (/v1/batches): each route -> the request type it accepts, which checks every line of a batch's
+# file before the batch is made.
+BATCH_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
+                   "/v1/responses": ResponsesRequest, **{hot.path: hot.request for hot in (EMBEDDINGS, CLASSIFY, NER)},
+                   "/v1/rerank": RerankRequest, "/v1/score": ScoreRequest}
 
 
 def _drain_on_sigterm(state: GatewayState) -> None:
@@ -69,7 +77,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     """Build the gateway app. Backends default to the ones the settings name."""
     settings = settings or GatewaySettings()
     backends = backends if backends is not None else make_backends(settings)
-    state = GatewayState.build(settings, backends, canaries.CANARIES)
+    state = GatewayState.build(settings, backends, canaries.CANARIES, BATCH_ENDPOINTS)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -82,6 +90,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
                                f"(served: {', '.join(sorted(state.registry.models)) or 'none'})")
         loops = [asyncio.create_task(state.registry.run_health_loop()),
                  asyncio.create_task(state.residency.run_idle_loop())]
+        if state.batches is not None:
+            loops.append(asyncio.create_task(state.batches.run(app)))
         _drain_on_sigterm(state)
         try:
             yield
@@ -107,6 +117,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(speech_router)
     app.include_router(rank_router)
     app.include_router(admin_router)
+    app.include_router(batches_router)
     hot = [CLASSIFY, EMBEDDINGS, NER]
     app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
                        documented={r.path: r for router in (classify_router, embeddings_router, ner_router)

@@ -15,8 +15,8 @@ from .keys import ApiKey
 
 async def authenticate(request: Request) -> None:
     """Route dependency: 401 unless the request carries a valid key (when the gateway has keys)."""
-    request.state.api_key = request.app.state.gateway.access.key_of(request.headers.get("authorization", ""),
-                                                                     request.headers.get("x-api-key", ""))
+    request.state.api_key = request.app.state.gateway.access.key_of(
+        request.headers.get("authorization", ""), request.headers.get("x-api-key", ""), request.scope.get("state"))
 
 
 def request_key(request: Request) -> ApiKey | None:

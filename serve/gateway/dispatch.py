@@ -94,11 +94,20 @@ class Dispatcher:
                 metrics.FALLBACKS.labels(name, fallback).inc()
                 yield info
 
-    def _resolve(self, name: str, task: str | tuple[str, ...], loaded: bool = True) -> ModelInfo:
+    def check_served(self, name: str) -> None:
+        """Nothing if `name` is an alias or a model served here; else what a request naming it gets: 404, or 503
+        while a backend is down (the model may be one of its)."""
+        if name not in self.settings.aliases:
+            self._check_model(name)
+
+    def _check_model(self, name: str) -> None:
         if name not in self.registry.models:
             if not all(r.up for r in self.registry.replicas):
                 raise BackendUnavailable(f"model {name!r} is unknown while a backend is down; retry shortly")
             raise ModelNotFound(f"model {name!r} does not exist; GET /v1/models lists the models", param="model")
+
+    def _resolve(self, name: str, task: str | tuple[str, ...], loaded: bool = True) -> ModelInfo:
+        self._check_model(name)
         info = self.registry.models[name]
         tasks = (task,) if isinstance(task, str) else task
         if info.task not in tasks:

@@ -33,8 +33,8 @@ REFUSED = {
     "/v1/responses/{response_id}": "vLLM keeps a response only when started to store them, each engine its own; the "
                                    "gateway's /v1/responses is stateless (no previous_response_id)",
     "/v1/responses/{response_id}/cancel": "as /v1/responses/{response_id}: nothing is stored to cancel",
-    "/v1/chat/completions/batch": "several chats in one request, with no bound per chat here yet; send them one by one "
-                                  "(or, once it is built, through the Batch API)",
+    "/v1/chat/completions/batch": "several chats in one request, with no bound per chat here yet; send them one by one, "
+                                  "or as a batch (/v1/batches)",
     "/generative_scoring": "not bounded here yet (its inputs and the tokens it scores); refused rather than relayed "
                            "unbounded",
     "/v1/systemone": "vLLM's structured-decisions API, not bounded here yet; refused rather than relayed unbounded",

@@ -118,7 +118,7 @@ def error_response(status: int, message: str, type_: str, *, param=None, code=No
 _UNION_TAG = re.compile(r"[\[-]|^(str|int|float|bool|list|dict|none)$")
 
 
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, first = [], None
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":
@@ -142,7 +142,7 @@ def gateway_error(exc: GatewayError, request_id: str) -> JSONResponse:
 
 
 def validation_error(exc: RequestValidationError) -> JSONResponse:
-    message, param = _validation_message(exc)
+    message, param = validation_message(exc)
     return error_response(422, message, "invalid_request_error", param=param, code="invalid_value")
 
 

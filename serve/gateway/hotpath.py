@@ -75,7 +75,7 @@ class HotRoutes:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
                                            "input": {}, "ctx": {"error": exc.msg}}]) from None
         key = self.state.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
-                                       headers.get(b"x-api-key", b"").decode("latin-1"))
+                                       headers.get(b"x-api-key", b"").decode("latin-1"), state)
         try:
             request = route.request.model_validate(data)
         except ValidationError as exc:

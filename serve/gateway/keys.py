@@ -128,6 +128,11 @@ class KeyRing:
             log.error("%s; keeping the keys read before", exc)
         self._stamp = stamp
 
+    def named(self, name: str) -> ApiKey | None:
+        """The key of that name as the file now holds it (a batch runs as the key that made it, while it exists)."""
+        self._refresh()
+        return self.keys.get(name)
+
     def lookup(self, secret: str) -> ApiKey | None:
         self._refresh()
         digest = hash_key(secret)

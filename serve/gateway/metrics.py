@@ -71,6 +71,9 @@ MODEL_RESIDENT = Gauge(metric_names.MODEL_RESIDENT, "1 while an on-demand model 
                        multiprocess_mode="livemax")
 LOAD_WAITS = Counter(metric_names.LOAD_WAITS, "Requests that found their model unloaded and waited for its load, by "
                      "outcome (served, timeout: 503 after load_wait_s, failed: 503 naming the failure)", ("model", "outcome"))
+BATCH_LINES = Counter(metric_names.BATCH_LINES, "Batch requests answered, by status code (0: not run, the batch "
+                      "cancelled or expired)", ("status",))
+BATCHES = Counter(metric_names.BATCHES, "Batches ended, by how (completed, expired, cancelled, failed)", ("status",))
 
 
 def render() -> tuple[bytes, str]:

@@ -140,6 +140,15 @@ class GatewaySettings(BaseSettings):
                                   "take before it counts as failed")
     load_retry_s: float = Field(5.0, gt=0, le=3600, description="after a failed load, requests are refused (503) "
                                 "this long before the next try, doubled after each failure up to 60 s")
+    batch_dir: Path | None = Field(None, description="where the Files and Batch APIs (/v1/files, /v1/batches) keep "
+                                   "uploads, outputs and their state (SQLite): a directory the gateway owns, kept "
+                                   "across restarts; none: those APIs answer 404")
+    batch_max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per uploaded file (413 over it; "
+                                      "max_body_bytes bounds every request too)")
+    batch_max_requests: int = Field(50_000, ge=1, description="requests per batch input file (OpenAI's limit)")
+    batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
+                                   "behind interactive requests at the gateway's gates (and in vLLM with "
+                                   "vllm_priority), at batch priority")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
     )

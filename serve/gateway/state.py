@@ -3,7 +3,9 @@
 - `dispatch` (dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
 - `residency` (residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
-- `access` (access.py): the API keys and their quotas.
+- `access` (access.py): the API keys and their quotas;
+- `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`
+  is set.
 
 One is made per gateway worker (app.py) and reached by the routes as `request.app.state.gateway`.
 """
@@ -13,8 +15,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from .access import Access
 from .backends.base import Backend
+from .batches.runner import BatchRunner
 from .dispatch import Dispatcher
 from .registry import Canary, Registry
 from .residency import Residency
@@ -28,9 +33,14 @@ class GatewayState:
     residency: Residency
     dispatch: Dispatcher
     access: Access
+    batches: BatchRunner | None = None
 
     @classmethod
-    def build(cls, settings: GatewaySettings, backends: list[Backend], canaries: Mapping[str, Canary]) -> GatewayState:
+    def build(cls, settings: GatewaySettings, backends: list[Backend], canaries: Mapping[str, Canary],
+              batch_endpoints: Mapping[str, type[BaseModel]] | None = None) -> GatewayState:
+        """`batch_endpoints`: the routes a batch may run -> the request type each accepts."""
         registry = Registry(settings, backends, canaries)
         residency = Residency(settings, registry)
-        return cls(settings, registry, residency, Dispatcher(settings, registry, residency), Access(settings))
+        access = Access(settings)
+        batches = BatchRunner(settings, access, batch_endpoints or {}) if settings.batch_dir else None
+        return cls(settings, registry, residency, Dispatcher(settings, registry, residency), access, batches)

@@ -44,6 +44,14 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
     files = render(d, tmp_path / "out", **on_box(d))
     names = {f.relative_to(tmp_path / "out").as_posix() for f in files}
     assert {"compose/compose.yaml", "kubernetes/kustomization.yaml", f"systemd/rtxserve-{d.name}.target"} <= names
+    # the Batch API keeps its state where a restart finds it: compose's own volume, systemd's StateDirectory=; not on
+    # Kubernetes, whose gateway replicas would each hold a store of their own
+    gateway = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())["services"]["gateway"]
+    assert gateway["environment"]["RTXSERVE_BATCH_DIR"] == "/var/lib/rtxserve/batches"
+    assert "gateway-state:/var/lib/rtxserve" in gateway["volumes"]
+    assert yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())["batch_dir"] == \
+        "/var/lib/rtxserve/batches"
+    assert "batch_dir" not in yaml.safe_load((tmp_path / "out" / "gateway.yaml").read_text())
 
 
 def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_the_diffusion_model(tmp_path):

@@ -1,0 +1,185 @@
+"""`/v1/files` and `/v1/batches`, as OpenAI serves them (the `openai` SDK's `files` and `batches` work as they are).
+
+Everything belongs to the key that made it: another key's file or batch answers 404, as if absent. A gateway without
+keys keeps everything under one anonymous owner. Only `purpose="batch"` uploads are taken; a batch's output and
+error files have purpose `batch_output`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from fastapi import Depends, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse
+
+from ..auth import authenticate, request_key
+from ..exceptions import Forbidden, GatewayError, InvalidRequest
+from ..routing import gateway_router
+from . import lines as batch_lines
+from .protocol import Batch, BatchCreate, BatchList, FileDeleted, FileList, FileObject
+from .runner import ANONYMOUS, BatchRunner
+from .store import new_id
+
+router = gateway_router(tags=["batch"], dependencies=[Depends(authenticate)])
+COMPLETION_WINDOW_S = 24 * 3600
+CHUNK = 1 << 20
+
+
+class NotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class FileTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "file_too_large"
+
+
+def _runner(request: Request) -> BatchRunner:
+    runner = request.app.state.gateway.batches
+    if runner is None:
+        raise NotFound("the Files and Batch APIs are off on this gateway: set batch_dir (RTXSERVE_BATCH_DIR) to a "
+                       "directory it keeps")
+    return runner
+
+
+def _owner(request: Request) -> str:
+    key = request_key(request)
+    return key.name if key is not None else ANONYMOUS
+
+
+def _file(runner: BatchRunner, file_id: str, owner: str) -> dict:
+    found = runner.store.file(file_id, owner)
+    if found is None:
+        raise NotFound(f"no file {file_id!r}", param="file_id")
+    return found
+
+
+def _batch(runner: BatchRunner, batch_id: str, owner: str) -> Batch:
+    found = runner.store.batch(batch_id, owner)
+    if found is None:
+        raise NotFound(f"no batch {batch_id!r}", param="batch_id")
+    return Batch.model_validate(found)
+
+
+def _chunks(upload, limit: int):
+    size = 0
+    while chunk := upload.read(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise FileTooLarge(f"the file is larger than this gateway's limit of {limit} bytes per file")
+        yield chunk
+
+
+@router.post("/v1/files", response_model=FileObject)
+async def upload_file(request: Request, file: UploadFile = File(...), purpose: str = Form(...)) -> FileObject:
+    """Upload a JSONL file of batch requests (`purpose="batch"`), up to `batch_max_file_bytes`. Each line must be a
+    JSON object; the lines are checked against their endpoint when a batch is made from the file."""
+    runner, owner = _runner(request), _owner(request)
+    if purpose != "batch":
+        raise InvalidRequest(f"purpose {purpose[:40]!r} is not taken here; upload batch input with purpose 'batch'",
+                             param="purpose")
+    file_id = new_id("file-")
+    path = runner.store.path(file_id)
+    size = await asyncio.to_thread(runner.store.write_file, file_id,
+                                   _chunks(file.file, runner.settings.batch_max_file_bytes))
+    try:
+        if not any(True for _ in await asyncio.to_thread(lambda: list(batch_lines.objects(path)))):
+            raise InvalidRequest("the file holds no JSON lines", param="file")
+    except InvalidRequest:
+        path.unlink(missing_ok=True)
+        raise
+    row = await asyncio.to_thread(runner.store.add_file, file_id, owner, file.filename or "upload.jsonl", purpose,
+                                  size)
+    return FileObject.model_validate(row)
+
+
+@router.get("/v1/files", response_model=FileList)
+async def list_files(request: Request, purpose: str | None = None, limit: int = Query(10_000, ge=1, le=10_000),
+                     after: str | None = None, order: Literal["asc", "desc"] = "desc") -> FileList:
+    runner = _runner(request)
+    rows = await asyncio.to_thread(runner.store.files, _owner(request), purpose, after, limit, order == "desc")
+    data = [FileObject.model_validate(r) for r in rows[:limit]]
+    return FileList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                    has_more=len(rows) > limit)
+
+
+@router.get("/v1/files/{file_id}", response_model=FileObject)
+async def retrieve_file(file_id: str, request: Request) -> FileObject:
+    return FileObject.model_validate(_file(_runner(request), file_id, _owner(request)))
+
+
+@router.get("/v1/files/{file_id}/content", response_class=FileResponse)
+async def file_content(file_id: str, request: Request) -> FileResponse:
+    """The file's bytes: an upload as it was sent, or a batch's output or error lines."""
+    runner = _runner(request)
+    found = _file(runner, file_id, _owner(request))
+    return FileResponse(runner.store.path(file_id), media_type="application/jsonl", filename=found["filename"])
+
+
+@router.delete("/v1/files/{file_id}", response_model=FileDeleted)
+async def delete_file(file_id: str, request: Request) -> FileDeleted:
+    runner = _runner(request)
+    try:
+        deleted = await asyncio.to_thread(runner.store.delete_file, file_id, _owner(request))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="file_id") from None
+    if not deleted:
+        raise NotFound(f"no file {file_id!r}", param="file_id")
+    return FileDeleted(id=file_id)
+
+
+@router.post("/v1/batches", response_model=Batch)
+async def create_batch(body: BatchCreate, request: Request) -> Batch:
+    """Run every request of an uploaded file at batch priority. The file is checked whole first: a bad line refuses
+    the batch (400 naming the line), and nothing runs."""
+    runner, owner, key = _runner(request), _owner(request), request_key(request)
+    if body.endpoint not in runner.endpoints:
+        raise InvalidRequest(f"endpoint {body.endpoint[:100]!r} cannot run in a batch; these can: "
+                             f"{', '.join(runner.endpoints)}", param="endpoint")
+    found = _file(runner, body.input_file_id, owner)
+    if found["purpose"] != "batch":
+        raise InvalidRequest(f"file {body.input_file_id} has purpose {found['purpose']!r}, not 'batch'",
+                             param="input_file_id")
+    lines, model = await asyncio.to_thread(batch_lines.read, runner.store.path(body.input_file_id), body.endpoint,
+                                           runner.endpoints[body.endpoint], runner.settings.batch_max_requests)
+    if key is not None and not key.allows(model):
+        raise Forbidden(f"this API key may not use model {model!r}, which the file's requests name", param="model")
+    request.app.state.gateway.dispatch.check_served(model)
+    now = int(time.time())
+    batch_id = new_id("batch_")
+    await asyncio.to_thread(runner.store.add_batch, {
+        "id": batch_id, "owner": owner, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
+        "completion_window": body.completion_window, "model": model, "status": "validating", "total": len(lines),
+        "metadata": body.metadata, "created_at": now, "expires_at": now + COMPLETION_WINDOW_S})
+    runner.wake()
+    return _batch(runner, batch_id, owner)
+
+
+@router.get("/v1/batches", response_model=BatchList)
+async def list_batches(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> BatchList:
+    runner = _runner(request)
+    rows = await asyncio.to_thread(runner.store.batches, _owner(request), after, limit)
+    data = [Batch.model_validate(r) for r in rows[:limit]]
+    return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                     has_more=len(rows) > limit)
+
+
+@router.get("/v1/batches/{batch_id}", response_model=Batch)
+async def retrieve_batch(batch_id: str, request: Request) -> Batch:
+    return _batch(_runner(request), batch_id, _owner(request))
+
+
+@router.post("/v1/batches/{batch_id}/cancel", response_model=Batch)
+async def cancel_batch(batch_id: str, request: Request) -> Batch:
+    """Stop sending the batch's requests: it is `cancelling` while those in flight finish, then `cancelled`, its
+    files holding what ran (and, in the error file, each request that did not, as `batch_cancelled`)."""
+    runner, owner = _runner(request), _owner(request)
+    batch = _batch(runner, batch_id, owner)
+    if not await asyncio.to_thread(runner.store.set_status, batch_id, "cancelling",
+                                   only_from=("validating", "in_progress")):
+        if batch.status not in ("cancelling", "cancelled"):
+            raise InvalidRequest(f"batch {batch_id} is {batch.status}: only a batch that has not ended can be cancelled",
+                                 param="batch_id")
+    runner.wake()
+    return _batch(runner, batch_id, owner)

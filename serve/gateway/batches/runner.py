@@ -1,0 +1,216 @@
+"""The batch runner: each line of a batch sent through the gateway's own front door, as the key that made the batch,
+at batch priority.
+
+A line is an in-process HTTP request to the gateway app (httpx's ASGI transport), so that it passes everything a
+live request passes: admission, the key's scope and quotas, the route's bounds, routing, retries and breakers, the
+metrics and the usage log. It waits behind interactive requests wherever requests wait (the gateway's gate and
+per-model gates queue by priority; vLLM too, with `vllm_priority`): its key's priority, or `batch` if that is
+later. A line refused for load (429 or 503) is sent again later, honouring Retry-After, until the batch expires;
+any other answer is the line's, kept in SQLite (store.py) the moment it arrives.
+
+One runner per box runs every batch: the gateway worker holding the box's runner lock (a file lock beside the
+database, let go by the OS when its process dies); the other workers try for it every POLL_S, so a worker that dies
+is replaced. After a restart the runner carries on from the lines not yet answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+
+import httpx
+import orjson
+from filelock import FileLock, Timeout
+from pydantic import BaseModel
+from tenacity import AsyncRetrying, retry_if_result, wait_exponential
+
+from .. import metrics
+from ..access import RUN_AS, Access
+from ..exceptions import InvalidRequest
+from ..keys import PRIORITIES, ApiKey
+from ..settings import GatewaySettings
+from . import lines as batch_lines
+from .store import Store
+
+log = logging.getLogger("rtxserve.gateway.batches")
+POLL_S = 1.0
+RETRY_STATUS = (429, 503)  # load, not the line: sent again
+ANONYMOUS = ""  # the owner of everything on a gateway without keys
+
+
+def output_file_ids(batch_id: str) -> tuple[str, str]:
+    """A batch's output and error file ids: fixed by its id, so that a finalisation redone after a restart writes the
+    same files again rather than new ones."""
+    suffix = batch_id.removeprefix("batch_")
+    return f"file-out-{suffix}", f"file-err-{suffix}"
+
+
+class BatchRunner:
+    def __init__(self, settings: GatewaySettings, access: Access, endpoints: Mapping[str, type[BaseModel]]):
+        """`endpoints`: each endpoint a batch may name -> the request type its route accepts."""
+        self.settings, self.access, self.endpoints = settings, access, endpoints
+        self.store = Store(settings.batch_dir)
+        self._wake = asyncio.Event()
+
+    def wake(self) -> None:
+        """A batch was made or cancelled in this worker: look now rather than at the next poll."""
+        self._wake.set()
+
+    def read(self, batch: dict) -> list[batch_lines.Line]:
+        lines, _ = batch_lines.read(self.store.path(batch["input_file_id"]), batch["endpoint"],
+                                    self.endpoints[batch["endpoint"]], self.settings.batch_max_requests)
+        return lines
+
+    def caller(self, owner: str) -> ApiKey | None:
+        """The key a batch of `owner`'s runs as, at batch priority at the earliest; None once the key is revoked."""
+        if self.access.keys is None:
+            return ApiKey(name="batch", hash="sha256:-", priority=PRIORITIES["batch"])
+        key = self.access.keys.named(owner)
+        return dataclasses.replace(key, priority=max(key.priority, PRIORITIES["batch"])) if key else None
+
+    async def run(self, app) -> None:
+        """Forever: hold the box's runner lock, and run every batch that has not ended, oldest first."""
+        lock = FileLock(self.store.root / "runner.lock")
+        while True:
+            try:
+                lock.acquire(timeout=0)  # a non-blocking flock: taken or not at once
+            except Timeout:  # another worker runs the batches
+                await asyncio.sleep(POLL_S)
+                continue
+            try:
+                while True:
+                    for batch_id in await asyncio.to_thread(self.store.active):
+                        try:
+                            await self.run_batch(app, batch_id)
+                        except Exception:  # a fault of ours: the batch ends failed, the others still run
+                            log.exception("batch %s: unexpected error", batch_id)
+                            await self.fail(batch_id, "internal_error",
+                                            "the gateway failed running this batch; its log says why")
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(POLL_S):
+                            await self._wake.wait()
+                    self._wake.clear()
+            finally:
+                lock.release()
+
+    async def fail(self, batch_id: str, code: str, message: str, line: int | None = None) -> None:
+        log.warning("batch %s failed: %s", batch_id, message)
+        await asyncio.to_thread(self.store.set_status, batch_id, "failed", errors={
+            "object": "list", "data": [{"code": code, "message": message, "param": None, "line": line}]})
+        metrics.BATCHES.labels("failed").inc()
+
+    async def run_batch(self, app, batch_id: str) -> None:
+        store = self.store
+        batch = await asyncio.to_thread(store.batch, batch_id)
+        key = self.caller(batch["owner"])
+        try:
+            if key is None:
+                raise InvalidRequest(f"the API key {batch['owner']!r} that made the batch no longer exists")
+            lines = await asyncio.to_thread(self.read, batch)
+        except InvalidRequest as exc:  # the gateway's settings changed since the batch was made
+            await self.fail(batch_id, exc.code, exc.message, getattr(exc, "line", None))
+            return
+        await asyncio.to_thread(store.set_status, batch_id, "in_progress", only_from=("validating",))
+        done = await asyncio.to_thread(store.done_lines, batch_id)
+        todo = asyncio.Queue()
+        for line in lines:
+            if line.number not in done:
+                todo.put_nowait(line)
+        log.info("batch %s: %d of %d lines to run", batch_id, todo.qsize(), len(lines))
+
+        async def as_key(scope, receive, send):
+            scope.setdefault("state", {})[RUN_AS] = key
+            await app(scope, receive, send)
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_key, raise_app_exceptions=False), base_url="http://batch",
+                                     timeout=None) as client:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(self.settings.batch_concurrency):
+                    group.create_task(self._work(client, batch, todo))
+        await self.finish(batch_id)
+
+    async def _stopped(self, batch: dict) -> str | None:
+        """Why no more of `batch`'s lines are sent: "batch_cancelled", "batch_expired", or None."""
+        status = await asyncio.to_thread(self.store.status, batch["id"])
+        if status == "cancelling":
+            return "batch_cancelled"
+        return "batch_expired" if time.time() >= batch["expires_at"] else None
+
+    async def _work(self, client: httpx.AsyncClient, batch: dict, todo: asyncio.Queue) -> None:
+        while not todo.empty():
+            line = todo.get_nowait()
+            stopped = await self._stopped(batch)
+            if stopped:
+                message = {"batch_cancelled": "the batch was cancelled before this request ran",
+                           "batch_expired": "the batch expired before this request ran"}[stopped]
+                await asyncio.to_thread(self.store.record, batch["id"], line.number, line.custom_id, None, 0,
+                                        orjson.dumps({"code": stopped, "message": message}))
+                metrics.BATCH_LINES.labels("0").inc()
+                continue
+            response = await self._send(client, batch, line)
+            metrics.BATCH_LINES.labels(str(response.status_code)).inc()
+            await asyncio.to_thread(self.store.record, batch["id"], line.number, line.custom_id,
+                                    response.headers.get("x-request-id"), response.status_code, response.content)
+
+    async def _send(self, client: httpx.AsyncClient, batch: dict, line: batch_lines.Line) -> httpx.Response:
+        """The line's answer; one refused for load is sent again (after its Retry-After at least) until the batch
+        is stopped."""
+        def wait(state) -> float:
+            retry_after = state.outcome.result().headers.get("retry-after", "")
+            return max(float(retry_after) if retry_after.isdigit() else 0.0, backoff(state))
+
+        async def give_up(state) -> bool:
+            return await self._stopped(batch) is not None
+
+        backoff = wait_exponential(multiplier=0.5, max=30)
+        body = orjson.dumps(line.body)
+        async for attempt in AsyncRetrying(retry=retry_if_result(lambda r: r.status_code in RETRY_STATUS),
+                                           wait=wait, stop=give_up, retry_error_callback=lambda s: s.outcome.result()):
+            with attempt:
+                response = await client.post(batch["endpoint"], content=body,
+                                             headers={"content-type": "application/json"})
+            if not attempt.retry_state.outcome.failed:
+                attempt.retry_state.set_result(response)
+        return response
+
+    async def finish(self, batch_id: str) -> None:
+        """Write the output and error files from the answers, and end the batch: cancelled, expired or completed."""
+        store = self.store
+        await asyncio.to_thread(store.set_status, batch_id, "finalizing", only_from=("in_progress", "cancelling"))
+        batch = await asyncio.to_thread(store.batch, batch_id)
+        output_id, error_id, expired = await asyncio.to_thread(self._write_outputs, batch)
+        end = "cancelled" if batch["cancelling_at"] else "expired" if expired else "completed"
+        await asyncio.to_thread(store.set_status, batch_id, end, only_from=("finalizing",),
+                                output_file_id=output_id, error_file_id=error_id)
+        metrics.BATCHES.labels(end).inc()
+        log.info("batch %s %s: %s", batch_id, end, batch["request_counts"])
+
+    def _write_outputs(self, batch: dict) -> tuple[str | None, str | None, bool]:
+        """OpenAI's output lines, in the input's order: a 2xx answer to the output file, any other to the error file
+        (with its answer, or with `error` where there was none). The ids of the files written (None: no line for
+        it), and whether expiry left a line unrun."""
+        ids, expired = list(output_file_ids(batch["id"])), False
+        for index, ok in ((0, True), (1, False)):
+            rows = [r for r in self.store.results(batch["id"]) if (200 <= r["status_code"] < 300) == ok]
+            if not rows:
+                ids[index] = None
+                continue
+            lines = []
+            for r in rows:
+                answer, error = None, None
+                if r["status_code"]:
+                    answer = {"status_code": r["status_code"], "request_id": r["request_id"],
+                              "body": orjson.loads(r["body"]) if r["body"] else None}
+                else:
+                    error = orjson.loads(r["body"])
+                    expired = expired or error["code"] == "batch_expired"
+                lines.append(orjson.dumps({"id": f"batch_req_{batch['id'].removeprefix('batch_')}_{r['line']}",
+                                           "custom_id": r["custom_id"], "response": answer, "error": error}) + b"\n")
+            size = self.store.write_file(ids[index], lines)
+            self.store.add_file(ids[index], batch["owner"], f"{batch['id']}_{'output' if ok else 'error'}.jsonl",
+                                "batch_output", size)
+        return ids[0], ids[1], expired

@@ -1,0 +1,99 @@
+"""The Batch API with the `openai` SDK, through the real gateway to the real vLLM: a batch uploaded with
+`files.create`, made with `batches.create`, the gateway killed (SIGKILL) in the middle of it and started again on the
+same port and batch_dir, and `files.content` then holds every line exactly once. A bad line is refused at creation
+naming it; another key's batch is absent."""
+
+import io
+import json
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from serve.gateway.keys_cli import main as keys_main
+from serve.launcher import free_port
+from serve.stack import start_gateway
+
+from .conftest import LLM_MODELS
+
+LINES = 48
+TOKENS = 32
+CONCURRENCY = 2
+
+
+def finished_by_vllm(vllm_url: str) -> float:
+    """The requests the engine has finished (vllm:request_success_total, over its finish reasons)."""
+    text = httpx.get(f"{vllm_url}/metrics").text
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def request_line(i: int, **body) -> dict:
+    return {"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "tiny-llama", "messages": [{"role": "user", "content": f"request number {i}"}],
+                     "max_tokens": TOKENS, "ignore_eos": True, "temperature": 0, **body}}
+
+
+def jsonl(lines) -> io.BytesIO:
+    return io.BytesIO(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+
+
+@pytest.fixture
+def keys(tmp_path, capsys):
+    path, secrets = tmp_path / "keys.json", {}
+    for name in ("alice", "bob"):
+        assert keys_main(["--keys", str(path), "create", "--name", name]) == 0
+        secrets[name] = capsys.readouterr().out.strip()
+    return path, secrets
+
+
+def test_a_batch_survives_a_gateway_killed_in_its_middle(llm_servers, keys, tmp_path):
+    _, vllm_url, _ = llm_servers
+    keys_file, secrets = keys
+    port = free_port()
+    env = {"RTXSERVE_BATCH_DIR": str(tmp_path / "batches"), "RTXSERVE_KEYS_FILE": str(keys_file),
+           "RTXSERVE_BATCH_CONCURRENCY": str(CONCURRENCY)}
+    gateway, url = start_gateway("", tmp_path / "first", vllm_url=vllm_url, extra_env=env, port=port)
+    try:
+        alice = openai.OpenAI(base_url=f"{url}/v1", api_key=secrets["alice"], max_retries=0, timeout=60)
+        bob = openai.OpenAI(base_url=f"{url}/v1", api_key=secrets["bob"], max_retries=0, timeout=60)
+        bad = alice.files.create(file=("bad.jsonl", jsonl([request_line(0), request_line(1, stream=True)])),
+                                 purpose="batch")
+        with pytest.raises(openai.BadRequestError, match="line 2: a batch request cannot stream"):
+            alice.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+        before = finished_by_vllm(vllm_url)
+        upload = alice.files.create(file=("in.jsonl", jsonl(request_line(i) for i in range(LINES))), purpose="batch")
+        batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                     metadata={"job": "nightly"})
+        with pytest.raises(openai.NotFoundError):
+            bob.batches.retrieve(batch.id)
+        deadline = time.monotonic() + 120
+        while (done := alice.batches.retrieve(batch.id).request_counts.completed) < 4:
+            assert time.monotonic() < deadline, "the batch did not start"
+            time.sleep(0.05)
+        gateway.signal(signal.SIGKILL)
+        gateway.process.wait(30)
+        assert done < LINES, "the batch ended before the gateway was killed: make it longer"
+
+        gateway, url = start_gateway("", tmp_path / "second", vllm_url=vllm_url, extra_env=env, port=port)
+        deadline = time.monotonic() + 300
+        while (batch := alice.batches.retrieve(batch.id)).status not in ("completed", "failed", "cancelled"):
+            assert time.monotonic() < deadline, f"batch still {batch.status} after the restart"
+            time.sleep(0.2)
+        output = [json.loads(x) for x in alice.files.content(batch.output_file_id).text.splitlines()]
+        sent = finished_by_vllm(vllm_url) - before
+    finally:
+        gateway.stop()
+    assert batch.status == "completed" and batch.error_file_id is None and batch.metadata == {"job": "nightly"}
+    assert (batch.request_counts.completed, batch.request_counts.failed, batch.request_counts.total) == (LINES, 0, LINES)
+    assert [o["custom_id"] for o in output] == [f"line-{i}" for i in range(LINES)]  # each once, in the input's order
+    # the restarted gateway sent only what had no answer yet: at most the lines in flight at the kill ran twice (and
+    # it sent its start-up canaries, one per model)
+    assert LINES <= sent - len(LLM_MODELS) <= LINES + CONCURRENCY, sent
+    for o in output:
+        body = o["response"]["body"]
+        assert o["response"]["status_code"] == 200 and body["model"] == "tiny-llama"
+        assert body["usage"]["completion_tokens"] == TOKENS

@@ -1,0 +1,225 @@
+"""The Files and Batch APIs in process, on a fake vLLM: a batch runs every line once through the gateway's own routes,
+bad files are refused at creation naming the line, lines the engine refuses go to the error file, another key's
+files and batches are absent, a cancelled batch accounts for every line, a restarted runner runs only what was left,
+and a batch's requests carry batch priority. The real vLLM, a real restart and the openai SDK:
+tests/integration/test_batches_vllm.py."""
+
+import asyncio
+import concurrent.futures
+import json
+import time
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+
+from serve.gateway.app import create_app
+from serve.gateway.backends.base import Backend, ModelInfo
+from serve.gateway.batches.store import Store
+from serve.gateway.exceptions import BackendUnavailable, InvalidRequest
+from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.settings import GatewaySettings
+
+from .fakes import error_of
+
+
+class EchoVLLM(Backend):
+    """Answers each chat request with its last message's text; "refuse" gets the engine's 400, "busy" a 503 the
+    first time, "wait" waits for `release`."""
+
+    kind = "vllm"
+
+    def __init__(self):
+        self.bodies, self.busy_once, self.release = [], set(), None
+
+    async def discover(self):
+        return [ModelInfo("llm", "text-generation", "vllm", True), ModelInfo("other", "text-generation", "vllm", True)]
+
+    async def generate(self, path, body, model):
+        self.bodies.append(body)
+        text = body["messages"][-1]["content"]
+        if text == "refuse":
+            raise InvalidRequest("the engine refused this request")
+        if text == "busy" and text not in self.busy_once:
+            self.busy_once.add(text)
+            raise BackendUnavailable("engine busy", retry_after=1)
+        if text == "wait":
+            await asyncio.wrap_future(self.release)
+        return {"object": "chat.completion", "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text.upper()}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def line(custom_id, text, model="llm", url="/v1/chat/completions", **body):
+    return {"custom_id": custom_id, "method": "POST", "url": url,
+            "body": {"model": model, "messages": [{"role": "user", "content": text}], **body}}
+
+
+def jsonl(lines) -> bytes:
+    return b"".join(orjson.dumps(x) + b"\n" for x in lines)
+
+
+@pytest.fixture
+def backend():
+    return EchoVLLM()
+
+
+def gateway(backend, tmp_path, **settings):
+    settings = GatewaySettings(triton_grpc_url="", batch_dir=tmp_path / "batches", health_interval_s=60, **settings)
+    return TestClient(create_app(settings, [backend]), raise_server_exceptions=False)
+
+
+def upload(client, data: bytes, headers=None, purpose="batch"):
+    return client.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": purpose}, headers=headers)
+
+
+def run(client, lines, headers=None, wait=True) -> dict:
+    file = upload(client, jsonl(lines), headers)
+    assert file.status_code == 200, file.text
+    batch = client.post("/v1/batches", json={"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions",
+                                             "completion_window": "24h"}, headers=headers)
+    assert batch.status_code == 200, batch.text
+    return until_ended(client, batch.json()["id"], headers) if wait else batch.json()
+
+
+def until_ended(client, batch_id, headers=None, timeout_s=30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.get(f"/v1/batches/{batch_id}", headers=headers).json()
+        if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+            return batch
+        time.sleep(0.05)
+    raise AssertionError(f"batch {batch_id} still {batch['status']} after {timeout_s} s")
+
+
+def content(client, file_id, headers=None) -> list[dict]:
+    answer = client.get(f"/v1/files/{file_id}/content", headers=headers)
+    assert answer.status_code == 200
+    return [json.loads(x) for x in answer.text.splitlines()]
+
+
+def test_a_batch_runs_every_line_once_and_refusals_go_to_the_error_file(backend, tmp_path):
+    lines = [line(f"req-{i}", f"hello {i}") for i in range(20)] + [line("bad", "refuse"), line("long", "x", max_tokens=10**6)]
+    with gateway(backend, tmp_path) as client:
+        batch = run(client, lines)
+        assert batch["status"] == "completed" and batch["model"] == "llm"
+        assert batch["request_counts"] == {"total": 22, "completed": 20, "failed": 2}
+        output = content(client, batch["output_file_id"])
+        errors = content(client, batch["error_file_id"])
+        listed = client.get("/v1/batches").json()
+    assert [o["custom_id"] for o in output] == [f"req-{i}" for i in range(20)]  # the input's order, each once
+    assert all(o["response"]["status_code"] == 200 and o["error"] is None for o in output)
+    assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in output] == [
+        f"HELLO {i}" for i in range(20)]
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [("bad", 400), ("long", 400)]
+    assert errors[0]["response"]["body"]["error"]["message"] == "the engine refused this request"
+    assert "max_tokens" in errors[1]["response"]["body"]["error"]["message"]  # the gateway's bound, as live
+    assert len(backend.bodies) == 21
+    assert [b["id"] for b in listed["data"]] == [batch["id"]] and listed["has_more"] is False
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b"{not json\n", "line 3: not valid JSON"),
+    (orjson.dumps(line("req-0", "again")) + b"\n", "line 3: custom_id 'req-0' is used by an earlier line"),
+    (orjson.dumps(line("x", "hi", url="/v1/completions")) + b"\n", "line 3: url '/v1/completions' is not the batch's"),
+    (orjson.dumps(line("x", "hi", model="other")) + b"\n", "line 3: model 'other' is not the file's model 'llm'"),
+    (orjson.dumps(line("x", "hi", stream=True)) + b"\n", "line 3: a batch request cannot stream"),
+    (orjson.dumps({"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "llm"}}) + b"\n",
+     "line 3: messages: Field required"),
+])
+def test_a_bad_line_refuses_the_batch_at_creation_naming_it(backend, tmp_path, bad, why):
+    data = jsonl([line("req-0", "a"), line("req-1", "b")]) + bad
+    with gateway(backend, tmp_path) as client:
+        file_id = upload(client, data).json()["id"] if not bad.startswith(b"{not") else None
+        if file_id is None:  # not JSON: refused at upload already
+            assert why in error_of(upload(client, data), 400)["message"]
+            return
+        answer = client.post("/v1/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+                                                  "completion_window": "24h"})
+        assert why in error_of(answer, 400)["message"]
+        assert client.get("/v1/batches").json()["data"] == []
+    assert backend.bodies == []
+
+
+def test_uploads_are_bounded_and_batches_name_what_is_served(backend, tmp_path):
+    with gateway(backend, tmp_path, batch_max_file_bytes=2048) as client:
+        assert "limit of 2048 bytes" in error_of(upload(client, b"{}\n" * 1000), 413)["message"]
+        assert "purpose 'fine-tune'" in error_of(upload(client, b"{}\n", purpose="fine-tune"), 400)["message"]
+        assert list((tmp_path / "batches" / "files").iterdir()) == []  # nothing kept of a refused upload
+        file_id = upload(client, jsonl([line("a", "x", model="nope")])).json()["id"]
+        create = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        assert "'nope'" in error_of(client.post("/v1/batches", json=create), 404)["message"]
+        assert "/v1/embeddings" in error_of(client.post("/v1/batches", json={**create, "endpoint": "/v1/audio/x"}),
+                                            400)["message"]
+
+
+def test_another_keys_files_and_batches_are_absent(backend, tmp_path, capsys):
+    keys = tmp_path / "keys.json"
+    secrets = {}
+    for name in ("alice", "bob"):
+        assert keys_main(["--keys", str(keys), "create", "--name", name]) == 0
+        secrets[name] = {"Authorization": f"Bearer {capsys.readouterr().out.strip()}"}
+    with gateway(backend, tmp_path, keys_file=keys) as client:
+        batch = run(client, [line("a", "x")], secrets["alice"])
+        file_id = batch["output_file_id"]
+        for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content", f"/v1/batches/{batch['id']}"):
+            error_of(client.get(path, headers=secrets["bob"]), 404)
+        error_of(client.post(f"/v1/batches/{batch['id']}/cancel", headers=secrets["bob"]), 404)
+        error_of(client.delete(f"/v1/files/{file_id}", headers=secrets["bob"]), 404)
+        assert client.get("/v1/files", headers=secrets["bob"]).json()["data"] == []
+        assert client.get(f"/v1/files/{file_id}", headers=secrets["alice"]).status_code == 200
+        error_of(client.get("/v1/files"), 401)
+
+
+def test_a_cancelled_batch_accounts_for_every_line(backend, tmp_path):
+    backend.release = concurrent.futures.Future()
+    with gateway(backend, tmp_path, batch_concurrency=1) as client:
+        batch = run(client, [line("first", "wait")] + [line(f"r{i}", "x") for i in range(5)], wait=False)
+        while not backend.bodies:
+            time.sleep(0.01)
+        cancelling = client.post(f"/v1/batches/{batch['id']}/cancel").json()
+        assert cancelling["status"] == "cancelling"
+        backend.release.set_result(None)
+        batch = until_ended(client, batch["id"])
+        output, errors = content(client, batch["output_file_id"]), content(client, batch["error_file_id"])
+        again = client.post(f"/v1/batches/{batch['id']}/cancel").json()
+    assert batch["status"] == "cancelled" and again["status"] == "cancelled"
+    assert [o["custom_id"] for o in output] == ["first"]  # in flight when cancelled: it finished
+    assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "batch_cancelled") for i in range(5)]
+    assert len(backend.bodies) == 1
+
+
+def test_a_restarted_runner_runs_only_the_lines_left(backend, tmp_path):
+    lines = [line(f"r{i}", f"t{i}") for i in range(6)]
+    with gateway(backend, tmp_path) as client:
+        batch = run(client, lines)
+    store = Store(tmp_path / "batches")
+    batch_id = batch["id"]
+    # as if the gateway died after three answers: the batch in progress, three lines answered, no output yet
+    with store._db() as db:
+        db.execute("DELETE FROM results WHERE batch_id = ? AND line > 3", (batch_id,))
+        db.execute("UPDATE batches SET status = 'in_progress', output_file_id = NULL, completed_at = NULL, "
+                   "finalizing_at = NULL WHERE id = ?", (batch_id,))
+    backend.bodies.clear()
+    with gateway(backend, tmp_path) as client:
+        batch = until_ended(client, batch_id)
+        output = content(client, batch["output_file_id"])
+    assert [b["messages"][0]["content"] for b in backend.bodies] == ["t3", "t4", "t5"]
+    assert [o["custom_id"] for o in output] == [f"r{i}" for i in range(6)]
+    assert batch["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
+
+
+def test_batch_lines_carry_batch_priority_and_are_resent_when_the_engine_is_busy(backend, tmp_path):
+    with gateway(backend, tmp_path, vllm_priority=True) as client:
+        batch = run(client, [line("a", "busy"), line("b", "x")])
+        live = client.post("/v1/chat/completions", json=line("c", "y")["body"])
+        assert live.status_code == 200
+    assert batch["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert sorted((b["messages"][0]["content"], b.get("priority", 0)) for b in backend.bodies) == [
+        ("busy", 10), ("busy", 10), ("x", 10), ("y", 0)]  # "busy" sent again after its 503
+
+
+def test_the_apis_are_off_without_a_batch_dir(backend, tmp_path):
+    settings = GatewaySettings(triton_grpc_url="", health_interval_s=60)
+    with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
+        assert "RTXSERVE_BATCH_DIR" in error_of(client.get("/v1/batches"), 404)["message"]
