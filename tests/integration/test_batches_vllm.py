@@ -97,3 +97,44 @@ def test_a_batch_survives_a_gateway_killed_in_its_middle(llm_servers, keys, tmp_
         body = o["response"]["body"]
         assert o["response"]["status_code"] == 200 and body["model"] == "tiny-llama"
         assert body["usage"]["completion_tokens"] == TOKENS
+
+
+def test_people_go_before_a_batch_that_floods_the_model(llm_servers, keys, tmp_path):
+    """The model takes one request at a time (model_concurrency 1) and the batch keeps eight waiting for it. Each of
+    a person's requests is served next, whatever the batch has queued: while it waits and runs, at most two batch
+    lines end (the one running when it came, and one that had ended but was not yet recorded), where first come,
+    first served would let all eight before it. The batch's lines are long (128 tokens) and the person's short, so
+    that the line that takes the model after the person cannot also end before the count is read."""
+    _, vllm_url, _ = llm_servers
+    keys_file, secrets = keys
+    env = {"RTXSERVE_BATCH_DIR": str(tmp_path / "batches"), "RTXSERVE_KEYS_FILE": str(keys_file),
+           "RTXSERVE_BATCH_CONCURRENCY": "8", "RTXSERVE_MODEL_CONCURRENCY": '{"tiny-llama": 1}'}
+    gateway, url = start_gateway("", tmp_path, vllm_url=vllm_url, extra_env=env)
+    try:
+        alice = openai.OpenAI(base_url=f"{url}/v1", api_key=secrets["alice"], max_retries=0, timeout=60)
+        upload = alice.files.create(file=("in.jsonl", jsonl(request_line(i, max_tokens=128) for i in range(LINES))),
+                                    purpose="batch")
+        batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 120
+        while alice.batches.retrieve(batch.id).request_counts.completed < 2:
+            assert time.monotonic() < deadline, "the batch did not start"
+            time.sleep(0.05)
+        passed = []
+        for i in range(5):
+            before = alice.batches.retrieve(batch.id).request_counts.completed
+            answer = alice.chat.completions.create(model="tiny-llama", max_tokens=8, extra_body={"ignore_eos": True},
+                                                   messages=[{"role": "user", "content": f"a person, {i}"}])
+            after = alice.batches.retrieve(batch.id)
+            assert answer.usage.completion_tokens == 8 and after.status == "in_progress", after.status
+            passed.append(after.request_counts.completed - before)
+        assert max(passed) <= 2, passed
+        assert alice.batches.cancel(batch.id).status == "cancelling"
+        while (batch := alice.batches.retrieve(batch.id)).status != "cancelled":
+            assert time.monotonic() < deadline + 60, f"the batch is still {batch.status}"
+            time.sleep(0.2)
+        errors = [json.loads(x) for x in alice.files.content(batch.error_file_id).text.splitlines()]
+    finally:
+        gateway.stop()
+    # cancelled: every line is in one of the two files, those never sent as batch_cancelled
+    assert batch.request_counts.completed + len(errors) == LINES
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}

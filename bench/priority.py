@@ -1,0 +1,222 @@
+"""B14: people beside a batch. An interactive chat load alone, then beside a batch of the Batch API, on one vLLM CPU
+engine behind the gateway.
+
+Interactive users (a closed loop with a think time between requests) stream completions and time their first token;
+the batch (`/v1/files` + `/v1/batches`, completions of the same size) is sent by the gateway at batch priority. Three
+phases per row: the users alone (their TTFT), the batch alone (what the box serves when nobody else asks: its
+capacity in requests/s), then both at once, the users running until the batch ends. Targets (issue 42): the users'
+TTFT P99 beside the batch <= 1.2x alone, and the batch's throughput beside them >= 0.8x the throughput the box has
+left (its capacity less the users' requests/s).
+
+Two rows: vLLM started with `--scheduling-policy priority` and the gateway passing each request's priority
+(`vllm_priority`: batch lines 10, people 0), then vLLM's default first-come-first-served, for what priority buys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .record import Benchmark, Files, Progress
+
+SERVED = "bench-llm"
+PLOT = "b14.png"
+FILES = Files("bench-priority.json", "bench-priority.md", plots=(PLOT,))
+POLICIES = ("priority", "fcfs")
+TARGETS = {"ttft_p99_ratio": ("<=", 1.2), "batch_share_of_left": (">=", 0.8)}
+
+
+async def _users(url: str, users: int, think_s: float, max_tokens: int, until, prompts: list[str]) -> dict:
+    """`users` closed loops until `until()` says stop: their TTFTs (ms) and requests/s."""
+    import httpx
+
+    from .llm import complete
+
+    ttfts, failed = [], []
+
+    async def user(i: int, client) -> None:
+        n = 0
+        while not until():
+            done = await complete(client, url, SERVED, prompts[(i * 7 + n) % len(prompts)], max_tokens)
+            (ttfts.append(done.ttft_s * 1000) if done.ok else failed.append(done.error))
+            n += 1
+            await asyncio.sleep(think_s)
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=300) as client:
+        await asyncio.gather(*(user(i, client) for i in range(users)))
+    seconds = time.perf_counter() - started
+    if failed:
+        raise RuntimeError(f"{len(failed)} interactive requests failed, e.g. {failed[0]}")
+    return {"requests": len(ttfts), "rps": round(len(ttfts) / seconds, 3), "ttft_p50_ms": round(float(np.percentile(
+        ttfts, 50)), 2), "ttft_p99_ms": round(float(np.percentile(ttfts, 99)), 2), "seconds": round(seconds, 2),
+        "ttfts_ms": [round(t, 2) for t in ttfts]}
+
+
+async def _batch(url: str, requests: int, max_tokens: int, prompts: list[str], progress) -> dict:
+    """One batch of `requests` completions through the Batch API, from its creation to its end: requests/s."""
+    import httpx
+
+    lines = b"".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions", "body": {
+        "model": SERVED, "prompt": prompts[i % len(prompts)], "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0}}).encode() + b"\n" for i in range(requests))
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        file = (await client.post("/v1/files", files={"file": ("b.jsonl", lines)}, data={"purpose": "batch"})).json()
+        started = time.perf_counter()
+        batch = (await client.post("/v1/batches", json={"input_file_id": file["id"], "endpoint": "/v1/completions",
+                                                        "completion_window": "24h"})).json()
+        shown = 0.0
+        while batch["status"] not in ("completed", "failed", "expired", "cancelled"):
+            await asyncio.sleep(0.1)
+            batch = (await client.get(f"/v1/batches/{batch['id']}")).json()
+            if time.perf_counter() - shown > 10:
+                shown = time.perf_counter()
+                progress(f"  batch: {batch['request_counts']['completed']} of {requests} answered")
+        seconds = time.perf_counter() - started
+    counts = batch["request_counts"]
+    if batch["status"] != "completed" or counts["completed"] != requests:
+        raise RuntimeError(f"the batch ended {batch['status']} with {counts}")
+    return {"requests": requests, "seconds": round(seconds, 2), "rps": round(requests / seconds, 3)}
+
+
+async def _beside(url: str, opts: dict, prompts: list[str], progress) -> tuple[dict, dict]:
+    finished = asyncio.Event()
+
+    async def batch():
+        try:
+            return await _batch(url, opts["batch"], opts["max_tokens"], prompts, progress)
+        finally:
+            finished.set()
+
+    return await asyncio.gather(batch(), _users(url, opts["users"], opts["think_s"], opts["max_tokens"],
+                                                finished.is_set, prompts))
+
+
+def _row(model: Path, out: Path, policy: str, opts: dict, progress) -> dict:
+    from serve.stack import start_gateway, start_vllm
+    from serve.vllm_server import VLLMOptions
+
+    from .llm import prompts_for
+
+    prompts = prompts_for(seed=14, count=64)
+    extra = ["--scheduling-policy", "priority"] if policy == "priority" else []
+    with contextlib.ExitStack() as stack:
+        engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
+                                                    extra_args=extra), out / f"vllm-{policy}", timeout_s=900)
+        stack.callback(engine.stop)
+        gateway, url = start_gateway("", out / f"gateway-{policy}", vllm_url=engine_url, extra_env={
+            "RTXSERVE_BATCH_DIR": str(out / f"batches-{policy}"), "RTXSERVE_VLLM_PRIORITY": str(policy == "priority").lower(),
+            "RTXSERVE_BATCH_CONCURRENCY": str(opts["batch_concurrency"])})
+        stack.callback(gateway.stop)
+        deadline = time.perf_counter() + opts["alone_s"]
+        alone = asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"],
+                                   lambda: time.perf_counter() >= deadline, prompts))
+        progress(f"B14 {policy}: users alone: TTFT P99 {alone['ttft_p99_ms']:.1f} ms, {alone['rps']:.2f} requests/s")
+        capacity = asyncio.run(_batch(url, opts["batch"], opts["max_tokens"], prompts, progress))
+        progress(f"B14 {policy}: batch alone: {capacity['rps']:.1f} requests/s")
+        batch, users = asyncio.run(_beside(url, opts, prompts, progress))
+    left = capacity["rps"] - users["rps"]
+    row = {"users_alone": alone, "batch_alone": capacity, "users_beside": users, "batch_beside": batch,
+           "ttft_p99_ratio": round(users["ttft_p99_ms"] / alone["ttft_p99_ms"], 3),
+           "left_rps": round(left, 3), "batch_share_of_left": round(batch["rps"] / left, 3) if left > 0 else None}
+    progress(f"B14 {policy}: beside the batch: users' TTFT P99 {users['ttft_p99_ms']:.1f} ms "
+             f"({row['ttft_p99_ratio']}x alone); batch {batch['rps']:.1f} requests/s ({row['batch_share_of_left']}x "
+             "what the box had left)")
+    return row
+
+
+def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, max_tokens: int = 16,
+        batch_concurrency: int = 4, alone_s: float = 20.0, progress=print) -> dict:
+    from core.machine import machine
+    from fixture_models.llm import write_llm
+
+    model = write_llm(out / "tiny-llama", max_length=2048)
+    opts = {"batch": batch, "users": users, "think_s": think_s, "max_tokens": max_tokens,
+            "batch_concurrency": batch_concurrency, "alone_s": alone_s}
+    rows = {policy: _row(model, out, policy, opts, progress) for policy in POLICIES}
+    result = {"bench": "B14", "model": "fixture Llama (tiny), one vLLM CPU engine", "machine": machine(), **opts,
+              "rows": rows, "verdict": {k: _met(rows["priority"][k], op, v) for k, (op, v) in TARGETS.items()}}
+    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out / PLOT)
+    (out / FILES.page).write_text(markdown(result))
+    return result
+
+
+def _met(value, op: str, target: float) -> bool:
+    return value is not None and (value <= target if op == "<=" else value >= target)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"## B14: people beside a batch ({result['model']}; {result['users']} users streaming completions of "
+             f"{result['max_tokens']} tokens with {result['think_s']} s between them, beside a batch of "
+             f"{result['batch']} such completions, {result['batch_concurrency']} in flight)", "",
+             f"Machine: {result['machine']}", "", f"![TTFT and throughput per phase]({PLOT})", "",
+             "| vLLM scheduling | users' TTFT P50 / P99 ms, alone | beside the batch | P99 ratio | batch requests/s "
+             "alone | beside | box left (alone - users) | batch / left |", "|---|---|---|---|---|---|---|---|"]
+    for policy, row in result["rows"].items():
+        a, b = row["users_alone"], row["users_beside"]
+        lines.append(f"| {policy} | {a['ttft_p50_ms']} / {a['ttft_p99_ms']} | {b['ttft_p50_ms']} / {b['ttft_p99_ms']} | "
+                     f"{row['ttft_p99_ratio']}x | {row['batch_alone']['rps']} | {row['batch_beside']['rps']} | "
+                     f"{row['left_rps']} | {row['batch_share_of_left']}x |")
+    lines += ["", "| target (priority row) | measured | verdict |", "|---|---|---|"]
+    for key, (op, value) in TARGETS.items():
+        verdict = "met" if result["verdict"][key] else "**missed**"
+        lines.append(f"| {key} {op} {value}x | {result['rows']['priority'][key]}x | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> Path:
+    from loadtest.plots import pyplot, save
+
+    plt = pyplot()
+    fig, (ttft, rps) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (policy, row) in enumerate(result["rows"].items()):
+        for j, (phase, label) in enumerate((("users_alone", "alone"), ("users_beside", "beside the batch"))):
+            data = row[phase]["ttfts_ms"]
+            box = ttft.boxplot([data], positions=[i * 3 + j], widths=0.8, whis=(1, 99), showfliers=False,
+                               patch_artist=True)
+            box["boxes"][0].set_facecolor(("tab:blue", "tab:orange")[j])
+            ttft.scatter([i * 3 + j], [row[phase]["ttft_p99_ms"]], marker="v", color="black", zorder=3)
+        rps.bar([i * 3, i * 3 + 1], [row["left_rps"], row["batch_beside"]["rps"]],
+                color=["tab:grey", "tab:green"], alpha=0.85)
+    ticks = [x for i in range(len(result["rows"])) for x in (i * 3, i * 3 + 1)]
+    ttft.set_xticks(ticks, [f"{p}\n{w}" for p in result["rows"] for w in ("alone", "beside")], fontsize=8)
+    ttft.set_ylabel("users' TTFT (ms; whiskers P1-P99, triangle P99)")
+    rps.set_xticks(ticks, [f"{p}\n{w}" for p in result["rows"] for w in ("box left", "batch")], fontsize=8)
+    rps.set_ylabel("requests/s")
+    return save(fig, path, "B14: people's TTFT beside a batch, and the batch's share of what they leave")
+
+
+# --- `rtxserve bench priority` --------------------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch", type=int, default=1000, help="requests in the batch")
+    parser.add_argument("--users", type=int, default=2, help="interactive users")
+    parser.add_argument("--think", type=float, default=0.25, help="seconds a user waits between requests")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--batch-concurrency", type=int, default=4, help="the gateway's batch_concurrency")
+    parser.add_argument("--alone", type=float, default=20.0, help="seconds of the users alone")
+    parser.add_argument("--out", type=Path, help="folder (default reports/bench-priority-<time>)")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    if min(args.batch, args.users, args.max_tokens, args.batch_concurrency) < 1 or args.alone <= 0 or args.think < 0:
+        return "need --batch, --users, --max-tokens, --batch-concurrency >= 1, --alone > 0 and --think >= 0"
+    return None
+
+
+def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
+    return run(out, batch=args.batch, users=args.users, think_s=args.think, max_tokens=args.max_tokens,
+               batch_concurrency=args.batch_concurrency, alone_s=args.alone, progress=progress)
+
+
+BENCHMARK = Benchmark(
+    name="priority", id="B14", title="people beside a batch",
+    help="B14: interactive TTFT alone and beside a Batch API batch, with vLLM's priority scheduling and without",
+    add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)
