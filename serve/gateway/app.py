@@ -35,6 +35,7 @@ from .rank.protocol import RerankRequest, ScoreRequest
 from .rank.router import router as rank_router
 from .speech.router import router as speech_router
 from .state import GatewayState
+from .trace import TraceMiddleware
 from .system.router import probes
 from .system.router import router as system_router
 
@@ -125,6 +126,9 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
                        queue_timeout_s=settings.queue_timeout_s, access=state.access)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
+    if settings.trace_dir:  # outside the door and the gate: their refusals are traffic too
+        app.add_middleware(TraceMiddleware, directory=settings.trace_dir, max_bytes=settings.trace_max_bytes,
+                           backups=settings.trace_backups)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     if settings.otlp_endpoint:
         from .tracing import install_tracing

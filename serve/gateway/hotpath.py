@@ -22,6 +22,7 @@ from starlette.responses import Response
 
 from .auth import admit_key
 from .exceptions import GatewayError, gateway_error, http_error, unexpected_error, validation_error
+from .trace import note_inputs
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class HotRoutes:
             request = route.request.model_validate(data)
         except ValidationError as exc:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+        note_inputs(request.input)
         await admit_key(self.state, key, request.model, state)
         state["api_key"] = key
         response = await route.serve(self.state, request)

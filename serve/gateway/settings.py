@@ -149,6 +149,11 @@ class GatewaySettings(BaseSettings):
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")
+    trace_dir: Path | None = Field(None, description="where each gateway worker writes its traffic trace "
+                                   "(trace-PID.jsonl: one line per model request, sizes and times, never text; "
+                                   "`rtxserve loadtest replay` sends it again); none: no trace")
+    trace_max_bytes: int = Field(100 * 1024 * 1024, ge=4096, description="a trace file's size before it is rotated")
+    trace_backups: int = Field(5, ge=0, le=1000, description="rotated trace files kept per worker")
     required_models: list[str] = Field(
         default_factory=list, description="models /readyz waits for (default: every model the backends serve)"
     )

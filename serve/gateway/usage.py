@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import metrics
 from .keys import ApiKey
 from .state import GatewayState
+from .trace import note
 
 
 async def count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:
@@ -13,6 +14,7 @@ async def count_usage(state: GatewayState, key: ApiKey | None, model: str, usage
     if usage:  # OpenAI's chat and completions name them prompt / completion, Responses and Anthropic input / output
         prompt = usage.get("prompt_tokens") or usage.get("input_tokens") or 0
         completion = usage.get("completion_tokens") or usage.get("output_tokens") or 0
+        note(model=model, input_tokens=prompt, output_tokens=completion)
         metrics.TOKENS.labels(model, "prompt").inc(prompt)
         metrics.TOKENS.labels(model, "completion").inc(completion)
         await state.access.charge_tokens(key, prompt + completion)

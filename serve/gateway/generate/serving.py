@@ -25,6 +25,7 @@ from ..keys import ApiKey
 from ..prefix import prefix_of, prompt_text
 from ..settings import GatewaySettings
 from ..state import GatewayState
+from ..trace import TRACE, hash_ids, note, note_first_chunk
 from ..usage import count_usage
 from ..chat_input import check_chat_images, messages_size
 from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
@@ -166,12 +167,14 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
         asked = body.get("priority")
         body["priority"] = max(asked, key.priority) if isinstance(asked, int) else key.priority
     affinity = None
-    if state.settings.affinity:  # cache-aware routing (prefix.py)
+    if state.settings.affinity or TRACE.get() is not None:  # cache-aware routing (prefix.py); the trace's hash_ids
         text = prompt_text(request.messages if isinstance(request, ChatCompletionRequest) else None,
                            getattr(request, "prompt", None))
         length = body.get("max_completion_tokens") or body.get("max_tokens") or state.settings.max_tokens
-        affinity = prefix_of(text, conversation(request, user, session), state.settings.prefix_block_chars,
-                             int(length) if isinstance(length, int) else state.settings.max_tokens)
+        prefix = prefix_of(text, conversation(request, user, session), state.settings.prefix_block_chars,
+                           int(length) if isinstance(length, int) else state.settings.max_tokens)
+        note(hash_ids=hash_ids(prefix.blocks))
+        affinity = prefix if state.settings.affinity else None
     if not request.stream:
         answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
         await count_usage(state, key, info.name, answer.get("usage"))
@@ -242,8 +245,12 @@ def _typed_error_event(message: str) -> bytes:
 
 async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage, end: bytes = b"data: [DONE]\n\n",
                  error_event=_error_event) -> AsyncIterator[bytes]:
+    first = True
     try:
         async for chunk in stream:
+            if first:
+                note_first_chunk()
+                first = False
             if chunk.usage is not None:
                 # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
                 # counting those would count each token many times.)

@@ -1,0 +1,109 @@
+"""The gateway's traffic trace (`trace_dir`): one JSON line per model request, for replaying real traffic against a
+candidate box (`rtxserve loadtest replay`, issue 43). Off by default.
+
+A line holds what a replay needs and nothing a user wrote: the arrival time (`t`, Unix seconds), the route, the
+model that answered, a hash of the key's name, the input's size (prompt tokens for generation; items and characters
+for text encoders, images for vision), the output tokens, the status, the latency and, for streams, the time to
+the first chunk, and for generation the prompt's prefix-block hashes (`hash_ids`, as Mooncake's traces have them:
+two requests that share their first blocks share their first ids). Never text, images or audio. Batch lines are
+marked `batch`.
+
+Each gateway worker writes its own file (`trace-PID.jsonl`), rotated by size (`trace_max_bytes`, `trace_backups`
+kept) by logging's RotatingFileHandler, behind a queue: the request's task only puts the line on the queue, and a
+thread of the logging module writes it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import queue
+import time
+from contextvars import ContextVar
+from logging.handlers import QueueHandler, QueueListener, RotatingFileHandler
+from pathlib import Path
+
+import orjson
+
+from .access import RUN_AS
+
+# The trace line of the request being served; None when tracing is off or the request is not traced.
+TRACE: ContextVar[dict | None] = ContextVar("rtxserve_trace", default=None)
+
+
+def note(**fields) -> None:
+    """Add facts to the trace line of the request being served, if it is traced."""
+    line = TRACE.get()
+    if line is not None:
+        line.update(fields)
+
+
+def note_inputs(items: list) -> None:
+    """A text or image request's size: its texts and their characters, or its images."""
+    line = TRACE.get()
+    if line is not None:
+        texts = [i for i in items if isinstance(i, str)]
+        line.update(items=len(items), chars=sum(map(len, texts)), images=len(items) - len(texts))
+
+
+def note_first_chunk() -> None:
+    """A stream's first chunk is on its way: its time from the request's arrival (TTFT as the client sees it)."""
+    line = TRACE.get()
+    if line is not None:
+        line["ttft_ms"] = round((time.time() - line["t"]) * 1000, 2)
+
+
+def hash_ids(blocks) -> list[int]:
+    """Prefix-block hashes as Mooncake's integer ids (48 bits of each chained hash)."""
+    return [int.from_bytes(b[:6], "big") for b in blocks]
+
+
+def key_hash(name: str) -> str:
+    return hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
+
+
+class TraceMiddleware:
+    """Traces every model request (POST /v1/...) but the Files and Batch APIs' own."""
+
+    def __init__(self, app, *, directory: Path, max_bytes: int, backups: int):
+        self.app = app
+        directory.mkdir(parents=True, exist_ok=True)
+        handler = RotatingFileHandler(directory / f"trace-{os.getpid()}.jsonl", maxBytes=max_bytes,
+                                      backupCount=backups, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.listener = QueueListener(lines, handler)
+        self.listener.start()
+        atexit.register(self.listener.stop)  # what is queued is written before the process ends
+        self.log = logging.Logger(f"rtxserve.trace.{os.getpid()}")  # a logger of its own: no parents, no propagation
+        self.log.addHandler(QueueHandler(lines))
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or scope["method"] != "POST" or not path.startswith("/v1/")
+                or path.startswith(("/v1/files", "/v1/batches"))):
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        line = {"t": round(time.time(), 3), "route": path, "status": 500}
+        token = TRACE.set(line)
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                line["status"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            TRACE.reset(token)
+            state = scope.get("state", {})
+            key = state.get("api_key") or state.get(RUN_AS)
+            line["latency_ms"] = round((time.perf_counter() - start) * 1000, 2)
+            line.setdefault("model", state.get("model") or None)
+            if key is not None:
+                line["key"] = key_hash(key.name)
+            if RUN_AS in state:
+                line["batch"] = True
+            self.log.info(orjson.dumps(line).decode())
