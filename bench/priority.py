@@ -8,6 +8,10 @@ capacity in requests/s), then both at once, the users running until the batch en
 TTFT P99 beside the batch <= 1.2x alone, and the batch's throughput beside them >= 0.8x the throughput the box has
 left (its capacity less the users' requests/s).
 
+vLLM runs the model in its engine core (serve.vllm_server.TWO_PROCESSES), as B1s does: in its default layout a
+worker process spins a core's worth of CPU waiting, which on a 2-core box left the users' P99 to the scheduler's
+share-out (453 and 662 ms in two runs, 102 ms in a third).
+
 Two rows: vLLM started with `--scheduling-policy priority` and the gateway passing each request's priority
 (`vllm_priority`: batch lines 10, people 0), then vLLM's default first-come-first-served, for what priority buys.
 """
@@ -100,7 +104,7 @@ async def _beside(url: str, opts: dict, prompts: list[str], progress) -> tuple[d
 
 def _row(model: Path, out: Path, policy: str, opts: dict, progress) -> dict:
     from serve.stack import start_gateway, start_vllm
-    from serve.vllm_server import VLLMOptions
+    from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
     from .llm import prompts_for
 
@@ -108,7 +112,8 @@ def _row(model: Path, out: Path, policy: str, opts: dict, progress) -> dict:
     extra = ["--scheduling-policy", "priority"] if policy == "priority" else []
     with contextlib.ExitStack() as stack:
         engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
-                                                    extra_args=extra), out / f"vllm-{policy}", timeout_s=900)
+                                                    extra_args=extra), out / f"vllm-{policy}", timeout_s=900,
+                                        env=TWO_PROCESSES)
         stack.callback(engine.stop)
         gateway, url = start_gateway("", out / f"gateway-{policy}", vllm_url=engine_url, extra_env={
             "RTXSERVE_BATCH_DIR": str(out / f"batches-{policy}"), "RTXSERVE_VLLM_PRIORITY": str(policy == "priority").lower(),
