@@ -9,6 +9,7 @@ What only running can tell (a line the engine refuses, a model that went away) g
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from ..exceptions import InvalidRequest, validation_message
+
+
+SLICE = 20  # lines checked between two turns of the event loop (about 10 ms of pydantic on a slow core)
 
 
 @dataclass(frozen=True)
@@ -50,39 +54,60 @@ def objects(path: Path) -> Iterator[tuple[int, dict]]:
             yield number, value
 
 
-def read(path: Path, endpoint: str, request_type: type[BaseModel], max_lines: int) -> tuple[list[Line], str]:
-    """The file's lines, checked, and the one model they name. BadLine (400) names the first line that fails."""
+async def count(path: Path) -> int:
+    """The JSON lines of a file (BadLine where one is not a JSON object), counted on the event loop in slices."""
+    n = 0
+    for n, _ in enumerate(objects(path), 1):
+        if n % (SLICE * 50) == 0:  # parsing alone: about 50 times a check's speed
+            await asyncio.sleep(0)
+    return n
+
+
+async def read(path: Path, endpoint: str, request_type: type[BaseModel], max_lines: int) -> tuple[list[Line], str]:
+    """The file's lines, checked, and the one model they name. BadLine (400) names the first line that fails.
+
+    Checked on the event loop, SLICE lines at a time: in a thread, the checks' hold on the GIL made every other
+    request of the gateway wait on each of its turns (B14: a 1,000-line batch's creation held the people's first
+    tokens back by 480 ms)."""
     lines: list[Line] = []
     seen: set[str] = set()
     model = None
-    for number, value in objects(path):
+    for count, (number, value) in enumerate(objects(path), 1):
         if len(lines) == max_lines:
             raise BadLine(number, f"more than this gateway's {max_lines} requests per batch")
-        custom_id = value.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            raise BadLine(number, "custom_id must be a non-empty string")
-        if custom_id in seen:
-            raise BadLine(number, f"custom_id {custom_id!r} is used by an earlier line; each must be unique")
-        seen.add(custom_id)
-        if value.get("method") != "POST":
-            raise BadLine(number, 'method must be "POST"')
-        if value.get("url") != endpoint:
-            raise BadLine(number, f"url {str(value.get('url'))[:100]!r} is not the batch's endpoint {endpoint}")
-        body = value.get("body")
-        if not isinstance(body, dict):
-            raise BadLine(number, "body must be a JSON object, the request for the endpoint")
-        try:
-            request = request_type.model_validate(body)
-        except ValidationError as exc:
-            message, _ = validation_message(RequestValidationError(exc.errors()))
-            raise BadLine(number, message) from None
-        if getattr(request, "stream", False):
-            raise BadLine(number, "a batch request cannot stream; leave stream out")
+        line = _check(number, value, endpoint, request_type, seen)
         if model is None:
-            model = request.model
-        elif request.model != model:
-            raise BadLine(number, f"model {request.model!r} is not the file's model {model!r}: one batch, one model")
-        lines.append(Line(number, custom_id, body))
+            model = line.body["model"]
+        elif line.body["model"] != model:
+            raise BadLine(number, f"model {line.body['model']!r} is not the file's model {model!r}: one batch, one "
+                                  "model")
+        lines.append(line)
+        if count % SLICE == 0:
+            await asyncio.sleep(0)
     if not lines:
         raise InvalidRequest("the input file holds no requests", param="input_file_id")
     return lines, model
+
+
+def _check(number: int, value: dict, endpoint: str, request_type: type[BaseModel], seen: set[str]) -> Line:
+    custom_id = value.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise BadLine(number, "custom_id must be a non-empty string")
+    if custom_id in seen:
+        raise BadLine(number, f"custom_id {custom_id!r} is used by an earlier line; each must be unique")
+    seen.add(custom_id)
+    if value.get("method") != "POST":
+        raise BadLine(number, 'method must be "POST"')
+    if value.get("url") != endpoint:
+        raise BadLine(number, f"url {str(value.get('url'))[:100]!r} is not the batch's endpoint {endpoint}")
+    body = value.get("body")
+    if not isinstance(body, dict):
+        raise BadLine(number, "body must be a JSON object, the request for the endpoint")
+    try:
+        request = request_type.model_validate(body)
+    except ValidationError as exc:
+        message, _ = validation_message(RequestValidationError(exc.errors()))
+        raise BadLine(number, message) from None
+    if getattr(request, "stream", False):
+        raise BadLine(number, "a batch request cannot stream; leave stream out")
+    return Line(number, custom_id, body)

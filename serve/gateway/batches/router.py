@@ -84,7 +84,7 @@ async def upload_file(request: Request, file: UploadFile = File(...), purpose: s
     size = await asyncio.to_thread(runner.store.write_file, file_id,
                                    _chunks(file.file, runner.settings.batch_max_file_bytes))
     try:
-        if not any(True for _ in await asyncio.to_thread(lambda: list(batch_lines.objects(path)))):
+        if not await batch_lines.count(path):
             raise InvalidRequest("the file holds no JSON lines", param="file")
     except InvalidRequest:
         path.unlink(missing_ok=True)
@@ -141,8 +141,8 @@ async def create_batch(body: BatchCreate, request: Request) -> Batch:
     if found["purpose"] != "batch":
         raise InvalidRequest(f"file {body.input_file_id} has purpose {found['purpose']!r}, not 'batch'",
                              param="input_file_id")
-    lines, model = await asyncio.to_thread(batch_lines.read, runner.store.path(body.input_file_id), body.endpoint,
-                                           runner.endpoints[body.endpoint], runner.settings.batch_max_requests)
+    lines, model = await batch_lines.read(runner.store.path(body.input_file_id), body.endpoint,
+                                          runner.endpoints[body.endpoint], runner.settings.batch_max_requests)
     if key is not None and not key.allows(model):
         raise Forbidden(f"this API key may not use model {model!r}, which the file's requests name", param="model")
     request.app.state.gateway.dispatch.check_served(model)

@@ -60,9 +60,9 @@ class BatchRunner:
         """A batch was made or cancelled in this worker: look now rather than at the next poll."""
         self._wake.set()
 
-    def read(self, batch: dict) -> list[batch_lines.Line]:
-        lines, _ = batch_lines.read(self.store.path(batch["input_file_id"]), batch["endpoint"],
-                                    self.endpoints[batch["endpoint"]], self.settings.batch_max_requests)
+    async def read(self, batch: dict) -> list[batch_lines.Line]:
+        lines, _ = await batch_lines.read(self.store.path(batch["input_file_id"]), batch["endpoint"],
+                                          self.endpoints[batch["endpoint"]], self.settings.batch_max_requests)
         return lines
 
     def caller(self, owner: str) -> ApiKey | None:
@@ -110,7 +110,7 @@ class BatchRunner:
         try:
             if key is None:
                 raise InvalidRequest(f"the API key {batch['owner']!r} that made the batch no longer exists")
-            lines = await asyncio.to_thread(self.read, batch)
+            lines = await self.read(batch)
         except InvalidRequest as exc:  # the gateway's settings changed since the batch was made
             await self.fail(batch_id, exc.code, exc.message, getattr(exc, "line", None))
             return
