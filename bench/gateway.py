@@ -28,7 +28,7 @@ import psutil
 from core.machine import machine
 
 from . import streams as b1s
-from .proxy import PATHS, nginx_version, path_table, plain_proxy
+from .proxy import nginx_version, path_table, plain_proxy
 from .record import Benchmark, Files, Progress
 
 log = logging.getLogger("rtxserve.bench")
@@ -93,11 +93,13 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
                 return (await client.post(f"{url}/v2/models/{MODEL}/infer", json=direct_body)).status_code == 200
             return request
 
-        async def via_gateway() -> bool:
-            r = await client.post(f"{urls['gateway']}/v1/classify", json={"model": MODEL, "input": TEXT})
-            return r.status_code == 200
+        def gateway(url: str):
+            async def request() -> bool:
+                return (await client.post(f"{url}/v1/classify", json={"model": MODEL, "input": TEXT})).status_code == 200
+            return request
 
-        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": via_gateway}
+        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": gateway(urls["gateway"]),
+                   **({"gateway traced": gateway(urls["gateway traced"])} if "gateway traced" in urls else {})}
         for request in targets.values():  # warm up every path (connections, Triton instances)
             await closed_loop(request, concurrency, 2.0)
         per_round: dict[str, list[dict]] = {name: [] for name in targets}
@@ -121,13 +123,13 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
 
 
 @contextlib.contextmanager
-def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None = None) -> Iterator[tuple[str, str, int]]:
-    """The fixture classifier (2 instances) in a real tritonserver behind a real gateway (with `gateway_env`'s
-    settings): (gateway URL, Triton's HTTP URL, the gateway's pid); both stopped on exit."""
+def classifier_triton(progress) -> Iterator[tuple[str, str]]:
+    """The fixture classifier (2 instances) in a real tritonserver: (its gRPC address, its HTTP URL); stopped on
+    exit."""
     from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
     from export.triton.entry import EntryOptions
-    from serve.stack import start_gateway, start_triton
+    from serve.stack import start_triton
 
     with tempfile.TemporaryDirectory(prefix="rtxserve-bench-") as tmp:
         work = Path(tmp)
@@ -136,24 +138,42 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
                                    work / "repo")
         triton, opts = start_triton(work / "repo", work / "logs")
         try:
-            gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", workers=workers,
-                                         extra_env=gateway_env)
-            try:
-                yield url, f"http://127.0.0.1:{opts.http_port}", gateway.process.pid
-            finally:
-                gateway.stop()
+            yield f"127.0.0.1:{opts.grpc_port}", f"http://127.0.0.1:{opts.http_port}"
         finally:
             triton.stop()
+
+
+@contextlib.contextmanager
+def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None = None) -> Iterator[tuple[str, str, int]]:
+    """The fixture classifier's tritonserver behind a real gateway (with `gateway_env`'s settings): (gateway URL,
+    Triton's HTTP URL, the gateway's pid); both stopped on exit."""
+    from serve.stack import start_gateway
+
+    with classifier_triton(progress) as (grpc, http), tempfile.TemporaryDirectory() as logs:
+        gateway, url = start_gateway(grpc, Path(logs), workers=workers, extra_env=gateway_env)
+        try:
+            yield url, http, gateway.process.pid
+        finally:
+            gateway.stop()
 
 
 def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, vllm_worker_process: bool = False,
         progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
+    from serve.stack import start_gateway
+
     out.mkdir(parents=True, exist_ok=True)
-    with classifier_stack(workers, progress) as (url, triton_http, pid), tempfile.TemporaryDirectory() as tmp, \
-            plain_proxy(triton_http.removeprefix("http://"), Path(tmp), "/v2/health/ready") as (proxy, proxy_pid):
-        urls, pids = {"direct": triton_http, "proxy": proxy, "gateway": url}, {"proxy": proxy_pid, "gateway": pid}
+    with classifier_triton(progress) as (grpc, triton_http), tempfile.TemporaryDirectory() as tmp, \
+            plain_proxy(triton_http.removeprefix("http://"), Path(tmp), "/v2/health/ready") as (proxy, proxy_pid), \
+            contextlib.ExitStack() as gateways:
+        urls, pids = {"direct": triton_http, "proxy": proxy}, {"proxy": proxy_pid}
+        # the gateway, and beside it one that records its traffic (trace_dir): what the trace costs, side by side
+        for name, env in (("gateway", {}), ("gateway traced", {"RTXSERVE_TRACE_DIR": str(Path(tmp) / "trace")})):
+            gateway, urls[name] = start_gateway(grpc, Path(tmp) / name.replace(" ", "-"), workers=workers,
+                                                extra_env=env)
+            gateways.callback(gateway.stop)
+            pids[name] = gateway.process.pid
         levels = [asyncio.run(_measure(urls, pids, rounds=rounds, duration_s=duration_s, concurrency=c,
                                        progress=progress))
                   for c in concurrency]
@@ -173,6 +193,8 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: tup
         level["qps_ratio"] = round(m["gateway"]["qps"] / m["direct"]["qps"], 3)
         level["p50_added_ms"] = round(m["gateway"]["p50_ms"] - m["direct"]["p50_ms"], 3)
         level["proxy_p50_added_ms"] = round(m["proxy"]["p50_ms"] - m["direct"]["p50_ms"], 3)
+        level["trace_cpu_ms_added"] = round(m["gateway traced"]["cpu_ms_per_request"] - m["gateway"]["cpu_ms_per_request"], 3)
+        level["trace_qps_ratio"] = round(m["gateway traced"]["qps"] / m["gateway"]["qps"], 3)
     (out / FILES.json).write_text(json.dumps(result, indent=2))
     (out / FILES.page).write_text(markdown(result))
     _plot(levels, out / PLOT)
@@ -200,6 +222,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | "
                      f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
                      f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
+    if all("trace_qps_ratio" in level for level in result["levels"]):
+        lines += ["", "The trace (trace_dir on, a gateway beside the other): what recording every request costs.", "",
+                  "| in flight | QPS traced / untraced | CPU-ms / request added |", "|---|---|---|"]
+        lines += [f"| {level['concurrency']} | {level['trace_qps_ratio']} | {level['trace_cpu_ms_added']} |"
+                  for level in result["levels"]]
     if "streams" in result:
         lines += ["", b1s.markdown(result["streams"])]
     return "\n".join(lines) + "\n"
@@ -213,7 +240,7 @@ def _plot(levels: list[dict], path: Path) -> None:
     for ax, level in zip(axes[0], levels):
         latency_cdf(ax, [(f"{name} (P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)",
                           level["samples"][name], colour)
-                         for name, colour in zip(PATHS, ("tab:blue", "tab:green", "tab:orange"))])
+                         for name, colour in zip(level["medians"], ("tab:blue", "tab:green", "tab:orange", "tab:red"))])
         ax.set_title(f"B1, {level['concurrency']} in flight: latency distribution")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -49,8 +49,7 @@ def path_table(levels: list[dict], level_header: str, columns: list[tuple[str, s
     lines = [f"| {level_header} | path | " + " | ".join(h for h, _ in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for level in levels:
-        for path in PATHS:
-            m = level["medians"][path]
+        for path, m in level["medians"].items():  # PATHS, and any a benchmark adds
             lines.append(f"| {level['concurrency']} | {path} | " + " | ".join(str(m.get(k, "")) for _, k in columns) + " |")
     return lines
 
