@@ -126,8 +126,8 @@ class BatchRunner:
             scope.setdefault("state", {})[RUN_AS] = key
             await app(scope, receive, send)
 
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=as_key, raise_app_exceptions=False), base_url="http://batch",
-                                     timeout=None) as client:
+        transport = httpx.ASGITransport(app=as_key, raise_app_exceptions=False)  # a 500 is the line's answer
+        async with httpx.AsyncClient(transport=transport, base_url="http://batch", timeout=None) as client:
             async with asyncio.TaskGroup() as group:
                 for _ in range(self.settings.batch_concurrency):
                     group.create_task(self._work(client, batch, todo))
