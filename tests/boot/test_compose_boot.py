@@ -139,6 +139,28 @@ def test_a_load_test_from_127_0_0_1_loses_nothing(box, tmp_path):
     assert s.requests > 20 and s.errors == 0, s.error_kinds
 
 
+def test_a_batch_outlives_the_gateways_container(box):
+    """The Batch API's state is on the gateway's own volume, writable by its user: a batch run in the booted box is
+    still there, its output readable, after the gateway's container is made again."""
+    _, out, project, url = box
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    lines = b"".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "support", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4,
+        "ignore_eos": True}}).encode() + b"\n" for i in range(6))
+    upload = sdk.files.create(file=("in.jsonl", lines), purpose="batch")
+    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (batch := sdk.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
+        time.sleep(0.5)
+    _compose(out, project, "up", "-d", "--force-recreate", "--no-deps", "gateway")
+    _wait_healthy(project, 120)
+    again = sdk.batches.retrieve(batch.id)
+    output = [json.loads(x) for x in sdk.files.content(again.output_file_id).text.splitlines()]
+    assert again.status == "completed" and [o["custom_id"] for o in output] == [f"q{i}" for i in range(6)]
+    assert all(o["response"]["body"]["usage"]["completion_tokens"] == 4 for o in output)
+
+
 def test_down_leaves_nothing_behind(box):
     """The last test of the module: `down` removes every container, network and volume of the project."""
     _, out, project, _ = box
