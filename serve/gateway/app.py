@@ -35,7 +35,7 @@ from .rank.protocol import RerankRequest, ScoreRequest
 from .rank.router import router as rank_router
 from .speech.router import router as speech_router
 from .state import GatewayState
-from .trace import TraceMiddleware
+from .trace import TraceMiddleware, TraceWriter
 from .system.router import probes
 from .system.router import router as system_router
 
@@ -79,6 +79,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     settings = settings or GatewaySettings()
     backends = backends if backends is not None else make_backends(settings)
     state = GatewayState.build(settings, backends, canaries.CANARIES, BATCH_ENDPOINTS)
+    trace = TraceWriter(settings.trace_dir, settings.trace_max_bytes, settings.trace_backups) if settings.trace_dir \
+        else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -103,6 +105,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
                     await loop
             for backend in backends:
                 await backend.close()
+            if trace is not None:
+                trace.flush()
 
     app = FastAPI(title="rtxserve gateway", version=__version__, lifespan=lifespan)
     app.state.gateway = state
@@ -126,9 +130,8 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
                        queue_timeout_s=settings.queue_timeout_s, access=state.access)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
-    if settings.trace_dir:  # outside the door and the gate: their refusals are traffic too
-        app.add_middleware(TraceMiddleware, directory=settings.trace_dir, max_bytes=settings.trace_max_bytes,
-                           backups=settings.trace_backups)
+    if trace is not None:  # outside the door and the gate: their refusals are traffic too
+        app.add_middleware(TraceMiddleware, writer=trace)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     if settings.otlp_endpoint:
         from .tracing import install_tracing

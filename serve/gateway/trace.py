@@ -9,26 +9,27 @@ two requests that share their first blocks share their first ids). Never text, i
 marked `batch`.
 
 Each gateway worker writes its own file (`trace-PID.jsonl`), rotated by size (`trace_max_bytes`, `trace_backups`
-kept) by logging's RotatingFileHandler, behind a queue: the request's task only puts the line on the queue, and a
-thread of the logging module writes it.
+kept) by logging's RotatingFileHandler, in batches (TraceWriter): a record per line through a logging queue cost
+B1 +0.07 to +0.1 CPU-ms a request (the record, and the writer thread's turns on the GIL); in batches, +0.03.
 """
 
 from __future__ import annotations
 
-import atexit
+import asyncio
 import hashlib
 import logging
 import os
-import queue
 import time
 from contextvars import ContextVar
-from logging.handlers import QueueHandler, QueueListener, RotatingFileHandler
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
 import orjson
 
 from .access import RUN_AS
 
+FLUSH_S = 0.5  # the longest a line waits to be written (what a crash may lose)
+FLUSH_LINES = 1000  # or until this many wait
 # The trace line of the request being served; None when tracing is off or the request is not traced.
 TRACE: ContextVar[dict | None] = ContextVar("rtxserve_trace", default=None)
 
@@ -64,21 +65,37 @@ def key_hash(name: str) -> str:
     return hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
 
 
-class TraceMiddleware:
-    """Traces every model request (POST /v1/...) but the Files and Batch APIs' own."""
+class TraceWriter:
+    """One worker's trace file. A request only adds its line to a list; the list is written as one record every
+    FLUSH_S (or FLUSH_LINES), and when the gateway stops (its lifespan's end: uvicorn ends the process by the signal
+    it caught, so nothing at exit would run)."""
 
-    def __init__(self, app, *, directory: Path, max_bytes: int, backups: int):
-        self.app = app
+    def __init__(self, directory: Path, max_bytes: int, backups: int):
         directory.mkdir(parents=True, exist_ok=True)
-        handler = RotatingFileHandler(directory / f"trace-{os.getpid()}.jsonl", maxBytes=max_bytes,
-                                      backupCount=backups, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        lines: queue.SimpleQueue = queue.SimpleQueue()
-        self.listener = QueueListener(lines, handler)
-        self.listener.start()
-        atexit.register(self.listener.stop)  # what is queued is written before the process ends
-        self.log = logging.Logger(f"rtxserve.trace.{os.getpid()}")  # a logger of its own: no parents, no propagation
-        self.log.addHandler(QueueHandler(lines))
+        self.handler = RotatingFileHandler(directory / f"trace-{os.getpid()}.jsonl", maxBytes=max_bytes,
+                                           backupCount=backups, encoding="utf-8")
+        self.handler.setFormatter(logging.Formatter("%(message)s"))
+        self.pending: list[str] = []
+
+    def add(self, line: dict) -> None:
+        self.pending.append(orjson.dumps(line).decode())
+        if len(self.pending) >= FLUSH_LINES:
+            self.flush()
+        elif len(self.pending) == 1:
+            asyncio.get_running_loop().call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        """Write the pending lines as one record (one size check for rotation, one write)."""
+        if self.pending:
+            text, self.pending = "\n".join(self.pending), []
+            self.handler.handle(logging.makeLogRecord({"msg": text}))
+
+
+class TraceMiddleware:
+    """Traces every model request (POST /v1/...) but the Files and Batch APIs' own, into `writer`."""
+
+    def __init__(self, app, *, writer: TraceWriter):
+        self.app, self.writer = app, writer
 
     async def __call__(self, scope, receive, send):
         path = scope.get("path", "")
@@ -106,4 +123,4 @@ class TraceMiddleware:
                 line["key"] = key_hash(key.name)
             if RUN_AS in state:
                 line["batch"] = True
-            self.log.info(orjson.dumps(line).decode())
+            self.writer.add(line)
