@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 log = logging.getLogger("rtxserve.gateway")
 
@@ -157,6 +158,14 @@ def unexpected_error(request_id: str) -> JSONResponse:
     return error_response(500, "internal error; the gateway logged the cause", "server_error")
 
 
+def _allowed(app: FastAPI, path: str) -> dict[str, str]:
+    """{"Allow": the methods the API documents for `path`} (/v1/files: GET and POST, two routes), or {}."""
+    for template, operations in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(path):
+            return {"Allow": ", ".join(sorted(m.upper() for m in operations))}
+    return {}
+
+
 def install_handlers(app: FastAPI) -> None:
     request_id = lambda request: getattr(request.state, "request_id", "-")  # noqa: E731
 
@@ -170,8 +179,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
+        headers = exc.headers
+        if exc.status_code == 405:  # every method the path has (Starlette's Allow names the first route's only)
+            headers = {**(headers or {}), **_allowed(request.app, request.url.path)}
         return http_error(exc.status_code, str(exc.detail), request.app.state.gateway.settings.max_body_bytes,
-                          exc.headers)  # e.g. Allow on a 405
+                          headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

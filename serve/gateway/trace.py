@@ -103,7 +103,7 @@ class TraceMiddleware:
                 or path.startswith(("/v1/files", "/v1/batches"))):
             return await self.app(scope, receive, send)
         start = time.perf_counter()
-        line = {"t": round(time.time(), 3), "route": path, "status": 500}
+        line = {"t": round(time.time(), 6), "route": path, "status": 500}
         token = TRACE.set(line)
 
         async def send_status(message):

@@ -219,6 +219,13 @@ def test_batch_lines_carry_batch_priority_and_are_resent_when_the_engine_is_busy
         ("busy", 10), ("busy", 10), ("x", 10), ("y", 0)]  # "busy" sent again after its 503
 
 
+def test_a_wrong_method_names_every_method_of_the_path(backend, tmp_path):
+    """/v1/files and /v1/batches are two routes each (GET and POST): a 405 names both, as the OpenAPI document does."""
+    with gateway(backend, tmp_path) as client:
+        assert client.options("/v1/batches").headers["allow"] == "GET, POST"
+        assert client.put("/v1/files/file-1").headers["allow"] == "DELETE, GET"
+
+
 def test_the_apis_are_off_without_a_batch_dir(backend, tmp_path):
     settings = GatewaySettings(triton_grpc_url="", health_interval_s=60)
     with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:

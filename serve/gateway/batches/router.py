@@ -72,7 +72,8 @@ def _chunks(upload, limit: int):
 
 
 @router.post("/v1/files", response_model=FileObject)
-async def upload_file(request: Request, file: UploadFile = File(...), purpose: str = Form(...)) -> FileObject:
+async def upload_file(request: Request, file: UploadFile = File(...),
+                      purpose: str = Form(..., min_length=1)) -> FileObject:  # FastAPI reads an empty field as none
     """Upload a JSONL file of batch requests (`purpose="batch"`), up to `batch_max_file_bytes`. Each line must be a
     JSON object; the lines are checked against their endpoint when a batch is made from the file."""
     runner, owner = _runner(request), _owner(request)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ..wire import TokenId
+
 # A text, or {"content": [parts]} (text and image parts) for the multimodal rerankers vLLM serves.
 ScoreInput = StrictStr | dict
 ScoreInputs = ScoreInput | list[ScoreInput]
@@ -48,5 +50,5 @@ class PoolingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr = Field(min_length=1, max_length=256)
-    input: StrictStr | list[StrictStr] | list[int] | list[list[int]] | None = None
+    input: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]] | None = None
     messages: list[dict] | None = None
