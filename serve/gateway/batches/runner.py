@@ -194,8 +194,9 @@ class BatchRunner:
         (with its answer, or with `error` where there was none). The ids of the files written (None: no line for
         it), and whether expiry left a line unrun."""
         ids, expired = list(output_file_ids(batch["id"])), False
+        results = list(self.store.results(batch["id"]))  # read once, split between the two files
         for index, ok in ((0, True), (1, False)):
-            rows = [r for r in self.store.results(batch["id"]) if (200 <= r["status_code"] < 300) == ok]
+            rows = [r for r in results if (200 <= r["status_code"] < 300) == ok]
             if not rows:
                 ids[index] = None
                 continue
