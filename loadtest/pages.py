@@ -141,9 +141,11 @@ def _warnings(summary: Summary) -> list[str]:
                      "cores): the figures may describe locust rather than the server. Run with more --workers.")
     late = summary.late_arrivals
     if late and late["requests"]:
+        capped = late.get("capped", 0)
+        why = (f"{capped} waited for the in-flight cap (--max-in-flight), the others for the load generator, busy"
+               if capped else "the load generator was busy (not the in-flight cap)")
         notes.append(f"{late['requests']} of {late['of']} requests left more than {late['late_ms']:g} ms after their "
-                     f"arrival time (at most {late['max_wait_ms']:.0f} ms): the in-flight cap or the load generator held "
-                     "them back, so the load was not fully open.")
+                     f"arrival time (at most {late['max_wait_ms']:.0f} ms): {why}, so the load was not fully open.")
     return notes
 
 

@@ -30,6 +30,7 @@ class Samples:
     itl_ms: list[np.ndarray] | None = None
     names: np.ndarray | None = None  # the API of each request (classify, chat, ...)
     wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
+    cap_wait_ms: np.ndarray | None = None  # open loop: of that, how long it waited for the in-flight cap
     images: np.ndarray | None = None  # image generation and detection: images per request (NaN for other APIs)
     detections: np.ndarray | None = None  # detection: objects found per request (NaN for other APIs)
     audio_s: np.ndarray | None = None  # speech: seconds of audio per request (NaN for other APIs)
@@ -47,7 +48,7 @@ class Samples:
                        errors=[e for e, k in zip(self.errors, mask[~self.ok]) if k], ttft_ms=cut(self.ttft_ms),
                        output_tokens=cut(self.output_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
-                       names=cut(self.names), wait_ms=cut(self.wait_ms), images=cut(self.images),
+                       names=cut(self.names), wait_ms=cut(self.wait_ms), cap_wait_ms=cut(self.cap_wait_ms), images=cut(self.images),
                        detections=cut(self.detections), audio_s=cut(self.audio_s), models=cut(self.models),
                        turns=cut(self.turns))
 
@@ -73,6 +74,7 @@ def load_samples(path: str | Path) -> Samples:
         end=_floats(rows, "end"), latency_ms=_floats(rows, "latency_ms"), ok=ok,
         errors=[r["error"] for r in rows if r["ok"] != "1"],
         names=np.array([r["name"] for r in rows], dtype=object), wait_ms=_floats(rows, "wait_ms"),
+        cap_wait_ms=_floats(rows, "cap_wait_ms"),
         models=np.array([r.get("model") or "" for r in rows], dtype=object),
     )
     images = _floats(rows, "images")
@@ -278,8 +280,10 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
         if samples.models is not None else {}
     if samples.wait_ms is not None and np.isfinite(samples.wait_ms[keep]).any():
         waits = samples.wait_ms[keep & np.isfinite(samples.wait_ms)]
+        capped = samples.cap_wait_ms[keep & np.isfinite(samples.wait_ms)] if samples.cap_wait_ms is not None else waits * np.nan
         summary.late_arrivals = {"requests": int((waits > LATE_MS).sum()), "of": int(len(waits)),
-                                 "max_wait_ms": float(waits.max()), "late_ms": LATE_MS}
+                                 "max_wait_ms": float(waits.max()), "late_ms": LATE_MS,
+                                 "capped": int((capped > LATE_MS).sum())}  # NaN (an older file): not counted
     return summary
 
 

@@ -71,8 +71,13 @@ def _figures(value: float, spec: LoadSpec, summary) -> dict:
             "goodput_rps": good.get("goodput_rps", summary.qps),
             "slo_p99_ms": good.get("p99_ms"),
             "holds": errors <= MAX_ERROR_FRACTION and good.get("p99_within_slo", True),
-            "late_fraction": (summary.late_arrivals["requests"] / max(1, summary.late_arrivals["of"])
-                              if summary.late_arrivals else 0.0)}
+            "late_fraction": _share(summary.late_arrivals, "requests"),
+            "capped_fraction": _share(summary.late_arrivals, "capped")}
+
+
+def _share(late: dict, key: str) -> float:
+    """The share of the open-loop arrivals that left late (`requests`) or waited for the in-flight cap (`capped`)."""
+    return late.get(key, 0) / max(1, late.get("of", 0))
 
 
 def over_saturated(steps: list[dict], open_loop: bool, slo: dict) -> str:
@@ -82,8 +87,8 @@ def over_saturated(steps: list[dict], open_loop: bool, slo: dict) -> str:
         return f"{last['error_fraction']:.0%} of the requests failed"
     if open_loop and last["qps"] < 0.9 * last["sent_rps"]:
         return f"it completed {last['qps']:.1f} of the {last['sent_rps']:.1f} requests/s sent"
-    if open_loop and last["late_fraction"] > 0.10:
-        return f"{last['late_fraction']:.0%} of the arrivals waited for the in-flight cap"
+    if open_loop and last.get("capped_fraction", 0.0) > 0.10:  # a load generator that is late saturates nothing
+        return f"{last['capped_fraction']:.0%} of the arrivals waited for the in-flight cap"
     if not open_loop and len(steps) > 1:
         before = steps[-2]
         if last["qps"] < 1.05 * before["qps"] and (last["p99_ms"] or 0) > 1.5 * (before["p99_ms"] or np.inf):
@@ -137,6 +142,10 @@ def sweep(spec: LoadSpec, out: Path, *, steps: str = "", start: float = 1.0, max
             log(f"step {i + 1}: {value:g} {unit}")
             result = run(_step_spec(spec, value), out / f"step-{i + 1:02d}-{value:g}", log=lambda m: log(f"  {m}"))
             done.append(_figures(value, spec, result.summary) | {"report": str(result.report.relative_to(out))})
+            if (busy := done[-1]["late_fraction"] - done[-1]["capped_fraction"]) > 0.10:
+                notes.append(f"At {value:g} {unit}, {busy:.0%} of the arrivals left late because the load generator was "
+                             "busy: less than that was offered (run with more --workers, or on another box).")
+                log(notes[-1])
             reason = over_saturated(done, spec.open_loop, slo)
             if reason:
                 notes.append(f"Stopped after {value:g} {unit}: over-saturated ({reason}).")

@@ -102,14 +102,19 @@ class ApiUser(FastHttpUser):
             if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
                 return
             gevent.sleep(min(left, 0.1))
-        self.arrivals.slots.acquire()
-        wait_ms = (time.perf_counter() - due) * 1000
-        self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), wait_ms)
+        # Each arrival waits for its slot in a greenlet of its own, so this loop is never held by the in-flight cap:
+        # a request that left late was held by the cap (cap_wait_ms) or by this process being busy (the rest).
+        self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), due)
 
-    def _one(self, seed: int, wait_ms: float) -> None:
+    def _one(self, seed: int, due: float) -> None:
+        free_at = time.perf_counter()
+        self.arrivals.slots.acquire()
         try:
+            if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
+                return  # its slot came after the run's end
+            now = time.perf_counter()
             rng = random.Random(seed)
-            call(self, *self.load.pick(rng), rng, {"wait_ms": wait_ms})
+            call(self, *self.load.pick(rng), rng, {"wait_ms": (now - due) * 1000, "cap_wait_ms": (now - free_at) * 1000})
         finally:
             self.arrivals.slots.release()
 

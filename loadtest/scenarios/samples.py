@@ -18,7 +18,7 @@ from locust.rpc import Message
 from locust.runners import MasterRunner, WorkerRunner
 
 COLUMNS = ("end", "name", "latency_ms", "ok", "error", "ttft_ms", "output_tokens", "prompt_tokens", "itl_ms", "wait_ms",
-           "images", "detections", "audio_s", "process", "model", "turn")
+           "images", "detections", "audio_s", "process", "model", "turn", "cap_wait_ms")
 MESSAGE = "rtxserve_samples"
 FLUSH_EVERY_S = 1.0
 
@@ -36,7 +36,7 @@ def row(name: str, response_time: float, exception, context: dict | None, end: f
             _fmt(context.get("output_tokens")), _fmt(context.get("prompt_tokens")),
             " ".join(f"{gap:.3f}" for gap in context.get("itl_ms", ())), _fmt(context.get("wait_ms")),
             _fmt(context.get("images")), _fmt(context.get("detections")), _fmt(context.get("audio_s")), _state["process"],
-            context.get("model") or "", _fmt(context.get("turn"))]
+            context.get("model") or "", _fmt(context.get("turn")), _fmt(context.get("cap_wait_ms"))]
 
 
 @events.init.add_listener

@@ -73,8 +73,10 @@ def test_open_loop_poisson_arrivals_hold_the_offered_rate(stack, tmp_path):
     s = result.summary
     # the offered load, from the requests' start times: Poisson, 160 arrivals in 8 s, sd 1.6/s: 20 ± 6 is 3.8 sigma
     assert s.errors == 0 and 14 <= s.sent_rps <= 26, s.sent_rps
-    # every request carries its lateness (how many were late is the generator's speed on this box: not asserted)
+    # every request carries its lateness (how many were late is the generator's speed on this box: not asserted);
+    # none of it was the in-flight cap's: 256 slots are never all taken by 20 requests a second that each end
     assert s.late_arrivals["of"] == s.requests and 0 <= s.late_arrivals["requests"] <= s.requests
+    assert s.late_arrivals["capped"] == 0
     samples = load_samples(tmp_path / "report" / "samples.csv")
     gaps = np.diff(np.sort(samples.start))
     assert gaps.std() / gaps.mean() > 0.6  # exponential gaps (CV 1), not a metronome (CV 0)
@@ -131,11 +133,21 @@ def test_a_sweep_finds_the_highest_rate_within_the_slo(stack, tmp_path):
     spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, arrival="poisson"), duration_s=6, warmup_s=1,
                     slo="e2el:30000")
     result = sweep(spec, tmp_path / "sweep", steps="5,10,20", **quiet)
-    assert [s["load"] for s in result.steps] == [5, 10, 20] and all(s["holds"] for s in result.steps)
+    assert [s["load"] for s in result.steps] == [5, 10, 20] and all(s["holds"] for s in result.steps), result.notes
     assert result.verdict["max_load_within_slo"] == 20 and result.verdict["max_goodput_rps"] > 0
     assert "max load within the SLO: 20 req/s" in result.headline
     assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 10_000 and (tmp_path / "sweep" / "sweep.html").exists()
     assert (tmp_path / "sweep" / "step-03-20" / "report.md").exists()
+
+
+def test_a_step_whose_arrivals_wait_for_the_in_flight_cap_ends_the_sweep(stack, tmp_path):
+    # one request at a time against 400 arrivals a second: the cap, not the server's answers, holds them back
+    spec = LoadSpec(stack.gateway_url, scenario_options(model=MODEL, arrival="poisson", max_in_flight=1), duration_s=3,
+                    warmup_s=0.5)
+    result = sweep(spec, tmp_path / "sweep", steps="400,800", **quiet)
+    assert len(result.steps) == 1 and "of the arrivals waited for the in-flight cap" in result.notes[0], result.notes
+    late = json.loads((tmp_path / "sweep" / result.steps[0]["report"]).with_name("report.json").read_text())
+    assert late["late_arrivals"]["capped"] > late["late_arrivals"]["of"] / 2, late["late_arrivals"]
 
 
 def test_a_sweep_whose_slo_no_step_meets_says_so(stack, tmp_path):

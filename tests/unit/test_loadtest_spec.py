@@ -111,15 +111,19 @@ def test_stream_reading_times_tokens_and_refuses_cut_or_failed_streams():
         read_stream(iter([b'data: {"error": {"message": "boom"}}']), 0.0)
 
 
-def _step(load, qps, p99, errors=0, requests=100, late=0.0, slo_p99=None):
+def _step(load, qps, p99, errors=0, requests=100, late=0.0, capped=0.0, slo_p99=None):
     return {"load": load, "qps": qps, "sent_rps": load, "p99_ms": p99, "errors": errors, "requests": requests,
-            "error_fraction": errors / requests, "late_fraction": late, "slo_p99_ms": slo_p99 or {}}
+            "error_fraction": errors / requests, "late_fraction": late, "capped_fraction": capped,
+            "slo_p99_ms": slo_p99 or {}}
 
 
 def test_over_saturation_is_recognised_in_open_and_closed_loops():
     assert over_saturated([_step(10, 9.5, 20)], True, {}) == ""
     assert "completed 7.0 of the 10.0 requests/s sent" in over_saturated([_step(10, 7.0, 20)], True, {})
     assert "failed" in over_saturated([_step(10, 10, 20, errors=20)], True, {})
+    # arrivals held by the in-flight cap are the server's backlog; held by a busy load generator, they are not
+    assert "20% of the arrivals waited for the in-flight cap" in over_saturated([_step(10, 10, 20, late=0.3, capped=0.2)], True, {})
+    assert over_saturated([_step(10, 10, 20, late=0.3, capped=0.05)], True, {}) == ""
     assert "gave 50.0 QPS" in over_saturated([_step(4, 49, 40), _step(8, 50, 90)], False, {})
     assert over_saturated([_step(4, 30, 40), _step(8, 50, 90)], False, {}) == ""
     far = [_step(1, 1, 10, slo_p99={"e2el": 30}), _step(2, 2, 10, slo_p99={"e2el": 40})]

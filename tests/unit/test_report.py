@@ -158,7 +158,9 @@ def test_a_mixed_run_gets_figures_per_api_and_late_open_loop_arrivals_are_counte
     s = summarize(samples)
     assert set(s.by_name) == {"classify", "chat"}
     assert s.by_name["classify"]["requests"] == 2 and s.by_name["chat"]["latency_ms"]["p50"] == 100.0
-    assert s.late_arrivals == {"requests": 1, "of": 3, "max_wait_ms": 40.0, "late_ms": 10.0}
+    assert s.late_arrivals == {"requests": 1, "of": 3, "max_wait_ms": 40.0, "late_ms": 10.0, "capped": 0}
+    samples.cap_wait_ms = np.array([0.0, 0.0, 30.0, np.nan])  # 30 of its 40 ms late were the in-flight cap's
+    assert summarize(samples).late_arrivals["capped"] == 1
 
 
 def test_a_mixed_run_reads_per_api_in_the_headline_the_page_and_the_plot(tmp_path):
