@@ -25,7 +25,7 @@ from .fakes import error_of
 
 class EchoVLLM(Backend):
     """Answers each chat request with its last message's text; "refuse" gets the engine's 400, "busy" a 503 the
-    first time, "wait" waits for `release`."""
+    first time, "always busy" every time, "wait" waits for `release`."""
 
     kind = "vllm"
 
@@ -40,7 +40,7 @@ class EchoVLLM(Backend):
         text = body["messages"][-1]["content"]
         if text == "refuse":
             raise InvalidRequest("the engine refused this request")
-        if text == "busy" and text not in self.busy_once:
+        if text == "always busy" or (text == "busy" and text not in self.busy_once):
             self.busy_once.add(text)
             raise BackendUnavailable("engine busy", retry_after=1)
         if text == "wait":
@@ -187,6 +187,19 @@ def test_a_cancelled_batch_accounts_for_every_line(backend, tmp_path):
     assert [o["custom_id"] for o in output] == ["first"]  # in flight when cancelled: it finished
     assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [(f"r{i}", "batch_cancelled") for i in range(5)]
     assert len(backend.bodies) == 1
+
+
+def test_a_line_refused_for_load_until_its_batch_is_cancelled_is_cancelled_not_failed(backend, tmp_path):
+    with gateway(backend, tmp_path, batch_concurrency=1) as client:
+        batch = run(client, [line("busy", "always busy"), line("next", "x")], wait=False)
+        while not backend.bodies:
+            time.sleep(0.01)
+        client.post(f"/v1/batches/{batch['id']}/cancel")
+        batch = until_ended(client, batch["id"])
+        errors = content(client, batch["error_file_id"])
+    assert batch["status"] == "cancelled" and batch["output_file_id"] is None
+    assert [(e["custom_id"], e["response"], e["error"]["code"]) for e in errors] == [
+        ("busy", None, "batch_cancelled"), ("next", None, "batch_cancelled")]
 
 
 def test_a_restarted_runner_runs_only_the_lines_left(backend, tmp_path):

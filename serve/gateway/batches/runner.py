@@ -145,16 +145,23 @@ class BatchRunner:
             line = todo.get_nowait()
             stopped = await self._stopped(batch)
             if stopped:
-                message = {"batch_cancelled": "the batch was cancelled before this request ran",
-                           "batch_expired": "the batch expired before this request ran"}[stopped]
-                await asyncio.to_thread(self.store.record, batch["id"], line.number, line.custom_id, None, 0,
-                                        orjson.dumps({"code": stopped, "message": message}))
-                metrics.BATCH_LINES.labels("0").inc()
+                await self._never_ran(batch, line, stopped)
                 continue
             response = await self._send(client, batch, line)
+            # refused for load until the batch was stopped: it never ran, and is cancelled (or expired) as the unsent
+            if response.status_code in RETRY_STATUS and (stopped := await self._stopped(batch)):
+                await self._never_ran(batch, line, stopped)
+                continue
             metrics.BATCH_LINES.labels(str(response.status_code)).inc()
             await asyncio.to_thread(self.store.record, batch["id"], line.number, line.custom_id,
                                     response.headers.get("x-request-id"), response.status_code, response.content)
+
+    async def _never_ran(self, batch: dict, line: batch_lines.Line, stopped: str) -> None:
+        message = {"batch_cancelled": "the batch was cancelled before this request ran",
+                   "batch_expired": "the batch expired before this request ran"}[stopped]
+        await asyncio.to_thread(self.store.record, batch["id"], line.number, line.custom_id, None, 0,
+                                orjson.dumps({"code": stopped, "message": message}))
+        metrics.BATCH_LINES.labels("0").inc()
 
     async def _send(self, client: httpx.AsyncClient, batch: dict, line: batch_lines.Line) -> httpx.Response:
         """The line's answer; one refused for load is sent again (after its Retry-After at least) until the batch
