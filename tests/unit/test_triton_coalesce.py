@@ -2,6 +2,7 @@
 together as one call, each request keeps its own rows and its own error. Triton's gRPC stub is faked."""
 
 import asyncio
+import dataclasses
 
 import grpc
 import pytest
@@ -66,6 +67,14 @@ def test_batches_that_arrive_while_a_call_is_out_leave_together_each_with_its_ow
     results = asyncio.run(_while_one_is_out(backend, [["aa"], ["bbb", "c"], ["dddd"]]))
     assert backend._infer.batches == [1, 4]  # the first alone (nothing waited), the three others in one call
     assert results == [["1"], ["2"], ["3", "1"], ["4"]]
+
+
+def test_a_model_whose_answers_triton_caches_gets_each_request_as_its_own_call():
+    # the cache keys a call by its whole input: a coalesced mix of requests would never be seen twice
+    backend = _backend()
+    cached = dataclasses.replace(CLASSIFIER, response_cache=True)
+    results = asyncio.run(_while_one_is_out(backend, [["aa"], ["bbb", "c"], ["dddd"]], cached))
+    assert sorted(backend._infer.batches) == [1, 1, 1, 2] and results == [["1"], ["2"], ["3", "1"], ["4"]]
 
 
 def test_a_coalesced_call_stays_within_max_batch_size_and_keeps_batches_whole():

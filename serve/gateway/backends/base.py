@@ -21,6 +21,7 @@ class ModelInfo:
     labels: tuple[str, ...] = ()
     max_batch_size: int = 0
     dimensions: int = 0  # embedding size of a feature-extraction model; 0: not known
+    response_cache: bool = False  # Triton answers a repeated request from its response cache (never coalesced)
     extra: dict = field(default_factory=dict, compare=False)
 
 

@@ -8,7 +8,9 @@ batch that arrives while they are busy waits, and when one returns, every batch 
 (whole batches, up to the model's max_batch_size). At low load nothing waits; under load the gateway's gRPC call and
 Triton's per-request work are paid once for several requests (B1 in ../shared/BENCH.md: at 8 in flight on 2 cores,
 3.5 requests per call). Each request still gets its own rows, and its own error: when Triton refuses a coalesced
-call's input, each batch is sent again alone, so only the request with the bad input hears of it.
+call's input, each batch is sent again alone, so only the request with the bad input hears of it. A model with Triton's
+response cache is not coalesced: the cache keys a call by its whole input, so requests go one by one, and Triton's
+batcher merges the misses (B9).
 """
 
 from __future__ import annotations
@@ -142,6 +144,7 @@ class TritonBackend(Backend):
             labels=tuple(json.loads(params.get(contract.PARAM_LABELS, "[]"))),
             max_batch_size=int(config.get("max_batch_size", 0) or 0),
             dimensions=int(params.get(contract.PARAM_DIMENSIONS) or 0),
+            response_cache=bool((config.get("response_cache") or {}).get("enable")),
             extra={k: params[p] for k, p in (("aggregation", contract.PARAM_AGGREGATION), ("defaults", contract.PARAM_DEFAULTS))
                    if p in params},
         )
@@ -199,7 +202,9 @@ class TritonBackend(Backend):
         """One batch of texts (or encoded images) as `input_name` [n, 1], errors mapped; the named outputs as
         arrays with n rows. Sent at once while a call is free, else coalesced with the others waiting (module doc)."""
         call = (model, outputs, timeout_s, parameters, input_name)
-        if not self.coalesce_calls or model.max_batch_size == 1:  # off, or nothing could share a call
+        # Off, or nothing could share a call, or Triton caches the model's answers: its cache looks a call up whole
+        # (before its own batcher merges the misses), and a coalesced call's mix of requests is never seen twice.
+        if not self.coalesce_calls or model.max_batch_size == 1 or model.response_cache:
             return await self._infer_now(texts, *call)
         key = (model.name, outputs, input_name, tuple(sorted((parameters or {}).items())))
         line = self._lines.get(key)
