@@ -1,4 +1,4 @@
-"""`rtxserve loadtest run|sweep|report|compare`."""
+"""`rtxserve loadtest run|sweep|replay|report|compare`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--start", type=float, default=1.0, help="first rate / users when --steps is not given")
     s.add_argument("--max-steps", type=int, default=8, help="steps at most")
     s.add_argument("--out", type=Path, default=None, help="report folder (default reports/sweep-<scenario>-<time>)")
+    y = sub.add_parser("replay", parents=[scenario_parser()],
+                       help="send a recorded trace's requests at its arrival times (open loop) and compare the two")
+    _load_arguments(y)
+    y.add_argument("trace_file", type=Path, metavar="TRACE", help="the gateway's trace (a trace-*.jsonl of its "
+                   "trace_dir), a Mooncake trace or vLLM's timed trace (JSONL)")
+    y.add_argument("--out", type=Path, default=None, help="report folder (default reports/replay-<time>)")
+    y.set_defaults(warmup=0.0, scenario="replay", arrival="trace")
     p = sub.add_parser("report", help="recompute the report from a run folder's raw samples")
     p.add_argument("folder", type=Path)
     p.add_argument("--warmup", type=float, default=None, help="default: the run's own")
@@ -98,6 +105,8 @@ def main(argv: list[str]) -> int:
                 path = compare_models(args.before, args.out or args.before / "compare-models", models)
             print(f"comparison: {path}")
             return 0
+        if args.command == "replay":
+            args.trace, args.scenario, args.arrival = str(args.trace_file), "replay", "trace"
         spec = _spec(args)
         if args.command == "sweep":
             from .sweep import sweep
@@ -109,10 +118,58 @@ def main(argv: list[str]) -> int:
         from .runner import run
 
         result = run(spec, args.out or Path("reports") / f"{spec.options['scenario']}-{stamp}", log=log)
+        if spec.replaying:
+            print(f"recorded vs replayed: {_replayed(result.summary.replay)}")
     except (ValueError, RuntimeError, OSError) as exc:
         return _fail(exc)
     print(f"report: {result.report} (and {result.report.with_suffix('.html').name})")
     return 0 if result.summary.errors == 0 else 1
+
+
+def capacity_parser() -> argparse.ArgumentParser:
+    from .runner import scenario_parser
+
+    parser = argparse.ArgumentParser(prog="rtxserve capacity", parents=[scenario_parser()],
+                                     description="The most requests/s the box at --host holds within --slo, for a "
+                                     "scenario's open-loop arrivals or a trace's (--trace): a ramp, a bisection and "
+                                     "confirm runs at 0.9x and 1.1x; with --target-rps, the boxes that load needs.")
+    _load_arguments(parser)
+    parser.add_argument("--start", type=float, default=1.0, help="the first step's requests/s")
+    parser.add_argument("--precision", type=float, default=0.1,
+                        help="bisect until the interval is narrower than this share of the rate")
+    parser.add_argument("--max-steps", type=int, default=12, help="steps at most (confirm runs not counted)")
+    parser.add_argument("--max-errors", type=float, default=0.01, help="the share of failed requests a step may have")
+    parser.add_argument("--no-confirm", action="store_true", help="skip the confirm runs at 0.9x and 1.1x")
+    parser.add_argument("--target-rps", type=float, default=None, help="the load to plan for: how many boxes it needs")
+    parser.add_argument("--headroom", type=float, default=0.2, help="the share of each box's capacity kept free")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default reports/capacity-<time>)")
+    parser.set_defaults(arrival="poisson", duration=20.0, warmup=2.0)
+    return parser
+
+
+def capacity_main(argv: list[str]) -> int:
+    args = capacity_parser().parse_args(argv)
+    if args.trace:
+        args.scenario, args.arrival = "replay", "trace"
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        from .capacity import search
+
+        result = search(_spec(args), args.out or Path("reports") / f"capacity-{time.strftime('%Y%m%d-%H%M%S')}",
+                        start=args.start, precision=args.precision, max_steps=args.max_steps, max_errors=args.max_errors,
+                        confirm=not args.no_confirm, target_rps=args.target_rps, headroom=args.headroom, log=log)
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"rtxserve capacity: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result.headline}\nreport: {result.report}")
+    return 0 if result.answer is not None else 1
+
+
+def _replayed(figures: dict) -> str:
+    rec, rep, corr = figures["recorded"], figures["replayed"], figures["arrivals"]["correlation"]
+    return (f"{rec['requests']} requests in {rec['span_s']:.1f} s recorded, {rep['requests']} sent in "
+            f"{rep['span_s']:.1f} s ({rep['errors']} failed); arrivals correlated "
+            f"{'–' if corr is None else f'{corr:.2f}'}")
 
 
 def _report(args) -> int:
@@ -134,6 +191,7 @@ def _report(args) -> int:
     warmup = args.warmup if args.warmup is not None else before.get("warmup_s", 5.0)
     settings = {**before.get("settings", {}), "recomputed from": str(path)}  # the run's settings stay
     summary = summarize(samples, warmup, settings, parse_slo(args.slo))
+    summary.replay = before.get("replay", {})  # a replay's comparison with its trace stays
     report = write_report(summary, samples, args.folder, f"rtxserve load test ({args.folder.name})")
     print(f"{headline(summary)}\nreport: {report}")
     return 0

@@ -282,7 +282,7 @@ not from locust's rounded buckets. QPS counts successful requests.
 | latency{" (pooled over all APIs: see per API below)" if summary.by_name else ""} | ms |
 |---|---|
 {rows}
-{_goodput_section(summary.goodput) if summary.goodput else ""}{_split_section(summary.by_name, "Per API", "API") if summary.by_name else ""}{_by_model_section(summary.by_model) if summary.by_model else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_speech_section(summary.speech) if summary.speech else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
+{_replay_section(summary, samples, out_dir, title)}{_goodput_section(summary.goodput) if summary.goodput else ""}{_split_section(summary.by_name, "Per API", "API") if summary.by_name else ""}{_by_model_section(summary.by_model) if summary.by_model else ""}{streaming}{_images_section(summary.images) if summary.images else ""}{_speech_section(summary.speech) if summary.speech else ""}{_server_section(out_dir, samples, summary, title, scrape_errors)}
 ## Run
 
 | setting | value |
@@ -299,6 +299,15 @@ Raw samples: `samples.csv`; every figure: `report.json`, `summary.csv`; the locu
     path.write_text(md)
     write_html(md, out_dir, title)
     return path
+
+
+def _replay_section(summary: Summary, samples: Samples, out_dir: Path, title: str) -> str:
+    if not summary.replay:
+        return ""
+    from . import replay
+
+    replay.plot(summary.replay, samples, out_dir / "replay.png", title)
+    return replay.section(summary.replay)
 
 
 def _show(value) -> str:

@@ -27,6 +27,7 @@ class Samples:
     # Streaming figures, NaN / empty where a request has none (not streamed, failed, or no text).
     ttft_ms: np.ndarray | None = None
     output_tokens: np.ndarray | None = None
+    prompt_tokens: np.ndarray | None = None
     itl_ms: list[np.ndarray] | None = None
     names: np.ndarray | None = None  # the API of each request (classify, chat, ...)
     wait_ms: np.ndarray | None = None  # open loop: how late each request left after its arrival time
@@ -46,7 +47,7 @@ class Samples:
         cut = lambda a: None if a is None else a[mask]  # noqa: E731
         return Samples(end=self.end[mask], latency_ms=self.latency_ms[mask], ok=self.ok[mask],
                        errors=[e for e, k in zip(self.errors, mask[~self.ok]) if k], ttft_ms=cut(self.ttft_ms),
-                       output_tokens=cut(self.output_tokens),
+                       output_tokens=cut(self.output_tokens), prompt_tokens=cut(self.prompt_tokens),
                        itl_ms=None if self.itl_ms is None else [g for g, k in zip(self.itl_ms, mask) if k],
                        names=cut(self.names), wait_ms=cut(self.wait_ms), cap_wait_ms=cut(self.cap_wait_ms), images=cut(self.images),
                        detections=cut(self.detections), audio_s=cut(self.audio_s), models=cut(self.models),
@@ -93,6 +94,7 @@ def load_samples(path: str | Path) -> Samples:
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
         samples.output_tokens = tokens
+        samples.prompt_tokens = _floats(rows, "prompt_tokens")
         samples.itl_ms = [np.array((r.get("itl_ms") or "").split(), dtype=float) for r in rows]
     return samples
 
@@ -126,6 +128,7 @@ class Summary:
     by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
     by_model: dict = field(default_factory=dict)  # the same per model that answered, where more than one did (an alias)
     late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
+    replay: dict = field(default_factory=dict)  # a replayed trace: recorded vs replayed (loadtest/replay.py compare)
     images: dict = field(default_factory=dict)  # image generation: images/s and per-image latency; see _images
     speech: dict = field(default_factory=dict)  # speech to text: audio seconds per second; see _speech
 

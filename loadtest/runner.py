@@ -4,8 +4,13 @@ servers' /metrics scraped beside it, and a report from the raw samples."""
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
+import json
+import functools
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -73,7 +78,20 @@ class LoadSpec:
     def open_loop(self) -> bool:
         return self.options["arrival"] != "closed"
 
+    @property
+    def replaying(self) -> bool:
+        return self.options["scenario"] == "replay"
+
+    @functools.cached_property
+    def trace(self):
+        """--scenario replay: the trace (loadtest.scenarios.traces.Trace), read and checked once."""
+        from .scenarios.traces import from_options
+
+        return from_options(argparse.Namespace(**self.options))
+
     def models(self) -> list[str]:
+        if self.replaying:
+            return self.trace.models()
         if self.options["scenario"] == "mix":
             from .scenarios.options import parse_mix
 
@@ -84,11 +102,11 @@ class LoadSpec:
         """Refuse a run that cannot work, before any load (the workload is built once here to check it)."""
         o = self.options
         stages = parse_pairs(o["stages"], "--stages")
-        if self.users < 1 or self.duration_s <= 0 or self.warmup_s < 0 or self.workers < 0:
+        if self.users < 1 or (self.duration_s <= 0 and not self.replaying) or self.warmup_s < 0 or self.workers < 0:
             raise ValueError("need users >= 1, duration > 0, warm-up >= 0 and workers >= 0")
         if self.warmup_s >= self.duration:
             raise ValueError(f"the warm-up ({self.warmup_s:g}s) must be shorter than the run ({self.duration:g}s)")
-        if self.open_loop and o["rate"] <= 0 and not stages:
+        if self.open_loop and o["rate"] <= 0 and not stages and not self.replaying:
             raise ValueError(f"--arrival {o['arrival']} needs --rate > 0 (or --stages of rates)")
         if o["burstiness"] <= 0 or o["max_in_flight"] < 1:
             raise ValueError("--burstiness must be > 0 and --max-in-flight >= 1")
@@ -97,7 +115,9 @@ class LoadSpec:
 
     @property
     def duration(self) -> float:
-        """The run's length: --stages set it when given."""
+        """The run's length: --stages set it when given; a replay's is its trace's (and a second to send the last)."""
+        if self.replaying:
+            return math.floor(self.trace.duration_s) + 1.0
         stages = parse_pairs(self.options["stages"], "--stages")
         return sum(s for s, _ in stages) if stages else self.duration_s
 
@@ -123,8 +143,14 @@ class LoadSpec:
         o = self.options
         shown = {"scenario": o["scenario"], "host": self.host, "arrival": o["arrival"], "duration_s": self.duration,
                  "warm-up (s)": self.warmup_s, "locust processes": f"{self.workers} workers + master" if self.workers else 1}
-        shown |= {"rate (req/s)": o["rate"], "burstiness": o["burstiness"], "max in flight": o["max_in_flight"]} \
-            if self.open_loop else {"users": self.users}
+        if self.replaying:
+            trace = self.trace
+            shown |= {"trace": f"{o['trace']} ({trace.format}, {len(trace.requests)} requests over "
+                               f"{trace.duration_s:.1f} s, {trace.block_tokens} tokens a block)",
+                      "speed": o["speed"], "max in flight": o["max_in_flight"]}
+        else:
+            shown |= {"rate (req/s)": o["rate"], "burstiness": o["burstiness"], "max in flight": o["max_in_flight"]} \
+                if self.open_loop else {"users": self.users}
         defaults = scenario_options()
         changed = {k: v for k, v in o.items() if v != defaults[k] and k not in shown and k != "api_key"}
         return shown | changed | ({"SLO (ms)": self.slo} if self.slo else {})
@@ -157,24 +183,37 @@ def check_target(spec: LoadSpec, timeout_s: float = 5.0) -> None:
     served = {m.get("id") for m in answer.json().get("data", [])}
     missing = [m for m in spec.models() if m not in served]
     if missing:
-        raise ValueError(f"model {', '.join(missing)} is not served at {host}; served: {', '.join(sorted(served)) or 'none'}")
+        hint = "; point the trace's models at served ones with --models OLD=NEW" if spec.replaying else ""
+        raise ValueError(f"model {', '.join(missing)} is not served at {host}; served: "
+                         f"{', '.join(sorted(served)) or 'none'}{hint}")
 
 
 class _Progress:
-    """Requests and failures so far, from the stats CSV locust rewrites every second."""
+    """Requests and failures so far, from the stats CSV locust rewrites every second (or, `last`, the latest
+    aggregated row of the history it appends to every second)."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, path: Path, last: bool = False):
+        self.path, self.last = path, last
 
-    def __call__(self) -> tuple[int, int]:
+    def row(self) -> dict:
+        found = {}
         try:
             with open(self.path, newline="") as f:
                 for row in csv.DictReader(f):
                     if row.get("Name") == "Aggregated":
-                        return int(row["Request Count"]), int(row["Failure Count"])
-        except (OSError, ValueError, KeyError):
+                        found = row
+                        if not self.last:
+                            break
+        except (OSError, csv.Error):
             pass
-        return 0, 0
+        return found
+
+    def __call__(self) -> tuple[int, int]:
+        row = self.row()
+        try:
+            return int(row["Request Count"]), int(row["Failure Count"])
+        except (KeyError, ValueError):
+            return 0, 0
 
 
 class _CpuWatch:
@@ -208,8 +247,10 @@ class _CpuWatch:
                 "cpu_bound": busiest >= CPU_BOUND}
 
 
-def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=print) -> RunResult:
-    """Run `spec` with real locust, write the report into `out_dir`, and return the summary.
+def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=print, stop_early=None) -> RunResult:
+    """Run `spec` with real locust, write the report into `out_dir`, and return the summary. `stop_early`, given
+    locust's latest aggregated stats row each second, returns why to stop the run now ('' to go on): locust is then
+    sent SIGTERM (its graceful end), and the report covers what was done (`settings["stopped early"]` says why).
 
     Raises ValueError for a run that cannot work (checked before any load) and RuntimeError if locust itself failed.
     """
@@ -217,16 +258,24 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
 
     spec.check()
     check_target(spec)
+    if spec.replaying and not spec.options["calibration"]:
+        from .scenarios.traces import calibrate
+
+        spec = copy.deepcopy(spec)
+        spec.options["calibration"] = json.dumps(calibrate(spec.host, _auth(spec.options), spec.trace))
     out_dir.mkdir(parents=True, exist_ok=True)
     command = spec.locust_argv(out_dir)
     shown = " ".join(a if a != spec.options.get("api_key") else "***" for a in command)
     (out_dir / "command.txt").write_text(shown + "\n")
-    what = f"{spec.options['rate']:g} req/s ({spec.options['arrival']})" if spec.open_loop else f"{spec.users} users"
+    what = (f"replay of {Path(spec.options['trace']).name} at {spec.options['speed']:g}x" if spec.replaying else
+            f"{spec.options['rate']:g} req/s ({spec.options['arrival']})" if spec.open_loop else f"{spec.users} users")
     log(f"locust: {what} on {spec.host} for {spec.duration:g}s ({spec.options['scenario']}); command: {shown}")
     urls = [f"{spec.host.rstrip('/')}/metrics"] if spec.scrape_host else []
     scraper = Scraper([*urls, *spec.scrape], out_dir / "server_metrics.csv", headers=_auth(spec.options)).start()
     started = time.monotonic()
     progress = _Progress(out_dir / "locust_stats.csv")
+    history = _Progress(out_dir / "locust_stats_history.csv", last=True)
+    stopped = ""
     try:
         with open(out_dir / "locust.log", "wb") as locust_log:
             process = subprocess.Popen(command, stdout=locust_log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -239,6 +288,10 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
                     except subprocess.TimeoutExpired:
                         cpu.sample()
                         elapsed = time.monotonic() - started
+                        if stop_early is not None and not stopped and (row := history.row()) \
+                                and (stopped := stop_early(row)):
+                            log(f"  stopping early: {stopped}")
+                            os.killpg(process.pid, signal.SIGTERM)  # locust's graceful end: what it has is written
                         if elapsed >= next_line:
                             requests, failures = progress()
                             log(f"  {min(elapsed, spec.duration):4.0f}/{spec.duration:g}s  {requests} requests, {failures} failed")
@@ -257,8 +310,17 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     load_cpu = cpu.figures(wall, process.pid)
     if "CPU usage above" in (out_dir / "locust.log").read_text(errors="replace"):
         load_cpu["cpu_bound"] = True  # locust's own warning
-    settings = spec.settings() | {"load generator": load_cpu, "machine": machine()}
+    settings = spec.settings() | {"load generator": load_cpu, "machine": machine()} | (
+        {"stopped early": stopped} if stopped else {})
     summary = summarize(samples, spec.warmup_s, settings, parse_slo(spec.slo))
+    if spec.replaying:
+        from . import server_metrics
+        from .replay import compare
+
+        scraped = out_dir / "server_metrics.csv"
+        figures = server_metrics.summary(server_metrics.derive(server_metrics.load(scraped), float(samples.start.min())),
+                                         spec.warmup_s) if scraped.exists() else {}
+        summary.replay = compare(spec.trace, samples, figures)
     images = spec.options.get("chat_images") or 0
     scenario = spec.options["scenario"] + (f" with {images} image{'s' * (images > 1)} per request" if images else "")
     title = f"rtxserve load test: {scenario}, {what}"
@@ -268,9 +330,6 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
 
 
 def _stop_group(process: subprocess.Popen) -> None:
-    import os
-    import signal
-
     for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)

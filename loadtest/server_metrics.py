@@ -35,7 +35,8 @@ TRITON = (  # Triton 2.51 counters, label `model` (and `version`; failures also 
     "nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model")  # the response cache, where a model has one
 VLLM = (  # vLLM 0.10+, label `model_name` (and `engine`); gpu_cache_usage_perc is the older name of the KV gauge
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-    "vllm:generation_tokens_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count")
+    "vllm:generation_tokens_total", "vllm:request_queue_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")  # prompt tokens found in its prefix cache, of asked
 GATEWAY = (metric_names.IN_FLIGHT, metric_names.QUEUED, metric_names.SHED,
            f"{metric_names.REQUEST_SECONDS}_sum", f"{metric_names.REQUEST_SECONDS}_count",
            f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count",
@@ -304,6 +305,10 @@ def _vllm(tg: _Target) -> None:
     kv = "vllm:kv_cache_usage_perc" if tg.groups("vllm:kv_cache_usage_perc") else "vllm:gpu_cache_usage_perc"
     for model, m in tg.groups(kv, "model_name").items():  # a fraction per engine: their mean, in percent
         tg.add(f"vllm {model} KV cache", 100 * _level(m, np.nanmean), "%", "kv", "kv", model, gauge=True)
+    hits = tg.inc("vllm:prefix_cache_hits_total", "model_name")  # in prompt tokens
+    for model, asked in tg.inc("vllm:prefix_cache_queries_total", "model_name").items():
+        tg.add(f"vllm {model} prefix cache hits", _ratio(hits.get(model, tg.nan), asked, 100.0), "%", "kv",
+               "prefix_hits", model, w=asked)
     for model, n in tg.inc("vllm:generation_tokens_total", "model_name").items():
         tg.add(f"vllm {model} generated tokens/s", n / tg.dt, "tokens/s", "throughput", "tokens", model)
     waited = tg.inc("vllm:request_queue_time_seconds_sum", "model_name")

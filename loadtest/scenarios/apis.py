@@ -49,10 +49,27 @@ class Load:
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
     system_prompt: str = ""  # chat: what every conversation opens with (--system-prompt-words)
+    trace: object = None  # --scenario replay: the loadtest.scenarios.traces.Trace whose requests are sent
+    calibration: dict = field(default_factory=dict)  # --scenario replay: how the target reads its words (traces.py)
 
     @classmethod
     def from_options(cls, options, index: int = 0) -> "Load":
         load = cls(options)
+        if options.api_key:
+            load.headers["Authorization"] = f"Bearer {options.api_key}"
+        if options.scenario == "replay":
+            from loadtest.scenarios import traces
+
+            if options.arrival != "trace":
+                raise ValueError("--scenario replay sends at the trace's arrival times: --arrival trace")
+            load.trace = traces.from_options(options)
+            load.calibration = json.loads(options.calibration) if options.calibration else {}
+            load.entries = sorted({(r.api, r.model) for r in load.trace.requests})
+            if {api for api, _ in load.entries} & IMAGE_APIS:
+                load.images = workloads.images_base64(None)
+            return load
+        if options.arrival == "trace":
+            raise ValueError("--arrival trace is --scenario replay's (give --trace FILE)")
         if options.scenario == "mix":
             mix = parse_mix(options.mix)
             load.entries, load.weights = [(a, m) for a, m, _ in mix], [w for _, _, w in mix]
@@ -103,8 +120,6 @@ class Load:
         if options.chat_images:
             load.chat_images = [data_url(b) for b in (workloads.read_images(Path(options.image_dir))
                                                       if options.image_dir else workloads.builtin_images())]
-        if options.api_key:
-            load.headers["Authorization"] = f"Bearer {options.api_key}"
         return load
 
     def _prompts(self, dataset: Path | None, seed: int) -> list[workloads.Prompt]:
@@ -121,7 +136,8 @@ class Load:
 
     @property
     def ignore_eos(self) -> bool:
-        return self.options.ignore_eos == "on" or (self.options.ignore_eos == "auto" and self.options.workload == "random")
+        return self.options.ignore_eos == "on" or (self.options.ignore_eos == "auto" and (
+            self.options.workload == "random" or self.trace is not None))  # the recorded output length, forced
 
     def pick(self, rng: random.Random) -> tuple[str, str]:
         return self.entries[0] if len(self.entries) == 1 else rng.choices(self.entries, self.weights)[0]
@@ -142,6 +158,22 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
     return _encode(user, api, model, rng, context or {})
 
 
+def replay(user, index: int, request, context: dict) -> None:
+    """The trace's `index`-th request (a traces.Request), its input synthesised at its recorded size."""
+    from . import traces
+
+    if request.api in GENERATION_APIS:
+        calibration = user.load.calibration.get(f"{request.api} {request.model}") or {}
+        text = traces.prompt(request, user.load.trace.block_tokens, index, traces.Calibration(**calibration))
+        _generate(user, request.api, request.model, random.Random(index), context,
+                  workloads.Prompt([{"role": "user", "content": text}], max_tokens=request.output_tokens))
+    else:
+        rng = random.Random(traces.seed(request, index))
+        inputs = [{"image": i} for i in rng.choices(user.load.images, k=request.items)] if request.api in IMAGE_APIS \
+            else traces.texts(request, index)
+        _encode(user, request.api, request.model, rng, context, inputs)
+
+
 def _retry_after(user, response) -> float:
     retry_after = response.headers.get("retry-after") if response.headers else None
     if not (user.load.options.honour_retry_after and response.status_code in (429, 503) and retry_after):
@@ -160,10 +192,11 @@ def _failed_status(response) -> bool:
     return True
 
 
-def _encode(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+def _encode(user, api: str, model: str, rng: random.Random, context: dict, inputs: list | None = None) -> float:
     load = user.load
-    n = load.options.batch
-    inputs = [{"image": i} for i in rng.choices(load.images, k=n)] if api in IMAGE_APIS else rng.choices(load.texts, k=n)
+    n = load.options.batch if inputs is None else len(inputs)
+    if inputs is None:
+        inputs = [{"image": i} for i in rng.choices(load.images, k=n)] if api in IMAGE_APIS else rng.choices(load.texts, k=n)
     if api == "detect":
         context["images"] = n
     with user.client.post(ENCODER_APIS[api], json={"model": model, "input": inputs}, name=api, headers=load.headers,
@@ -341,9 +374,10 @@ def _generation_body(load: Load, api: str, model: str, prompt: workloads.Prompt,
     return body
 
 
-def _generate(user, api: str, model: str, rng: random.Random, context: dict) -> float:
+def _generate(user, api: str, model: str, rng: random.Random, context: dict,
+              prompt: workloads.Prompt | None = None) -> float:
     load = user.load
-    prompt = rng.choice(load.prompts)
+    prompt = prompt or rng.choice(load.prompts)
     multi_turn = api == "chat" and (load.options.turns > 1 or load.system_prompt)
     messages = _chat_messages(user, load, prompt, rng, context) if multi_turn else None
     body = _generation_body(load, api, model, prompt, rng, messages)

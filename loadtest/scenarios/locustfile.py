@@ -15,10 +15,13 @@ import numpy as np
 from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 from locust import FastHttpUser, constant, events, task
-from locust.runners import STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
+from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
+
+# A runner stopping its users is in CLEANUP (LocalRunner.stop), a worker told to stop in STOPPING.
+ENDING = (STATE_CLEANUP, STATE_STOPPING, STATE_STOPPED)
 
 from loadtest.scenarios import samples  # noqa: F401  (registers the raw-sample recorder)
-from loadtest.scenarios.apis import Load, call
+from loadtest.scenarios.apis import Load, call, replay
 from loadtest.scenarios.options import add_options, parse_pairs
 
 events.init_command_line_parser.add_listener(add_options)
@@ -64,6 +67,22 @@ class Arrivals:
                 return ends
             self.next_at = ends
 
+    def next(self) -> tuple[float, tuple | None]:
+        """The next arrival time, and what it sends (None: what the scenario draws)."""
+        return self.take(), None
+
+
+class TraceArrivals(Arrivals):
+    """--scenario replay: the trace's own arrivals, every n-th of them in the n processes (this one from its index)."""
+
+    def __init__(self, options, share: float, seed: int, trace, index: int, processes: int):
+        super().__init__(options, share, seed)
+        self.queue = iter(list(enumerate(trace.requests))[index::processes])
+
+    def next(self) -> tuple[float, tuple | None]:
+        index, request = next(self.queue, (None, None))
+        return (float("inf"), None) if request is None else (request.at, (index, request))
+
 
 @events.test_start.add_listener
 def _prepare(environment, **_kwargs):
@@ -74,7 +93,10 @@ def _prepare(environment, **_kwargs):
     processes = max(1, options.expect_workers) if isinstance(runner, WorkerRunner) else 1
     _process["load"] = Load.from_options(options, index)
     _process["seed"] = options.seed * 10_000 + index * 100
-    if options.arrival != "closed":
+    if options.arrival == "trace":
+        _process["arrivals"] = TraceArrivals(options, 1.0 / processes, _process["seed"], _process["load"].trace, index,
+                                             processes)
+    elif options.arrival != "closed":
         _process["arrivals"] = Arrivals(options, 1.0 / processes, _process["seed"])
     ApiUser.network_timeout = ApiUser.connection_timeout = options.request_timeout
 
@@ -96,25 +118,30 @@ class ApiUser(FastHttpUser):
             if pause:
                 gevent.sleep(pause)  # Retry-After, honoured after the request was recorded
             return
-        due = self.arrivals.start + self.arrivals.take()
+        offset, replayed = self.arrivals.next()
+        due = self.arrivals.start + offset
         # Wait in short steps: a stop during the wait must not send one more request after the run's end.
         while (left := due - time.perf_counter()) > 0:
-            if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
+            if self.environment.runner.state in ENDING:
                 return
             gevent.sleep(min(left, 0.1))
         # Each arrival waits for its slot in a greenlet of its own, so this loop is never held by the in-flight cap:
         # a request that left late was held by the cap (cap_wait_ms) or by this process being busy (the rest).
-        self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), due)
+        self.arrivals.in_flight.spawn(self._one, self.rng.getrandbits(32), due, replayed)
 
-    def _one(self, seed: int, due: float) -> None:
+    def _one(self, seed: int, due: float, replayed: tuple | None) -> None:
         free_at = time.perf_counter()
         self.arrivals.slots.acquire()
         try:
-            if self.environment.runner.state in (STATE_STOPPING, STATE_STOPPED):
+            if self.environment.runner.state in ENDING:
                 return  # its slot came after the run's end
             now = time.perf_counter()
-            rng = random.Random(seed)
-            call(self, *self.load.pick(rng), rng, {"wait_ms": (now - due) * 1000, "cap_wait_ms": (now - free_at) * 1000})
+            lateness = {"wait_ms": (now - due) * 1000, "cap_wait_ms": (now - free_at) * 1000}
+            if replayed is not None:
+                replay(self, *replayed, lateness)
+            else:
+                rng = random.Random(seed)
+                call(self, *self.load.pick(rng), rng, lateness)
         finally:
             self.arrivals.slots.release()
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from core.tasks import TASKS
 
 # Each task's scenarios (core/tasks.py: classify, ner, embeddings, image, detect, chat, completions, images), and mix.
-SCENARIOS = (*(scenario for task in TASKS.values() for scenario in task.loadtest), "mix")
-ARRIVALS = ("closed", "poisson", "gamma")
+SCENARIOS = (*(scenario for task in TASKS.values() for scenario in task.loadtest), "mix", "replay")
+ARRIVALS = ("closed", "poisson", "gamma", "trace")
 WORKLOADS = ("builtin", "random", "file")
 
 
@@ -21,7 +21,7 @@ def add_options(parser):
     group = parser.add_argument_group("rtxserve", "what each request sends and how requests arrive")
     group.add_argument("--scenario", choices=SCENARIOS, default="classify",
                        help="API under load: classify (texts), image (classify images), ner, embeddings, chat, "
-                            "completions, images (generations), or mix (--mix)")
+                            "completions, images (generations), mix (--mix), or replay (--trace)")
     group.add_argument("--model", default="", help="model name the requests ask for; several, comma-separated: each "
                        "request asks for one of them, drawn with Zipf popularity (--zipf)")
     group.add_argument("--zipf", type=float, default=1.0, help="with several --model names: the k-th named is asked for "
@@ -77,6 +77,17 @@ def add_options(parser):
     group.add_argument("--seed", type=int, default=0, help="workload and arrival seed (each process adds its index)")
     group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as failed")
     group.add_argument("--samples-out", default="", help="CSV of raw per-request samples (written by the master)")
+    replay = parser.add_argument_group("replay", "--scenario replay: a recorded trace's arrivals and sizes (loadtest/replay.py)")
+    replay.add_argument("--trace", default="", help="the trace: the gateway's (trace_dir), Mooncake's or vLLM's timed trace")
+    replay.add_argument("--trace-format", default="auto", choices=("auto", "rtxserve", "mooncake", "vllm"),
+                        help="auto: the gateway's when its lines have a route, else Mooncake's (timestamps in ms)")
+    replay.add_argument("--speed", type=float, default=1.0, help="time runs this many times faster (2: twice the rate)")
+    replay.add_argument("--models", default="", metavar="OLD=NEW,...",
+                        help="send the trace's requests for OLD to NEW (a candidate model or box)")
+    replay.add_argument("--block-tokens", type=int, default=0,
+                        help="tokens per hash id (default: 512 for Mooncake's, 16 for vLLM's, read from ours)")
+    replay.add_argument("--calibration", default="", help="set by `rtxserve loadtest replay` from the target's /tokenize "
+                        "(JSON: per 'API MODEL', the tokens its template adds and its tokens per word)")
 
 
 def parse_pairs(text: str, what: str) -> list[tuple[float, float]]:

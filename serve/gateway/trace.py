@@ -5,7 +5,8 @@ A line holds what a replay needs and nothing a user wrote: the arrival time (`t`
 model that answered, a hash of the key's name, the input's size (prompt tokens for generation; items and characters
 for text encoders, images for vision), the output tokens, the status, the latency and, for streams, the time to
 the first chunk, and for generation the prompt's prefix-block hashes (`hash_ids`, as Mooncake's traces have them:
-two requests that share their first blocks share their first ids). Never text, images or audio. Batch lines are
+two requests that share their first blocks share their first ids), for encoders a hash of the inputs
+(`input_hash`: a repeated input repeats it). Never text, images or audio. Batch lines are
 marked `batch`.
 
 Each gateway worker writes its own file (`trace-PID.jsonl`), rotated by size (`trace_max_bytes`, `trace_backups`
@@ -41,12 +42,19 @@ def note(**fields) -> None:
         line.update(fields)
 
 
-def note_inputs(items: list) -> None:
-    """A text or image request's size: its texts and their characters, or its images."""
+def note_inputs(items: str | list) -> None:
+    """A text or image request's size: its texts and their characters, or its images; and a hash of them all, so that
+    a replay repeats what was repeated (what a response cache answers), knowing nothing of what it was."""
     line = TRACE.get()
     if line is not None:
+        items = [items] if isinstance(items, str) else items  # one text, or a list of texts or of images
         texts = [i for i in items if isinstance(i, str)]
-        line.update(items=len(items), chars=sum(map(len, texts)), images=len(items) - len(texts))
+        digest = hashlib.blake2b(digest_size=6)
+        for item in items:
+            digest.update((item if isinstance(item, str) else item.image).encode())
+            digest.update(b"\x00")
+        line.update(items=len(items), chars=sum(map(len, texts)), images=len(items) - len(texts),
+                    input_hash=int.from_bytes(digest.digest(), "big"))
 
 
 def note_first_chunk() -> None:

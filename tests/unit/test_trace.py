@@ -38,17 +38,21 @@ def test_each_model_request_is_one_line_of_sizes_and_times_never_text(tmp_path):
     settings = GatewaySettings(trace_dir=tmp_path / "trace", health_interval_s=60)
     with TestClient(create_app(settings, [FakeTriton(), vllm])) as client:
         assert client.post("/v1/classify", json={"model": "clf", "input": [f"good {SECRET}", "bad"]}).status_code == 200
+        assert client.post("/v1/classify", json={"model": "clf", "input": "good"}).status_code == 200  # one text
+        assert client.post("/v1/classify", json={"model": "clf", "input": [f"good {SECRET}", "bad"]}).status_code == 200
         assert client.post("/v1/chat/completions", json=chat(f"where is my order {SECRET}?")).status_code == 200
         vllm.stream = FakeStream([_chunk("a"), _chunk(usage={"prompt_tokens": 7, "completion_tokens": 1,
                                                              "total_tokens": 8}), "data: [DONE]"])
         assert client.post("/v1/chat/completions", json=chat(f"and my refund {SECRET}?", stream=True)).status_code == 200
         assert client.post("/v1/chat/completions", json={"model": "nope", "messages": []}).status_code == 422
         client.get("/v1/models")  # not a model request: not traced
-        lines = trace_lines(tmp_path / "trace", 4)
-    classify, whole, streamed, refused = lines
+        lines = trace_lines(tmp_path / "trace", 6)
+    classify, one, again, whole, streamed, refused = lines
     assert SECRET not in "".join(f.read_text() for f in (tmp_path / "trace").iterdir())
     assert {k: classify[k] for k in ("route", "model", "status", "items", "chars", "images")} == {
         "route": "/v1/classify", "model": "clf", "status": 200, "items": 2, "chars": 16, "images": 0}
+    assert (one["items"], one["chars"]) == (1, 4)
+    assert again["input_hash"] == classify["input_hash"] != one["input_hash"]  # a repeated input, and another
     assert {k: whole[k] for k in ("route", "model", "status", "input_tokens", "output_tokens")} == {
         "route": "/v1/chat/completions", "model": "llm", "status": 200, "input_tokens": 3, "output_tokens": 5}
     assert "ttft_ms" not in whole and 0 < streamed["ttft_ms"] <= streamed["latency_ms"]

@@ -1,0 +1,297 @@
+"""Traces to replay (`rtxserve loadtest replay TRACE`): read, checked line by line, and turned into requests
+(here, where locust's processes read them; loadtest/replay.py compares a replay with its trace).
+
+Three formats, one JSON object per line:
+- **rtxserve**: the gateway's own trace (`trace_dir`, serve/gateway/trace.py): `t` in Unix seconds, the route, the
+  model that answered, prompt and output tokens and prefix-block `hash_ids` for generation, items and characters
+  (or images) for encoders.
+- **mooncake**: Mooncake's traces as AIPerf replays them: `timestamp` in milliseconds, `input_length`,
+  `output_length`, `hash_ids` of 512-token blocks.
+- **vllm**: `vllm bench serve --dataset-name timed_trace`'s: the same fields, `timestamp` in seconds, 16-token blocks
+  (the Qwen / Bailian traces' size).
+
+A prompt is synthesised from its hash ids as vLLM's timed trace does it: each id stands for one block of words drawn
+from a generator seeded by that id, so two requests that share leading ids share that prefix, and what is left of the
+recorded length is drawn for that request alone. The words are ones tokenizers map to about one token each
+(workloads.WORDS); the output length is forced (`max_tokens` with `ignore_eos`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from core.tasks import ENCODER, TASKS, TEXT_GENERATION, routes_by_scenario
+
+from .workloads import WORDS
+
+FORMATS = ("auto", "rtxserve", "mooncake", "vllm")
+BLOCK_TOKENS = {"mooncake": 512, "vllm": 16}
+GENERATION = set(routes_by_scenario(tasks=(TEXT_GENERATION,)))
+# (route, whether its inputs are images) -> API, for what a replay can synthesise: generation, text and image encoders
+_INPUTS = {s: t.inputs for t in TASKS.values() if t.kind == ENCODER for s in t.loadtest}
+API_OF_ROUTE = {(route, False): api for api, route in routes_by_scenario(tasks=(TEXT_GENERATION,)).items()} | {
+    (route, _INPUTS[api] == "image"): api for api, route in routes_by_scenario("encoder").items()
+    if _INPUTS.get(api) in ("text", "image")}
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+class OurLine(_Line):
+    t: float = Field(ge=0)
+    route: str = Field(min_length=1)
+    model: str | None = None
+    status: int = 200
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    hash_ids: list[int] = []
+    items: int | None = Field(default=None, ge=0)
+    chars: int | None = Field(default=None, ge=0)
+    images: int | None = Field(default=None, ge=0)
+    input_hash: int | None = None
+    latency_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    batch: bool = False
+
+
+class TimedLine(_Line):
+    timestamp: float = Field(ge=0)
+    input_length: int = Field(ge=1)
+    output_length: int = Field(ge=1)
+    hash_ids: list[int] = []
+
+
+@dataclass(frozen=True)
+class Request:
+    """One recorded request: when it arrived (seconds after the trace's first) and what it asked."""
+
+    at: float
+    api: str
+    model: str
+    input_tokens: int = 0  # generation
+    output_tokens: int = 0
+    hash_ids: tuple[int, ...] = ()
+    items: int = 0  # encoders
+    chars: int = 0
+    input_hash: int | None = None  # encoders: equal for a repeated input
+    recorded: dict = field(default_factory=dict, compare=False)  # latency_ms, ttft_ms, status where recorded
+
+
+@dataclass
+class Trace:
+    requests: list[Request]
+    format: str
+    block_tokens: int
+    skipped: Counter  # why lines were not replayed, and how many
+
+    @property
+    def duration_s(self) -> float:
+        return self.requests[-1].at if self.requests else 0.0
+
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.requests})
+
+
+def parse_mapping(text: str) -> dict[str, str]:
+    """`old=new,...` (the trace's model names to the target's)."""
+    mapping = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        old, sep, new = item.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise ValueError(f"--models: expected OLD=NEW,..., not {item!r}")
+        mapping[old.strip()] = new.strip()
+    return mapping
+
+
+def read_trace(path: Path, fmt: str = "auto", *, model: str = "", mapping: dict[str, str] | None = None,
+               speed: float = 1.0, block_tokens: int = 0) -> Trace:
+    """The trace's requests in arrival order, times divided by `speed`. Raises ValueError naming the line and the
+    field of the first line that is not a trace's (nothing is sent then)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}")
+    if speed <= 0 or block_tokens < 0:
+        raise ValueError("--speed must be > 0 and --block-tokens >= 0")
+    if path.is_dir():  # a gateway's trace_dir: each worker's file and its rotated ones, merged in arrival order
+        files = sorted(p for p in path.iterdir() if p.name.startswith("trace-") and ".jsonl" in p.name)
+        if not files:
+            raise ValueError(f"{path} holds no trace-*.jsonl files (the gateway's trace_dir)")
+        fmt = "rtxserve" if fmt == "auto" else fmt
+    elif path.is_file():
+        files = [path]
+    else:
+        raise ValueError(f"trace {path} does not exist")
+    mapping = mapping or {}
+    lines, skipped = [], Counter()
+    for file in files:
+        fmt, read = _read(file, fmt)
+        lines += read
+    lines.sort(key=lambda item: item[0])  # stable: equal times keep their order
+    if not lines:
+        raise ValueError(f"trace {path} holds no requests")
+    if fmt != "rtxserve" and not model:
+        raise ValueError(f"a {fmt} trace names no model: pass --model (the LLM to send its requests to)")
+    requests = []
+    t0 = lines[0][0]
+    for at, line in lines:
+        request = _request(line, (at - t0) / speed, model, mapping, skipped)
+        if request is not None:
+            requests.append(request)
+    if not requests:
+        raise ValueError(f"trace {path} holds nothing a replay can send ({_reasons(skipped)})")
+    blocks = block_tokens or BLOCK_TOKENS.get(fmt) or _our_block_tokens(requests)
+    return Trace(requests, fmt, blocks, skipped)
+
+
+def _read(path: Path, fmt: str) -> tuple[str, list[tuple[float, _Line]]]:
+    """One file's lines as (arrival time in seconds, line), checked; the format, found from its first line if `auto`."""
+    lines, previous = [], None
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not JSON ({exc.msg})") from None
+            if not isinstance(raw, dict):
+                raise ValueError(f"{where}: expected a JSON object, not {type(raw).__name__}")
+            if fmt == "auto":
+                fmt = "rtxserve" if "route" in raw else "mooncake"
+            try:
+                line = (OurLine if fmt == "rtxserve" else TimedLine).model_validate(raw)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                name = ".".join(map(str, error["loc"])) or "line"
+                raise ValueError(f"{where}: field {name!r}: {error['msg']}") from None
+            # The gateway writes a line when its request ends (a long stream after the short requests that came
+            # later): its lines are sorted here. A timed trace is in arrival order.
+            at = line.t if fmt == "rtxserve" else line.timestamp / (1000 if fmt == "mooncake" else 1)
+            if fmt != "rtxserve" and previous is not None and at < previous:
+                raise ValueError(f"{where}: field 'timestamp': {raw['timestamp']} is earlier than the line before's; "
+                                 "a timed trace is in arrival order")
+            previous = at
+            lines.append((at, line))
+    return fmt, lines
+
+
+def _reasons(skipped: Counter) -> str:
+    return ", ".join(f"{n} {why}" for why, n in skipped.most_common()) or "none"
+
+
+def _request(line, at: float, model: str, mapping: dict, skipped: Counter) -> Request | None:
+    if isinstance(line, TimedLine):
+        return Request(at, "chat", mapping.get(model, model), line.input_length, line.output_length,
+                       tuple(line.hash_ids))
+    api = API_OF_ROUTE.get((line.route, bool(line.images)))
+    if line.batch:
+        skipped["from the Batch API (replay its batch instead)"] += 1
+    elif api is None:
+        skipped[f"of {line.route} (not replayed)"] += 1
+    elif not line.model:
+        skipped["without a model (refused before one was chosen)"] += 1
+    elif api in GENERATION and (not line.input_tokens or not line.output_tokens):
+        skipped["without token counts (failed before an answer)"] += 1
+    elif api not in GENERATION and not line.items:
+        skipped["without input sizes (failed before reading them)"] += 1
+    else:
+        recorded = {k: v for k, v in (("latency_ms", line.latency_ms), ("ttft_ms", line.ttft_ms),
+                                      ("status", line.status)) if v is not None}
+        return Request(at, api, mapping.get(line.model, line.model), line.input_tokens or 0, line.output_tokens or 0,
+                       tuple(line.hash_ids), line.items or 0, line.chars or 0, line.input_hash, recorded)
+    return None
+
+
+def _our_block_tokens(requests: list[Request]) -> int:
+    """Our gateway hashes blocks of characters (prefix_block_chars), and only whole ones: the tokens a block stands for
+    are read from the trace itself (the median of prompt tokens per block, the last, partial one counted as half)."""
+    per_block = sorted(r.input_tokens / (len(r.hash_ids) + 0.5) for r in requests if r.hash_ids)
+    return max(1, round(per_block[len(per_block) // 2])) if per_block else 16
+
+
+def _words(seed: str, count: int) -> list[str]:
+    return random.Random(seed).choices(WORDS, k=count)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How the target reads a replayed prompt: the tokens its template adds (a chat's roles, a BOS) and its tokens per
+    word, so that the prompt it sees has the recorded length."""
+
+    overhead: float = 0.0
+    per_word: float = 1.0
+
+
+def calibrate(host: str, headers: dict, trace: Trace, timeout_s: float = 10.0) -> dict[str, dict]:
+    """Per "API MODEL" of the trace's generation requests, its Calibration's fields, from the target's own /tokenize
+    (vLLM's, which the gateway passes on) of 10 and 110 of the words a replay sends; none where it has no /tokenize."""
+    import urllib.request
+
+    found = {}
+    for api, model in sorted({(r.api, r.model) for r in trace.requests if r.api in GENERATION}):
+        counts = []
+        for n in (10, 110):
+            text = " ".join(_words("calibration", n))
+            body = {"model": model} | ({"messages": [{"role": "user", "content": text}]} if api == "chat" else
+                                       {"prompt": text})
+            request = urllib.request.Request(f"{host.rstrip('/')}/tokenize", data=json.dumps(body).encode(),
+                                             headers={**headers, "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+                    counts.append(int(json.load(answer)["count"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                break
+        if len(counts) == 2 and counts[1] > counts[0]:
+            per_word = (counts[1] - counts[0]) / 100
+            found[f"{api} {model}"] = {"overhead": round(max(0.0, counts[0] - 10 * per_word), 2),
+                                       "per_word": round(per_word, 4)}
+    return found
+
+
+def prompt(request: Request, block_tokens: int, index: int, calibration: Calibration = Calibration()) -> str:
+    """The request's prompt: a block of words per hash id (the same id, the same words), then words of its own up to
+    the recorded length, in words as the target reads them (`calibration`). `index` (the request's place in the
+    trace) seeds its own words."""
+    total = max(1, round((request.input_tokens - calibration.overhead) / calibration.per_word))
+    block_words = max(1, round(block_tokens / calibration.per_word))
+    words: list[str] = []
+    for block in request.hash_ids:
+        if len(words) >= total:
+            break
+        words += _words(f"block {block}", min(block_words, total - len(words)))
+    words += _words(f"request {index}", total - len(words))
+    return " ".join(words)
+
+
+def seed(request: Request, index: int) -> str:
+    """What an encoder request's made-up inputs are drawn from: its inputs' hash where recorded (a repeated input is
+    sent again as the same), else its place in the trace."""
+    return f"input {request.input_hash}" if request.input_hash is not None else f"request {index}"
+
+
+def texts(request: Request, index: int) -> list[str]:
+    """An encoder request's inputs: its recorded number of texts, of its recorded characters in all."""
+    each = max(1, request.chars // max(1, request.items))
+    rng = random.Random(seed(request, index))
+    out = []
+    for _ in range(request.items):
+        text = ""
+        while len(text) < each:
+            text += rng.choice(WORDS) + " "
+        out.append(text[:each].strip() or rng.choice(WORDS))
+    return out
+
+
+def from_options(options) -> Trace:
+    """The trace `--scenario replay` sends, from the scenario options (argparse's namespace)."""
+    if not options.trace:
+        raise ValueError("--scenario replay needs --trace FILE")
+    return read_trace(Path(options.trace), options.trace_format, model=options.model,
+                      mapping=parse_mapping(options.models), speed=options.speed, block_tokens=options.block_tokens)
