@@ -49,8 +49,8 @@ def _base_rate(spec: LoadSpec) -> float:
 
 def _at(spec: LoadSpec, rps: float) -> LoadSpec:
     step = copy.deepcopy(spec)
-    if spec.replaying:
-        step.options["speed"] = rps / _base_rate(spec)
+    if spec.replaying:  # the trace at the step's rate, pass after pass for the step's duration
+        step.options |= {"speed": rps / _base_rate(spec), "loop_trace": True}
         step.__dict__.pop("trace", None)  # read again at the new speed
     else:
         step.options["rate"] = rps

@@ -158,19 +158,20 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
     return _encode(user, api, model, rng, context or {})
 
 
-def replay(user, index: int, request, context: dict) -> None:
-    """The trace's `index`-th request (a traces.Request), its input synthesised at its recorded size."""
+def replay(user, index: int, request, loop: int, context: dict) -> None:
+    """The trace's `index`-th request (a traces.Request) in its `loop`-th pass, its input synthesised at its recorded
+    size."""
     from . import traces
 
     if request.api in GENERATION_APIS:
         calibration = user.load.calibration.get(f"{request.api} {request.model}") or {}
-        text = traces.prompt(request, user.load.trace.block_tokens, index, traces.Calibration(**calibration))
+        text = traces.prompt(request, user.load.trace.block_tokens, index, traces.Calibration(**calibration), loop)
         _generate(user, request.api, request.model, random.Random(index), context,
                   workloads.Prompt([{"role": "user", "content": text}], max_tokens=request.output_tokens))
     else:
-        rng = random.Random(traces.seed(request, index))
+        rng = random.Random(traces.seed(request, index, loop))
         inputs = [{"image": i} for i in rng.choices(user.load.images, k=request.items)] if request.api in IMAGE_APIS \
-            else traces.texts(request, index)
+            else traces.texts(request, index, loop)
         _encode(user, request.api, request.model, rng, context, inputs)
 
 

@@ -73,15 +73,23 @@ class Arrivals:
 
 
 class TraceArrivals(Arrivals):
-    """--scenario replay: the trace's own arrivals, every n-th of them in the n processes (this one from its index)."""
+    """--scenario replay: the trace's own arrivals, every n-th of them in the n processes (this one from its index);
+    with --loop-trace, pass after pass (each one the trace's span and a mean gap after the last) until the run ends."""
 
     def __init__(self, options, share: float, seed: int, trace, index: int, processes: int):
         super().__init__(options, share, seed)
-        self.queue = iter(list(enumerate(trace.requests))[index::processes])
+        self.mine = list(enumerate(trace.requests))[index::processes]
+        self.queue, self.loop = iter(self.mine), 0
+        self.period = trace.duration_s * len(trace.requests) / max(1, len(trace.requests) - 1)
 
     def next(self) -> tuple[float, tuple | None]:
         index, request = next(self.queue, (None, None))
-        return (float("inf"), None) if request is None else (request.at, (index, request))
+        if request is None and self.options.loop_trace and self.mine and self.period > 0:
+            self.queue, self.loop = iter(self.mine), self.loop + 1
+            index, request = next(self.queue)
+        if request is None:
+            return float("inf"), None
+        return request.at + self.loop * self.period, (index, request, self.loop)
 
 
 @events.test_start.add_listener

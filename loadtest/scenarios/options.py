@@ -86,6 +86,8 @@ def add_options(parser):
                         help="send the trace's requests for OLD to NEW (a candidate model or box)")
     replay.add_argument("--block-tokens", type=int, default=0,
                         help="tokens per hash id (default: 512 for Mooncake's, 16 for vLLM's, read from ours)")
+    replay.add_argument("--loop-trace", action="store_true",
+                        help="send the trace pass after pass until --duration (each pass new traffic of its shape)")
     replay.add_argument("--calibration", default="", help="set by `rtxserve loadtest replay` from the target's /tokenize "
                         "(JSON: per 'API MODEL', the tokens its template adds and its tokens per word)")
 

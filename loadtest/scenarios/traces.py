@@ -255,31 +255,37 @@ def calibrate(host: str, headers: dict, trace: Trace, timeout_s: float = 10.0) -
     return found
 
 
-def prompt(request: Request, block_tokens: int, index: int, calibration: Calibration = Calibration()) -> str:
+def _salted(seed: str, loop: int) -> str:
+    """A seed of the trace's `loop`-th pass (--loop-trace): each pass new traffic of the same shape (the first: as is)."""
+    return seed if loop == 0 else f"pass {loop}: {seed}"
+
+
+def prompt(request: Request, block_tokens: int, index: int, calibration: Calibration = Calibration(),
+           loop: int = 0) -> str:
     """The request's prompt: a block of words per hash id (the same id, the same words), then words of its own up to
     the recorded length, in words as the target reads them (`calibration`). `index` (the request's place in the
-    trace) seeds its own words."""
+    trace) seeds its own words; `loop`, the pass of a looped trace, all of them."""
     total = max(1, round((request.input_tokens - calibration.overhead) / calibration.per_word))
     block_words = max(1, round(block_tokens / calibration.per_word))
     words: list[str] = []
     for block in request.hash_ids:
         if len(words) >= total:
             break
-        words += _words(f"block {block}", min(block_words, total - len(words)))
-    words += _words(f"request {index}", total - len(words))
+        words += _words(_salted(f"block {block}", loop), min(block_words, total - len(words)))
+    words += _words(_salted(f"request {index}", loop), total - len(words))
     return " ".join(words)
 
 
-def seed(request: Request, index: int) -> str:
+def seed(request: Request, index: int, loop: int = 0) -> str:
     """What an encoder request's made-up inputs are drawn from: its inputs' hash where recorded (a repeated input is
     sent again as the same), else its place in the trace."""
-    return f"input {request.input_hash}" if request.input_hash is not None else f"request {index}"
+    return _salted(f"input {request.input_hash}" if request.input_hash is not None else f"request {index}", loop)
 
 
-def texts(request: Request, index: int) -> list[str]:
+def texts(request: Request, index: int, loop: int = 0) -> list[str]:
     """An encoder request's inputs: its recorded number of texts, of its recorded characters in all."""
     each = max(1, request.chars // max(1, request.items))
-    rng = random.Random(seed(request, index))
+    rng = random.Random(seed(request, index, loop))
     out = []
     for _ in range(request.items):
         text = ""

@@ -82,6 +82,9 @@ def test_requests_that_share_hash_ids_share_their_prompts_prefix_and_keep_their_
     read = Calibration(overhead=10, per_word=2)
     a2, b2 = (prompt(r, trace.block_tokens, i, read).split() for i, r in enumerate(trace.requests[:2]))
     assert (len(a2), len(b2)) == (15, 20) and a2[:5] == b2[:5] and a2[5:10] != b2[5:10]
+    # a looped trace's next pass: new words, the same sharing
+    a3, b3 = (prompt(r, trace.block_tokens, i, read, loop=1).split() for i, r in enumerate(trace.requests[:2]))
+    assert a3[:5] == b3[:5] and a3[:5] != a2[:5] and len(a3) == 15
     words = texts(read_trace(_write(tmp_path / "o.jsonl", [{"t": 1, "route": "/v1/classify", "model": "m", "items": 3,
                                                             "chars": 60}])).requests[0], 0)
     assert len(words) == 3 and all(0 < len(w) <= 20 for w in words)
