@@ -115,9 +115,10 @@ class LoadSpec:
 
     @property
     def duration(self) -> float:
-        """The run's length: --stages set it when given; a replay's is its trace's (and a second to send the last)."""
+        """The run's length: --stages set it when given; a replay's is its trace's (and two seconds to send the last:
+        locust's clock starts before the arrivals')."""
         if self.replaying and not self.options["loop_trace"]:
-            return math.floor(self.trace.duration_s) + 1.0
+            return math.ceil(self.trace.duration_s) + 2.0
         stages = parse_pairs(self.options["stages"], "--stages")
         return sum(s for s, _ in stages) if stages else self.duration_s
 
