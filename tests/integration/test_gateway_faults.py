@@ -43,8 +43,10 @@ def servers(repo, tmp_path_factory):
     logs = tmp_path_factory.mktemp("fault-logs")
     opts = TritonOptions(repository=repo, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port())
     triton = start_triton_on(opts, logs)
+    # The health check every 2 s (its default): the hung-backend test's requests must reach the gateway before a
+    # check (2 s for Triton's answer) marks the stopped server down, and a busy CI box once took longer than 0.5 s + 2 s.
     gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", logs, extra_env={
-        "RTXSERVE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "RTXSERVE_HEALTH_INTERVAL_S": "0.5"})
+        "RTXSERVE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "RTXSERVE_HEALTH_INTERVAL_S": "2"})
     state = {"triton": triton}
     yield state, opts, url, logs
     gateway.stop()
