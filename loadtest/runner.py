@@ -111,7 +111,7 @@ class LoadSpec:
         if o["burstiness"] <= 0 or o["max_in_flight"] < 1:
             raise ValueError("--burstiness must be > 0 and --max-in-flight >= 1")
         parse_slo(self.slo)
-        Load.from_options(argparse.Namespace(**o))
+        Load.from_options(argparse.Namespace(**o), trace=self.trace if self.replaying else None)
 
     @property
     def duration(self) -> float:

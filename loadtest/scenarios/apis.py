@@ -18,7 +18,7 @@ from pathlib import Path
 
 from core.tasks import ENCODER, TASKS, TEXT_GENERATION, TEXT_RANKING, routes_by_scenario
 
-from . import workloads
+from . import traces, workloads
 from .options import parse_mix, word_range
 
 # scenario -> the gateway route it calls (core/tasks.py)
@@ -49,20 +49,19 @@ class Load:
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
     system_prompt: str = ""  # chat: what every conversation opens with (--system-prompt-words)
-    trace: object = None  # --scenario replay: the loadtest.scenarios.traces.Trace whose requests are sent
+    trace: traces.Trace | None = None  # --scenario replay: the trace whose requests are sent
     calibration: dict = field(default_factory=dict)  # --scenario replay: how the target reads its words (traces.py)
 
     @classmethod
-    def from_options(cls, options, index: int = 0) -> "Load":
+    def from_options(cls, options, index: int = 0, trace: traces.Trace | None = None) -> "Load":
+        """`trace`: --scenario replay's, where it was read already (else it is read here)."""
         load = cls(options)
         if options.api_key:
             load.headers["Authorization"] = f"Bearer {options.api_key}"
         if options.scenario == "replay":
-            from loadtest.scenarios import traces
-
             if options.arrival != "trace":
                 raise ValueError("--scenario replay sends at the trace's arrival times: --arrival trace")
-            load.trace = traces.from_options(options)
+            load.trace = trace or traces.from_options(options)
             load.calibration = json.loads(options.calibration) if options.calibration else {}
             load.entries = sorted({(r.api, r.model) for r in load.trace.requests})
             if {api for api, _ in load.entries} & IMAGE_APIS:
@@ -161,8 +160,6 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
 def replay(user, index: int, request, loop: int, context: dict) -> None:
     """The trace's `index`-th request (a traces.Request) in its `loop`-th pass, its input synthesised at its recorded
     size."""
-    from . import traces
-
     if request.api in GENERATION_APIS:
         calibration = user.load.calibration.get(f"{request.api} {request.model}") or {}
         text = traces.prompt(request, user.load.trace.block_tokens, index, traces.Calibration(**calibration), loop)

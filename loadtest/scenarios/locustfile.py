@@ -17,14 +17,13 @@ from gevent.pool import Group
 from locust import FastHttpUser, constant, events, task
 from locust.runners import STATE_CLEANUP, STATE_STOPPED, STATE_STOPPING, MasterRunner, WorkerRunner
 
-# A runner stopping its users is in CLEANUP (LocalRunner.stop), a worker told to stop in STOPPING.
-ENDING = (STATE_CLEANUP, STATE_STOPPING, STATE_STOPPED)
-
 from loadtest.scenarios import samples  # noqa: F401  (registers the raw-sample recorder)
 from loadtest.scenarios.apis import Load, call, replay
 from loadtest.scenarios.options import add_options, parse_pairs
 
 events.init_command_line_parser.add_listener(add_options)
+# A runner stopping its users is in CLEANUP (LocalRunner.stop), a worker told to stop in STOPPING.
+ENDING = (STATE_CLEANUP, STATE_STOPPING, STATE_STOPPED)
 _process: dict = {}  # this process's Load and arrival schedule, made at test start
 
 
