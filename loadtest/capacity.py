@@ -101,15 +101,20 @@ def _step(spec: LoadSpec, rps: float, phase: str, out: Path, done: list[dict], m
     return figures
 
 
+def check_bounds(start: float, precision: float, max_steps: int, max_errors: float = 0.01, headroom: float = 0.2) -> None:
+    """Refuse a search that cannot run as asked (before any server starts)."""
+    if start <= 0 or not 0 < precision < 1 or max_steps < 2 or not 0 <= max_errors < 1 or not 0 <= headroom < 1:
+        raise ValueError("need --start > 0, 0 < --precision < 1, --max-steps >= 2, 0 <= --max-errors < 1 and "
+                         "0 <= --headroom < 1")
+
+
 def search(spec: LoadSpec, out: Path, *, start: float = 1.0, precision: float = 0.1, max_steps: int = 12,
            max_errors: float = 0.01, confirm: bool = True, target_rps: float | None = None, headroom: float = 0.2,
            log=print) -> CapacityResult:
     """Ramp, bisect, confirm (module doc); write capacity.md/.html/.png/.json into `out`."""
     if not spec.slo:
         raise ValueError("capacity needs an SLO (--slo e2el:MS, ttft:MS, ...): the load it holds is judged by it")
-    if start <= 0 or not 0 < precision < 1 or max_steps < 2 or not 0 <= max_errors < 1 or not 0 <= headroom < 1:
-        raise ValueError("need --start > 0, 0 < --precision < 1, --max-steps >= 2, 0 <= --max-errors < 1 and "
-                         "0 <= --headroom < 1")
+    check_bounds(start, precision, max_steps, max_errors, headroom)
     if target_rps is not None and target_rps <= 0:
         raise ValueError("--target-rps must be > 0")
     if not spec.open_loop:

@@ -18,7 +18,7 @@ COMMANDS = {
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
     "capacity": ("loadtest.cli", "capacity_main", "the most requests/s a box holds within an SLO (ramp, bisect, confirm); boxes for a target"),
-    "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching for the most goodput under an SLO"),
+    "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching, or a vLLM engine's, for the most load held within an SLO"),
     "bench": ("bench.cli", "main", "benchmarks (gateway: B1, export: B2, batching: B3/B5, llm: B4 (G2/G3 on a GPU), accuracy: B6, soak: R18, reliability: R3/R14)"),
     "demo": ("rtxserve.demo", "main", "the whole path on CPU: fixtures, export, serve, load test, report"),
 }

@@ -1,5 +1,8 @@
-"""`rtxserve tune triton` on the real tritonserver: each configuration served and loaded for real; the
-recommendation beats the entry's own configuration in goodput, in the same run, and --apply writes it."""
+"""`rtxserve tune` on the real tritonserver and vLLM: each configuration served and loaded for real; measured by
+goodput, the recommendation beats the entry's own configuration in the same run, and --apply writes it; measured by
+capacity, each configuration gets a real capacity search and the one that held the most is recommended."""
+
+import json
 
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
@@ -16,7 +19,8 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     axes = {"instances": [1, 2], "max_batch_size": [1, 16], "max_queue_delay_us": [0, 2000]}
     target = TritonTarget(repo, "tunable")
     result = tune(target, options=scenario_options(model="tunable"), out=tmp_path / "tune", log=print,
-                  search=Search("e2el:2000", axes, users=16, duration_s=8, warmup_s=2, budget=4, apply=True))
+                  search=Search("e2el:2000", axes, measure="goodput", users=16, duration_s=8, warmup_s=2, budget=4,
+                                apply=True))
     for t in result.trials:
         print(f"{t.label()}: goodput {t.goodput_rps:.1f}, P99 {t.p99_ms}")
     assert len(result.trials) == 4 and not any(t.failure for t in result.trials)
@@ -26,6 +30,31 @@ def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(c
     assert result.applied and read_batching(repo, "tunable") == Batching(**result.best.config)
     page = (tmp_path / "tune" / "tune.md").read_text()
     assert "recommended:" in page and (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
+
+
+def test_tune_by_capacity_searches_each_configuration_and_recommends_the_one_that_held_the_most(classifier_checkpoint,
+                                                                                                   tmp_path):
+    repo = tmp_path / "repo"
+    export_text_classification(classifier_checkpoint, EntryOptions(name="tunable", max_batch_size=1, max_queue_delay_us=0), repo)
+    axes = {"instances": [1, 2], "max_batch_size": [1], "max_queue_delay_us": [0]}
+    result = tune(TritonTarget(repo, "tunable"), options=scenario_options(model="tunable"), out=tmp_path / "tune",
+                  log=print, search=Search("e2el:1000", axes, duration_s=4, warmup_s=1, budget=2, start=20,
+                                           precision=0.3, max_steps=7, apply=True))
+    assert len(result.trials) == 2 and not any(t.failure for t in result.trials)
+    for trial in result.trials:
+        print(f"{trial.label()}: holds {trial.capacity_rps} req/s in {trial.steps} steps")
+        found = json.loads((tmp_path / "tune" / trial.report).with_suffix(".json").read_text())
+        held = [s["load"] for s in found["steps"] if s["holds"]]
+        missed = [s["load"] for s in found["steps"] if not s["holds"]]
+        # a real search: open-loop steps from 20 req/s, the answer the most that held, below every rate that missed
+        assert found["settings"]["arrival"] == "poisson" and found["steps"][0]["load"] == 20
+        assert trial.steps == len(found["steps"]) >= 2 and trial.capacity_rps == found["answer_rps"] == max(held)
+        assert not missed or max(held) < min(missed)
+        assert not any(s["phase"].startswith("confirm") for s in found["steps"])
+    assert result.best is max(result.trials, key=lambda t: t.figure("capacity"))
+    assert read_batching(repo, "tunable") == Batching(**result.best.config)  # --apply wrote it (or it was the default)
+    page = (tmp_path / "tune" / "tune.md").read_text()
+    assert f"recommended: {result.best.label()}: {result.best.capacity_rps:.1f} req/s held within the SLO" in page
 
 
 def test_tune_vllm_restarts_the_engine_per_configuration_and_each_engine_schedules_as_configured(llm_fixtures, tmp_path):
@@ -38,7 +67,8 @@ def test_tune_vllm_restarts_the_engine_per_configuration_and_each_engine_schedul
     # Two engines, vLLM's defaults and one sequence at a time: each trial restarts the engine (about 17 s here).
     axes = {"max_num_seqs": [1], "max_num_batched_tokens": [512]}
     options = scenario_options(scenario="chat", model="tiny-llama", output_len=16)
-    result = tune(target, options=options, search=Search("e2el:5000", axes, users=8, duration_s=8, warmup_s=2, budget=2),
+    result = tune(target, options=options, search=Search("e2el:5000", axes, measure="goodput", users=8, duration_s=8,
+                                                         warmup_s=2, budget=2),
                   out=tmp_path / "tune", log=print)
     by_seqs = {t.config["max_num_seqs"]: t for t in result.trials}
     assert set(by_seqs) == {None, 1} and not any(t.failure for t in result.trials)

@@ -114,3 +114,81 @@ def test_a_configuration_whose_server_cannot_start_is_named_with_its_log_and_the
     assert len(result.trials) == 2 and all("end of its log" in t.failure for t in result.trials)
     assert result.best is None and "no configuration met the SLO" in (tmp_path / "tune.md").read_text()
     assert any(m.startswith("config inst 2, batch 1, delay us 0 failed: tritonserver exited") for m in logged)
+
+
+def test_quick_search_by_capacity_climbs_on_what_each_configuration_held():
+    axes = {"instances": [1, 2, 3], "max_batch_size": [1, 8], "max_queue_delay_us": [0]}
+    held = {(1, 1): 40.0, (2, 1): 90.0, (3, 1): 70.0, (1, 8): 60.0, (2, 8): 120.0, (3, 8): 80.0}
+
+    def measure(config):  # goodput at the answer's step says nothing here: capacity decides
+        rps = held[config["instances"], config["max_batch_size"]]
+        return Trial(config, capacity_rps=rps, goodput_rps=1000 - rps, p99_ms=10, eligible=True)
+
+    trials = quick_search(axes, measure, budget=20, log=lambda m: None, by="capacity")
+    best = max(trials, key=lambda t: t.figure("capacity"))
+    assert best.config == {"instances": 2, "max_batch_size": 8, "max_queue_delay_us": 0}
+    assert [t.config["instances"] for t in trials][:2] == [1, 2]
+
+
+def test_a_capacity_search_that_cannot_run_is_refused_before_any_server_starts():
+    from rtxserve.tune import Search
+
+    axes = {"instances": [1, 2]}
+    for bad in ({"precision": 1.5}, {"start": 0}, {"max_steps": 1}):
+        with pytest.raises(ValueError, match="--precision"):
+            Search("e2el:100", axes, **bad)
+    Search("e2el:100", axes, measure="goodput", start=0)  # the goodput measure has no search to bound
+    with pytest.raises(ValueError, match="--measure: one of capacity, goodput"):
+        Search("e2el:100", axes, measure="qps")
+
+
+def test_tune_by_capacity_recommends_what_held_the_most_and_says_a_missed_first_step_held_nothing(tmp_path, monkeypatch):
+    import contextlib
+
+    import loadtest.capacity
+    from loadtest.capacity import CapacityResult
+    from loadtest.runner import scenario_options
+    from rtxserve.tune import Search, tune
+
+    held = {1: None, 2: 48.0, 3: 30.0}  # instances -> requests/s held (None: the first step missed)
+    searched = []
+
+    class Entry:
+        what, scenario = "a fake entry", "classify"
+
+        def current(self):
+            return {"instances": 1, "max_batch_size": 1, "max_queue_delay_us": 0}
+
+        @contextlib.contextmanager
+        def serve(self, config, folder):
+            self.instances = config["instances"]
+            yield "http://127.0.0.1:1", []
+
+        def reproduce(self, config):
+            return f"serve it with {config['instances']} instances"
+
+    entry = Entry()
+
+    def fake_search(spec, out, **kwargs):  # the real one needs servers: tests/integration/test_tune.py runs it
+        searched.append((spec.options["arrival"], kwargs))
+        out.mkdir(parents=True)
+        answer = held[entry.instances]
+        step = {"load": answer or 4.0, "holds": answer is not None, "goodput_rps": 1.0, "qps": 1.0, "p99_ms": 50.0,
+                "errors": 0, "requests": 10}
+        return CapacityResult([step], answer, None, "the lowest step missed" if answer is None else "held",
+                              out / "capacity.md")
+
+    monkeypatch.setattr(loadtest.capacity, "search", fake_search)
+    result = tune(entry, options=scenario_options(model="m"), out=tmp_path, log=lambda m: None,
+                  search=Search("e2el:100", {"instances": [1, 2, 3], "max_batch_size": [1], "max_queue_delay_us": [0]},
+                                start=4, precision=0.25, max_steps=6, budget=3))
+    assert [t.capacity_rps for t in result.trials] == [None, 48.0, 30.0]
+    assert result.best.config["instances"] == 2 and not result.default.eligible
+    # the scenario's closed loop became open-loop arrivals; each configuration got the search's bounds, no confirm runs
+    assert all(arrival == "poisson" for arrival, _ in searched)
+    assert searched[0][1] == {"start": 4, "precision": 0.25, "max_steps": 6, "confirm": False, "log": searched[0][1]["log"]}
+    page = (tmp_path / "tune.md").read_text()
+    assert "recommended: inst 2, batch 1, delay us 0: 48.0 req/s held within the SLO vs 0.0 for the default" in page
+    assert "| inst 1, batch 1, delay us 0 (default) | none | 1 |" in page
+    assert "| inst 2, batch 1, delay us 0 | 48.0 | 1 | 50.0 | 0/10 | yes | [report](inst2-batch1-delay0/capacity/capacity.md) |" in page
+    assert "To serve with it: `serve it with 2 instances`." in page
