@@ -13,8 +13,9 @@ or the budget of configurations is spent.
 What each configuration is measured by (`--measure`):
 - capacity (the default): the capacity search of `rtxserve capacity` (loadtest/capacity.py: open-loop arrivals, a
   ramp and a bisection, no confirm runs) finds the most requests/s it holds with its P99 within the SLO, at most
-  1 % failed and keeping up; the configuration that holds the most wins. A configuration whose first step already
-  misses holds nothing and does not qualify.
+  1 % failed and keeping up; the configuration that holds the most wins. A configuration whose first step misses is
+  searched once more (a freshly started server's first seconds can stall); if it misses again it holds nothing and
+  does not qualify.
 - goodput: one run at a fixed load (`--users` closed-loop users, or `--rate`); a configuration qualifies if its P99
   meets the SLO and at most 1 % of its requests failed; among those, goodput (requests/s within every limit) wins.
 """
@@ -52,6 +53,7 @@ class Trial:
     requests: int = 0
     eligible: bool = False  # P99 within the SLO and few errors
     capacity_rps: float | None = None  # --measure capacity: the most requests/s it held (None: its first step missed)
+    missed_at_rps: float | None = None  # the least it missed at (None: every step held, the search ran out of steps)
     steps: int = 0  # --measure capacity: the search's steps
     report: str = ""
     failure: str = ""  # the server did not start, or the load failed
@@ -233,9 +235,15 @@ def evaluate(target, config: dict, spec_for, work: Path, log, search: Search | N
             if search is not None and search.measure == "capacity":
                 from loadtest.capacity import search as capacity
 
-                found = capacity(spec_for(gateway_url, scrape), folder / "capacity", start=search.start,
-                                 precision=search.precision, max_steps=search.max_steps, confirm=False,
-                                 log=lambda m: log(f"  {m}"))
+                def find(name: str):
+                    return capacity(spec_for(gateway_url, scrape), folder / name, start=search.start,
+                                    precision=search.precision, max_steps=search.max_steps, confirm=False,
+                                    log=lambda m: log(f"  {m}"))
+
+                found = find("capacity")
+                if found.answer is None:  # one step is cheap to repeat, and a fresh server's first seconds can stall
+                    log(f"  its first step missed ({found.steps[0]['why_not']}); searching once more")
+                    found = find("capacity-again")
             else:
                 result = run(spec_for(gateway_url, scrape), folder / "load", log=lambda m: log(f"  {m}"))
     except (ServerStartError, RuntimeError, ValueError) as exc:
@@ -250,6 +258,7 @@ def evaluate(target, config: dict, spec_for, work: Path, log, search: Search | N
 def _held(trial: Trial, found, work: Path, log) -> Trial:
     """A capacity search's answer as the trial's figures: those of the step at the rate it held."""
     trial.steps, trial.report, trial.capacity_rps = len(found.steps), str(found.report.relative_to(work)), found.answer
+    trial.missed_at_rps = min((s["load"] for s in found.steps if not s["holds"]), default=None)
     held = [s for s in found.steps if s["holds"] and s["load"] == found.answer]
     step = held[0] if held else found.steps[0]  # the first step, when it already missed: its figures say why
     trial.goodput_rps, trial.qps, trial.p99_ms = step["goodput_rps"], step["qps"], step["p99_ms"]
@@ -363,7 +372,8 @@ def _write_report(result: TuneResult, target, search: Search, out: Path, load: s
     _plot(result, by, out / "tune.png")
     fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     rows = "\n".join(f"| {t.label()}{' (default)' if t.default else ''} | "
-                     + (f"{fmt(t.capacity_rps) if t.eligible else 'none'} | {t.steps} | " if by == "capacity" else
+                     + (f"{fmt(t.capacity_rps) if t.eligible else 'none'} | "
+                        f"{'never' if t.missed_at_rps is None else fmt(t.missed_at_rps)} | {t.steps} | " if by == "capacity" else
                         f"{t.goodput_rps:.1f} | {t.qps:.1f} | ")
                      + f"{fmt(t.p99_ms)} | {t.errors}/{t.requests} | {'yes' if t.eligible else 'no'} | "
                      f"{f'[report]({t.report})' if t.report else _cell(t.failure)} |" for t in result.trials)
@@ -377,8 +387,8 @@ def _write_report(result: TuneResult, target, search: Search, out: Path, load: s
         verdict = (f"recommended: {best.label()}: {best.figure(by):.1f} {unit} vs {theirs:.1f} for the default "
                    f"({gain})")
     if by == "capacity":
-        header = ("| configuration | holds req/s | steps | P99 ms at it | errors at it | qualifies | search |\n"
-                  "|---|---|---|---|---|---|---|")
+        header = ("| configuration | holds req/s | missed at req/s | steps | P99 ms at it | errors at it | qualifies | search |"
+                  "\n|---|---|---|---|---|---|---|---|")
         rule = (f"A configuration holds a rate when its P99 meets the SLO, at most {MAX_ERROR_FRACTION:.0%} of its "
                 "requests failed and it kept up (`rtxserve capacity`'s steps, without its confirm runs: confirm the "
                 "recommendation with `rtxserve capacity`); the one that holds the most wins.")

@@ -171,9 +171,10 @@ def test_tune_by_capacity_recommends_what_held_the_most_and_says_a_missed_first_
 
     def fake_search(spec, out, **kwargs):  # the real one needs servers: tests/integration/test_tune.py runs it
         searched.append((spec.options["arrival"], kwargs))
-        out.mkdir(parents=True)
+        out.mkdir(parents=True)  # a new folder for every search
         answer = held[entry.instances]
-        step = {"load": answer or 4.0, "holds": answer is not None, "goodput_rps": 1.0, "qps": 1.0, "p99_ms": 50.0,
+        step = {"load": answer or 4.0, "holds": answer is not None, "why_not": "" if answer else "P99 over the SLO",
+                "goodput_rps": 1.0, "qps": 1.0, "p99_ms": 50.0,
                 "errors": 0, "requests": 10}
         return CapacityResult([step], answer, None, "the lowest step missed" if answer is None else "held",
                               out / "capacity.md")
@@ -184,11 +185,12 @@ def test_tune_by_capacity_recommends_what_held_the_most_and_says_a_missed_first_
                                 start=4, precision=0.25, max_steps=6, budget=3))
     assert [t.capacity_rps for t in result.trials] == [None, 48.0, 30.0]
     assert result.best.config["instances"] == 2 and not result.default.eligible
+    assert len(searched) == 4  # the default's first step missed: it was searched once more, the others once
     # the scenario's closed loop became open-loop arrivals; each configuration got the search's bounds, no confirm runs
     assert all(arrival == "poisson" for arrival, _ in searched)
     assert searched[0][1] == {"start": 4, "precision": 0.25, "max_steps": 6, "confirm": False, "log": searched[0][1]["log"]}
     page = (tmp_path / "tune.md").read_text()
     assert "recommended: inst 2, batch 1, delay us 0: 48.0 req/s held within the SLO vs 0.0 for the default" in page
-    assert "| inst 1, batch 1, delay us 0 (default) | none | 1 |" in page
-    assert "| inst 2, batch 1, delay us 0 | 48.0 | 1 | 50.0 | 0/10 | yes | [report](inst2-batch1-delay0/capacity/capacity.md) |" in page
+    assert "| inst 1, batch 1, delay us 0 (default) | none | 4.0 | 1 |" in page and "capacity-again/capacity.md" in page
+    assert "| inst 2, batch 1, delay us 0 | 48.0 | never | 1 | 50.0 | 0/10 | yes | [report](inst2-batch1-delay0/capacity/capacity.md) |" in page
     assert "To serve with it: `serve it with 2 instances`." in page
