@@ -64,13 +64,20 @@ def _section(benchmark: Benchmark, folder: Path, command: list[str], done: dict)
     return f"## {benchmark.section}\n\n`{shlex.join(command)}`{when}\n\n{body}"
 
 
+def _asked(benchmark: Benchmark, asked: str) -> bool:
+    """Whether `asked` names the benchmark: one of its ids exactly (B1 is not B10), its sub-command, or words of its
+    title."""
+    return asked in benchmark.id.split(" / ") or asked == benchmark.name or asked in benchmark.title
+
+
 def run(out: Path, only: list[str] | None = None, log=print) -> Path:
-    """Run every benchmark `make bench` takes (or those whose section title holds one of `only`; the others keep
+    """Run every benchmark `make bench` takes (or those `only` names: _asked; the others keep
     their last pages from `out`, or else their sections of the current BENCHMARKS.md), then write BENCHMARKS.md with
     the plots copied next to it into bench/figures/."""
     from loadtest.pages import versions
 
     FIGURES.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     timings_path = out / "timings.json"
     timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     earlier = previous_sections(Path("BENCHMARKS.md"))
@@ -78,9 +85,10 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
     for benchmark in (b for b in BENCHMARKS if b.in_make_bench):
         title, folder = benchmark.section, out / benchmark.name
         command = ["rtxserve", "bench", benchmark.name, "--out", str(folder)]
-        if not only or any(o in title for o in only):
+        if not only or any(_asked(benchmark, o) for o in only):
             log(f"== {title}: {shlex.join(command)}")
             timings[title] = _measure(benchmark, folder, log)
+            timings_path.write_text(json.dumps(timings, indent=2))  # a run stopped later keeps what this one measured
         done = timings.get(title, {})
         if not done and title in earlier:  # neither run now nor in `out`: keep what BENCHMARKS.md says of it
             sections.append(earlier[title])

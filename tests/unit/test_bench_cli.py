@@ -152,3 +152,19 @@ def test_make_bench_puts_each_page_it_runs_under_its_section(monkeypatch, tmp_pa
     assert "![the plot](bench/figures/cache-b9.png)" in cache and (tmp_path / "bench/figures/cache-b9.png").exists()
     assert page.count("not run yet.") == len(sections) - 1
     assert json.loads((tmp_path / "out" / "timings.json").read_text())["B9 Triton response cache"]["exit"] == 0
+
+
+def test_make_bench_runs_the_benchmark_an_id_names_and_not_those_whose_id_starts_with_it(monkeypatch, tmp_path):
+    ran = []
+
+    def fake_bench(argv):
+        ran.append(argv[0])
+        return 1
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(make_bench, "bench", fake_bench)
+    monkeypatch.setattr(make_bench, "machine", lambda: "EPYC; avx2")
+    make_bench.run(tmp_path / "out", only=["B1"], log=lambda m: None)  # not B10, B11, ... B14
+    assert ran == ["gateway"]
+    make_bench.run(tmp_path / "out", only=["B5", "replay"], log=lambda m: None)  # "B3 / B5", and a sub-command
+    assert ran == ["gateway", "batching", "replay"]
