@@ -83,13 +83,13 @@ class Search:
     apply: bool = False
     start: float = 1.0
     precision: float = 0.2
-    max_steps: int = 10
+    max_steps: int = 12
 
     def __post_init__(self):
         from core.slo import parse_slo
 
         if not parse_slo(self.slo):
-            raise ValueError("--slo is required: goodput is counted against it (e.g. e2el:100)")
+            raise ValueError("--slo is required: every configuration is judged by it (e.g. e2el:100)")
         if self.budget < 2:
             raise ValueError("--budget must be at least 2 (the default and one other configuration)")
         if self.measure not in MEASURES:
