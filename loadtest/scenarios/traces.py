@@ -216,42 +216,63 @@ def _our_block_tokens(requests: list[Request]) -> int:
     return max(1, round(per_block[len(per_block) // 2])) if per_block else 16
 
 
-def _words(seed: str, count: int) -> list[str]:
-    return random.Random(seed).choices(WORDS, k=count)
+def _words(seed: str, count: int, pool: list[str] = WORDS) -> list[str]:
+    return random.Random(seed).choices(pool, k=count)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """How the target reads a replayed prompt: the tokens its template adds (a chat's roles, a BOS) and its tokens per
-    word, so that the prompt it sees has the recorded length."""
+    """How the target reads a replayed prompt: the tokens its template adds (a chat's roles, a BOS), its tokens per
+    word, and which words (indices into workloads.WORDS) it reads as one token each. With those, a hash id's block is
+    exactly its tokens: a prefix cache keeps whole blocks of tokens, and a shared prefix a token short of a block
+    boundary loses the whole block (vLLM's own replay, of token ids, hit twice as often as words a few tokens short)."""
 
     overhead: float = 0.0
     per_word: float = 1.0
+    single: tuple[int, ...] = ()
+
+    def pool(self) -> list[str]:
+        """The words a prompt is made of: those one token each where at least 8 are known, else all."""
+        return [WORDS[i] for i in self.single] if len(self.single) >= 8 else WORDS
+
+    def words_for(self, tokens: float) -> int:
+        return max(1, round(tokens / (1.0 if len(self.single) >= 8 else self.per_word)))
+
+
+def fit_calibration(count) -> dict | None:
+    """A Calibration's fields from `count(text)`: the target's tokens for a prompt of `text` (None where it cannot
+    say). Tokens per word from 10 and 110 words; each word's own from "the WORD" less "the" (a word after a space)."""
+    counts = [count(" ".join(_words("calibration", n))) for n in (10, 110)]
+    if None in counts or counts[1] <= counts[0]:
+        return None
+    per_word = (counts[1] - counts[0]) / 100
+    base = count("the")
+    single = [i for i, word in enumerate(WORDS) if base is not None and (count(f"the {word}") or 0) - base == 1]
+    return {"overhead": round(max(0.0, counts[0] - 10 * per_word), 2), "per_word": round(per_word, 4),
+            "single": single}
 
 
 def calibrate(host: str, headers: dict, trace: Trace, timeout_s: float = 10.0) -> dict[str, dict]:
-    """Per "API MODEL" of the trace's generation requests, its Calibration's fields, from the target's own /tokenize
-    (vLLM's, which the gateway passes on) of 10 and 110 of the words a replay sends; none where it has no /tokenize."""
+    """Per "API MODEL" of the trace's generation requests, its Calibration's fields (fit_calibration), from the
+    target's own /tokenize (vLLM's, which the gateway passes on); none where it has no /tokenize."""
     import urllib.request
 
     found = {}
     for api, model in sorted({(r.api, r.model) for r in trace.requests if r.api in GENERATION}):
-        counts = []
-        for n in (10, 110):
-            text = " ".join(_words("calibration", n))
+        def count(text: str) -> int | None:
             body = {"model": model} | ({"messages": [{"role": "user", "content": text}]} if api == "chat" else
                                        {"prompt": text})
             request = urllib.request.Request(f"{host.rstrip('/')}/tokenize", data=json.dumps(body).encode(),
                                              headers={**headers, "Content-Type": "application/json"})
             try:
                 with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-                    counts.append(int(json.load(answer)["count"]))
+                    return int(json.load(answer)["count"])
             except (OSError, ValueError, KeyError, TypeError):
-                break
-        if len(counts) == 2 and counts[1] > counts[0]:
-            per_word = (counts[1] - counts[0]) / 100
-            found[f"{api} {model}"] = {"overhead": round(max(0.0, counts[0] - 10 * per_word), 2),
-                                       "per_word": round(per_word, 4)}
+                return None
+
+        fitted = fit_calibration(count)
+        if fitted is not None:
+            found[f"{api} {model}"] = fitted
     return found
 
 
@@ -265,14 +286,15 @@ def prompt(request: Request, block_tokens: int, index: int, calibration: Calibra
     """The request's prompt: a block of words per hash id (the same id, the same words), then words of its own up to
     the recorded length, in words as the target reads them (`calibration`). `index` (the request's place in the
     trace) seeds its own words; `loop`, the pass of a looped trace, all of them."""
-    total = max(1, round((request.input_tokens - calibration.overhead) / calibration.per_word))
-    block_words = max(1, round(block_tokens / calibration.per_word))
+    total = calibration.words_for(request.input_tokens - calibration.overhead)
+    block_words = calibration.words_for(block_tokens)
+    pool = calibration.pool()
     words: list[str] = []
     for block in request.hash_ids:
         if len(words) >= total:
             break
-        words += _words(_salted(f"block {block}", loop), min(block_words, total - len(words)))
-    words += _words(_salted(f"request {index}", loop), total - len(words))
+        words += _words(_salted(f"block {block}", loop), min(block_words, total - len(words)), pool)
+    words += _words(_salted(f"request {index}", loop), total - len(words), pool)
     return " ".join(words)
 
 

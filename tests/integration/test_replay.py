@@ -5,6 +5,7 @@ prefix-cache counters; a trace that is not one, or names models nobody serves, s
 import json
 import shutil
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,6 +18,7 @@ from serve.stack import start_gateway
 from .conftest import MODEL
 
 quiet = dict(log=lambda m: None)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _replay(url: str, trace, scrape=(), **options) -> LoadSpec:
@@ -82,6 +84,45 @@ def test_a_mooncake_traces_shared_prefixes_are_hits_in_vllms_prefix_cache(llm_se
     # 256 shared tokens (in words as the model reads them): each of the 7 requests after the first hits a whole block
     assert hits["shared"] - hits["unique"] >= 7 * 128, hits
     assert "prefix cache hits during the replay" in (tmp_path / "shared" / "report.md").read_text()
+
+
+def test_a_timed_trace_replays_into_vllms_prefix_cache_as_vllm_bench_serve_replays_it(llm_servers, llm_fixtures, tmp_path):
+    """vLLM's own replay of a timed trace (`vllm bench serve --dataset-name timed_trace`: token-id prompts, one random
+    block of tokens per hash id) and ours (words, a block per hash id), each through the gateway into the same engine:
+    the engine's own counters see the same prompt tokens and the same prefix-cache hit rate, within 10 %."""
+    import subprocess
+
+    from serve.vllm_server import DEFAULT_ENV
+
+    gateway_url, vllm_url, _ = llm_servers
+    counters = ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+    trace = tmp_path / "trace.jsonl"
+    # vLLM's format (seconds, 16-token blocks): 12 requests of 384 tokens (the engine takes 512), the first 256 (16 ids)
+    # shared by all; ids far from the other tests' so that nothing they cached is hit here
+    trace.write_text("".join(json.dumps({"timestamp": 0.3 * i, "input_length": 384, "output_length": 2,
+                                         "hash_ids": [*range(10_000, 10_016), *range(20_000 + 100 * i, 20_008 + 100 * i)]})
+                             + "\n" for i in range(12)))
+    seen = {}
+    for who in ("vllm bench serve", "rtxserve"):
+        before = {c: _vllm_counter(vllm_url, c) for c in counters}
+        if who == "rtxserve":
+            result = run(_replay(gateway_url, trace, model="tiny-llama", trace_format="vllm"), tmp_path / "ours", **quiet)
+            assert result.summary.errors == 0 and result.summary.requests == 12
+        else:
+            argv = [str(ROOT / DEFAULT_ENV / "bin" / "vllm"), "bench", "serve", "--backend", "openai",
+                    "--base-url", gateway_url, "--model", "tiny-llama", "--tokenizer", str(llm_fixtures / "base"),
+                    "--dataset-name", "timed_trace", "--dataset-path", str(trace), "--num-prompts", "12",
+                    "--save-result", "--result-dir", str(tmp_path), "--result-filename", "theirs.json"]
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+            assert json.loads((tmp_path / "theirs.json").read_text())["completed"] == 12
+        delta = {c: _vllm_counter(vllm_url, c) - before[c] for c in counters}
+        seen[who] = {"prompt tokens": delta[counters[0]], "hit rate": delta[counters[2]] / delta[counters[1]]}
+    print(seen)
+    theirs, ours = seen["vllm bench serve"], seen["rtxserve"]
+    assert theirs["hit rate"] > 0.5  # the shared 256 tokens were hits for vLLM's own replay: 2 blocks of 128 of 3
+    for figure in ("prompt tokens", "hit rate"):
+        assert abs(ours[figure] / theirs[figure] - 1) <= 0.10, (figure, seen)
 
 
 def test_a_trace_that_is_not_one_or_names_unserved_models_sends_nothing(llm_gateway, tmp_path, capsys):

@@ -116,3 +116,26 @@ def test_a_repeated_input_is_sent_again_as_the_same_and_its_share_counted(tmp_pa
     samples = Samples(end=np.arange(4.0) + 0.01, latency_ms=np.full(4, 10.0), ok=np.ones(4, bool), errors=[],
                       names=np.array(["classify"] * 4, dtype=object))
     assert compare(trace, samples)["repeat_share"] == 0.5  # 4 requests, 2 inputs
+
+
+def test_calibration_finds_the_words_the_target_reads_as_one_token_and_blocks_become_exact():
+    from loadtest.scenarios.traces import Calibration, Request, fit_calibration, prompt
+    from loadtest.scenarios.workloads import WORDS
+
+    two = {"questions", "refunds", "shipping", "compatible", "tuesday"}  # words of two tokens each for this "target"
+
+    def count(text: str) -> int:  # a template of 3 tokens, then the words
+        return 3 + sum(2 if word in two else 1 for word in text.split())
+
+    fitted = fit_calibration(count)
+    assert [WORDS[i] for i in fitted["single"]] == [w for w in WORDS if w not in two]
+    assert fitted["overhead"] == pytest.approx(3, abs=1.5)
+    calibration = Calibration(**fitted)
+    shared = Request(0.0, "chat", "m", input_tokens=403, output_tokens=2, hash_ids=(7, 8, 9, 10))
+    other = Request(1.0, "chat", "m", input_tokens=403, output_tokens=2, hash_ids=(7, 8, 9, 11))
+    a, b = prompt(shared, 64, 0, calibration), prompt(other, 64, 1, calibration)
+    assert count(a) == count(b) == 403  # the recorded length, to the token
+    common = next(i for i, (x, y) in enumerate(zip(a.split(), b.split())) if x != y)
+    assert common >= 3 * 64 and count(" ".join(a.split()[:3 * 64])) == 3 + 3 * 64  # three blocks of exactly 64 tokens
+    # a target that cannot say (no /tokenize) is not calibrated
+    assert fit_calibration(lambda text: None) is None
