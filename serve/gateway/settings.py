@@ -146,6 +146,10 @@ class GatewaySettings(BaseSettings):
     batch_max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per uploaded file (413 over it; "
                                       "max_body_bytes bounds every request too)")
     batch_max_requests: int = Field(50_000, ge=1, description="requests per batch input file (OpenAI's limit)")
+    batch_files_expire_s: int = Field(30 * 24 * 3600, ge=0, description="a file of the Files API (an upload, a "
+                                      "batch's output) is deleted this long after it was made, unless its "
+                                      "`expires_after` says otherwise (OpenAI's default for batch files: 30 days); "
+                                      "0: kept until deleted")
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")

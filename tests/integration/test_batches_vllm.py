@@ -63,9 +63,12 @@ def test_a_batch_survives_a_gateway_killed_in_its_middle(llm_servers, keys, tmp_
             alice.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h")
 
         before = finished_by_vllm(vllm_url)
-        upload = alice.files.create(file=("in.jsonl", jsonl(request_line(i) for i in range(LINES))), purpose="batch")
+        upload = alice.files.create(file=("in.jsonl", jsonl(request_line(i) for i in range(LINES))), purpose="batch",
+                                    expires_after={"anchor": "created_at", "seconds": 86_400})
+        assert upload.expires_at == upload.created_at + 86_400  # the SDK's form fields, as OpenAI reads them
         batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                     metadata={"job": "nightly"})
+                                     metadata={"job": "nightly"},
+                                     output_expires_after={"anchor": "created_at", "seconds": 3600})
         with pytest.raises(openai.NotFoundError):
             bob.batches.retrieve(batch.id)
         deadline = time.monotonic() + 120
@@ -84,10 +87,12 @@ def test_a_batch_survives_a_gateway_killed_in_its_middle(llm_servers, keys, tmp_
             assert time.monotonic() < deadline, f"batch still {batch.status} after the restart"
             time.sleep(0.2)
         output = [json.loads(x) for x in alice.files.content(batch.output_file_id).text.splitlines()]
+        output_file = alice.files.retrieve(batch.output_file_id)
         sent = finished_by_vllm(vllm_url) - before
     finally:
         gateway.stop()
     assert batch.status == "completed" and batch.error_file_id is None and batch.metadata == {"job": "nightly"}
+    assert output_file.expires_at == output_file.created_at + 3600
     assert (batch.request_counts.completed, batch.request_counts.failed, batch.request_counts.total) == (LINES, 0, LINES)
     assert [o["custom_id"] for o in output] == [f"line-{i}" for i in range(LINES)]  # each once, in the input's order
     # the restarted gateway sent only what had no answer yet: at most the lines in flight at the kill ran twice (and

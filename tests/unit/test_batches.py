@@ -243,3 +243,49 @@ def test_the_apis_are_off_without_a_batch_dir(backend, tmp_path):
     settings = GatewaySettings(triton_grpc_url="", health_interval_s=60)
     with TestClient(create_app(settings, [backend]), raise_server_exceptions=False) as client:
         assert "RTXSERVE_BATCH_DIR" in error_of(client.get("/v1/batches"), 404)["message"]
+
+
+def test_files_expire_as_openais_do_and_the_runner_deletes_them(backend, tmp_path, monkeypatch):
+    import serve.gateway.batches.store as store_module
+
+    with gateway(backend, tmp_path) as client:
+        kept = upload(client, jsonl([line("a", "hi")])).json()  # no expires_after: the gateway's 30 days
+        short = client.post("/v1/files", files={"file": ("in.jsonl", jsonl([line("a", "hi")]))},
+                            data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                  "expires_after[seconds]": "3600"}).json()
+        for bad in ({"expires_after[anchor]": "created_at"}, {"expires_after[anchor]": "last_used", "expires_after[seconds]": "3600"},
+                    {"expires_after[anchor]": "created_at", "expires_after[seconds]": "60"}):
+            refused = client.post("/v1/files", files={"file": ("in.jsonl", jsonl([line("a", "hi")]))},
+                                  data={"purpose": "batch", **bad})
+            assert error_of(refused, 400)["param"] == "expires_after"
+        file = client.post("/v1/files", files={"file": ("in.jsonl", jsonl([line("a", "hi")]))}, data={"purpose": "batch"})
+        batch = client.post("/v1/batches", json={"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions",
+                                                 "completion_window": "24h",
+                                                 "output_expires_after": {"anchor": "created_at", "seconds": 7200}})
+        done = until_ended(client, batch.json()["id"])
+        output = client.get(f"/v1/files/{done['output_file_id']}").json()
+        assert kept["expires_at"] == kept["created_at"] + 30 * 24 * 3600
+        assert short["expires_at"] == short["created_at"] + 3600
+        assert output["expires_at"] == output["created_at"] + 7200
+        store = Store(tmp_path / "batches")
+        real = time.time
+        monkeypatch.setattr(store_module.time, "time", lambda: real() + 3601)  # an hour later
+        assert client.get(f"/v1/files/{short['id']}").status_code == 404  # as absent at once
+        assert short["id"] not in [f["id"] for f in client.get("/v1/files").json()["data"]]
+        assert client.get(f"/v1/files/{output['id']}").status_code == 200
+        assert store.expire_files() == [short["id"]] and not store.path(short["id"]).exists()
+        assert store.path(kept["id"]).exists()
+
+
+def test_a_database_made_before_file_expiry_gets_its_columns_and_keeps_its_files(tmp_path):
+    import sqlite3
+
+    root = tmp_path / "batches"
+    root.mkdir()
+    with sqlite3.connect(root / "batches.sqlite") as db:  # the first release's tables
+        db.executescript("""CREATE TABLE files (id TEXT PRIMARY KEY, owner TEXT NOT NULL, filename TEXT NOT NULL,
+            purpose TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+            INSERT INTO files VALUES ('file-old', 'alice', 'in.jsonl', 'batch', 3, 1);""")
+    store = Store(root)
+    assert store.file("file-old", "alice")["expires_at"] is None  # made before expiry: kept until deleted
+    assert store.expire_files() == []

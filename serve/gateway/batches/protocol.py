@@ -33,11 +33,20 @@ class FileDeleted(BaseModel):
     deleted: bool = True
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy for a file: deleted `seconds` after it was made (1 hour to 30 days)."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=2_592_000)
+
+
 class BatchCreate(BaseModel):
     input_file_id: str
     endpoint: str = Field(description="the route every line names in `url`, e.g. /v1/chat/completions")
     completion_window: Literal["24h"]
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    output_expires_after: ExpiresAfter | None = Field(None, description="when the batch's output and error files "
+                                                      "are deleted (default: the gateway's batch_files_expire_s)")
 
 
 class RequestCounts(BaseModel):

@@ -2,7 +2,8 @@
 
 Everything belongs to the key that made it: another key's file or batch answers 404, as if absent. A gateway without
 keys keeps everything under one anonymous owner. Only `purpose="batch"` uploads are taken; a batch's output and
-error files have purpose `batch_output`.
+error files have purpose `batch_output`. Files expire as OpenAI's do: `expires_after` on upload, a batch's
+`output_expires_after` for its files, else the gateway's `batch_files_expire_s` (30 days).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Literal
 
 from fastapi import Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
+from pydantic import ValidationError
 
 from ..auth import authenticate, request_key
 from ..exceptions import Forbidden, GatewayError, InvalidRequest
 from ..routing import gateway_router
 from . import lines as batch_lines
-from .protocol import Batch, BatchCreate, BatchList, FileDeleted, FileList, FileObject
+from .protocol import Batch, BatchCreate, BatchList, ExpiresAfter, FileDeleted, FileList, FileObject
 from .runner import ANONYMOUS, BatchRunner
 from .store import new_id
 
@@ -73,13 +75,23 @@ def _chunks(upload, limit: int):
 
 @router.post("/v1/files", response_model=FileObject)
 async def upload_file(request: Request, file: UploadFile = File(...),
-                      purpose: str = Form(..., min_length=1)) -> FileObject:  # FastAPI reads an empty field as none
+                      purpose: str = Form(..., min_length=1),  # FastAPI reads an empty field as none
+                      anchor: str | None = Form(None, alias="expires_after[anchor]"),
+                      seconds: str | None = Form(None, alias="expires_after[seconds]")) -> FileObject:
     """Upload a JSONL file of batch requests (`purpose="batch"`), up to `batch_max_file_bytes`. Each line must be a
-    JSON object; the lines are checked against their endpoint when a batch is made from the file."""
+    JSON object; the lines are checked against their endpoint when a batch is made from the file. `expires_after`
+    (the SDK sends it as the form fields expires_after[anchor] and expires_after[seconds]) says when it is deleted."""
     runner, owner = _runner(request), _owner(request)
     if purpose != "batch":
         raise InvalidRequest(f"purpose {purpose[:40]!r} is not taken here; upload batch input with purpose 'batch'",
                              param="purpose")
+    expires_s = runner.settings.batch_files_expire_s
+    if anchor is not None or seconds is not None:
+        try:
+            expires_s = ExpiresAfter.model_validate({"anchor": anchor, "seconds": seconds}).seconds
+        except ValidationError:
+            raise InvalidRequest("expires_after needs anchor 'created_at' and seconds from 3600 (1 hour) to 2592000 "
+                                 "(30 days)", param="expires_after") from None
     file_id = new_id("file-")
     path = runner.store.path(file_id)
     size = await asyncio.to_thread(runner.store.write_file, file_id,
@@ -91,7 +103,7 @@ async def upload_file(request: Request, file: UploadFile = File(...),
         path.unlink(missing_ok=True)
         raise
     row = await asyncio.to_thread(runner.store.add_file, file_id, owner, file.filename or "upload.jsonl", purpose,
-                                  size)
+                                  size, expires_s)
     return FileObject.model_validate(row)
 
 
@@ -152,7 +164,8 @@ async def create_batch(body: BatchCreate, request: Request) -> Batch:
     await asyncio.to_thread(runner.store.add_batch, {
         "id": batch_id, "owner": owner, "endpoint": body.endpoint, "input_file_id": body.input_file_id,
         "completion_window": body.completion_window, "model": model, "status": "validating", "total": len(lines),
-        "metadata": body.metadata, "created_at": now, "expires_at": now + COMPLETION_WINDOW_S})
+        "metadata": body.metadata, "created_at": now, "expires_at": now + COMPLETION_WINDOW_S,
+        "output_expires_s": body.output_expires_after.seconds if body.output_expires_after else None})
     runner.wake()
     return _batch(runner, batch_id, owner)
 

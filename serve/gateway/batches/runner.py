@@ -83,6 +83,8 @@ class BatchRunner:
                 continue
             try:
                 while True:
+                    for file_id in await asyncio.to_thread(self.store.expire_files):
+                        log.info("file %s expired: deleted", file_id)
                     for batch_id in await asyncio.to_thread(self.store.active):
                         try:
                             await self.run_batch(app, batch_id)
@@ -220,5 +222,5 @@ class BatchRunner:
                                            "custom_id": r["custom_id"], "response": answer, "error": error}) + b"\n")
             size = self.store.write_file(ids[index], lines)
             self.store.add_file(ids[index], batch["owner"], f"{batch['id']}_{'output' if ok else 'error'}.jsonl",
-                                "batch_output", size)
+                                "batch_output", size, batch["output_expires_s"] or self.settings.batch_files_expire_s)
         return ids[0], ids[1], expired

@@ -1,6 +1,9 @@
 """Where the Files and Batch APIs keep what they hold, under the gateway's `batch_dir`:
 - `files/ID`: each file's bytes (uploads, and the output and error files of batches);
-- `batches.sqlite`: the files' owners and names, each batch's state, and each finished line's answer.
+- `batches.sqlite`: the files' owners, names and expiry, each batch's state, and each finished line's answer.
+
+A file past its `expires_at` is as absent at once, and its row and bytes are deleted by the runner's next sweep
+(`expire_files`), unless a batch that has not ended reads it (then after that batch).
 
 A line's answer is one row, keyed by its batch and line number and committed when the answer arrives: a gateway
 killed mid-batch loses at most the lines then in flight, which its runner sends again after the restart, and no
@@ -26,13 +29,14 @@ import orjson
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, filename TEXT NOT NULL, purpose TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, expires_at INTEGER);
 CREATE TABLE IF NOT EXISTS batches (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, endpoint TEXT NOT NULL, input_file_id TEXT NOT NULL,
     completion_window TEXT NOT NULL, model TEXT NOT NULL, status TEXT NOT NULL, total INTEGER NOT NULL,
     metadata TEXT, errors TEXT, output_file_id TEXT, error_file_id TEXT,
     created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER,
-    completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER);
+    completed_at INTEGER, failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER,
+    output_expires_s INTEGER);
 CREATE INDEX IF NOT EXISTS batches_by_status ON batches (status, created_at);
 CREATE TABLE IF NOT EXISTS results (
     batch_id TEXT NOT NULL, line INTEGER NOT NULL, custom_id TEXT NOT NULL, request_id TEXT,
@@ -40,8 +44,11 @@ CREATE TABLE IF NOT EXISTS results (
 """
 # The states a batch passes through (OpenAI's): validating until its runner takes it, then in_progress,
 # finalizing while its files are written, and one of the ends.
+LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file not expired, at the time given
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = ("completed", "failed", "expired", "cancelled")
+# Columns added since the first release: a database made before them gets them on open (NULL: never expires).
+ADDED = {"files": ("expires_at INTEGER",), "batches": ("output_expires_s INTEGER",)}
 TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 
 
@@ -58,6 +65,11 @@ class Store:
         with self._db() as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.executescript(SCHEMA)
+            for table, columns in ADDED.items():
+                have = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+                for column in columns:
+                    if column.split()[0] not in have:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -74,19 +86,34 @@ class Store:
     def path(self, file_id: str) -> Path:
         return self.files_dir / file_id
 
-    def add_file(self, file_id: str, owner: str, filename: str, purpose: str, size: int) -> dict:
-        """Record a file whose bytes are already at `path(file_id)`."""
+    def add_file(self, file_id: str, owner: str, filename: str, purpose: str, size: int,
+                 expires_s: int | None = None) -> dict:
+        """Record a file whose bytes are already at `path(file_id)`, expiring `expires_s` after now (None: never)."""
+        now = int(time.time())
         row = {"id": file_id, "owner": owner, "filename": filename, "purpose": purpose, "bytes": size,
-               "created_at": int(time.time())}
+               "created_at": now, "expires_at": now + expires_s if expires_s else None}
         with self._db() as db:
-            db.execute("INSERT OR REPLACE INTO files VALUES (:id, :owner, :filename, :purpose, :bytes, :created_at)", row)
+            db.execute(f"INSERT OR REPLACE INTO files ({', '.join(row)}) VALUES ({', '.join(':' + k for k in row)})",
+                       row)
         return row
 
     def file(self, file_id: str, owner: str) -> dict | None:
-        """The file, if `owner` owns it: another key's files are as absent."""
+        """The file, if `owner` owns it and it has not expired: another key's files, and expired ones, are as absent."""
         with self._db() as db:
-            row = db.execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+            row = db.execute(f"SELECT * FROM files WHERE id = ? AND owner = ? AND {LIVE}",
+                             (file_id, owner, int(time.time()))).fetchone()
         return dict(row) if row else None
+
+    def expire_files(self) -> list[str]:
+        """Delete the files past their expiry (rows and bytes) but those a batch that has not ended reads; their ids."""
+        with self._db() as db:
+            gone = [r[0] for r in db.execute(
+                f"SELECT id FROM files WHERE NOT {LIVE} AND id NOT IN "
+                f"(SELECT input_file_id FROM batches WHERE status IN {ACTIVE})", (int(time.time()),))]
+            db.executemany("DELETE FROM files WHERE id = ?", [(i,) for i in gone])
+        for file_id in gone:
+            self.path(file_id).unlink(missing_ok=True)
+        return gone
 
     def files(self, owner: str, purpose: str | None, after: str | None, limit: int, descending: bool) -> list[dict]:
         return self._page("files", owner, after, limit, descending, purpose=purpose)
@@ -194,6 +221,9 @@ class Store:
         """Up to `limit` + 1 of `owner`'s rows (one more tells the caller there are more), after the row `after`."""
         order = "DESC" if descending else "ASC"
         where, values = ["owner = ?"], [owner]
+        if table == "files":
+            where.append(LIVE)
+            values.append(int(time.time()))
         if purpose:
             where.append("purpose = ?")
             values.append(purpose)
