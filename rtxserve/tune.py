@@ -364,19 +364,26 @@ def _cell(text: str) -> str:
     return text.splitlines()[0].replace("|", "/")[:100] if text else ""
 
 
+def _row(t: Trial, by: str) -> str:
+    """A configuration's row of the report's table (its columns: what `by` measures)."""
+    fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
+    if by == "capacity":
+        measured = [fmt(t.capacity_rps) if t.eligible else "none",
+                    "never" if t.missed_at_rps is None else fmt(t.missed_at_rps), str(t.steps)]
+    else:
+        measured = [f"{t.goodput_rps:.1f}", f"{t.qps:.1f}"]
+    cells = [t.label() + (" (default)" if t.default else ""), *measured, fmt(t.p99_ms), f"{t.errors}/{t.requests}",
+             "yes" if t.eligible else "no", f"[report]({t.report})" if t.report else _cell(t.failure)]
+    return f"| {' | '.join(cells)} |"
+
+
 def _write_report(result: TuneResult, target, search: Search, out: Path, load: str) -> None:
     from loadtest.pages import versions, write_html
     from loadtest.report import MAX_ERROR_FRACTION
 
     by = search.measure
     _plot(result, by, out / "tune.png")
-    fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
-    rows = "\n".join(f"| {t.label()}{' (default)' if t.default else ''} | "
-                     + (f"{fmt(t.capacity_rps) if t.eligible else 'none'} | "
-                        f"{'never' if t.missed_at_rps is None else fmt(t.missed_at_rps)} | {t.steps} | " if by == "capacity" else
-                        f"{t.goodput_rps:.1f} | {t.qps:.1f} | ")
-                     + f"{fmt(t.p99_ms)} | {t.errors}/{t.requests} | {'yes' if t.eligible else 'no'} | "
-                     f"{f'[report]({t.report})' if t.report else _cell(t.failure)} |" for t in result.trials)
+    rows = "\n".join(_row(t, by) for t in result.trials)
     best, default = result.best, result.default
     unit = "req/s held within the SLO" if by == "capacity" else "req/s goodput"
     if best is None:
