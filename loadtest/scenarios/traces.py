@@ -236,6 +236,7 @@ class Calibration:
         return [WORDS[i] for i in self.single] if len(self.single) >= 8 else WORDS
 
     def words_for(self, tokens: float) -> int:
+        """How many of pool()'s words the target reads as `tokens` tokens."""
         return max(1, round(tokens / (1.0 if len(self.single) >= 8 else self.per_word)))
 
 

@@ -44,12 +44,12 @@ CREATE TABLE IF NOT EXISTS results (
 """
 # The states a batch passes through (OpenAI's): validating until its runner takes it, then in_progress,
 # finalizing while its files are written, and one of the ends.
-LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file not expired, at the time given
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 ENDED = ("completed", "failed", "expired", "cancelled")
+TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
 # Columns added since the first release: a database made before them gets them on open (NULL: never expires).
 ADDED = {"files": ("expires_at INTEGER",), "batches": ("output_expires_s INTEGER",)}
-TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at")
+LIVE = "(expires_at IS NULL OR expires_at > ?)"  # a file not expired at the time given
 
 
 def new_id(prefix: str) -> str:
