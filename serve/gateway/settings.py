@@ -150,6 +150,8 @@ class GatewaySettings(BaseSettings):
                                       "batch's output) is deleted this long after it was made, unless its "
                                       "`expires_after` says otherwise (OpenAI's default for batch files: 30 days); "
                                       "0: kept until deleted")
+    batch_parallel: int = Field(4, ge=1, le=64, description="batches run side by side at most (oldest first; the "
+                                "others wait, validating): one key's long batch does not hold back another's")
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")

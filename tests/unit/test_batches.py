@@ -289,3 +289,21 @@ def test_a_database_made_before_file_expiry_gets_its_columns_and_keeps_its_files
     store = Store(root)
     assert store.file("file-old", "alice")["expires_at"] is None  # made before expiry: kept until deleted
     assert store.expire_files() == []
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parallel):
+    backend.release = concurrent.futures.Future()
+    with gateway(backend, tmp_path, batch_concurrency=1, batch_parallel=parallel) as client:
+        long = run(client, [line("first", "wait"), line("second", "x")], wait=False)  # held by its first line
+        while not backend.bodies:
+            time.sleep(0.01)
+        short = run(client, [line("other", "y")], wait=False)
+        if parallel == 2:  # the other key's short batch does not wait for the long one
+            assert until_ended(client, short["id"])["status"] == "completed"
+            assert client.get(f"/v1/batches/{long['id']}").json()["status"] == "in_progress"
+        else:  # one at a time: it waits, validating, behind the long one
+            time.sleep(1.5)
+            assert client.get(f"/v1/batches/{short['id']}").json()["status"] == "validating"
+        backend.release.set_result(None)
+        assert until_ended(client, long["id"])["status"] == until_ended(client, short["id"])["status"] == "completed"

@@ -10,7 +10,8 @@ any other answer is the line's, kept in SQLite (store.py) the moment it arrives.
 
 One runner per box runs every batch: the gateway worker holding the box's runner lock (a file lock beside the
 database, let go by the OS when its process dies); the other workers try for it every POLL_S, so a worker that dies
-is replaced. After a restart the runner carries on from the lines not yet answered.
+is replaced. It runs up to `batch_parallel` batches side by side, oldest first, each with `batch_concurrency` lines
+in flight. After a restart the runner carries on from the lines not yet answered.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ class BatchRunner:
         return dataclasses.replace(key, priority=max(key.priority, PRIORITIES["batch"])) if key else None
 
     async def run(self, app) -> None:
-        """Forever: hold the box's runner lock, and run every batch that has not ended, oldest first."""
+        """Forever: hold the box's runner lock, and run the batches that have not ended, oldest first, up to
+        `batch_parallel` side by side."""
         lock = FileLock(self.store.root / "runner.lock")
+        running: dict[str, asyncio.Task] = {}
         while True:
             try:
                 lock.acquire(timeout=0)  # a non-blocking flock: taken or not at once
@@ -85,19 +88,31 @@ class BatchRunner:
                 while True:
                     for file_id in await asyncio.to_thread(self.store.expire_files):
                         log.info("file %s expired: deleted", file_id)
+                    for batch_id in [b for b, task in running.items() if task.done()]:
+                        del running[batch_id]
                     for batch_id in await asyncio.to_thread(self.store.active):
-                        try:
-                            await self.run_batch(app, batch_id)
-                        except Exception:  # a fault of ours: the batch ends failed, the others still run
-                            log.exception("batch %s: unexpected error", batch_id)
-                            await self.fail(batch_id, "internal_error",
-                                            "the gateway failed running this batch; its log says why")
+                        if len(running) >= self.settings.batch_parallel:
+                            break
+                        if batch_id not in running:
+                            running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
+                            running[batch_id].add_done_callback(lambda _: self._wake.set())
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(POLL_S):
                             await self._wake.wait()
                     self._wake.clear()
             finally:
+                for task in running.values():
+                    task.cancel()
+                await asyncio.gather(*running.values(), return_exceptions=True)
+                running.clear()
                 lock.release()
+
+    async def _run_guarded(self, app, batch_id: str) -> None:
+        try:
+            await self.run_batch(app, batch_id)
+        except Exception:  # a fault of ours: the batch ends failed, the others still run
+            log.exception("batch %s: unexpected error", batch_id)
+            await self.fail(batch_id, "internal_error", "the gateway failed running this batch; its log says why")
 
     async def fail(self, batch_id: str, code: str, message: str, line: int | None = None) -> None:
         log.warning("batch %s failed: %s", batch_id, message)
