@@ -105,17 +105,21 @@ test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup
 # The boot tier: the rendered CPU box brought up for real with Docker Engine and docker-compose, and its systemd units
 # booted in a Debian root with systemd-nspawn (Debian's packages; the images' base is made from them too, and kept by the
 # engine between runs). Outside `make test`: it builds images and boots a system (README, "Testing").
+# Debian's packages are installed one apt-get at a time: make runs two targets at once (--jobs=2), and two apt-gets
+# side by side fail on dpkg's lock (a fresh machine's `make test` stopped with "Could not get lock
+# /var/lib/dpkg/lock-frontend" when espeak-ng and redis-server were both missing). flock serialises them on this file.
+APT_GET := flock $(CURDIR)/Makefile apt-get
 BOOT_PACKAGES := docker.io docker-compose debootstrap systemd-container
 test-boot: setup setup-vllm
 	@command -v dockerd >/dev/null && command -v docker-compose >/dev/null && command -v debootstrap >/dev/null \
-	  && command -v systemd-nspawn >/dev/null || (apt-get update -qq && apt-get install -y -qq $(BOOT_PACKAGES))
+	  && command -v systemd-nspawn >/dev/null || ($(APT_GET) update -qq && $(APT_GET) install -y -qq $(BOOT_PACKAGES))
 	$(BIN)/pytest -m boot $(PYTEST_ARGS)
 
 # promtool checks the rendered Prometheus config and rules: Debian's prometheus package, unpacked here
 # (not installed: no service is started). The test finds it as .tools/promtool.
 $(PROMTOOL):
 	mkdir -p .tools/deb
-	cd .tools/deb && { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; }
+	cd .tools/deb && { $(APT_GET) download prometheus 2>/dev/null || { $(APT_GET) update -qq && $(APT_GET) download prometheus; }; }
 	dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
 	ln -sf deb/root/usr/bin/promtool $@
 
@@ -125,15 +129,15 @@ bench: setup setup-vllm setup-ultralytics setup-quantize setup-speech setup-benc
 
 # The Whisper fixture learns sentences spoken by espeak-ng (Debian's package).
 setup-speech:
-	@command -v espeak-ng >/dev/null || (apt-get update -qq && apt-get install -y -qq espeak-ng)
+	@command -v espeak-ng >/dev/null || ($(APT_GET) update -qq && $(APT_GET) install -y -qq espeak-ng)
 
 # Quotas shared by several gateways are tested against a real Redis (Debian's package; the tests start their own).
 setup-redis:
-	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+	@command -v redis-server >/dev/null || ($(APT_GET) update -qq && $(APT_GET) install -y -qq redis-server)
 
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
 setup-bench:
-	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || (apt-get update -qq && apt-get install -y -qq nginx-light)
+	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || ($(APT_GET) update -qq && $(APT_GET) install -y -qq nginx-light)
 
 # The documentation site (mkdocs.yml) into site/, in a few seconds: the reference pages (CLI, settings, deployment
 # file, metrics) are written from the code as it builds (docs/gen_reference.py), and --strict fails the build on a

@@ -45,6 +45,8 @@ class EntryMetadata(BaseModel):
     native_size: int | None = Field(default=None, ge=8)
     default_size: int | None = Field(default=None, ge=8)
     vae_scale: int | None = Field(default=None, ge=1)
+    # the reference set beside the entry (core/reference.py): file, items, made_from, sha256
+    reference: dict[str, Any] | None = None
     # what a reader assumed about an entry written before this schema (not written back)
     assumed: list[str] = Field(default_factory=list, exclude=True)
 

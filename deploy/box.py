@@ -180,7 +180,8 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
             assemble_repository(d, p, run / "model_repository")
         (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout, p), sort_keys=False))
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
-        state = {"name": d.name, "deployment": str(d.base_dir), "started": time.time(), "servers": []}
+        state = {"name": d.name, "deployment": str(d.base_dir), "file": str(d.file) if d.file else None,
+                 "started": time.time(), "servers": []}
         try:
             for service in services:
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")

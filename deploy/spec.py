@@ -261,6 +261,7 @@ class Deployment(_Strict):
                                         "GiB (default: all that the always-resident models leave); `rtxserve plan` "
                                         "refuses a room the largest on-demand model does not fit in")
     base_dir: Path = Field(Path("."), exclude=True, description="where relative paths start: the file's folder")
+    file: Path | None = Field(None, exclude=True, description="the deployment file it was read from, if any")
 
     @field_validator("name")
     @classmethod
@@ -395,8 +396,9 @@ def parse_deployment(data: dict, base_dir: Path = Path(".")) -> Deployment:
     """A Deployment from parsed YAML; DeploymentError names each field that is wrong."""
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise DeploymentError("a deployment file is a YAML mapping (name:, gpus:, models:, ...)")
-    if "base_dir" in data:
-        raise DeploymentError("base_dir: not a field of the deployment file (paths are relative to the file)")
+    for internal in ("base_dir", "file"):
+        if internal in data:
+            raise DeploymentError(f"{internal}: not a field of the deployment file")
     try:
         deployment = Deployment.model_validate({**data, "base_dir": Path(base_dir).resolve()})
     except ValidationError as exc:
@@ -417,7 +419,9 @@ def load_deployment(path: Path) -> Deployment:
         raise DeploymentError(f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise DeploymentError(f"{path} is not valid YAML: {exc}") from None
-    return parse_deployment(data, path.parent)
+    deployment = parse_deployment(data, path.parent)
+    deployment.file = path.resolve()
+    return deployment
 
 
 def encoder_metadata(d: Deployment, m: EncoderModel) -> EntryMetadata:

@@ -12,6 +12,10 @@ from pathlib import Path
 from .exceptions import ExportError
 
 log = logging.getLogger("rtxserve.export")
+EVAL_SET_HELP = ("JSON lines of inputs, with the right answer where you know it ({\"text\": ..., \"label\": ...}, "
+                 "{\"image\": FILE, \"label\": ...}, {\"messages\": [...], \"answer\": ...}, {\"audio\": FILE, \"text\": ...}): "
+                 "the reference set written beside the artifact holds the framework's own answers on them, which "
+                 "`rtxserve eval` compares the served answers with (default: the parity check's samples)")
 
 
 def _setup_logging() -> None:
@@ -64,6 +68,7 @@ def _add_onnx(onnx, task: str | None = None) -> None:
     onnx.add_argument("--allow-drift", action="store_true", help="keep an export that breaches --atol, or an int8 / fp16 detector "
                       "that finds less than its floor of the framework's detections")
     onnx.add_argument("--sample-texts", type=Path, help="file with one sample text per line for the parity check")
+    onnx.add_argument("--eval-set", type=Path, help=EVAL_SET_HELP)
     onnx.add_argument("--force", action="store_true", help="replace an existing entry of the same name")
     onnx.add_argument("--optimize", action="store_true", help="ONNX Runtime transformer fusions (validated against --atol)")
     onnx.add_argument("--precision", default="fp32", choices=("fp32", "int8", "fp16"),
@@ -269,7 +274,7 @@ def main(argv: list[str]) -> int:
             max_length=args.max_length, atol=args.atol, allow_drift=args.allow_drift, force=args.force,
             sample_texts=texts, sample_images=images, optimize=args.optimize, tensorrt=tensorrt,
             precision=args.precision, min_cosine=args.min_cosine, aggregation=args.aggregation, base=args.base,
-            calibration_images=calibration_images, nms=args.nms,
+            calibration_images=calibration_images, nms=args.nms, eval_set=args.eval_set,
             command=shlex.join(["rtxserve", "export", *argv])))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export", str(exc))

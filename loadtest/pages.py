@@ -96,7 +96,7 @@ def flat(data: dict) -> dict[str, float | int | str]:
     return out
 
 
-def _table(rows: list[list], head: list[str]) -> str:
+def markdown_table(rows: list[list], head: list[str]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
@@ -113,7 +113,7 @@ def _goodput_section(goodput: dict) -> str:
 SLO: {slo}. **{goodput['goodput_rps']:.2f} requests/s** met every limit ({goodput['fraction']:.1%} of the requests;
 a limit applies to the requests that have its figure). P99 is {verdict} the SLO.
 
-{_table(rows, ["figure", "limit (ms)", "P99 (ms)"])}
+{markdown_table(rows, ["figure", "limit (ms)", "P99 (ms)"])}
 """
 
 
@@ -122,7 +122,7 @@ def _split_section(split: dict, heading: str, label: str, note: str = "") -> str
              *(f"{f['latency_ms'].get(p, float('nan')):.1f}" for p in ("p50", "p90", "p99")),
              *(f"{f['ttft_ms'][p]:.1f}" if "ttft_ms" in f else "-" for p in ("p50", "p99"))]
             for name, f in split.items()]
-    return f"\n## {heading}\n\n{note}" + _table(rows, [label, "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms",
+    return f"\n## {heading}\n\n{note}" + markdown_table(rows, [label, "requests", "errors", "QPS", "P50 ms", "P90 ms", "P99 ms",
                                                       "TTFT P50 ms", "TTFT P99 ms"]) + "\n"
 
 
@@ -212,9 +212,9 @@ def _server_tables(series: dict, figures: dict) -> str:
     text = ""
     if triton:
         rows = [[model, *(fmt(roles.get(role)) for role, _ in TRITON_COLUMNS)] for model, roles in sorted(triton.items())]
-        text += _table(rows, ["Triton model", *(label for _, label in TRITON_COLUMNS)]) + "\n\n"
+        text += markdown_table(rows, ["Triton model", *(label for _, label in TRITON_COLUMNS)]) + "\n\n"
     if others:
-        text += _table(others, ["figure", "mean", "max", "unit"]) + "\n"
+        text += markdown_table(others, ["figure", "mean", "max", "unit"]) + "\n"
     return text
 
 

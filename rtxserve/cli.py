@@ -16,6 +16,8 @@ COMMANDS = {
     "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
     "adapters": ("deploy.cli", "adapters_main", "load or unload a LoRA adapter in a running deployment, without a restart"),
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
+    "eval": ("rtxserve.eval_cli", "main", "is what a box serves what was trained? a model's reference set sent through "
+             "the gateway and compared with the framework's own answers"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
     "capacity": ("loadtest.cli", "capacity_main", "the most requests/s a box holds within an SLO (ramp, bisect, confirm); boxes for a target"),
     "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching, or a vLLM engine's, for the most load held within an SLO"),

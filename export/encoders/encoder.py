@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.reference import FILE as REFERENCE_FILE, ReferenceError
 from core.tasks import OBJECT_DETECTION, TEXT_CLASSIFICATION
 
 from .. import onnx_export
@@ -128,6 +129,8 @@ class EncoderOptions:
         the sample images); other models quantise dynamically and take none.
     nms: an Ultralytics YOLO only: NMS in the graph (Ultralytics' nms=True), its iou and max_det fixed at export;
         otherwise the entry's postprocess step runs NMS, with each request's iou.
+    eval_set: a JSON-lines file of inputs (and gold answers) for the reference set written beside the entry (what
+        `rtxserve eval` compares the served answers with); default: the parity check's samples.
     """
 
     max_length: int | None = None
@@ -145,6 +148,7 @@ class EncoderOptions:
     tensorrt: TensorRTOptions | None = None
     calibration_images: list[bytes] | None = None
     nms: bool = False
+    eval_set: Path | None = None
 
 
 @dataclass
@@ -180,7 +184,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
     _check_options(options, entry)
     with contextlib.ExitStack() as scratch:
         source = _resolve(Path(checkpoint).expanduser(), task, entry, repo, options, scratch)
-        steps = Steps(5 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None)
+        steps = Steps(6 + options.optimize + (options.precision != "fp32") + (options.tensorrt is not None)
                       + (task == OBJECT_DETECTION), log)  # detection: the served answers against the pipeline's
         if options.command:
             log.info("reproduce with: %s", options.command)
@@ -190,6 +194,9 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         steps("writing Triton entry %s (%s, %d instance(s), max batch %d)", entry.name, entry.target, entry.instances,
               entry.max_batch_size)
         parity, metadata = _record(source, options, entry, reports, plan_info, reference, inputs, spec)
+        steps("writing the reference set: the framework's own answers on %s", options.eval_set or f"{len(inputs.samples)} "
+              f"sample {inputs.what}")
+        reference_text, metadata["reference"] = _reference(source, reference, inputs, parity, options)
         # what `rtxserve plan` sizes an image graph's activations from (a plan's: the fp32 graph it was built from)
         metadata |= inputs.activations(served if plan_info is None else work / "model.onnx")
         if spec.served_check is not None:  # what the served steps answer against the framework's own predict
@@ -199,6 +206,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
             parity["served"] = gate_served(spec.served_check(served, source.ckpt.path, inputs), options.precision,
                                            options.allow_drift)
         models = spec.entry(entry, onnx_path=served, metadata=metadata, parity=parity, **inputs.entry_kwargs())
+        next(m for m in models if "rtxserve.json" in m.files).files[REFERENCE_FILE] = reference_text
         if plan_info is not None:  # the model step becomes the native tensorrt_plan model
             from ..tensorrt.plan import serve_plan
 
@@ -206,6 +214,18 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return ExportResult(entry=written, parity=parity, seconds=steps.seconds)
+
+
+def _reference(source: _Source, reference, inputs, parity: dict, options: EncoderOptions) -> tuple[str, dict]:
+    """The reference set's file and what rtxserve.json names it by (export/reference.py)."""
+    from ..reference import encoder_reference
+
+    try:
+        return encoder_reference(source.ckpt.task, source.ckpt, reference, inputs, parity, aggregation=options.aggregation,
+                                 eval_set=options.eval_set,
+                                 multi_label=source.ckpt.config.get("problem_type") == "multi_label_classification").dump()
+    except ReferenceError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _check_options(options: EncoderOptions, entry: EntryOptions) -> None:
