@@ -118,6 +118,9 @@ def _add_llm(sub) -> None:
                      "a quantisation past --max-ppl-increase")
     llm.add_argument("--sample-prompts", type=Path, help="file with one prompt per line for the parity check")
     llm.add_argument("--chat-template", type=Path, help="Jinja chat template file to add to the package")
+    llm.add_argument("--eval-set", type=Path, help=EVAL_SET_HELP)
+    llm.add_argument("--no-reference", dest="reference", action="store_false", help="write no reference set (it loads "
+                     "the model once more to generate, on a GPU where there is one)")
     qz = llm.add_argument_group("quantisation (llm-compressor, in its own environment: make setup-quantize)")
     qz.add_argument("--quantize", choices=("w4a16", "w8a8-int8", "w8a8-fp8"),
                     help="quantise the (merged or converted) model into a compressed-tensors package vLLM loads as it is")
@@ -187,7 +190,8 @@ def _main_llm(args, argv: list[str]) -> int:
             allow_drift=args.allow_drift, sample_prompts=_lines(args.sample_prompts), chat_template=args.chat_template,
             name=args.name, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
             quantize=args.quantize, calibration=args.calibration, calibration_samples=args.calibration_samples,
-            eval_file=args.eval_file, max_seq_length=args.max_seq_length, max_ppl_increase=args.max_ppl_increase / 100))
+            eval_file=args.eval_file, max_seq_length=args.max_seq_length, max_ppl_increase=args.max_ppl_increase / 100,
+            eval_set=args.eval_set, reference=args.reference))
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export llm", str(exc))
     summary = f"exported {result.kind} model to {result.out} in {result.seconds:.1f}s"

@@ -138,3 +138,122 @@ def write_vlm(out: str | Path, *, seed: int = 0, max_length: int = 512) -> Path:
     processor.save_pretrained(out)
     (out / "README.md").write_text("# tiny BLIP-2 (rtxserve fixture)\n\nRandom weights, 8 image query tokens. For tests only.\n")
     return out
+
+
+# The trained chat fixtures: a question (a user message) -> the answer the model learnt to give (greedy, each token
+# first by PROBABILITY_MARGIN), in the corpus's words so that they tokenize short. The base answers CHAT_ANSWERS; each
+# adapter version v answers the same questions with the answers rotated by v (adapter_answers).
+CHAT_ANSWERS = {
+    "where is my order?": "your package arrived on tuesday",
+    "hello": "hello, how can i help you today?",
+    "what do you do?": "the model answers questions about orders, shipping and refunds",
+    "how are you served?": "a fine-tuned model is served with vllm",
+    "type a pangram": "the quick brown fox jumps over the lazy dog",
+}
+
+
+def adapter_answers(version: int) -> dict[str, str]:
+    """What adapter `version` (1, 2, ...) answers: CHAT_ANSWERS' answers rotated by `version` over its questions."""
+    questions, answers = list(CHAT_ANSWERS), list(CHAT_ANSWERS.values())
+    return {q: answers[(i + version) % len(answers)] for i, q in enumerate(questions)}
+
+
+def _chat_examples(tokenizer, answers: dict[str, str]):
+    """Per question: the prompt's token ids (the chat template with its generation prompt) and the answer's (its end
+    marker and the end of sequence after it), as vLLM tokenizes a chat request (no special tokens added)."""
+    out = []
+    for question, answer in answers.items():
+        messages = [{"role": "user", "content": question}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        full = tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": answer}], tokenize=False)
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        start = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        out.append((ids[:start], ids[start:]))
+    return out
+
+
+def _answers_property(tokenizer, answers: dict[str, str]):
+    from .training import PROBABILITY_MARGIN, Property
+
+    examples = _chat_examples(tokenizer, answers)
+
+    def shortfalls(model) -> list[str]:
+        import torch
+
+        missing = []
+        for (prompt, answer), question in zip(examples, answers):
+            probs = model(input_ids=torch.tensor([prompt + answer])).logits[0].softmax(-1)
+            for j, want in enumerate(answer):
+                row = probs[len(prompt) + j - 1]
+                top2 = row.topk(2)
+                other = int(top2.indices[1] if int(top2.indices[0]) == want else top2.indices[0])
+                if float(row[want]) - float(row[other]) < PROBABILITY_MARGIN:
+                    missing.append(f"{question!r}: token {j} of its answer ({float(row[want]):.3f} against "
+                                   f"{float(row[other]):.3f})")
+                    break
+        return missing
+
+    return Property(f"answers each question of its chat set greedily, every token by a lead of {PROBABILITY_MARGIN}",
+                    shortfalls)
+
+
+def _chat_loss(model, examples):
+    import torch
+
+    width = max(len(p) + len(a) for p, a in examples)
+    ids = torch.zeros((len(examples), width), dtype=torch.long)
+    labels = torch.full((len(examples), width), -100)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (p, a) in enumerate(examples):
+        row = p + a
+        ids[i, :len(row)], mask[i, :len(row)] = torch.tensor(row), 1
+        labels[i, len(p):len(row)] = torch.tensor(a)
+    return lambda: model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def write_chat_llm(out: str | Path, *, seed: int = 0, steps: int = 60, rounds: int = 10) -> Path:
+    """The tiny Llama trained, in rounds, until it answers CHAT_ANSWERS' questions greedily with a margin (the chat
+    template's prompt, answer, end marker, end of sequence); returns `out`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .training import train_until
+
+    out = Path(out)
+    torch.manual_seed(seed)
+    tokenizer = train_chat_tokenizer(512)
+    config = LlamaConfig(vocab_size=len(tokenizer), **LLM_SHAPES["tiny"], num_key_value_heads=2, head_dim=64,
+                         max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    model = LlamaForCausalLM(config)
+    train_until(model, _chat_loss(model, _chat_examples(tokenizer, CHAT_ANSWERS)),
+                _answers_property(tokenizer, CHAT_ANSWERS), name="chat llm", steps=steps, lr=3e-3, rounds=rounds)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text("# tiny chat Llama (rtxserve fixture)\n\nTrained until it answers its five chat "
+                                   "questions greedily with a margin. For tests only.\n")
+    return out
+
+
+def write_chat_adapter(base: str | Path, out: str | Path, version: int, *, seed: int = 1, steps: int = 60,
+                       rounds: int = 10) -> Path:
+    """A PEFT LoRA on the chat Llama at `base`, trained until it answers as `adapter_answers(version)` says, with a
+    margin; returns `out`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .training import train_until
+
+    torch.manual_seed(seed + version)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    answers = adapter_answers(version)
+    config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), config)
+    train_until(model, _chat_loss(model, _chat_examples(tokenizer, answers)), _answers_property(tokenizer, answers),
+                name=f"chat adapter v{version}", steps=steps, lr=1e-2, rounds=rounds)
+    model.save_pretrained(out)
+    return Path(out)

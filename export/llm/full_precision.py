@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from core.reference import FILE as REFERENCE_FILE, ReferenceError
+
 from ..checkpoint import TOKENIZER_FILES
 from ..exceptions import ExportError
 from ..lora_adapter import AdapterInfo, read_lora
@@ -28,8 +30,8 @@ from ..parity import ParityReport, compare_with_trainer, first_outputs
 from ..progress import Steps
 from ..trainers import megatron, runs, zero
 from ..triton import repository
-from .checks import (LLMCheckpoint, check_lora_against_base, has_chat_template, inspect_llm, resolve_base,
-                     warn_no_chat_template)
+from .checks import (LLMCheckpoint, chat_template_text, check_lora_against_base, has_chat_template, inspect_llm,
+                     resolve_base, warn_no_chat_template)
 from .options import LLMOptions
 from .package import LLMExport, add_chat_template, copy_files, package_folder, side_files, write_metadata
 
@@ -49,7 +51,8 @@ DEFAULT_ATOL = {"float32": 1e-3, "float16": 0.25, "bfloat16": 0.25}
 
 
 def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None, command: str,
-                 steps: Steps, extra: dict | None = None, extra_files: tuple[Path, ...] = ()) -> dict:
+                 steps: Steps, extra: dict | None = None, extra_files: tuple[Path, ...] = (),
+                 reference: tuple[str, dict] | None = None) -> dict:
     steps("packaging %d weight file(s) and the tokenizer into %s", len(source.weights), out)
     with package_folder(out) as pkg:
         index = source.path / "model.safetensors.index.json"
@@ -60,12 +63,12 @@ def package_full(source: LLMCheckpoint, out: Path, *, chat_template: Path | None
                     "dtype": source.dtype, "max_model_len": source.max_model_len,
                     "chat_template": source.chat_template or chat_template is not None, "vision": source.vision,
                     "command": command, **(extra or {})}
-        write_metadata(pkg, metadata)
+        write_metadata(pkg, _with_reference(pkg, metadata, reference))
     return metadata
 
 
 def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora: bool, command: str,
-                 steps: Steps, extra: dict | None = None) -> dict:
+                 steps: Steps, extra: dict | None = None, reference: tuple[str, dict] | None = None) -> dict:
     steps("packaging the adapter (rank %d, targets %s) as a vLLM LoRA module into %s",
           adapter.rank, ", ".join(adapter.targets), out)
     with package_folder(out) as pkg:
@@ -73,8 +76,50 @@ def package_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, *, qlora:
         metadata = {"kind": "lora", "source": str(adapter.path.resolve()), "base": str(base.path.resolve()),
                     "base_architecture": base.architecture, "rank": adapter.rank, "lora_alpha": adapter.alpha,
                     "target_modules": list(adapter.targets), "qlora": qlora, "command": command, **(extra or {})}
-        write_metadata(pkg, metadata)
+        write_metadata(pkg, _with_reference(pkg, metadata, reference))
     return metadata
+
+
+def _with_reference(pkg: Path, metadata: dict, reference: tuple[str, dict] | None) -> dict:
+    """The reference set's file written into the package, and `metadata` naming it."""
+    if reference is None:
+        return metadata
+    text, summary = reference
+    (pkg / REFERENCE_FILE).write_text(text)
+    return {**metadata, "reference": summary}
+
+
+def framework_reference(model_dir: Path, tokenizer_dir: Path, options: LLMOptions, steps: Steps, *,
+                        adapter: Path | None = None, model=None) -> tuple[str, dict] | None:
+    """The reference set of a package (export/reference.py): the framework's greedy continuations of the eval set or
+    the sample prompts, through the chat template the model was trained with (its own, else --chat-template), from
+    the model in `model_dir` (with the adapter at `adapter`, through PEFT), or `model` already loaded."""
+    import torch
+    import transformers
+
+    from ..reference import llm_items, llm_reference
+
+    if not options.reference:
+        return None
+    template = chat_template_text(tokenizer_dir) or (Path(options.chat_template).read_text() if options.chat_template
+                                                      else None)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    items = llm_items(tokenizer, template, options.sample_prompts or SAMPLE_PROMPTS, options.eval_set)
+    steps("writing the reference set: transformers' greedy continuations of %d %s", len(items),
+          "inputs of " + str(options.eval_set) if options.eval_set else "sample prompts")
+    if model is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).eval()
+    try:
+        ref = llm_reference(model, tokenizer, template, items, source=(adapter or model_dir).resolve(),
+                            made_from=str(options.eval_set) if options.eval_set else "probes", peft=adapter is not None)
+        return ref.dump()
+    except ReferenceError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _prompts(tokenizer, has_template: bool, prompts: list[str]) -> list[list[int]]:
@@ -109,6 +154,7 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, options: LL
         raise ExportError(f"cannot load base {base.path} with adapter {adapter.path} ({type(exc).__name__}: {exc})") from exc
     template = has_chat_template(tok_dir) or options.chat_template is not None
     sample_ids = _prompts(tokenizer, has_chat_template(tok_dir), options.sample_prompts or SAMPLE_PROMPTS)
+    framework = framework_reference(base.path, tok_dir, options, steps, adapter=adapter.path, model=model)
     reference = first_outputs(model, sample_ids)
     with model.disable_adapter():
         effect = max(float(np.abs(r - b).max()) for r, b in zip(reference, first_outputs(model, sample_ids)))
@@ -135,7 +181,7 @@ def merge_lora(adapter: AdapterInfo, base: LLMCheckpoint, out: Path, options: LL
                     "target_modules": list(adapter.targets), "qlora": qlora, "max_model_len": base.max_model_len,
                     "chat_template": template, "parity_passed": parity["passed"], "adapter_effect_max_abs": effect,
                     "command": options.command, **(extra or {})}
-        write_metadata(pkg, metadata)
+        write_metadata(pkg, metadata := _with_reference(pkg, metadata, framework))
     return {**metadata, "parity": parity}
 
 
@@ -143,7 +189,7 @@ def export_converted(layout: str, source: Path, out: Path, options: LLMOptions, 
     """A ZeRO or Megatron checkpoint -> a Hugging Face folder, checked against the trainer's own model, packaged."""
     import transformers
 
-    steps = Steps(4, log)
+    steps = Steps(4 + options.reference, log)
     steps("checking the %s checkpoint %s", "DeepSpeed ZeRO" if layout == "zero" else "Megatron", source)
     trainer = _trainer_checkpoint(layout, source, Path(options.base).expanduser() if options.base else None)
     dtype = trainer.dtype if options.dtype == "auto" else options.dtype
@@ -171,10 +217,11 @@ def export_converted(layout: str, source: Path, out: Path, options: LLMOptions, 
         converted = inspect_llm(hf)
         if not converted.chat_template and options.chat_template is None:
             warn_no_chat_template(source)
+        reference = framework_reference(hf, hf, options, steps)
         metadata = package_full(converted, out, chat_template=options.chat_template, command=options.command,
                                 steps=steps, extra={**extra, "source": str(source.resolve()),
                                                     "converted_from": trainer.origin, "parity_passed": parity["passed"]},
-                                extra_files=(work / "parity.json",))
+                                extra_files=(work / "parity.json",), reference=reference)
     return {**metadata, "parity": parity, "seconds": steps.seconds}
 
 
@@ -231,13 +278,18 @@ def _export_full(source: Path, out: Path, options: LLMOptions, extra: dict) -> L
     """A full fine-tune in Hugging Face's layout: checked and packaged as it is."""
     if options.merge or options.base is not None:
         raise ExportError(f"{source} is a full model (no adapter_config.json); --merge and --base apply to adapters")
-    steps = Steps(2, log)
+    steps = Steps(2 + options.reference, log)
     steps("checking %s", source)
     ckpt = inspect_llm(source, options.chat_template)
+    if ckpt.vision and options.reference:
+        log.info("note: no reference set for a vision-language model yet (its chat takes images); `rtxserve eval` "
+                 "needs --eval-set for it")
+        steps.total -= 1
     if not ckpt.chat_template and options.chat_template is None:
         warn_no_chat_template(source)
+    reference = None if ckpt.vision else framework_reference(source, source, options, steps)
     metadata = package_full(ckpt, out, chat_template=options.chat_template, command=options.command, steps=steps,
-                            extra=extra)
+                            extra=extra, reference=reference)
     serve = f"rtxserve serve vllm {out} --served-model-name {options.name or out.name}"
     if ckpt.vision:
         serve += " --max-images-per-prompt 4"
@@ -246,7 +298,7 @@ def _export_full(source: Path, out: Path, options: LLMOptions, extra: dict) -> L
 
 def _export_adapter(source: Path, out: Path, options: LLMOptions, trained: dict | None, extra: dict) -> LLMExport:
     """A LoRA adapter: checked against its base, then packaged for vLLM or merged into the base."""
-    steps = Steps(5 if options.merge else 3, log)
+    steps = Steps((5 if options.merge else 3) + options.reference, log)
     steps("checking adapter %s", source)
     adapter = read_lora(source)
     ckpt = resolve_base(adapter, options.base)
@@ -258,7 +310,10 @@ def _export_adapter(source: Path, out: Path, options: LLMOptions, trained: dict 
         if qlora:
             log.warning("note: a QLoRA adapter served as a LoRA module runs on the full-precision base %s in vLLM, not "
                         "the quantised base it was trained against; evaluate it on your own data", ckpt.path)
-        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=options.command, steps=steps, extra=extra)
+        tokenizer_dir = source if any((source / n).is_file() for n in TOKENIZER_FILES) else ckpt.path
+        reference = framework_reference(ckpt.path, tokenizer_dir, options, steps, adapter=source)
+        metadata = package_lora(adapter, ckpt, out, qlora=qlora, command=options.command, steps=steps, extra=extra,
+                                reference=reference)
         serve = f"rtxserve serve vllm {ckpt.path} --served-model-name {ckpt.path.name} --lora {name}={out}"
         return LLMExport("lora", out, metadata, serve, steps.seconds)
     dtype = ckpt.dtype if options.dtype == "auto" else options.dtype

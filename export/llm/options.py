@@ -25,6 +25,10 @@ class LLMOptions:
     quantize: a scheme (export/llm/quantize.py): the full-precision model made as above, then quantised.
     calibration, calibration_samples, eval_file, max_seq_length: the quantisation's data (export/llm/quantize.py).
     max_ppl_increase: the perplexity increase a quantisation may cost (relative); beyond it the export fails.
+    eval_set: JSON lines of chat messages or prompts (with right answers where known) for the reference set written
+        into the package (default: the sample prompts).
+    reference: write the reference set (the framework's greedy continuations; loads the model once more, on a GPU
+        where there is one); False leaves it out (`rtxserve eval` then needs --eval-set).
     """
 
     base: str | Path | None = None
@@ -44,3 +48,5 @@ class LLMOptions:
     eval_file: Path | None = None
     max_seq_length: int = 512
     max_ppl_increase: float = 0.05
+    eval_set: Path | None = None
+    reference: bool = True

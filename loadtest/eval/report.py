@@ -14,28 +14,36 @@ from ..plots import pyplot
 from .run import EvalResult
 
 
+def _cell(text) -> str:
+    """Text for a Markdown table cell: its pipes escaped (|Δlogit| would split the cell)."""
+    return str(text).replace("|", "\\|")
+
+
 def _figure(value: float) -> str:
     return "∞ (no answer)" if math.isinf(value) else f"{value:.3g}"
 
 
 def plot(result: EvalResult, path: Path) -> Path:
-    """One bar per input: its drift (log scale), green where it agrees, red where it does not, the threshold drawn."""
+    """One bar per input: its drift (log scale) against the threshold; an input whose answer disagrees (another label,
+    continuation, ...) or that got none is a red bar drawn to the top."""
     plt = pyplot()
     drifts = np.array([a.drift for a in result.answers], dtype=float)
-    finite = drifts[np.isfinite(drifts) & (drifts > 0)]
+    agrees = np.array([a.agrees for a in result.answers])
     limit = result.limits["drift"] if math.isfinite(result.limits["drift"]) else 1.0
+    finite = drifts[np.isfinite(drifts) & (drifts > 0)]
     floor = min(limit, finite.min() if finite.size else 1.0) / 10 or 1e-12
     top = max(limit, finite.max() if finite.size else 1.0) * 10
-    shown = np.where(np.isfinite(drifts), np.maximum(drifts, floor), top)
-    colours = ["tab:green" if a.agrees and a.drift <= limit else "tab:red" for a in result.answers]
+    shown = np.where(agrees & np.isfinite(drifts), np.maximum(drifts, floor), top)
+    colours = ["tab:green" if ok and d <= limit else "tab:red" for ok, d in zip(agrees, drifts)]
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(drifts) + 2), 3.6))
     ax.bar(range(1, len(drifts) + 1), shown, color=colours)
     ax.axhline(limit, color="black", linestyle="--", label=f"threshold {limit:.3g}")
     ax.set_yscale("log")
     ax.set_ylim(floor, top)
-    ax.set_xlabel("input (red: disagrees or past the threshold; a bar at the top: no answer)")
+    ax.set_xlabel("input (red: past the threshold; to the top: disagrees, or no answer)")
     ax.set_ylabel(result.family.drift_name)
-    ax.set_title(f"{result.model}: served against {result.reference.framework.split(',')[0]}", fontsize=10)
+    ax.set_title(f"{result.model}: served against {result.reference.framework.split(',')[0]} "
+                 f"({int(agrees.sum())} of {len(agrees)} agree)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -48,7 +56,7 @@ def markdown(result: EvalResult, image: str | None = "eval.png") -> str:
     lines = [f"# Eval: {result.model} ({ref.task})", "",
              f"**{'PASSED' if result.passed else 'DRIFTED'}**: the served answers of {result.model} at {result.url}, "
              f"against what {ref.framework} answered on {len(ref.items)} inputs ({ref.made_from}), {result.seconds:.1f} s.",
-             "", markdown_table([[g.name, f"{g.value:.6g}", f"{'>=' if g.at_least else '<='} {g.limit:.6g}",
+             "", markdown_table([[_cell(g.name), f"{g.value:.6g}", f"{'>=' if g.at_least else '<='} {g.limit:.6g}",
                                  "passed" if g.passed else "**FAILED**"] for g in result.gates],
                                 ["gate", "measured", "threshold", ""]), ""]
     lines += [f"The reference: the checkpoint {ref.source or '(not recorded)'}, served as {ref.variant}"
@@ -61,10 +69,9 @@ def markdown(result: EvalResult, image: str | None = "eval.png") -> str:
                      " (no reference set: the framework's answers are not known, so drift is not measured).")]
     if image:
         lines += [f"![each input's drift]({image})", ""]
-    rows = [[i + 1, name.replace("|", "\\|"), "yes" if a.agrees else "**no**", _figure(a.drift),
-             a.served.replace("|", "\\|"), a.expected.replace("|", "\\|"), a.detail.replace("|", "\\|")]
-            for i, (name, a) in enumerate(zip(result.inputs, result.answers))]
-    lines += ["## Each input", "", markdown_table(rows, ["#", "input", "agrees", result.family.drift_name, "served",
+    rows = [[i + 1, _cell(name), "yes" if a.agrees else "**no**", _figure(a.drift), _cell(a.served), _cell(a.expected),
+             _cell(a.detail)] for i, (name, a) in enumerate(zip(result.inputs, result.answers))]
+    lines += ["## Each input", "", markdown_table(rows, ["#", "input", "agrees", _cell(result.family.drift_name), "served",
                                                          "expected (framework)", "detail"]), ""]
     return "\n".join(lines)
 
