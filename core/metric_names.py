@@ -33,3 +33,8 @@ MODEL_RESIDENT = "rtxserve_model_resident"  # gauge, by model: 1 while an on-dem
 LOAD_WAITS = "rtxserve_load_waits_total"  # counter, by model, outcome: requests that waited for a load (served / timeout / failed)
 BATCH_LINES = "rtxserve_batch_requests_total"  # counter, by status code: batch lines answered (0: not run, cancelled or expired)
 BATCHES = "rtxserve_batches_total"  # counter, by status: batches ended (completed / expired / cancelled / failed)
+# Promotions (serve/gateway/rollout/): the requests to a name under promotion, by the model that answered and its role
+# (current, candidate, or shadow: a copy of a current model's request sent to the candidate, its answer dropped)
+ROLLOUT_SECONDS = "rtxserve_rollout_backend_seconds"  # histogram, by model (the name called), target, role
+ROLLOUT_REQUESTS = "rtxserve_rollout_requests_total"  # counter, by model, target, role, outcome (ok, error; shadows:
+# agree, disagree, ok where the answers are not compared, error)

@@ -16,12 +16,13 @@ from . import canaries
 from .admission import Admission
 from .backends.base import Backend
 from .backends.factory import make_backends
+from .admin.promotions import router as promotions_router
 from .admin.router import router as admin_router
 from .batches.router import router as batches_router
 from .classify.router import HOT as CLASSIFY, router as classify_router
 from .detect.router import router as detect_router
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
-from .exceptions import install_handlers
+from .exceptions import GatewayError, install_handlers
 from .frontdoor import FrontDoor
 from .hotpath import HotRoutes
 from .generate.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
@@ -45,6 +46,13 @@ log = logging.getLogger("rtxserve.gateway")
 BATCH_ENDPOINTS = {"/v1/chat/completions": ChatCompletionRequest, "/v1/completions": CompletionRequest,
                    "/v1/responses": ResponsesRequest, **{hot.path: hot.request for hot in (EMBEDDINGS, CLASSIFY, NER)},
                    "/v1/rerank": RerankRequest, "/v1/score": ScoreRequest}
+
+
+async def _warm(state: GatewayState, name: str) -> None:
+    try:
+        await state.residency.ensure(name)
+    except GatewayError as exc:  # it loads on its first request then
+        log.warning("could not load %s at start: %s", name, exc.message)
 
 
 def _drain_on_sigterm(state: GatewayState) -> None:
@@ -91,8 +99,13 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         if unknown:  # a settings error, found once the backends say what they serve
             raise RuntimeError(f"settings: aliases or fallbacks name models no backend serves: {', '.join(unknown)} "
                                f"(served: {', '.join(sorted(state.registry.models)) or 'none'})")
+        await state.rollout.start()  # a promotion a restart interrupted: rolled back, or finished if it had switched
         loops = [asyncio.create_task(state.registry.run_health_loop()),
-                 asyncio.create_task(state.residency.run_idle_loop())]
+                 asyncio.create_task(state.residency.run_idle_loop()),
+                 asyncio.create_task(state.rollout.run_loop()),
+                 # what a promotion put in front and is loaded on demand: loaded now, not on its first request
+                 *(asyncio.create_task(_warm(state, name)) for name in state.rollout.pinned
+                   if settings.on_demand_owner(name) == name)]
         if state.batches is not None:
             loops.append(asyncio.create_task(state.batches.run(app)))
         _drain_on_sigterm(state)
@@ -122,6 +135,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.include_router(speech_router)
     app.include_router(rank_router)
     app.include_router(admin_router)
+    app.include_router(promotions_router)
     app.include_router(batches_router)
     hot = [CLASSIFY, EMBEDDINGS, NER]
     app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics

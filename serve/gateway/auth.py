@@ -26,7 +26,7 @@ def request_key(request: Request) -> ApiKey | None:
 async def admit_key(state, key: ApiKey | None, model: str, scope_state: dict) -> None:
     """`key`'s admission to `model` (access.Access.admit), naming the model in the metrics labels (`scope_state`, the
     request's) once it is known."""
-    scope_state["model"] = model if model in state.registry.models or model in state.settings.aliases else ""
+    scope_state["model"] = model if model in state.registry.models or state.rollout.serves(model) else ""
     await state.access.admit(key, model)
 
 

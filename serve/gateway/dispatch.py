@@ -8,12 +8,14 @@ backend is never sent twice.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -27,7 +29,10 @@ from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
 from .prefix import Prefix
 from .registry import Registry, Replica
+from .registry import BREAKS
 from .residency import Residency
+from .rollout.shadow import mirror
+from .rollout.table import Rollout
 from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
@@ -52,10 +57,13 @@ class _HeldStream(Stream):
 
 
 class Dispatcher:
-    def __init__(self, settings: GatewaySettings, registry: Registry, residency: Residency):
+    def __init__(self, settings: GatewaySettings, registry: Registry, residency: Residency, rollout: Rollout):
         self.settings = settings
         self.registry = registry
         self.residency = residency
+        self.rollout = rollout
+        self._shadows: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references to tasks
+        self.busy: Counter[str] = Counter()  # model -> its calls in flight here (a stream until it ends)
         self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
                       for m, n in settings.model_concurrency.items()}
 
@@ -63,11 +71,12 @@ class Dispatcher:
                       user: str | None = None) -> ModelInfo:
         """The model a request names (of one of the tasks `task` names), or the error the client should get.
 
-        An alias (settings.aliases) is one of its targets, by weight: the same one for the same API `key` name or
+        An alias (settings.aliases, or a name a promotion routes: rollout/) is one of its targets, by weight (a
+        promotion's route may name the model of its own name): the same one for the same API `key` name or
         request `user` where the alias is sticky by it, else drawn per request. An on-demand model not loaded is
         loaded first (residency.py). A model with no live replica is answered by its first ready fallback
         (settings.fallbacks) of the same task."""
-        alias = self.settings.aliases.get(name)
+        alias = self.rollout.routes.get(name)
         if alias is not None:
             target = _draw(alias.targets, {"key": key or CALLER.get(), "user": user}.get(alias.sticky))
             metrics.ALIAS_REQUESTS.labels(name, target).inc()
@@ -97,7 +106,7 @@ class Dispatcher:
     def check_served(self, name: str) -> None:
         """Nothing if `name` is an alias or a model served here; else what a request naming it gets: 404, or 503
         while a backend is down (the model may be one of its)."""
-        if name not in self.settings.aliases:
+        if name not in self.rollout.routes:
             self._check_model(name)
 
     def _check_model(self, name: str) -> None:
@@ -162,6 +171,13 @@ class Dispatcher:
         the answer. A Stream keeps its replica (and its slot) busy until closed. A model with no live replica left
         is answered by its fallbacks (settings.fallbacks), in order, before a stream has begun. `prefix`: see
         _pick."""
+        public = self.rollout.watching.get(info.name)
+        if public is not None:  # a model a promotion moves between: its figures, and the shadow's copy
+            return await self._watched(public, info, fn, prefix)
+        return await self._routed(info, fn, prefix)
+
+    async def _routed(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                      prefix: Prefix | None = None) -> T:
         chain = self.settings.fallbacks.get(info.name)
         if not chain:
             return await self._resident(info, fn, prefix)
@@ -172,6 +188,31 @@ class Dispatcher:
                 with contextlib.suppress(BackendUnavailable):
                     return await self._resident(fallback, fn, prefix)
             raise
+
+    async def _watched(self, public: str, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                       prefix: Prefix | None) -> T:
+        """`_routed`, timed and counted by the role of the model that answered (rtxserve_rollout_*); in the shadow step,
+        a share of the current model's requests then sent again to the candidate (rollout/shadow.py)."""
+        promotion = self.rollout.snapshot.promotions.get(public)
+        role = "candidate" if promotion is not None and promotion.candidate == info.name else "current"
+        started = time.perf_counter()
+        try:
+            result = await self._routed(info, fn, prefix)
+        except BREAKS:
+            metrics.ROLLOUT_REQUESTS.labels(public, info.name, role, "error").inc()
+            raise
+        metrics.ROLLOUT_SECONDS.labels(public, info.name, role).observe(time.perf_counter() - started)
+        metrics.ROLLOUT_REQUESTS.labels(public, info.name, role, "ok").inc()
+        shadow = self.rollout.shadows.get(info.name)
+        if shadow is not None and random.random() < shadow[1]:
+            candidate = self.registry.models.get(shadow[0])
+            if candidate is None or not candidate.ready:
+                metrics.ROLLOUT_REQUESTS.labels(public, shadow[0], "shadow", "error").inc()
+            else:
+                task = asyncio.create_task(mirror(lambda: self._resident(candidate, fn), result, public, candidate.name))
+                self._shadows.add(task)
+                task.add_done_callback(self._shadows.discard)
+        return result
 
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                         prefix: Prefix | None = None) -> T:
@@ -228,12 +269,14 @@ class Dispatcher:
         tokens = prefix.tokens if prefix is not None else 0
         replica.in_flight += 1
         replica.tokens_in_flight += tokens  # until the answer, or the stream, ends: the load the scorer sees now
+        self.busy[info.name] += 1
         start = time.perf_counter()
         held = False
 
         def release() -> None:
             replica.in_flight -= 1
             replica.tokens_in_flight -= tokens
+            self.busy[info.name] -= 1
 
         try:
             with replica.breaker:  # a _BREAKS error counts towards opening it; a success closes it

@@ -61,6 +61,12 @@ class InvalidRequest(GatewayError):
     status, type, code = 400, "invalid_request_error", "invalid_request"
 
 
+class Conflict(GatewayError):
+    """A change the state it would change does not allow (a promotion running, a step backwards)."""
+
+    status, type, code = 409, "invalid_request_error", "conflict"
+
+
 class Unauthenticated(GatewayError):
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
     headers = {"WWW-Authenticate": "Bearer"}

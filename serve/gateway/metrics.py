@@ -71,6 +71,12 @@ MODEL_RESIDENT = Gauge(metric_names.MODEL_RESIDENT, "1 while an on-demand model 
                        multiprocess_mode="livemax")
 LOAD_WAITS = Counter(metric_names.LOAD_WAITS, "Requests that found their model unloaded and waited for its load, by "
                      "outcome (served, timeout: 503 after load_wait_s, failed: 503 naming the failure)", ("model", "outcome"))
+ROLLOUT_SECONDS = Histogram(metric_names.ROLLOUT_SECONDS, "Backend time of the requests to a name under promotion, by "
+                            "the model that answered and its role (current, candidate, shadow)",
+                            ("model", "target", "role"), buckets=BUCKETS)
+ROLLOUT_REQUESTS = Counter(metric_names.ROLLOUT_REQUESTS, "Requests to a name under promotion, by the model that answered, "
+                           "its role and the outcome (ok, error; a shadow's: agree, disagree, ok, error)",
+                           ("model", "target", "role", "outcome"))
 BATCH_LINES = Counter(metric_names.BATCH_LINES, "Batch requests answered, by status code (0: not run, the batch "
                       "cancelled or expired)", ("status",))
 BATCHES = Counter(metric_names.BATCHES, "Batches ended, by how (completed, expired, cancelled, failed)", ("status",))

@@ -22,7 +22,7 @@ from . import metrics
 from .backends.base import Backend, ModelInfo
 from .exceptions import BackendError, BackendTimeout, BackendUnavailable
 from .prefix import PrefixIndex
-from .settings import GatewaySettings
+from .settings import Alias, GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
 # What opens a replica's breaker: the backend failing, not the client's request being wrong.
@@ -146,11 +146,16 @@ class Registry:
             return []
         return sorted(self.settings.route_names() - set(self.models))
 
-    def ready(self) -> tuple[bool, dict]:
+    def ready(self, routes: Mapping[str, Alias] | None = None, retired: frozenset[str] = frozenset()) -> tuple[bool, dict]:
         """Ready when not draining and every required model (default: all known but the on-demand ones, loaded when
-        asked for) is served by a live replica."""
-        required = self.settings.required_models or [n for n in self.models if not self.settings.on_demand_owner(n)]
-        missing = [n for n in required if n not in self.models or not self.models[n].ready]
+        asked for, and those a promotion `retired`) is served by a live replica; a required name a promotion routes
+        (`routes`) is ready when the models it sends requests to are."""
+        routes = routes or {}
+        required = self.settings.required_models or [n for n in self.models if not self.settings.on_demand_owner(n)
+                                                     and n not in retired]
+        served_by = {n: [t for t, w in routes[n].targets.items() if w] if n in routes else [n] for n in required}
+        missing = [n for n, targets in served_by.items()
+                   if not all(t in self.models and self.models[t].ready for t in targets)]
         known = bool(required) or (bool(self.models) and all(r.up for r in self.replicas))  # every model on demand
         ok = not self.draining and known and not missing
 
@@ -161,7 +166,7 @@ class Registry:
 
         detail = {
             "backends": {r.name: replica_state(r) for r in self.replicas},
-            "models": {n: ("ready" if n in self.models and self.models[n].ready else "not ready") for n in required},
+            "models": {n: ("not ready" if n in missing else "ready") for n in required},
         }
         if self.draining:
             detail["draining"] = True

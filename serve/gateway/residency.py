@@ -18,6 +18,7 @@ answers every request it already runs), which is why a deployment with on-demand
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -37,8 +38,10 @@ def _noop() -> None:
 
 
 class Residency:
-    def __init__(self, settings: GatewaySettings, registry: Registry):
-        self.settings, self.registry = settings, registry
+    def __init__(self, settings: GatewaySettings, registry: Registry,
+                 pinned: Callable[[], frozenset[str]] = lambda: frozenset()):
+        """`pinned`: the models never unloaded to make room or when idle (a promotion's, rollout/table.py)."""
+        self.settings, self.registry, self.pinned = settings, registry, pinned
         self.models = settings.on_demand
         self.in_flight: Counter[str] = Counter()
         self.last_used: dict[str, float] = {}
@@ -179,7 +182,8 @@ class Residency:
         room, need = self.settings.swap_room_gib, self.models[name].gib
         deadline = time.monotonic() + self.settings.load_wait_s
         while self.used_gib(leaving_out=name) + need > room + 1e-9:
-            idle = [n for n in self.resident() if n != name and self.in_flight[n] <= 0]
+            pinned = self.pinned()
+            idle = [n for n in self.resident() if n != name and self.in_flight[n] <= 0 and n not in pinned]
             if idle:
                 await self._unload(idle[0], "room")
                 continue
@@ -194,6 +198,17 @@ class Residency:
                                          retry_after=self.settings.load_wait_s) from None
             finally:
                 self._no_room.pop(name, None)
+
+    async def unload(self, name: str, reason: str) -> None:
+        """Unload `name` (an on-demand model) once its requests here have ended, as room-making does."""
+        async with self._one_at_a_time():
+            deadline = time.monotonic() + self.settings.load_wait_s
+            while self.in_flight[name] > 0 and time.monotonic() < deadline:
+                self._released.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), max(0.0, deadline - time.monotonic()))
+            if self.loaded(name):
+                await self._unload(name, reason)
 
     async def _unload(self, name: str, reason: str) -> None:
         self._unloading.add(name)  # at once: no request starts on it from here
@@ -228,8 +243,10 @@ class Residency:
                 log.exception("idle unload failed")
 
     async def unload_idle(self) -> None:
-        now = time.monotonic()
+        now, pinned = time.monotonic(), self.pinned()
         for name in self.resident():
+            if name in pinned:
+                continue
             after = self.models[name].idle_unload_s
             if after and self.in_flight[name] <= 0 and now - self.last_used[name] >= after:
                 async with self._one_at_a_time():

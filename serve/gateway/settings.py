@@ -155,6 +155,10 @@ class GatewaySettings(BaseSettings):
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")
+    rollout_file: Path | None = Field(None, description="where promotions (`rtxserve promote`) keep the routes they "
+                                      "changed, the models they retired and their own state, so that every worker and "
+                                      "the next start see them: a file on the gateway's own volume; none: this "
+                                      "process's memory (a restart serves the settings' routes again)")
     trace_dir: Path | None = Field(None, description="where each gateway worker writes its traffic trace "
                                    "(trace-PID.jsonl: one line per model request, sizes and times, never text; "
                                    "`rtxserve loadtest replay` sends it again); none: no trace")

@@ -3,6 +3,7 @@
 - `dispatch` (dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
 - `residency` (residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
+- `rollout` (rollout/): the routes promotions changed at run time, their shadows, and the models they pinned or retired;
 - `access` (access.py): the API keys and their quotas;
 - `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`
   is set.
@@ -23,6 +24,8 @@ from .batches.runner import BatchRunner
 from .dispatch import Dispatcher
 from .registry import Canary, Registry
 from .residency import Residency
+from .rollout.retire import retirer
+from .rollout.table import Rollout
 from .settings import GatewaySettings
 
 
@@ -31,6 +34,7 @@ class GatewayState:
     settings: GatewaySettings
     registry: Registry
     residency: Residency
+    rollout: Rollout
     dispatch: Dispatcher
     access: Access
     batches: BatchRunner | None = None
@@ -40,7 +44,10 @@ class GatewayState:
               batch_endpoints: Mapping[str, type[BaseModel]] | None = None) -> GatewayState:
         """`batch_endpoints`: the routes a batch may run -> the request type each accepts."""
         registry = Registry(settings, backends, canaries)
-        residency = Residency(settings, registry)
+        rollout = Rollout(settings)
+        residency = Residency(settings, registry, pinned=lambda: rollout.pinned)
+        dispatch = Dispatcher(settings, registry, residency, rollout)
+        rollout.retire = retirer(registry, residency, busy=lambda model: dispatch.busy[model])
         access = Access(settings)
         batches = BatchRunner(settings, access, batch_endpoints or {}) if settings.batch_dir else None
-        return cls(settings, registry, residency, Dispatcher(settings, registry, residency), access, batches)
+        return cls(settings, registry, residency, rollout, dispatch, access, batches)

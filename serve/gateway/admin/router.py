@@ -58,7 +58,7 @@ def _engines(state: GatewayState, model: str) -> list[str]:
 async def load_adapter(body: AdapterLoad, request: Request) -> dict:
     """Load a LoRA adapter on every replica of its base; listed in /v1/models when this answers."""
     state: GatewayState = request.app.state.gateway
-    if body.name in state.registry.models or body.name in state.settings.aliases:
+    if body.name in state.registry.models or state.rollout.serves(body.name):
         raise InvalidRequest(f"{body.name} is already served; pick another name, or unload it first", param="name")
     base = state.registry.models.get(body.base)
     if base is None:

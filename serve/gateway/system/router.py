@@ -32,7 +32,7 @@ async def readyz(request: Request) -> JSONResponse:
     """Readiness: every backend is up and every required model is ready (503 otherwise); and what of the on-demand
     models is loaded (`rtxserve serve status` shows it)."""
     state = request.app.state.gateway
-    ok, detail = state.registry.ready()
+    ok, detail = state.registry.ready(state.rollout.routes, state.rollout.retired)
     if state.residency.models:
         detail["on_demand"] = {name: s["state"] for name, s in state.residency.status().items()}
     return JSONResponse({"status": "ready" if ok else "not ready", **detail}, status_code=200 if ok else 503)
@@ -48,17 +48,19 @@ async def prometheus() -> Response:
 async def list_models(request: Request) -> dict:
     """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use (an
     on-demand one with its residency: loaded, loading, unloading or unloaded, its GiB and requests in flight), and the
-    aliases (settings.aliases) whose targets are known, with their weights; an alias is ready when a target is."""
+    aliases (settings.aliases, and the names promotions route) whose targets are known, with their weights; an alias is
+    ready when a target is. A model a promotion replaced is not listed: its name is now the route's."""
     state, key = request.app.state.gateway, request_key(request)
     on_demand = state.residency.status()
+    routes = state.rollout.routes
     data = [
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
         | ({"on_demand": on_demand[info.name]} if info.name in on_demand else {})
         for info in sorted(state.registry.models.values(), key=lambda m: m.name)
-        if key is None or key.allows(info.name)
+        if (key is None or key.allows(info.name)) and info.name not in routes and info.name not in state.rollout.retired
     ]
-    for name, alias in sorted(state.settings.aliases.items()):
+    for name, alias in sorted(routes.items()):
         targets = [state.registry.models[t] for t in alias.targets if t in state.registry.models]
         if targets and (key is None or key.allows(name)):
             data.append({"id": name, "object": "model", "created": 0, "owned_by": "rtxserve", "task": targets[0].task,
