@@ -111,6 +111,30 @@ def write_text_classifier(out: str | Path, *, seed: int = 0, train_steps: int = 
                 "a margin. For tests only.\n")
 
 
+def write_text_classifier_v2(v1: str | Path, out: str | Path, *, seed: int = 1, train_steps: int = 40,
+                             rounds: int = 5) -> Path:
+    """A second fine-tune of the classifier at `v1`, as a team makes its v2: the same tokenizer and labels, trained on
+    for more steps on other sentences (`seed`), until its probes hold again with their margin; returns `out`."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(v1)
+    model = BertForSequenceClassification.from_pretrained(v1)
+    data = _sentences(rng, 256)
+
+    def batch_loss():
+        batch = rng.sample(data, 32)
+        enc = tokenizer([s for s, _ in batch], padding=True, return_tensors="pt")
+        return model(**enc, labels=torch.tensor([y for _, y in batch])).loss
+
+    train_until(model, batch_loss, _classifier_property(tokenizer), name="text classifier v2", steps=train_steps,
+                lr=1e-3, rounds=rounds)
+    return save(Path(out), model, tokenizer, "# tiny-bert-sentiment v2 (rtxserve fixture)\n\nThe v1 fixture trained on "
+                "for more steps on other sentences. For tests only.\n")
+
+
 # What the fixture reranker's queries ask for: the reviews of one sentiment (LABELS).
 RERANK_QUERIES = {"negative": "which reviews complain", "neutral": "which reviews are about delivery",
                   "positive": "which reviews are happy"}

@@ -18,6 +18,8 @@ COMMANDS = {
     "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "eval": ("rtxserve.eval_cli", "main", "is what a box serves what was trained? a model's reference set sent through "
              "the gateway and compared with the framework's own answers"),
+    "promote": ("rtxserve.promote.cli", "main", "put a new fine-tune in front of the old one on a running box: eval "
+                "gate, shadow, canary, switch, rollback window; back to the old one at the first breach"),
     "loadtest": ("loadtest.cli", "main", "run a locust scenario and write a latency report"),
     "capacity": ("loadtest.cli", "capacity_main", "the most requests/s a box holds within an SLO (ramp, bisect, confirm); boxes for a target"),
     "tune": ("rtxserve.tune", "main", "search a Triton entry's instances x batching, or a vLLM engine's, for the most load held within an SLO"),

@@ -46,7 +46,7 @@ class PromotionEnd(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: StrictStr | None = None
-    reason: StrictStr = Field("by hand", max_length=1000)
+    reason: StrictStr | None = Field(None, max_length=1000)
 
 
 def _current(state: GatewayState, model: str) -> str:
@@ -91,9 +91,11 @@ def _conflict(call):
 
 @router.get("/admin/promotions")
 async def promotions(request: Request) -> dict:
-    """The routes promotions made, the models they retired, the promotions running and the last that ended."""
-    snapshot = request.app.state.gateway.rollout.snapshot
-    return {"routes": {n: r.targets for n, r in snapshot.routes.items()}, "retired": snapshot.retired,
+    """The routes (the settings' aliases, and those promotions made), the models promotions retired, the promotions
+    running and the last that ended."""
+    rollout = request.app.state.gateway.rollout
+    snapshot = rollout.snapshot
+    return {"routes": {n: r.targets for n, r in rollout.routes.items()}, "retired": snapshot.retired,
             "promotions": [p.model_dump() for p in snapshot.promotions.values()],
             "history": [p.model_dump() for p in snapshot.history]}
 
@@ -121,7 +123,7 @@ async def step(model: str, body: PromotionStep, request: Request) -> dict:
 async def rollback(model: str, body: PromotionEnd, request: Request) -> dict:
     """Back to the route the promotion found, from any step before it finished."""
     rollout = request.app.state.gateway.rollout
-    return _conflict(lambda: rollout.rollback(model, body.id, body.reason)).model_dump()
+    return _conflict(lambda: rollout.rollback(model, body.id, body.reason or "rolled back by hand")).model_dump()
 
 
 @router.post("/admin/promotions/{model}/finish")
@@ -129,7 +131,7 @@ async def finish(model: str, body: PromotionEnd, request: Request) -> dict:
     """A switched promotion made final: the model it replaced unloaded where its backend can."""
     rollout = request.app.state.gateway.rollout
     try:
-        promotion = await rollout.finish(model, body.id, body.reason)
+        promotion = await rollout.finish(model, body.id, body.reason or "finished")
     except PromotionConflict as exc:
         raise Conflict(str(exc)) from None
     return promotion.model_dump()
