@@ -175,7 +175,8 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
         check_ports(d)
         layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
-                        batch_dir=str(run / "batches"))
+                        batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
+                        retired=frozenset(promoted(run).retired))
         if d.encoders:
             assemble_repository(d, p, run / "model_repository")
         (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout, p), sort_keys=False))
@@ -244,6 +245,20 @@ def _members(r: dict) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return out
+
+
+ROLLOUT_FILE = "rollout.json"
+
+
+def promoted(run: Path):
+    """What promotions changed on the box that runs from `run` (serve/gateway/rollout/store.py's snapshot): its routes,
+    the models they retired (left out at the next `up`) and the promotions running."""
+    from serve.gateway.rollout.store import RolloutError, RolloutStore
+
+    try:
+        return RolloutStore(run / ROLLOUT_FILE).read()
+    except RolloutError as exc:
+        raise DeploymentError(str(exc)) from None
 
 
 def status(run: Path) -> list[dict]:

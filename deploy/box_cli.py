@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 from core.envs import TRITON, VLLM, env_dir
 from serve.launcher import ServerStartError
 
-from .box import down, run_dir, running, state_dir, status, up
+from .box import down, promoted, run_dir, running, state_dir, status, up
 from .spec import DeploymentError, load_deployment
 
 
@@ -26,6 +27,36 @@ def _up(args) -> int:
         print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
         return 2
     print(f"{deployment.name} runs from {run}: `rtxserve serve status {deployment.name}`, `rtxserve serve down {deployment.name}`")
+    return _verify(deployment, run, args.api_key) if args.verify else 0
+
+
+def _verify(deployment, run: Path, api_key: str) -> int:
+    """`up --verify`: every model with a reference set held to it through the gateway (`rtxserve eval`); 1 where one
+    drifted (the box stays up: its report says what)."""
+    from core.reference import ReferenceError, ReferenceSet
+    from loadtest.eval.report import write
+    from loadtest.eval.run import evaluate
+
+    from .box_target import BoxTarget, gateway_url
+
+    target = BoxTarget(gateway_url(run), deployment, run)
+    names = [n for m in deployment.models for n in (m.name, *getattr(m, "adapters", {}))]
+    drifted = []
+    for name in names:
+        try:
+            ref = ReferenceSet.read(target.artifact(name))
+        except ReferenceError as exc:
+            print(f"verify {name}: not verified ({exc})", file=sys.stderr)
+            continue
+        result = evaluate(target.url, name, ref, api_key=api_key)
+        page = write(result, run / "verify" / name)
+        print(f"verify {name}: {result.verdict()} ({page})")
+        if not result.passed:
+            drifted.append(name)
+    if drifted:
+        print(f"rtxserve serve up: error: {', '.join(drifted)} do not answer as they were trained (the box is up: "
+              f"see the reports above, `rtxserve serve down {deployment.name}` to stop it)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -58,7 +89,21 @@ def _status(args) -> int:
                 by_state.setdefault(state, []).append(model)
             if by_state:
                 print("    on demand: " + "; ".join(f"{state}: {', '.join(models)}" for state, models in sorted(by_state.items())))
+        for line in _promotions(run):
+            print("  " + line)
     return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
+
+
+def _promotions(run: Path) -> list[str]:
+    """What promotions made of the box (its rollout file): each name they moved, what they retired, what runs."""
+    snapshot = promoted(run)
+    lines = [f"promoted: {name} -> " + ", ".join(f"{t} ({w} %)" for t, w in route.targets.items())
+             for name, route in snapshot.routes.items()]
+    if snapshot.retired:
+        lines.append(f"retired by promotions: {', '.join(snapshot.retired)}")
+    lines += [f"promotion {p.id} of {p.model} running: {p.current} -> {p.candidate}, {p.phase}"
+              + (f" at {p.weight} %" if p.phase == "canary" else "") for p in snapshot.promotions.values()]
+    return lines
 
 
 def _down(args) -> int:
@@ -86,6 +131,10 @@ def add_commands(sub) -> None:
     u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
                    "/opt/tritonserver/bin/tritonserver): needed for GPU entries")
     u.add_argument("--backend-directory", type=Path, help="that tritonserver's backends (default /opt/tritonserver/backends)")
+    u.add_argument("--verify", action="store_true", help="then hold every model to its reference set through the "
+                   "gateway (`rtxserve eval`); exit 1 where one does not answer as it was trained")
+    u.add_argument("--api-key", default=os.environ.get("RTXSERVE_API_KEY", ""), help="--verify: a gateway key that may "
+                   "use every model (env RTXSERVE_API_KEY), where the box has keys")
     u.set_defaults(run=_up)
     for name, fn, text in (("status", _status, "what a deployment runs and whether each server answers ready"),
                            ("down", _down, "stop a deployment's servers (gateway first), leaving no process behind")):

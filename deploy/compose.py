@@ -82,7 +82,8 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
             # image's home of the gateway's user, which a new volume takes its owner from)
             svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args],
-                   "environment": s.env | {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"},
+                   "environment": s.env | {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches",
+                                           "RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"},
                    "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
                    "depends_on": {e.name: {"condition": "service_healthy"} for e in engines},

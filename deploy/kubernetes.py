@@ -271,8 +271,10 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
     if d.gateway.keys_file is not None:
         mounts.append({"name": "keys", "mountPath": str(Path(KEYS_IN_CONTAINER).parent), "readOnly": True})
         volumes.append({"name": "keys", "secret": {"secretName": "rtxserve-api-keys"}})
+    # Promotions need one state every gateway reads; each pod here has its own until the shared store: off (docs).
+    env = gateway.env | {"RTXSERVE_PROMOTIONS": "false"}
     container = {"name": "gateway", "image": image(d, GATEWAY_IMAGE), "command": ["rtxserve"], "args": gateway.args,
-                 "env": [{"name": k, "value": v} for k, v in sorted(gateway.env.items())],
+                 "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
                  "ports": [{"name": "http", "containerPort": gateway.port}],
                  "readinessProbe": _probe("/readyz", gateway.port, 5), "livenessProbe": _probe("/healthz", gateway.port),
                  "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},

@@ -251,7 +251,8 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
                   str(at / "secrets" / "keys.json") for k, v in where.items()}
     host = Layout(path=lambda path: host_where[Path(path).resolve()], repository=str(at / "models" / "repository"),
                   gateway_config=str(at / "systemd" / "gateway.yaml"),
-                  batch_dir=f"{GATEWAY_STATE}/batches")  # the units' StateDirectory=, the rtxserve user's own
+                  # the units' StateDirectory=, the rtxserve user's own
+                  batch_dir=f"{GATEWAY_STATE}/batches", rollout_file=f"{GATEWAY_STATE}/rollout.json")
     files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))

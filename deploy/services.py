@@ -50,9 +50,12 @@ class Layout:
     gateway_config: str = "gateway.yaml"  # the gateway's settings file, as the gateway sees it
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
     batch_dir: str | None = None  # where the gateway keeps the Batch API's files and state (None: that API is off)
+    rollout_file: str | None = None  # where the gateway keeps what promotions changed (None: its memory only)
+    # the models a promotion on this box retired (`serve up` reads them from the rollout file): not loaded at start
+    retired: frozenset[str] = frozenset()
 
 
-def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
+def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str, retired: frozenset[str] = frozenset()):
     from serve.vllm_server import VLLMOptions
 
     extra = ["--max-num-seqs", str(m.max_num_seqs)]
@@ -65,7 +68,8 @@ def vllm_options(d: Deployment, p: Plan, m: LLMModel, port: int, bind: str):
     if d.on_gpu and m.resident == "on-demand":  # sleeps between uses (its /sleep and /wake_up: VLLM_SERVER_DEV_MODE)
         extra += ["--enable-sleep-mode"]
     return VLLMOptions(model=d.resolve(m.path), served_name=m.name, host=bind, port=port, max_model_len=m.max_model_len,
-                       kv_cache_gib=m.kv_cache_gib, adapters={n: d.resolve(a) for n, a in m.adapters.items()},
+                       kv_cache_gib=m.kv_cache_gib,
+                       adapters={n: d.resolve(a) for n, a in m.adapters.items() if n not in retired},
                        dtype=m.dtype, tool_call_parser=m.tool_call_parser,
                        chat_template=d.resolve(m.chat_template) if m.chat_template else None,
                        max_images=m.max_images, max_image_pixels=m.max_image_pixels,
@@ -99,6 +103,8 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
     if layout.batch_dir:
         settings["batch_dir"] = layout.batch_dir
+    if layout.rollout_file:
+        settings["rollout_file"] = layout.rollout_file
     return settings | d.gateway.settings
 
 
@@ -115,12 +121,14 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
 
         opts = TritonOptions(repository=Path(layout.repository), http_port=d.ports.triton_http, grpc_port=d.ports.triton_grpc,
                              metrics_port=d.ports.triton_metrics, address=layout.bind, extra_args=response_cache_args(d),
-                             load_models=[m.name for m in d.encoders if m.resident == "always"] if d.on_demand else None)
+                             # explicit model control where some are loaded on demand, or retired by a promotion
+                             load_models=[m.name for m in d.encoders if m.resident == "always" and m.name not in
+                                          layout.retired] if d.on_demand or layout.retired else None)
         services.append(Service("triton", "triton", triton_args(opts, layout.repository), d.ports.triton_http,
                                 "/v2/health/ready", "/v2/health/live", d.ports.triton_metrics,
                                 models=[m.name for m in d.encoders]))
     for m, replica, port in d.engines():
-        opts = vllm_options(d, p, m, port, layout.bind)
+        opts = vllm_options(d, p, m, port, layout.bind, layout.retired)
         try:
             adapters = check_vllm(opts, env_dir=vllm_env)
         except VLLMConfigError as exc:

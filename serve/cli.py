@@ -115,6 +115,8 @@ def _gateway(args) -> int:
               "make keys with `rtxserve keys create` and pass --keys to require them", file=sys.stderr)
     if settings.workers > 1 and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
+    if settings.workers > 1 and not settings.rollout_file:  # one promotion state for all workers (until a restart)
+        os.environ["RTXSERVE_ROLLOUT_FILE"] = str(Path(tempfile.mkdtemp(prefix="rtxserve-rollout-")) / "rollout.json")
     if settings.workers > 1 and not settings.rate_limit_storage:  # quotas counted once for all workers
         path = Path(tempfile.mkdtemp(prefix="rtxserve-quotas-")) / "quotas.sqlite"
         os.environ["RTXSERVE_RATE_LIMIT_STORAGE"] = f"async+sqlite://{path}"

@@ -103,9 +103,11 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         loops = [asyncio.create_task(state.registry.run_health_loop()),
                  asyncio.create_task(state.residency.run_idle_loop()),
                  asyncio.create_task(state.rollout.run_loop()),
-                 # what a promotion put in front and is loaded on demand: loaded now, not on its first request
+                 # what a promotion put in front and is loaded on demand: loaded now, not on its first request; what
+                 # one retired and a server loaded anyway (it runs every entry): unloaded where it can be
                  *(asyncio.create_task(_warm(state, name)) for name in state.rollout.pinned
-                   if settings.on_demand_owner(name) == name)]
+                   if settings.on_demand_owner(name) == name),
+                 *(asyncio.create_task(state.rollout.retire(name)) for name in state.rollout.retired)]
         if state.batches is not None:
             loops.append(asyncio.create_task(state.batches.run(app)))
         _drain_on_sigterm(state)

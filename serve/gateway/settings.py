@@ -155,6 +155,9 @@ class GatewaySettings(BaseSettings):
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")
+    promotions: bool = Field(True, description="whether `rtxserve promote` may run on this gateway (its admin "
+                             "routes): off where its workers or pods cannot share one rollout_file (Kubernetes' "
+                             "gateway pods, each with its own)")
     rollout_file: Path | None = Field(None, description="where promotions (`rtxserve promote`) keep the routes they "
                                       "changed, the models they retired and their own state, so that every worker and "
                                       "the next start see them: a file on the gateway's own volume; none: this "

@@ -104,6 +104,9 @@ async def promotions(request: Request) -> dict:
 async def begin(body: PromotionStart, request: Request) -> dict:
     """Begin promoting `candidate` in front of what serves `model`: nothing changes for clients yet."""
     state: GatewayState = request.app.state.gateway
+    if not state.settings.promotions:
+        raise Conflict("promotions are off on this gateway: its replicas do not share one state (Kubernetes' gateway "
+                       "pods; see the docs' shipping page)")
     current = _current(state, body.model)
     if body.candidate == current:
         raise InvalidRequest(f"{body.candidate} already serves {body.model}", param="candidate")

@@ -34,8 +34,8 @@ def retirer(registry: Registry, residency: Residency,
             await residency.unload(name, "retired")
             return "unloaded (on demand)"
         info = registry.models.get(name)
-        if info is None:
-            return "was no longer served"
+        if info is None or not info.ready:
+            return "was not loaded"
         replicas = [r for r in registry.replicas if r.up and name in r.models]
         try:
             if info.backend == "vllm" and info.extra.get("parent") in registry.models:  # a LoRA adapter
