@@ -13,7 +13,7 @@ import httpx
 
 from core.reference import ReferenceSet
 
-from .figures import RoleFigures, scrape, window
+from .figures import RoleFigures, pooled, scrape, window
 
 
 class PromoteError(RuntimeError):
@@ -36,8 +36,8 @@ class PromoteOptions:
     step_s: float = 15.0
     rollback_window_s: float = 30.0
     lease_s: float = 30.0
-    latency_margin: float = 0.5
-    latency_floor_ms: float = 5.0
+    latency_margin: float = 1.0
+    latency_floor_ms: float = 10.0
     max_error_increase: float = 0.01
     min_requests: int = 20
     eval_limits: dict = field(default_factory=dict)
@@ -158,7 +158,8 @@ class Driver:
         try:
             self._step("load", lambda s: self._load())
             self._step("eval", self._eval)
-            self._step("shadow", self._shadow)
+            if opts.shadow_share > 0 and opts.shadow_s > 0:
+                self._step("shadow", self._shadow)
             for weight in opts.canary:
                 self._step(f"canary {weight} %", lambda s, w=weight: self._hold(s, "canary", w, opts.step_s))
             self._step("switch", lambda s: self._hold(s, "switched", 100, opts.rollback_window_s))
@@ -225,11 +226,12 @@ class Driver:
         step.weight = weight
         step.figures = self._window(lambda: self.lease.move(phase, weight=weight), seconds)
         candidate, current = step.figures.get("candidate"), step.figures.get("current")
-        if current is None:  # switched: the current model's figures from the steps before
-            current = next((s.figures["current"] for s in reversed(self.outcome.steps[:-1]) if "current" in s.figures),
-                           None)
         step.detail = (f"{candidate.requests if candidate else 0} requests to {self.outcome.candidate}, "
-                       f"{current.requests if current and 'current' in step.figures else 0} to {self.outcome.current}")
+                       f"{current.requests if current else 0} to {self.outcome.current}")
+        if phase == "switched":  # the current model answers only what it had in flight: held to its earlier steps
+            current = pooled([s.figures["current"] for s in self.outcome.steps[:-1] if "current" in s.figures])
+            if current is not None:
+                step.detail += f" (against {self.outcome.current}'s {current.requests} requests of the steps before)"
         self._judge(candidate, current, f"at {weight} %")
 
     def _window(self, begin: Callable[[], None], seconds: float) -> dict[str, RoleFigures]:

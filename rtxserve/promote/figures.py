@@ -51,6 +51,7 @@ class RoleFigures:
     outcomes: dict[str, int]
     p50_ms: float
     p99_ms: float
+    buckets: dict[float, float] = field(default_factory=dict, repr=False)  # the window's histogram, for pooling
 
     @property
     def errors(self) -> int:
@@ -77,9 +78,27 @@ def window(before: Scrape, after: Scrape) -> dict[str, RoleFigures]:
         counts = {le: v - before.buckets.get(key, {}).get(le, 0.0) for le, v in after.buckets.get(key, {}).items()}
         requests = sum(outcomes.values())
         if requests:
-            out[role] = RoleFigures(target, role, requests, outcomes, 1e3 * quantile(0.5, counts),
-                                    1e3 * quantile(0.99, counts))
+            out[role] = _figures(target, role, outcomes, counts)
     return out
+
+
+def _figures(target: str, role: str, outcomes: dict[str, int], buckets: dict[float, float]) -> RoleFigures:
+    return RoleFigures(target, role, sum(outcomes.values()), outcomes, 1e3 * quantile(0.5, buckets),
+                       1e3 * quantile(0.99, buckets), buckets)
+
+
+def pooled(figures: list[RoleFigures]) -> RoleFigures | None:
+    """Several windows of one role as one: their requests, outcomes and histograms added up."""
+    if not figures:
+        return None
+    outcomes: dict[str, int] = defaultdict(int)
+    buckets: dict[float, float] = defaultdict(float)
+    for f in figures:
+        for k, v in f.outcomes.items():
+            outcomes[k] += v
+        for le, v in f.buckets.items():
+            buckets[le] += v
+    return _figures(figures[0].target, figures[0].role, dict(outcomes), dict(buckets))
 
 
 def quantile(q: float, buckets: dict[float, float]) -> float:

@@ -98,6 +98,7 @@ def write(outcome: Outcome, out_dir: Path) -> Path:
             "result": outcome.result, "reason": outcome.reason, "promotion": outcome.promotion,
             "evals": {role: r.to_dict() for role, r in outcome.evals.items()},
             "steps": [{"name": s.name, "seconds": s.seconds, "weight": s.weight, "passed": s.passed, "detail": s.detail,
-                       "figures": {r: vars(f) for r, f in s.figures.items()}} for s in outcome.steps]}
+                       "figures": {r: {k: v for k, v in vars(f).items() if k != "buckets"} for r, f in s.figures.items()}}
+                      for s in outcome.steps]}
     (out_dir / "promote.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return out_dir / "promote.md"
