@@ -247,10 +247,10 @@ def _greedy(model, tokenizer, ids: list[int], max_tokens: int, eos: set[int]) ->
 
     device = next(model.parameters()).device
     config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, num_beams=1, eos_token_id=sorted(eos) or None,
-                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0))
+                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0),
+                              output_logits=True, return_dict_in_generate=True)
     out = model.generate(input_ids=torch.tensor([ids], device=device),
-                         attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device),
-                         generation_config=config, output_logits=True, return_dict_in_generate=True)
+                         attention_mask=torch.ones((1, len(ids)), dtype=torch.long, device=device), generation_config=config)
     new = out.sequences[0, len(ids):].tolist()
     top = []
     for logits in out.logits[: len(new)]:

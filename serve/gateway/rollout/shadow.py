@@ -45,9 +45,11 @@ async def mirror(call: Callable[[], Awaitable[object]], primary, model: str, can
     """Run `call` (the request, on the candidate), drain a stream it opens, compare with `primary`, count the
     outcome; never raises (a shadow is the box's business, not a client's)."""
     started = time.perf_counter()
+    took = None
     try:
         answer = await call()
-        if isinstance(answer, Stream):
+        took = time.perf_counter() - started  # as the client's own calls are timed: to the answer, or a stream's start
+        if isinstance(answer, Stream):  # run to its end (the work a client's stream costs), not timed to it
             try:
                 async for _ in answer:
                     pass
@@ -61,5 +63,6 @@ async def mirror(call: Callable[[], Awaitable[object]], primary, model: str, can
         log.info("shadow request to %s (promotion of %s) failed: %s", candidate, model,
                  getattr(exc, "message", type(exc).__name__))
         outcome = "error"
-    metrics.ROLLOUT_SECONDS.labels(model, candidate, "shadow").observe(time.perf_counter() - started)
+    if took is not None:
+        metrics.ROLLOUT_SECONDS.labels(model, candidate, "shadow").observe(took)
     metrics.ROLLOUT_REQUESTS.labels(model, candidate, "shadow", outcome).inc()
