@@ -147,6 +147,7 @@ def _add_speech(sub) -> None:
     sp.add_argument("--out", type=Path, required=True, help="folder to write the package into")
     sp.add_argument("--sample-audio", type=Path, help="folder of WAV / FLAC / OGG / MP3 files: transformers' pipeline "
                     "transcribes them into parity.json, the reference the served model is held to")
+    sp.add_argument("--eval-set", type=Path, help=EVAL_SET_HELP)
     sp.add_argument("--name", help="model name for the printed serve command (default: the --out folder's name)")
     sp.add_argument("--force", action="store_true", help="replace --out if it exists")
 
@@ -169,6 +170,9 @@ def _add_diffusion(sub) -> None:
     dif.add_argument("--size", type=int, help="image side in pixels unless a request names one (default: the UNet's)")
     dif.add_argument("--instances", type=int, default=1, help="pipelines loaded at once (requests run in parallel)")
     dif.add_argument("--target", choices=("cpu", "gpu"), default="cpu", help="gpu: fp16 on KIND_GPU instances")
+    dif.add_argument("--eval-set", type=Path, help=EVAL_SET_HELP)
+    dif.add_argument("--no-reference", dest="reference", action="store_false", help="write no reference set (it runs "
+                     "the pipeline on two probes, or the eval set, here)")
     dif.add_argument("--force", action="store_true", help="replace the entry if it exists")
 
 
@@ -212,7 +216,8 @@ def _main_speech(args, argv: list[str]) -> int:
 
     try:
         result = export_speech(args.source, args.out, sample_audio=args.sample_audio, base=args.base, name=args.name,
-                               force=args.force, command=shlex.join(["rtxserve", "export", *argv]))
+                               force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
+                               eval_set=args.eval_set)
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export speech", str(exc))
     print(f"exported the Whisper to {result.out} in {result.seconds:.1f}s ({len(result.metadata['languages'])} "
@@ -229,7 +234,8 @@ def _main_diffusion(args, argv: list[str]) -> int:
             args.pipeline, EntryOptions(name=args.name, target=args.target, instances=args.instances), args.repository,
             lora_path=args.lora, force=args.force, command=shlex.join(["rtxserve", "export", *argv]),
             defaults=DiffusionDefaults(steps=args.steps, guidance=args.guidance, size=args.size, lora_scale=args.lora_scale,
-                                       fuse_lora=args.fuse_lora, compile=args.compile, min_cosine=args.min_cosine))
+                                       fuse_lora=args.fuse_lora, compile=args.compile, min_cosine=args.min_cosine),
+            eval_set=args.eval_set, reference=args.reference)
     except (ExportError, ValueError, OSError) as exc:
         return _fail("rtxserve export diffusion", str(exc))
     print(f"exported {args.name} to {written[0]}: serve it with `rtxserve serve triton --repository {args.repository}` "

@@ -21,6 +21,7 @@ class Stack:
     triton_metrics_url: str = ""
     vllm: ServerProcess | None = None
     vllm_url: str = ""
+    repository: Path | None = None  # the Triton repository it serves (where each entry's reference set lies)
 
     def stop(self) -> None:
         # Gateway first: it stops taking requests before its backends go away.
@@ -90,4 +91,4 @@ def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_E
         triton.stop()
         raise
     return Stack(triton, gateway, url, f"http://127.0.0.1:{opts.http_port}", grpc_url,
-                 f"http://127.0.0.1:{opts.metrics_port}/metrics", vllm, vllm_url)
+                 f"http://127.0.0.1:{opts.metrics_port}/metrics", vllm, vllm_url, repository)

@@ -12,6 +12,7 @@ way and served as the entry's tensorrt_plan step. Nothing of Ultralytics is impo
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from core.envs import ULTRALYTICS
+from core.reference import FILE as REFERENCE_FILE, Item, ReferenceError
 from core.tasks import OBJECT_DETECTION
 
 from .. import variants
@@ -27,6 +29,7 @@ from ..activations import graph_activations
 from ..exceptions import ExportError
 from ..parity import ParityReport
 from ..progress import Steps
+from ..reference import eval_items
 from ..tensorrt.plan import Profile
 from ..tool_env import run_tool, tool_python
 from ..triton import repository
@@ -201,7 +204,10 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
     steps = Steps(5 + (2 if options.tensorrt is not None else options.precision != "fp32"), log)
     if options.command:
         log.info("reproduce with: %s", options.command)
-    images = [np.asarray(imaging.decode(data)) for data in (options.sample_images or _default_samples(weights))]
+    items = eval_items(options.eval_set, OBJECT_DETECTION)  # the user's images, for parity and the reference set
+    samples = [base64.b64decode(i.input["image"]) for i in items] if items else \
+        options.sample_images or _default_samples(weights)
+    images = [np.asarray(imaging.decode(data)) for data in samples]
     with tempfile.TemporaryDirectory(prefix="rtxserve-ultralytics-") as scratch, repository.work_dir(repo) as work:
         scratch = Path(scratch)
         steps("exporting %s with Ultralytics (its own environment) and its predictions on %d images", weights,
@@ -242,6 +248,8 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]
         defaults = _defaults(result["args"], graph_nms)
         metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
+        reference_text, metadata["reference"] = _reference(weights, options.eval_set, items, samples, result, labels,
+                                                           defaults["conf"], parity["variant"])
         metadata |= {"graph_activations": activations, "nms": graph_nms is not None}  # activations: `rtxserve plan`
         if plan_info is not None:
             metadata["tensorrt"] = plan_info
@@ -250,6 +258,7 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
                                                                          "letterbox": letterbox},
                                  pixel_shape=(3, -1, -1), labels=labels, defaults=defaults, metadata=metadata,
                                  parity=parity, letterbox=letterbox)
+        next(m for m in models if "rtxserve.json" in m.files).files[REFERENCE_FILE] = reference_text
         if plan_info is not None:
             from ..tensorrt.plan import serve_plan
 
@@ -257,6 +266,32 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
+
+
+def _reference(weights: Path, eval_set: Path | None, items: list | None, samples: list[bytes], result: dict,
+               labels: list[str], conf: float, variant: str) -> tuple[str, dict]:
+    """The entry's reference set (Ultralytics' own predict on the eval set's images, or the samples) and what
+    rtxserve.json names it by."""
+    reference = detection_reference(
+        items or [Item(input={"image": base64.b64encode(data).decode()}) for data in samples], result["predictions"],
+        framework=f"ultralytics {result['versions']['ultralytics']}", source=weights.resolve(),
+        made_from=str(eval_set) if eval_set else "sample images", labels=labels, conf=conf, variant=variant, drift={})
+    try:
+        return reference.dump()
+    except ReferenceError as exc:
+        raise ExportError(str(exc)) from None
+
+
+def detection_reference(items: list, predictions: list[list], *, framework: str, source: Path, made_from: str,
+                        labels: list[str], conf: float, variant: str, drift: dict):
+    """An Ultralytics detector's reference: its own predict's detections (rows x1, y1, x2, y2, score, class id, made
+    at a lower conf by the export's parity run) on each image, kept over the entry's default `conf`."""
+    from core.reference import ReferenceSet
+
+    expected = [{"detections": [[*map(float, r[:5]), int(r[5])] for r in rows if r[4] >= conf]} for rows in predictions]
+    return ReferenceSet(task="object-detection", framework=framework, source=str(source), made_from=made_from,
+                        labels=labels, variant=variant, drift=drift, settings={"conf": conf},
+                        items=[i.model_copy(update={"expect": e}) for i, e in zip(items, expected)])
 
 
 def _variant(graph: Path, reference: dict, images: list[np.ndarray], letterbox: dict, entry: EntryOptions, options,

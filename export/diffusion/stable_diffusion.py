@@ -13,6 +13,7 @@ the served bytes against it).
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from core import contract, lora
 from core.entry_metadata import entry_metadata_json
+from core.reference import FILE as REFERENCE_FILE, ReferenceError
 from core.weights import WeightsIndexError, safetensors_files
 
 from ..exceptions import ExportError
@@ -206,6 +208,52 @@ def reference_image(pipeline: Path, lora_path: Path | None, lora_scale: float, p
     return buffer.getvalue()
 
 
+def _reference(pipeline: Path, lora_path: Path | None, defaults: DiffusionDefaults, size: int, opts: EntryOptions,
+               eval_set: Path | None) -> tuple[str, dict]:
+    """The entry's reference set (export/reference.py) and what rtxserve.json names it by. Served exactly where the
+    entry runs what ran here (float32 on the CPU, eager, the LoRA at its scale); a GPU's fp16, a compiled UNet or a
+    fused LoRA draw close to it, not to the bit (a lossy variant: looser defaults in `rtxserve eval`)."""
+    from ..reference import eval_items
+
+    variant = "-".join(v for v, on in (("gpu-fp16", opts.target == "gpu"), ("compiled", defaults.compile),
+                                       ("fused-lora", bool(lora_path and defaults.fuse_lora))) if on) or "fp32"
+    log.info("writing the reference set: the pipeline's own images of %s", eval_set or "two probe prompts")
+    ref = image_reference(pipeline, eval_items(eval_set, contract.TEXT_TO_IMAGE), lora=lora_path,
+                          lora_scale=defaults.lora_scale, guidance=defaults.guidance, size=size, steps=defaults.steps,
+                          made_from=str(eval_set) if eval_set else "probes", variant=variant)
+    try:
+        return ref.dump()
+    except ReferenceError as exc:
+        raise ExportError(str(exc)) from None
+
+
+# Image generation: the probes, and how large and long they are drawn (a reference, not a gallery: small and quick)
+IMAGE_PROBES = ["a red square on grass", "a blue circle"]
+IMAGE_MAX_SIZE, IMAGE_MAX_STEPS, IMAGE_SEED = 256, 8, 1234
+
+
+def image_reference(pipeline: Path, items: list | None, *, lora: Path | None, lora_scale: float, guidance: float,
+                    size: int, steps: int, made_from: str, variant: str):
+    """A diffusion entry's reference: the pipeline run in-process (diffusers, float32 on the CPU) on each prompt with
+    its seed, as the entry runs it: the PNG it must serve for the same request."""
+    size, steps = min(size, IMAGE_MAX_SIZE), min(steps, IMAGE_MAX_STEPS)
+    from core.reference import Item, ReferenceSet
+
+    from ..reference import versions
+
+    items = items or [Item(input={"prompt": p}) for p in IMAGE_PROBES]
+    expected = []
+    for item in items:
+        i = item.input
+        png = reference_image(pipeline, lora, lora_scale, i["prompt"], seed=i.get("seed", IMAGE_SEED),
+                              steps=i.get("steps", steps), size=i.get("size", size), guidance=guidance)
+        expected.append({"image": base64.b64encode(png).decode()})
+    return ReferenceSet(task="text-to-image", framework=versions("diffusers", "torch"), source=str(pipeline.resolve()),
+                        made_from=made_from, variant=variant,
+                        settings={"size": size, "steps": steps, "seed": IMAGE_SEED, "guidance": guidance},
+                        items=[i.model_copy(update={"expect": e}) for i, e in zip(items, expected)])
+
+
 def check_compiled_unet(pipeline: Path, lora_path: Path | None, defaults: DiffusionDefaults, size: int) -> dict:
     """The UNet as the entry serves it (with its fused LoRA), compiled by torch.compile and run on seeded sample
     latents, timesteps and text states beside the eager UNet: min cosine and max abs difference of the noise
@@ -259,8 +307,10 @@ def check_compiled_unet(pipeline: Path, lora_path: Path | None, defaults: Diffus
 
 
 def export_diffusion(pipeline: str | Path, opts: EntryOptions, repo: str | Path, *, lora_path: str | Path | None = None,
-                     defaults: DiffusionDefaults | None = None, force: bool = False, command: str = "") -> list[Path]:
-    """Check the pipeline (and LoRA) and write the entry into `repo`; returns the folders written."""
+                     defaults: DiffusionDefaults | None = None, force: bool = False, command: str = "",
+                     eval_set: Path | None = None, reference: bool = True) -> list[Path]:
+    """Check the pipeline (and LoRA) and write the entry into `repo`, with its reference set (the pipeline run
+    in-process on the eval set's prompts, or two probes, unless `reference` is False); returns the folders written."""
     pipeline, repo = Path(pipeline), Path(repo)
     defaults = defaults or DiffusionDefaults()
     if defaults.steps < 1 or defaults.guidance < 0 or not 0 <= defaults.lora_scale <= 4:
@@ -285,7 +335,12 @@ def export_diffusion(pipeline: str | Path, opts: EntryOptions, repo: str | Path,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if defaults.compile:
         metadata["unet_compile"] = check_compiled_unet(pipeline, lora_path, defaults, size)
+    text = None
+    if reference:
+        text, metadata["reference"] = _reference(pipeline, lora_path, defaults, size, opts, eval_set)
     models = [diffusion_entry(opts, pipeline, lora_path, defaults, size, metadata)]
+    if text is not None:
+        models[0].files[REFERENCE_FILE] = text
     with repository.work_dir(repo) as work:
         written = repository.commit(repo, models, work, force)
     return written

@@ -218,7 +218,7 @@ def export_encoder(checkpoint: str | Path, task: str, entry: EntryOptions, repo:
 
 def _reference(source: _Source, reference, inputs, parity: dict, options: EncoderOptions) -> tuple[str, dict]:
     """The reference set's file and what rtxserve.json names it by (export/reference.py)."""
-    from ..reference import encoder_reference
+    from .reference import encoder_reference
 
     try:
         return encoder_reference(source.ckpt.task, source.ckpt, reference, inputs, parity, aggregation=options.aggregation,

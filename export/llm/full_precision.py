@@ -97,7 +97,7 @@ def framework_reference(model_dir: Path, tokenizer_dir: Path, options: LLMOption
     import torch
     import transformers
 
-    from ..reference import llm_items, llm_reference
+    from .reference import llm_items, llm_reference
 
     if not options.reference:
         return None

@@ -16,6 +16,7 @@ recorded under parity.json's "merge". The merged model is then packaged as any W
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from dataclasses import dataclass
@@ -103,20 +104,66 @@ def _feature_extractor(path: Path) -> dict:
                       "the model (WhisperProcessor.save_pretrained); vLLM computes the audio features with it")
 
 
-def pipeline_transcripts(model: Path, files: list[Path], language: str | None = "en") -> dict[str, str]:
-    """transformers' own pipeline("automatic-speech-recognition") on each file, greedy: file name -> transcript.
-    Audio is read with soundfile and handed over at its own rate (the pipeline resamples what is not 16 kHz)."""
+def pipeline_transcripts(model: Path, files: list[Path] | dict[str, bytes], language: str | None = "en") -> dict[str, str]:
+    """transformers' own pipeline("automatic-speech-recognition") on each file (or each name's bytes), greedy: file
+    name -> transcript. Audio is read with soundfile and handed over at its own rate (the pipeline resamples what is
+    not 16 kHz)."""
+    import io
+
     import soundfile
     from transformers import pipeline
 
     asr = pipeline("automatic-speech-recognition", model=str(model), device="cpu")
     found = {}
-    for file in files:
-        samples, rate = soundfile.read(file, dtype="float32", always_2d=True)
+    audio = files if isinstance(files, dict) else {f.name: f for f in files}
+    for name, file in audio.items():
+        samples, rate = soundfile.read(io.BytesIO(file) if isinstance(file, bytes) else file, dtype="float32",
+                                       always_2d=True)
         kwargs = {"language": language, "task": "transcribe"} if language else {"task": "transcribe"}
-        found[file.name] = asr({"raw": samples.mean(axis=1), "sampling_rate": rate},
+        found[name] = asr({"raw": samples.mean(axis=1), "sampling_rate": rate},
                                generate_kwargs={**kwargs, "do_sample": False, "num_beams": 1})["text"]
     return found
+
+
+def speech_reference(model: Path, items: list, *, source: Path, made_from: str, language: str | None = "en",
+                     texts: list[str] | None = None):
+    """A Whisper's reference (core/reference.py): transformers' own pipeline's greedy transcript of each recording
+    (`texts`, where the export's parity check has made them already)."""
+    from core.reference import ReferenceSet
+
+    from ..reference import versions
+
+    if texts is None:
+        audio = {f"{i}-{item.input.get('filename', 'audio')}": base64.b64decode(item.input["audio"])
+                 for i, item in enumerate(items)}
+        texts = list(pipeline_transcripts(model, audio, language).values())
+    return ReferenceSet(task="automatic-speech-recognition", framework=versions("transformers"), source=str(source),
+                        made_from=made_from, settings={"language": language} if language else {},
+                        items=[i.model_copy(update={"expect": {"text": t}}) for i, t in zip(items, texts)])
+
+
+def _reference(pkg: Path, source: Path, files: list[Path], transcripts: dict | None, eval_set: Path | None) -> dict | None:
+    """The package's reference set written into it, from the eval set's recordings or the sample audio (whose
+    transcripts the parity check made); what rtxserve.json names it by, or None where there are no recordings."""
+    from core.reference import Item, ReferenceError
+
+    from ..reference import eval_items
+
+    items = eval_items(eval_set, SPEECH_RECOGNITION)
+    if items is None and not files:
+        log.info("note: no reference set (give --eval-set or --sample-audio recordings): `rtxserve eval` of this model "
+                 "needs --eval-set")
+        return None
+    texts = None
+    if items is None:
+        items = [Item(input={"audio": base64.b64encode(f.read_bytes()).decode(), "filename": f.name}) for f in files]
+        texts = [transcripts[f.name] for f in files]
+    ref = speech_reference(pkg, items, source=source.resolve(), made_from=str(eval_set) if eval_set else "sample audio",
+                           texts=texts)
+    try:
+        return ref.write(pkg)
+    except ReferenceError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _read(files: list[Path], rate: int) -> list[np.ndarray]:
@@ -180,8 +227,10 @@ def merge_lora(adapter_dir: Path, base: Path | None, into: Path, samples: list[P
 
 
 def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | None = None, base: Path | None = None,
-                  name: str | None = None, force: bool = False, command: str = "") -> SpeechExport:
-    """Check the Whisper (or the LoRA on one) at `source` and package it into `out` (see the module's docstring)."""
+                  name: str | None = None, force: bool = False, command: str = "",
+                  eval_set: Path | None = None) -> SpeechExport:
+    """Check the Whisper (or the LoRA on one) at `source` and package it into `out` (see the module's docstring), with
+    its reference set where there are recordings to make one of (`eval_set`, else `sample_audio`)."""
     source, out = Path(source).expanduser(), Path(out).expanduser()
     if out.exists() and not force:
         raise ExportError(f"{out} exists; pass --force to replace it")
@@ -211,9 +260,10 @@ def export_speech(source: str | Path, out: str | Path, *, sample_audio: Path | N
                        "transcripts": pipeline_transcripts(pkg, files)}
         if parity:
             (pkg / "parity.json").write_text(json.dumps(parity, indent=2) + "\n")
+        reference = _reference(pkg, source, files, parity.get("transcripts"), eval_set)
         metadata = {"kind": "speech", "task": SPEECH_RECOGNITION, "source": str(source.resolve()),
                     **({"merged": merged} if merged else {}), **{k: v for k, v in facts.items() if k != "weights"},
-                    "command": command}
+                    "command": command, **({"reference": reference} if reference else {})}
         write_metadata(pkg, metadata)
     served = name or out.name
     serve_command = f"rtxserve serve vllm {out} --served-model-name {served}"
