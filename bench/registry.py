@@ -4,8 +4,8 @@ benchmark is its module, with its `BENCHMARK` at the foot, and one line here."""
 
 from __future__ import annotations
 
-from . import (accuracy, affinity, batching, cache, detection, export, gateway, llm, priority, quantize, reliability, replay,
-               soak, speech, swap)
+from . import (accuracy, affinity, batching, cache, detection, export, gateway, llm, priority, promotion, quantize,
+               reliability, replay, soak, speech, swap)
 from .record import Benchmark
 
 BENCHMARKS: tuple[Benchmark, ...] = (
@@ -22,6 +22,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     swap.BENCHMARK,  # B12
     replay.BENCHMARK,  # B13
     priority.BENCHMARK,  # B14
+    promotion.BENCHMARK,  # B15
     reliability.BENCHMARK,  # R3 / R14 (R2, R1)
     soak.BENCHMARK,  # R18
 )

@@ -97,7 +97,7 @@ def write(outcome: Outcome, out_dir: Path) -> Path:
     data = {"model": outcome.model, "current": outcome.current, "candidate": outcome.candidate,
             "result": outcome.result, "reason": outcome.reason, "promotion": outcome.promotion,
             "evals": {role: r.to_dict() for role, r in outcome.evals.items()},
-            "steps": [{"name": s.name, "seconds": s.seconds, "weight": s.weight, "passed": s.passed, "detail": s.detail,
+            "steps": [{"name": s.name, "started": s.started, "seconds": s.seconds, "weight": s.weight, "passed": s.passed, "detail": s.detail,
                        "figures": {r: {k: v for k, v in vars(f).items() if k != "buckets"} for r, f in s.figures.items()}}
                       for s in outcome.steps]}
     (out_dir / "promote.json").write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -20,10 +20,10 @@ from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once
 from tests.integration import VLLM_EAGER
 
-from .conftest import DETECTOR, EMBEDDER, LORA_CLASSIFIER, MODEL, RT_DETR, TAGGER, VISION, YOLOS
+from .conftest import DETECTOR, EMBEDDER, LORA_CLASSIFIER, MODEL, RT_DETR, TAGGER, VISION, YOLO, YOLOS
 
 
-@pytest.mark.parametrize("model", [MODEL, EMBEDDER, TAGGER, VISION, DETECTOR, RT_DETR, YOLOS, LORA_CLASSIFIER])
+@pytest.mark.parametrize("model", [MODEL, EMBEDDER, TAGGER, VISION, DETECTOR, RT_DETR, YOLOS, YOLO, LORA_CLASSIFIER])
 def test_every_encoder_answers_as_its_framework_did_on_its_reference_set(stack, model):
     ref = ReferenceSet.read(stack.repository / model)
     result = evaluate(stack.gateway_url, model, ref)

@@ -8,6 +8,7 @@ import io
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -150,3 +151,19 @@ def test_a_fused_lora_makes_the_unfused_image_and_keeps_its_scale(sd):
     assert diff.max() <= 2  # the same weights, summed once instead of every step: rounding only
     with pytest.raises(openai.BadRequestError, match="fused into its weights at scale 0.8"):
         sdk.images.generate(model="tiny_sd_fused", prompt="x", extra_body={"lora_scale": 0.3})
+
+
+def test_each_entry_draws_its_reference_set_as_its_pipeline_did(sd):
+    """`rtxserve eval` on every entry: the export's reference images (the pipeline run in-process on two probes, same
+    seed) drawn again through the gateway; the fused LoRA and the compiled UNet are held to a lossy variant's bound."""
+    from core.reference import ReferenceSet
+    from loadtest.eval.run import evaluate
+
+    *_, url = sd
+    repo = Path(sd[1]).parent / "repo"
+    for model in ("tiny_sd", "tiny_sd_lora", "tiny_sd_fused", "tiny_sd_compiled"):
+        ref = ReferenceSet.read(repo / model)
+        result = evaluate(url, model, ref)
+        assert result.passed, (model, result.verdict(), [a.served for a in result.answers])
+        assert ref.variant == {"tiny_sd": "fp32", "tiny_sd_lora": "fp32", "tiny_sd_fused": "fused-lora",
+                               "tiny_sd_compiled": "compiled"}[model]

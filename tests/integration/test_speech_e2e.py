@@ -272,3 +272,15 @@ def test_a_lora_on_the_whisper_is_merged_with_parity_and_packaged(whisper, tmp_p
 
 def test_every_route_a_whisper_engine_serves_is_relayed_or_refused_with_its_reason(servers):
     assert routes_not_through_the_gateway(*servers) == []
+
+
+def test_the_served_whisper_transcribes_its_reference_set_as_the_pipeline_did(servers, whisper):
+    """`rtxserve eval` on the package: its reference set (the sample audio with the pipeline's transcripts, written by
+    the export) sent as OpenAI's transcription uploads through the gateway."""
+    from core.reference import ReferenceSet
+    from loadtest.eval.run import evaluate
+
+    ref = ReferenceSet.read(whisper[1])
+    assert [i.input["filename"] for i in ref.items] == sorted(p.name for p in (whisper[0] / "audio").iterdir())
+    result = evaluate(servers[0], MODEL, ref)
+    assert result.passed and all(a.agrees for a in result.answers), (result.verdict(), [a.detail for a in result.answers])
