@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step-seconds", type=float, default=15.0, help="how long each canary step is held")
     parser.add_argument("--rollback-window", type=float, default=30.0, help="seconds the old model stays warm after "
                         "the switch, while the candidate takes every request")
-    parser.add_argument("--latency-margin", type=float, default=1.0, help="the candidate's P99 (backend time) may be the "
+    parser.add_argument("--latency-margin", type=float, default=1.0, help="the candidate's P99 (P90 where a step has fewer "
+                        "than 100 requests of either model; backend time) may be the "
                         "current's x (1 + this) + --latency-floor-ms, in the same step (after the switch: the current's "
                         "over the steps before)")
     parser.add_argument("--latency-floor-ms", type=float, default=10.0)

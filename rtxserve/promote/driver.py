@@ -13,7 +13,7 @@ import httpx
 
 from core.reference import ReferenceSet
 
-from .figures import RoleFigures, pooled, scrape, window
+from .figures import RoleFigures, pooled, scrape, tail, window
 
 
 class PromoteError(RuntimeError):
@@ -263,9 +263,12 @@ class Driver:
         if candidate.error_rate > base_errors + opts.max_error_increase:
             raise Breach(f"{self.outcome.candidate} failed {candidate.errors} of {candidate.requests} requests "
                          f"({candidate.error_rate:.1%}) {where}, against {base_errors:.1%} for {self.outcome.current}")
-        if current is not None and candidate.p99_ms > current.p99_ms * (1 + opts.latency_margin) + opts.latency_floor_ms:
-            raise Breach(f"{self.outcome.candidate}'s P99 {candidate.p99_ms:.1f} ms {where} is over {self.outcome.current}'s "
-                         f"{current.p99_ms:.1f} ms x {1 + opts.latency_margin:g} + {opts.latency_floor_ms:g} ms")
+        if current is None:
+            return
+        name, theirs, ours = tail(candidate, current)
+        if theirs > ours * (1 + opts.latency_margin) + opts.latency_floor_ms:
+            raise Breach(f"{self.outcome.candidate}'s {name} {theirs:.1f} ms {where} is over {self.outcome.current}'s "
+                         f"{ours:.1f} ms x {1 + opts.latency_margin:g} + {opts.latency_floor_ms:g} ms")
 
     def _roll_back(self, reason: str) -> None:
         o = self.outcome

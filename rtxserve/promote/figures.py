@@ -50,6 +50,7 @@ class RoleFigures:
     requests: int
     outcomes: dict[str, int]
     p50_ms: float
+    p90_ms: float
     p99_ms: float
     buckets: dict[float, float] = field(default_factory=dict, repr=False)  # the window's histogram, for pooling
 
@@ -84,7 +85,18 @@ def window(before: Scrape, after: Scrape) -> dict[str, RoleFigures]:
 
 def _figures(target: str, role: str, outcomes: dict[str, int], buckets: dict[float, float]) -> RoleFigures:
     return RoleFigures(target, role, sum(outcomes.values()), outcomes, 1e3 * quantile(0.5, buckets),
-                       1e3 * quantile(0.99, buckets), buckets)
+                       1e3 * quantile(0.9, buckets), 1e3 * quantile(0.99, buckets), buckets)
+
+
+P99_FROM = 100  # requests a window needs for its P99 to be more than its slowest request or two
+
+
+def tail(candidate: RoleFigures, current: RoleFigures) -> tuple[str, float, float]:
+    """The tail percentile both windows hold enough requests for: P99 from P99_FROM requests each, else P90 (a P99 of
+    fewer is their slowest request, noise on a shared box). (Its name, the candidate's, the current's, ms.)"""
+    if min(candidate.requests, current.requests) >= P99_FROM:
+        return "P99", candidate.p99_ms, current.p99_ms
+    return "P90", candidate.p90_ms, current.p90_ms
 
 
 def pooled(figures: list[RoleFigures]) -> RoleFigures | None:

@@ -40,8 +40,10 @@ def retirer(registry: Registry, residency: Residency,
         try:
             if info.backend == "vllm" and info.extra.get("parent") in registry.models:  # a LoRA adapter
                 await asyncio.to_thread(unload_everywhere, [r.backend.url for r in replicas], name)
-            elif info.backend == "triton" and replicas:
+            elif info.backend == "triton" and replicas and all(r.backend.swaps for r in replicas):
                 await asyncio.gather(*(r.backend.unload(name) for r in replicas))
+            elif info.backend == "triton":
+                return "left loaded: its server does not unload models"
             else:
                 return "left loaded: its engine serves it alone (stop the engine to free it)"
         except (GatewayError, RuntimeLoraError) as exc:

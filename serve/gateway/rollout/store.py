@@ -100,9 +100,11 @@ class RolloutStore:
             return Snapshot()
         try:
             snapshot = Snapshot.model_validate_json(self.path.read_bytes())
-        except (OSError, ValidationError, ValueError) as exc:
-            raise RolloutError(f"the rollout file {self.path} cannot be read ({type(exc).__name__}: {exc}); move it "
-                               "aside to start from the deployment's own routes") from None
+        except (OSError, ValidationError) as exc:
+            why = (f"{'.'.join(map(str, exc.errors()[0]['loc'])) or 'the file'}: {exc.errors()[0]['msg']}"
+                   if isinstance(exc, ValidationError) else exc.strerror)
+            raise RolloutError(f"the rollout file {self.path} cannot be read ({why}); move it aside to start from the "
+                               "deployment's own routes") from None
         self._seen = seen
         return snapshot
 
