@@ -32,7 +32,7 @@ from .record import Benchmark, Files, Progress
 PLOT = "b15.png"
 FILES = Files("bench-promotion.json", "bench-promotion.md", plots=(PLOT,))
 TARGET_P99 = 1.2
-RUNS = ("classifier", "adapter", "slow")
+WARMUP_S = 10.0  # the load's first seconds (the engines' first requests), left out of the steady stretch
 
 
 def _admin_key(folder: Path) -> tuple[Path, str]:
@@ -117,7 +117,7 @@ def _promote_under_load(url: str, key: str, load_options: dict, promote_args: li
                                                  stop_early=lambda row: "done" if stop.is_set() else ""))
     thread.start()
     try:
-        time.sleep(steady_s)
+        time.sleep(WARMUP_S + steady_s)
         progress(f"promoting: rtxserve promote {' '.join(promote_args)}")
         done = subprocess.run([sys.executable, "-m", "rtxserve.cli", "promote", url, "--api-key", key, "--out",
                                str(folder / "promote"), *promote_args], capture_output=True, text=True, timeout=900)
@@ -133,15 +133,17 @@ def _promote_under_load(url: str, key: str, load_options: dict, promote_args: li
 def _by_step(report: dict, samples, started: float, code: int) -> dict:
     """Each request placed by its start in the steady stretch, a step of the promotion, or the tail: per stretch its
     seconds, requests, failures, P50 / P99 (ms; a stream's TTFT) and P99 against the steady stretch's."""
-    steps = [(s["name"], s["started"] if "started" in s else None, s["seconds"]) for s in report["steps"]]
-    first = report["steps"][0].get("started") or started
-    bounds = [("steady", started, first)] + [(name, t0, t0 + secs) for name, t0, secs in steps if t0 is not None]
+    steps = [(s["name"], s["started"], s["seconds"]) for s in report["steps"]]
+    bounds = [("warm-up", started, started + WARMUP_S), ("steady", started + WARMUP_S, steps[0][1])]
+    bounds += [(name, t0, t0 + secs) for name, t0, secs in steps]
     bounds.append(("after", bounds[-1][2], float("inf")))
     streamed = samples.streamed
     value = np.where(streamed, samples.ttft_ms, samples.latency_ms) if streamed.any() else samples.latency_ms
     out = []
     for name, t0, t1 in bounds:
         mine = (samples.start >= t0) & (samples.start < t1)
+        if not mine.any():  # a step of no time (the load of a model already loaded)
+            continue
         ok = mine & samples.ok
         figures = {"step": name, "seconds": round(min(t1, samples.end.max()) - t0, 1), "requests": int(mine.sum()),
                    "failed": int((mine & ~samples.ok).sum())}
@@ -149,7 +151,7 @@ def _by_step(report: dict, samples, started: float, code: int) -> dict:
             figures |= {"p50_ms": round(float(np.percentile(value[ok], 50)), 1),
                         "p99_ms": round(float(np.percentile(value[ok], 99)), 1)}
         out.append(figures)
-    steady = out[0].get("p99_ms")
+    steady = next(f for f in out if f["step"] == "steady").get("p99_ms")
     for f in out:
         if steady and "p99_ms" in f:
             f["p99_vs_steady"] = round(f["p99_ms"] / steady, 2)
@@ -199,11 +201,13 @@ def markdown(result: dict) -> str:
 The real `rtxserve promote` beside a real locust open loop through the real gateway: the fixture classifier v1 -> v2
 on tritonserver at {result['rate']:g} req/s (two gateway workers), the chat Llama's adapter v1 -> v2 on vLLM at
 {result['chat_rate']:g} streamed chats/s (P50 / P99: time to first token), and v1 -> a v2 made slow on purpose. Steps of
-{result['step_s']:g} s after {result['steady_s']:g} s of steady load; each request placed by its start. Targets: 0
+{result['step_s']:g} s after {WARMUP_S:g} s of warm-up and {result['steady_s']:g} s of steady load; each request placed by its
+start. Targets: 0
 failed, no stream cut; each step's P99 <= {result['target_p99']}x the steady stretch's. CPU: {result['cpu']}.
 """]
     for name, run_ in result["runs"].items():
-        worst = max((s.get("p99_vs_steady", 0) for s in run_["steps"][1:-1]), default=0)
+        worst = max((s.get("p99_vs_steady", 0) for s in run_["steps"] if s["step"] not in ("warm-up", "steady", "after")),
+                    default=0)
         lines += [f"## {name}: {run_['result']}" + (f" ({run_['reason']})" if run_["reason"] else ""), "",
                   f"{run_['requests']} requests, **{run_['failed']} failed**; the worst step's P99 "
                   f"**{worst}x** steady (target <= {result['target_p99']}x).", "",
@@ -221,7 +225,7 @@ def plot(result: dict, path: Path) -> Path:
     runs = result["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
     for ax, (name, run_) in zip(axes[0], runs.items()):
-        steps = run_["steps"]
+        steps = [s for s in run_["steps"] if s["step"] != "warm-up"]
         ratios = [s.get("p99_vs_steady", 0) for s in steps]
         colours = ["tab:gray" if i == 0 else "tab:red" if s["failed"] or r > result["target_p99"] else "tab:green"
                    for i, (s, r) in enumerate(zip(steps, ratios))]

@@ -170,10 +170,8 @@ class Entities(Family):
         drift = max((abs(a["score"] - b["score"]) for a, b in zip(served, want)), default=0.0) if agrees else math.inf
         show = lambda es: _short(", ".join(f"{e['word']}:{e['entity']}" for e in es) or "(none)")  # noqa: E731
         detail = "" if agrees else f"{len(served)} entities served, {len(want)} expected"
-        gold = None
-        if item.gold is not None:
-            right = {(e["entity"], e["start"], e["end"]) for e in item.gold}
-            gold = {"served": set(self._spans(served)) == right, "framework": set(self._spans(want)) == right}
+        gold = None if item.gold is None else {"served": self.gold_matches(served, item.gold),
+                                               "framework": self.gold_matches(want, item.gold)}
         return Answer(agrees, drift, show(served), show(want), detail, gold)
 
     def default_limits(self, ref):

@@ -63,10 +63,22 @@ def deployment(classifier_checkpoint, detector_checkpoint, yolo_run, llm_fixture
 @pytest.fixture(scope="module")
 def box(deployment):
     path, spec, runs = deployment
-    up = rtxserve("serve", "up", path, state=runs)
-    assert up.returncode == 0, up.stderr
+    up = rtxserve("serve", "up", path, "--verify", state=runs)
+    assert up.returncode == 0, up.stdout + up.stderr
+    # every model with a reference set answers as it was trained; the base, served from the trainer's folder, has none
+    verified = {line.split(":")[0].removeprefix("verify ") for line in up.stdout.splitlines() if "PASSED" in line}
+    assert verified == {"sentiment", "detr", "yolo", "support"}, up.stdout
+    assert "verify tiny-llama: not verified" in up.stderr
     yield f"http://127.0.0.1:{spec['ports']['gateway']}", runs / "box"
     rtxserve("serve", "down", "box", state=runs)
+
+
+def test_eval_finds_a_models_reference_set_through_the_box_by_its_name(box, deployment, tmp_path):
+    _, _, runs = deployment
+    done = rtxserve("eval", "box", "sentiment", "--out", tmp_path, state=runs)
+    assert done.returncode == 0 and "sentiment: PASSED" in done.stdout, done.stdout + done.stderr
+    status = rtxserve("serve", "status", "box", state=runs)
+    assert status.returncode == 0 and "promoted:" not in status.stdout  # nothing promoted on this box
 
 
 def test_requests_pass_through_every_server_it_started(box, yolo_run):

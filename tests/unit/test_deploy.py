@@ -491,3 +491,35 @@ def test_a_cpu_box_with_two_llm_variants_and_room_for_one_wakes_them_through_the
     # each always-resident engine its slice of the cores, the variants one they take turns in; one core: no binding
     assert cpu_binds(d, [0, 1, 2, 3]) == {"always": "0-1", "variant-a": "2-3", "variant-b": "2-3"}
     assert cpu_binds(d, [0]) == {}
+
+
+def test_what_a_promotion_retired_is_not_loaded_at_the_next_start(tmp_path):
+    """`serve up` reads the models promotions retired from the box's rollout file (deploy/box.py): Triton runs under
+    explicit model control loading the others, and a retired adapter is left out of its engine; status says what
+    promotions moved."""
+    from deploy.box import ROLLOUT_FILE
+    from deploy.box_cli import _promotions
+    from deploy.services import Layout, build_services
+    from serve.gateway.rollout.store import RolloutStore, Snapshot
+    from serve.gateway.settings import Alias
+    from tests.plan_fixtures import TINY_LLAMA, write_adapter
+
+    write_llama(tmp_path / "llm", TINY_LLAMA)
+    d = parse_deployment({"name": "box", "models": [
+        {"name": "reviews", "kind": "encoder", "path": str(write_entry(tmp_path / "repo", "reviews", target="cpu"))},
+        {"name": "reviews-v2", "kind": "encoder", "path": str(write_entry(tmp_path / "repo", "reviews-v2", target="cpu"))},
+        {"name": "llm", "kind": "llm", "path": "llm", "max_model_len": 512,
+         "adapters": {v: str(write_adapter(tmp_path / v, config=TINY_LLAMA)) for v in ("support-v1", "support-v2")}}]},
+        tmp_path)
+    p = plan(d)
+    retired = frozenset({"reviews", "support-v1"})
+    triton, engine, _ = build_services(d, p, Layout(retired=retired))
+    assert "--model-control-mode=explicit" in triton.args and "--load-model=reviews-v2" in triton.args
+    assert "--load-model=reviews" not in triton.args
+    assert "support-v2=" in " ".join(engine.args) and "support-v1=" not in " ".join(engine.args)
+    everything, *_ = build_services(d, p, Layout())
+    assert "--model-control-mode=none" in everything.args  # nothing retired: every entry loaded, as before
+    RolloutStore(tmp_path / ROLLOUT_FILE).update(lambda s: s.routes.update(reviews=Alias(targets={"reviews-v2": 100}))
+                                                 or s.retired.append("reviews"))
+    assert _promotions(tmp_path) == ["promoted: reviews -> reviews-v2 (100 %)", "retired by promotions: reviews"]
+    assert Snapshot() == RolloutStore(tmp_path / "elsewhere.json").read()

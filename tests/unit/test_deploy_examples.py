@@ -52,6 +52,15 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
     assert yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())["batch_dir"] == \
         "/var/lib/rtxserve/batches"
     assert "batch_dir" not in yaml.safe_load((tmp_path / "out" / "gateway.yaml").read_text())
+    # promotions keep their state beside it, and are off where the gateway's pods share none
+    assert gateway["environment"]["RTXSERVE_ROLLOUT_FILE"] == "/var/lib/rtxserve/rollout.json"
+    assert yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())["rollout_file"] == \
+        "/var/lib/rtxserve/rollout.json"
+    pods = [doc for f in files if f.suffix == ".yaml" and "kubernetes" in f.parts
+            for doc in yaml.safe_load_all(f.read_text()) if doc and doc.get("kind") == "Deployment"
+            and doc["metadata"]["name"] == "gateway"]
+    assert len(pods) == 1 and {"name": "RTXSERVE_PROMOTIONS", "value": "false"} in \
+        pods[0]["spec"]["template"]["spec"]["containers"][0]["env"]
 
 
 def test_one_4090_fills_the_gpu_with_classifier_instances_beside_the_engine_and_the_diffusion_model(tmp_path):
