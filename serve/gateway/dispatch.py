@@ -198,8 +198,15 @@ class Dispatcher:
         started = time.perf_counter()
         try:
             result = await self._routed(info, fn, prefix)
-        except BREAKS:
+        except BREAKS as exc:
             metrics.ROLLOUT_REQUESTS.labels(public, info.name, role, "error").inc()
+            current = self.registry.models.get(promotion.current) if promotion is not None else None
+            if role == "candidate" and isinstance(exc, BackendUnavailable) and current is not None and current.ready:
+                # the candidate took nothing in (down, gone, refusing): the model it would replace answers instead,
+                # while the promotion's figures count the failure that rolls it back
+                log.warning("candidate %s of %s is unavailable (%s): %s answers", info.name, public, exc.message,
+                            current.name)
+                return await self._routed(current, fn, prefix)
             raise
         metrics.ROLLOUT_SECONDS.labels(public, info.name, role).observe(time.perf_counter() - started)
         metrics.ROLLOUT_REQUESTS.labels(public, info.name, role, "ok").inc()

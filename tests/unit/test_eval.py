@@ -162,3 +162,21 @@ def test_percentiles_are_read_off_a_histogram_as_prometheus_reads_them():
     assert quantile(0.99, buckets) == pytest.approx(0.1 + 0.9 * 9 / 10)
     assert quantile(0.99, {0.5: 10.0, math.inf: 100.0}) == 0.5  # in the +Inf bucket: its lower bound
     assert math.isnan(quantile(0.5, {0.1: 0.0, math.inf: 0.0}))
+
+
+def test_a_model_without_a_reference_set_is_held_to_its_eval_sets_right_answers_only_and_says_so(tmp_path):
+    from deploy.box_target import BoxTarget
+    from rtxserve.eval_cli import reference_for
+
+    (tmp_path / "entry").mkdir()
+    target = BoxTarget("http://box")
+    with pytest.raises(ReferenceError, match="entry/reference.json: no reference set"):
+        reference_for(target, "m", tmp_path / "entry", None, None)
+    with pytest.raises(ReferenceError, match="where its reference set is is not known here"):
+        reference_for(target, "m", None, None, None)
+    (tmp_path / "set.jsonl").write_text('{"text": "good", "label": "pos"}\n')
+    gold = reference_for(target, "m", tmp_path / "entry", tmp_path / "set.jsonl", "text-classification")
+    assert gold.framework.startswith("(none") and gold.items[0].gold == "pos" and gold.items[0].expect == {}
+    (tmp_path / "plain.jsonl").write_text('"good"\n')
+    with pytest.raises(ReferenceError, match="gives no right answers"):
+        reference_for(target, "m", tmp_path / "entry", tmp_path / "plain.jsonl", "text-classification")

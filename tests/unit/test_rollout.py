@@ -98,6 +98,18 @@ def test_a_lease_not_renewed_ends_the_promotion_as_its_step_allows(phase, ended,
     assert (r.routes["clf"].targets if route else None) == route
 
 
+def test_a_lease_another_worker_renewed_is_not_ended_by_one_that_saw_it_run_out(tmp_path):
+    one, two = rollout(tmp_path / "rollout.json"), rollout(tmp_path / "rollout.json")
+    p = one.begin("clf", "clf", "clf-v2", lease_s=0.01)
+    asyncio.run(two.refresh())
+    one.step("clf", p.id, phase="started", weight=0, shadow=0.0, lease_s=60)  # the driver renews it, through `one`
+    time.sleep(0.02)
+    with pytest.raises(PromotionConflict, match="lease was renewed"):  # `two`'s view says it ran out; the file does not
+        two.rollback("clf", p.id, "expired", expired=True)
+    asyncio.run(two.refresh())
+    assert two.snapshot.promotions["clf"].id == p.id
+
+
 @pytest.mark.parametrize("phase, ended, route", [("shadow", "rolled_back", None), ("canary", "rolled_back", None),
                                                  ("switched", "done", {"clf-v2": 100})])
 def test_a_start_finds_no_half_switched_name(tmp_path, phase, ended, route):
@@ -221,3 +233,29 @@ def test_a_gateway_whose_replicas_share_no_state_refuses_promotions(tmp_path, ke
         r = client.post("/admin/promotions", json={"model": "clf", "candidate": "clf-v2"},
                         headers=bearer(keyed[1]["admin"]))
     assert "promotions are off on this gateway" in error_of(r, 409)["message"]
+
+
+def test_a_candidate_that_takes_nothing_in_leaves_its_requests_to_the_model_it_would_replace(box):
+    """The candidate down (its server gone, its model unloaded): the canary's share is answered by the current model,
+    and counted as the candidate's errors, which roll the promotion back."""
+    from serve.gateway.exceptions import BackendUnavailable
+
+    client, backend, admin, app = box
+    answer = backend.classify
+
+    async def gone(model, texts, timeout_s):
+        if model.name == "clf-v2":
+            raise BackendUnavailable("model clf-v2 is not available right now")
+        return await answer(model, texts, timeout_s)
+
+    backend.classify = gone
+    pid = client.post("/admin/promotions", json={"model": "clf", "candidate": "clf-v2"}, headers=admin).json()["id"]
+    assert client.patch("/admin/promotions/clf", json={"id": pid, "phase": "canary", "weight": 100},
+                        headers=admin).status_code == 200
+    before = _counter("rtxserve_rollout_requests_total", model="clf", target="clf-v2", role="candidate", outcome="error")
+    backend.answered.clear()
+    answers = [client.post("/v1/classify", json={"model": "clf", "input": "x"}, headers=app) for _ in range(3)]
+    assert [(a.status_code, a.json()["data"][0]["label"]) for a in answers] == [(200, "neg")] * 3  # v1's answers
+    assert backend.answered == ["clf"] * 3
+    assert _counter("rtxserve_rollout_requests_total", model="clf", target="clf-v2", role="candidate",
+                    outcome="error") - before == 3

@@ -15,6 +15,7 @@ or finished (after it), and a gateway that starts finds every promotion in one o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -73,7 +74,8 @@ class Rollout:
         switched, snapshot = self.store.update(recover)
         self._apply(snapshot)
         for p in switched:
-            await self.finish(p.model, p.id, "the gateway restarted after its switch: finished")
+            with contextlib.suppress(PromotionConflict):  # another worker, starting beside this one, finished it
+                await self.finish(p.model, p.id, "the gateway restarted after its switch: finished")
 
     async def run_loop(self) -> None:
         """`refresh` every second: another worker's step is followed within one, an expired lease ended."""
@@ -92,10 +94,11 @@ class Rollout:
         now = time.time()
         for p in [p for p in self.snapshot.promotions.values() if p.lease_until < now]:
             why = f"its driver stopped renewing its lease during its {p.phase} step"
-            if p.phase == "switched":
-                await self.finish(p.model, p.id, why + ": finished")
-            else:
-                self.rollback(p.model, p.id, why)
+            with contextlib.suppress(PromotionConflict):  # another worker saw it first, or its driver renewed it
+                if p.phase == "switched":
+                    await self.finish(p.model, p.id, why + ": finished", expired=True)
+                else:
+                    self.rollback(p.model, p.id, why, expired=True)
 
     # ------------------------------------------------------------------------------------------- the steps
 
@@ -140,10 +143,11 @@ class Rollout:
         self._apply(snapshot)
         return promotion
 
-    def rollback(self, model: str, promotion_id: str | None, reason: str) -> Promotion:
-        """Back to the route the promotion found, from any step before done."""
+    def rollback(self, model: str, promotion_id: str | None, reason: str, expired: bool = False) -> Promotion:
+        """Back to the route the promotion found, from any step before done (`expired`: only if its lease, as the
+        file has it now, ran out)."""
         def rollback(s: Snapshot) -> Promotion:
-            p = _running(s, model, promotion_id)
+            p = _running(s, model, promotion_id, expired)
             _restore(s, p)
             return s.end(p, "rolled_back", reason)
 
@@ -152,10 +156,10 @@ class Rollout:
         log.warning("promotion %s of %s rolled back: %s", promotion.id, model, reason)
         return promotion
 
-    async def finish(self, model: str, promotion_id: str, reason: str = "finished") -> Promotion:
+    async def finish(self, model: str, promotion_id: str, reason: str = "finished", expired: bool = False) -> Promotion:
         """A switched promotion made final: the current model retired (unloaded where its backend can)."""
         def finish(s: Snapshot) -> Promotion:
-            p = _running(s, model, promotion_id)
+            p = _running(s, model, promotion_id, expired)
             if p.phase != "switched":
                 raise PromotionConflict(f"{p.id} is at its {p.phase} step; only a switched promotion finishes")
             s.routes[model] = Alias(targets={p.candidate: 100})
@@ -175,8 +179,11 @@ class Rollout:
         return promotion
 
 
-def _running(s: Snapshot, model: str, promotion_id: str | None) -> Promotion:
+def _running(s: Snapshot, model: str, promotion_id: str | None, expired: bool = False) -> Promotion:
+    """The promotion of `model` running now (of that id); with `expired`, only if its lease has run out."""
     p = s.promotions.get(model)
+    if expired and p is not None and p.lease_until >= time.time():
+        raise PromotionConflict(f"{p.id}'s lease was renewed")
     if p is None or (promotion_id is not None and p.id != promotion_id):
         ended = next((h for h in reversed(s.history) if h.id == promotion_id), None)
         if ended is not None:
