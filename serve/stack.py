@@ -76,9 +76,10 @@ def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", wo
 
 
 def start_stack(repository: Path, log_dir: Path, *, triton_env: Path = DEFAULT_ENV, gateway_workers: int = 1,
-                vllm_opts=None) -> Stack:
-    """Triton on `repository`, vLLM too when `vllm_opts` (serve.vllm_server.VLLMOptions) is given, and the gateway."""
-    triton, opts = start_triton(repository, log_dir, triton_env)
+                vllm_opts=None, timeout_s: float = 300) -> Stack:
+    """Triton on `repository` (ready within `timeout_s`), vLLM too when `vllm_opts` (serve.vllm_server.VLLMOptions) is
+    given, and the gateway."""
+    triton, opts = start_triton(repository, log_dir, triton_env, timeout_s=timeout_s)
     grpc_url = f"127.0.0.1:{opts.grpc_port}"
     vllm, vllm_url = None, ""
     try:

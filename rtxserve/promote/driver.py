@@ -237,7 +237,7 @@ class Driver:
     def _window(self, begin: Callable[[], None], seconds: float) -> dict[str, RoleFigures]:
         """The step's figures: the scrape before it begins, and after `seconds` (held longer, up to 3x, while the
         candidate has answered fewer than min_requests)."""
-        before = scrape(self.admin.client, self.outcome.model)
+        before = self._scrape()
         begin()
         deadline, longest = time.monotonic() + seconds, time.monotonic() + 3 * seconds
         while True:
@@ -246,12 +246,18 @@ class Driver:
                 raise PromoteError(f"the promotion's lease was lost: {self.lease.lost}")
             if time.monotonic() < deadline:
                 continue
-            figures = window(before, scrape(self.admin.client, self.outcome.model))
+            figures = window(before, self._scrape())
             asked = figures.get("candidate") or figures.get("shadow")
             if (asked is not None and asked.requests >= self.options.min_requests) or time.monotonic() >= longest \
                     or not any(figures.values()):
                 return figures
             deadline = time.monotonic() + 1.0
+
+    def _scrape(self):
+        try:
+            return scrape(self.admin.client, self.outcome.model)
+        except httpx.HTTPError as exc:
+            raise PromoteError(f"the gateway at {self.admin.url} did not answer ({type(exc).__name__}: {exc})") from None
 
     def _judge(self, candidate: RoleFigures | None, current: RoleFigures | None, where: str) -> None:
         opts = self.options

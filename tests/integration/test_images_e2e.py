@@ -36,7 +36,8 @@ def sd(tmp_path_factory):
                                "--repository", str(work / "repo"), "--steps", str(STEPS), *extra],
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
-    with start_stack(work / "repo", work / "logs") as running:
+    # the compiled entry compiles its UNet as it loads: minutes with a cold inductor cache on a busy CI box
+    with start_stack(work / "repo", work / "logs", timeout_s=900) as running:
         sdk = openai.OpenAI(base_url=f"{running.gateway_url}/v1", api_key="unused", max_retries=0, timeout=120)
         yield sdk, pipe, lora, running.gateway_url
 
