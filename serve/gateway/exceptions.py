@@ -80,6 +80,11 @@ class ModelNotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
 
 
+class NotFound(GatewayError):
+    """Something other than a model that the path names and that does not exist (a promotion, a file, a batch)."""
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
 class BackendUnavailable(GatewayError):
     status, type, code = 503, "service_unavailable", "backend_unavailable"
 

@@ -217,7 +217,7 @@ def test_what_is_not_a_promotion_is_refused_naming_why(box, body, status, says):
     assert client.get("/admin/promotions", headers=admin).json()["promotions"] == []
 
 
-def test_a_second_promotion_is_409_and_only_admin_keys_promote(box):
+def test_a_second_promotion_is_409_one_that_runs_no_more_404_and_only_admin_keys_promote(box):
     client, _, admin, app = box
     assert client.post("/admin/promotions", json={"model": "clf", "candidate": "clf-v2"}, headers=admin).status_code == 201
     again = client.post("/admin/promotions", json={"model": "clf", "candidate": "clf-v2"}, headers=admin)
@@ -225,6 +225,13 @@ def test_a_second_promotion_is_409_and_only_admin_keys_promote(box):
     assert client.post("/admin/promotions/clf/rollback", json={}, headers=app).status_code == 403
     back = client.post("/admin/promotions/clf/rollback", json={}, headers=admin)
     assert back.status_code == 200 and back.json()["reason"] == "rolled back by hand"
+    ended = client.post("/admin/promotions/clf/finish", json={"id": back.json()["id"]}, headers=admin)
+    assert "has ended: rolled back" in error_of(ended, 409)["message"]  # that promotion exists, in its history
+    for method, path in (("PATCH", "/admin/promotions/clf"), ("POST", "/admin/promotions/clf/rollback"),
+                         ("POST", "/admin/promotions/nope/finish")):
+        none = client.request(method, path, json={"id": "p-none", "phase": "canary", "weight": 10} if method == "PATCH" else {},
+                              headers=admin)
+        assert "is running" in error_of(none, 404)["message"]  # no promotion of that name runs: as absent as a file
 
 
 def test_a_gateway_whose_replicas_share_no_state_refuses_promotions(tmp_path, keyed):

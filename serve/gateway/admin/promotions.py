@@ -10,9 +10,9 @@ from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ..auth import authenticate
-from ..exceptions import ERROR_RESPONSES, BackendUnavailable, Conflict, InvalidRequest, ModelNotFound
+from ..exceptions import ERROR_RESPONSES, BackendUnavailable, Conflict, InvalidRequest, ModelNotFound, NotFound
 from ..rollout.store import RolloutError
-from ..rollout.table import PromotionConflict
+from ..rollout.table import PromotionConflict, PromotionNotFound
 from ..routing import gateway_router
 from ..state import GatewayState
 from .router import require_admin
@@ -83,6 +83,8 @@ def _same_kind(state: GatewayState, current: str, candidate: str) -> None:
 def _conflict(call):
     try:
         return call()
+    except PromotionNotFound as exc:
+        raise NotFound(str(exc)) from None
     except PromotionConflict as exc:
         raise Conflict(str(exc)) from None
     except RolloutError as exc:
@@ -135,6 +137,8 @@ async def finish(model: str, body: PromotionEnd, request: Request) -> dict:
     rollout = request.app.state.gateway.rollout
     try:
         promotion = await rollout.finish(model, body.id, body.reason or "finished")
+    except PromotionNotFound as exc:
+        raise NotFound(str(exc)) from None
     except PromotionConflict as exc:
         raise Conflict(str(exc)) from None
     return promotion.model_dump()

@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse
 from pydantic import ValidationError
 
 from ..auth import authenticate, request_key
-from ..exceptions import Forbidden, GatewayError, InvalidRequest
+from ..exceptions import Forbidden, GatewayError, InvalidRequest, NotFound
 from ..routing import gateway_router
 from . import lines as batch_lines
 from .protocol import Batch, BatchCreate, BatchList, ExpiresAfter, FileDeleted, FileList, FileObject
@@ -27,10 +27,6 @@ from .store import new_id
 router = gateway_router(tags=["batch"], dependencies=[Depends(authenticate)])
 COMPLETION_WINDOW_S = 24 * 3600
 CHUNK = 1 << 20
-
-
-class NotFound(GatewayError):
-    status, type, code = 404, "invalid_request_error", "not_found"
 
 
 class FileTooLarge(GatewayError):

@@ -34,6 +34,10 @@ class PromotionConflict(ValueError):
     """A step the promotion's state does not allow (another promotion runs, an ended one, a step backwards)."""
 
 
+class PromotionNotFound(PromotionConflict):
+    """No promotion of that name (of that id) runs, nor ever ran."""
+
+
 class Rollout:
     def __init__(self, settings: GatewaySettings, retire: Callable[[str], Awaitable[str]] | None = None):
         self.settings = settings
@@ -188,7 +192,7 @@ def _running(s: Snapshot, model: str, promotion_id: str | None, expired: bool = 
         ended = next((h for h in reversed(s.history) if h.id == promotion_id), None)
         if ended is not None:
             raise PromotionConflict(f"{promotion_id} has ended: {ended.phase.replace('_', ' ')} ({ended.reason})")
-        raise PromotionConflict(f"no promotion {promotion_id or ''} of {model} is running".replace("  ", " "))
+        raise PromotionNotFound(f"no promotion {promotion_id or ''} of {model} is running".replace("  ", " "))
     return p
 
 
