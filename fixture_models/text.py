@@ -193,7 +193,7 @@ def write_reranker(out: str | Path, *, seed: int = 0, train_steps: int = 250, ro
         target = torch.tensor([float(q == y) for q, _, y in pairs])
         return torch.nn.functional.binary_cross_entropy_with_logits(model(**enc).logits[:, 0], target)
 
-    train_until(model, batch_loss, _reranker_property(tokenizer), name="reranker", steps=train_steps, lr=2e-3,
+    train_until(model, batch_loss, _reranker_property(tokenizer), name="reranker", steps=train_steps, lr=1e-3,
                 rounds=rounds)
     return save(out, model, tokenizer, "# tiny-bert-reranker (rtxserve fixture)\n\nA 2-layer BERT cross-encoder: "
                 "a review scores high for the query of its sentiment (which reviews complain / are about delivery / "
