@@ -175,11 +175,12 @@ def test_a_candidate_made_slow_is_taken_back_at_its_first_canary_step_with_no_re
     assert [(s["name"], s["passed"]) for s in report["steps"]] == [("load", True), ("eval", True),
                                                                     ("canary 25 %", False)]
     breach = report["steps"][2]
-    assert "P99" in breach["detail"] and breach["figures"]["candidate"]["p99_ms"] > 1000  # 0.5 s a step
+    # a step of 3 s at 10 req/s holds under 100 requests of each model: its tail is their P90
+    assert "P90" in breach["detail"] and breach["figures"]["candidate"]["p90_ms"] > 1000  # 0.5 s a step
     assert summary.errors == 0 and summary.by_model[SLOW]["requests"] > 0  # clients met it, and all were answered
     assert gateway.get("/admin/promotions")["routes"] == {} and gateway.answering() == V1
     ended = gateway.get("/admin/promotions")["history"][-1]
-    assert ended["phase"] == "rolled_back" and "P99" in ended["reason"]
+    assert ended["phase"] == "rolled_back" and "P90" in ended["reason"]
 
 
 @pytest.mark.parametrize("killed_at, serving", [("canary", V1), ("switched", V2)])
