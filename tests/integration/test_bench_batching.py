@@ -3,9 +3,12 @@ ratios and the plot saved. (No speed threshold here: benchmarks report, tests do
 
 import json
 
+import pytest
+
 from bench import cli
 
 
+@pytest.mark.slow(reason="`make bench` runs B3 / B5 itself; test_tune's capacity test serves and loads Triton configurations")
 def test_bench_batching_serves_each_configuration_and_saves_b3_and_b5(tmp_path, capsys):
     out = tmp_path / "bench"
     assert cli.main(["batching", "--rounds", "1", "--duration", "5", "--users", "4", "--out", str(out)]) == 0

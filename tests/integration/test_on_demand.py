@@ -121,7 +121,7 @@ def test_a_zipf_load_over_more_entries_than_fit_gets_answers_or_the_documented_5
     url, _ = box
     swaps = counter(url, "rtxserve_model_unloads_total")
     models = ",".join((*SWAPPED, IDLE))
-    spec = LoadSpec(url, scenario_options(model=models, zipf=1.0), users=4, duration_s=8, warmup_s=0.5,
+    spec = LoadSpec(url, scenario_options(model=models, zipf=1.0), users=4, duration_s=8, warmup_s=0,
                     scrape=[f"{url}/metrics"])
     s = run(spec, tmp_path / "report", log=lambda m: None).summary
     assert s.requests > 0 and set(s.error_kinds) <= {"HTTP 503"}, s.error_kinds  # 200 or 503 with Retry-After

@@ -4,6 +4,8 @@ capacity, each configuration gets a real capacity search and the one that held t
 
 import json
 
+import pytest
+
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
 from loadtest.runner import scenario_options
@@ -12,6 +14,7 @@ from serve.entry_config import Batching, read_batching
 from tests.integration import VLLM_EAGER
 
 
+@pytest.mark.slow(reason="the capacity search's test below climbs the same configurations on Triton and applies its answer")
 def test_tune_recommends_a_configuration_that_beats_the_default_and_applies_it(classifier_checkpoint, tmp_path):
     repo = tmp_path / "repo"
     # exported without batching and with one instance: what a first export on a busy box looks like
@@ -38,7 +41,7 @@ def test_tune_by_capacity_searches_each_configuration_and_recommends_the_one_tha
     export_text_classification(classifier_checkpoint, EntryOptions(name="tunable", max_batch_size=1, max_queue_delay_us=0), repo)
     axes = {"instances": [1, 2], "max_batch_size": [1], "max_queue_delay_us": [0]}
     result = tune(TritonTarget(repo, "tunable"), options=scenario_options(model="tunable"), out=tmp_path / "tune",
-                  log=print, search=Search("e2el:1000", axes, duration_s=6, warmup_s=1, budget=2, start=100,
+                  log=print, search=Search("e2el:1000", axes, duration_s=6, warmup_s=1, budget=2, start=25,
                                            precision=0.3, max_steps=4, apply=True))
     assert len(result.trials) == 2 and not any(t.failure for t in result.trials)
     for trial in result.trials:
@@ -46,8 +49,9 @@ def test_tune_by_capacity_searches_each_configuration_and_recommends_the_one_tha
         found = json.loads((tmp_path / "tune" / trial.report).with_suffix(".json").read_text())
         held = [s["load"] for s in found["steps"] if s["holds"]]
         missed = [s["load"] for s in found["steps"] if not s["holds"]]
-        # a real search: open-loop steps from 100 req/s, the answer the most that held, below every rate that missed
-        assert found["settings"]["arrival"] == "poisson" and found["steps"][0]["load"] == 100
+        # a real search: open-loop steps from 25 req/s (one instance on this AVX2 box, beside the other test worker, held
+        # 57 of 100), the answer the most that held, below every rate that missed
+        assert found["settings"]["arrival"] == "poisson" and found["steps"][0]["load"] == 25
         assert trial.steps == len(found["steps"]) >= 2 and trial.capacity_rps == found["answer_rps"] == max(held)
         assert not missed or max(held) < min(missed)
         assert not any(s["phase"].startswith("confirm") for s in found["steps"])
