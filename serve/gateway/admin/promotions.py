@@ -80,13 +80,16 @@ def _same_kind(state: GatewayState, current: str, candidate: str) -> None:
         raise InvalidRequest(f"{candidate} does not label as {current} does: {what}", param="candidate")
 
 
+def _refusal(exc: PromotionConflict) -> Exception:
+    """404 where no such promotion runs, else 409."""
+    return NotFound(str(exc)) if isinstance(exc, PromotionNotFound) else Conflict(str(exc))
+
+
 def _conflict(call):
     try:
         return call()
-    except PromotionNotFound as exc:
-        raise NotFound(str(exc)) from None
     except PromotionConflict as exc:
-        raise Conflict(str(exc)) from None
+        raise _refusal(exc) from None
     except RolloutError as exc:
         raise BackendUnavailable(str(exc)) from None
 
@@ -137,10 +140,8 @@ async def finish(model: str, body: PromotionEnd, request: Request) -> dict:
     rollout = request.app.state.gateway.rollout
     try:
         promotion = await rollout.finish(model, body.id, body.reason or "finished")
-    except PromotionNotFound as exc:
-        raise NotFound(str(exc)) from None
     except PromotionConflict as exc:
-        raise Conflict(str(exc)) from None
+        raise _refusal(exc) from None
     return promotion.model_dump()
 
 
