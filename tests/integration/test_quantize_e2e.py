@@ -68,7 +68,7 @@ FP8_KV = bool(cpu_flags() & {"avx512f", "amx_tile"})
 
 @pytest.fixture(scope="module")
 def served(packages, tmp_path_factory):
-    """(gateway URL, vLLM URL, the KV cache's dtype): the w8a8-int8 package (int8 kernels on AVX2 and AVX-512 alike) in a
+    """(gateway URL, vLLM URL): the w8a8-int8 package (int8 kernels on AVX2 and AVX-512 alike) in a
     deployment file with an fp8 KV cache where the CPU has one (`serve up` refuses it, saying why, where it has not),
     brought up as `rtxserve serve up` does."""
     from deploy.box import down, up
