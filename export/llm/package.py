@@ -72,7 +72,8 @@ def package_folder(out: Path) -> Iterator[Path]:
 
 
 def copy_files(files: list[Path], dest: Path) -> None:
-    """Hard-link where possible (same file system, instant for 16 GB of shards), else copy; log sizes."""
+    """Hard-link where possible (same file system, instant for 16 GB of shards), else copy; log sizes. A linked file
+    is the source's own: what replaces one in the package unlinks it first (add_chat_template), never writes into it."""
     for file in files:
         target = dest / file.name
         try:
@@ -114,4 +115,6 @@ def add_chat_template(pkg: Path, chat_template: Path | None) -> None:
             text = Path(chat_template).read_text()
         except OSError as exc:
             raise ExportError(f"cannot read the chat template {chat_template}: {exc}") from exc
-        (pkg / "chat_template.jinja").write_text(text)
+        target = pkg / "chat_template.jinja"
+        target.unlink(missing_ok=True)  # may be a hard link to the checkpoint's own template (copy_files): never write into it
+        target.write_text(text)

@@ -172,6 +172,9 @@ def test_vision_language_checkpoints_need_their_processor_and_image_placeholder(
     good = tmp_path / "vl.jinja"
     good.write_text("{% for m in messages %}<|vision_start|><|image_pad|><|vision_end|>{% endfor %}")
     result = export_llm(src, tmp_path / "pkg", LLMOptions(chat_template=good))
+    assert (tmp_path / "pkg" / "chat_template.jinja").read_text() == good.read_text()
+    # the checkpoint's own template is left as it was (the package's may have been a hard link to it)
+    assert (src / "chat_template.jinja").read_text() == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     meta = json.loads((tmp_path / "pkg" / "rtxserve.json").read_text())
     assert meta["vision"] is True and (tmp_path / "pkg" / "preprocessor_config.json").is_file()
     assert "--max-images-per-prompt" in result.serve_command
