@@ -24,6 +24,8 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+import tenacity
+
 from . import metrics
 from .exceptions import BackendUnavailable, GatewayError
 from .registry import Registry
@@ -31,6 +33,9 @@ from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway.residency")
 MAX_RETRY_S = 60.0
+# How long a model just loaded has to answer its first request (the registry's canary, one check a second). One check
+# is not enough on a busy box: a CPU engine that has just started can miss the registry's 2 s discovery once.
+FIRST_ANSWER_S = 30.0
 
 
 def _noop() -> None:
@@ -149,9 +154,9 @@ class Residency:
             failed = next((e for e in results if isinstance(e, BaseException)), None)
             if failed is not None:
                 raise failed
-            await self.registry.refresh()  # what the backends serve now, and the model's first request (canary)
-            if not self.loaded(name):
-                raise BackendUnavailable(f"model {name!r} loaded but did not answer its first request")
+            if not await self._answers(name):
+                raise BackendUnavailable(f"model {name!r} loaded but did not answer its first request within "
+                                         f"{FIRST_ANSWER_S:g} s")
         except GatewayError as exc:
             self._failed(name, exc.message)
             raise BackendUnavailable(f"model {name!r} could not be loaded: {exc.message}",
@@ -163,6 +168,17 @@ class Residency:
         metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
         metrics.MODEL_RESIDENT.labels(name).set(1)
         log.info("model %s loaded in %.2f s", name, took)
+
+    async def _answers(self, name: str) -> bool:
+        """Whether `name`, just loaded, is served: what the backends serve now and the model's first request (the
+        registry's canary), checked again each second until it answers or FIRST_ANSWER_S pass."""
+        async def refreshed() -> bool:
+            await self.registry.refresh()
+            return self.loaded(name)
+
+        return await tenacity.AsyncRetrying(stop=tenacity.stop_after_delay(FIRST_ANSWER_S), wait=tenacity.wait_fixed(1.0),
+                                            retry=tenacity.retry_if_result(lambda answered: not answered),
+                                            retry_error_callback=lambda _: False)(refreshed)
 
     def _one_at_a_time(self) -> asyncio.Lock:
         if self._lock is None:

@@ -177,7 +177,8 @@ def error_of(response, status):
 
 class SwappingTriton(GatedTriton):
     """Serves MODELS always, and loads `on_demand` (copies of the classifier under other names) when asked: `loads`
-    and `unloads` list the calls in order; a load waits while `load_gate` is closed and raises `load_fails[model]` where set."""
+    and `unloads` list the calls in order; a load waits while `load_gate` is closed and raises `load_fails[model]` where set;
+    the next `discover_misses` discoveries fail as a busy server's do."""
 
     swaps = True
 
@@ -190,8 +191,12 @@ class SwappingTriton(GatedTriton):
         self.load_gate = threading.Event()
         self.load_gate.set()
         self.load_fails: dict[str, Exception] = {}
+        self.discover_misses = 0
 
     async def discover(self):
+        if self.discover_misses:
+            self.discover_misses -= 1
+            raise BackendUnavailable("Triton is unreachable: TimeoutError")
         found = await super().discover()
         return [*found, *(ModelInfo(n, "text-classification", "triton", True, LABELS, 4) if n in self.loaded
                           else ModelInfo(n, "", "triton", False) for n in self.on_demand)]

@@ -128,6 +128,20 @@ def test_a_failed_load_is_503_naming_it_backs_off_and_leaves_the_others_alone(ba
         assert classify(client, "de").status_code == 200 and backend.loads == ["de", "fr", "de"]
 
 
+def test_a_loaded_model_missed_by_one_discovery_is_checked_again_and_served(backend):
+    """A backend busy just after a load (a CPU engine that has just started) misses one discovery: the load waits for
+    the next check, a second later, instead of failing."""
+    with client_for(backend) as client:
+        backend.load_gate.clear()
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(classify, client, "de")
+            until(lambda: backend.loads == ["de"])
+            backend.discover_misses = 1
+            backend.load_gate.set()
+            assert first.result().status_code == 200
+        assert backend.discover_misses == 0 and backend.loads == ["de"]
+
+
 def test_an_idle_model_is_unloaded_after_its_idle_time(backend):
     with client_for(backend, idle_unload_s=0.2) as client:
         assert classify(client, "de").status_code == 200 and classify(client, "fr").status_code == 200
