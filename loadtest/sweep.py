@@ -85,10 +85,12 @@ def over_saturated(steps: list[dict], open_loop: bool, slo: dict) -> str:
     last = steps[-1]
     if last["error_fraction"] > 0.10:
         return f"{last['error_fraction']:.0%} of the requests failed"
+    # first the cap: arrivals that waited for it were never offered as planned (a load generator that is late saturates
+    # nothing), and then what was completed of what was sent says little
+    if open_loop and last.get("capped_fraction", 0.0) > 0.10:
+        return f"{last['capped_fraction']:.0%} of the arrivals waited for the in-flight cap"
     if open_loop and last["qps"] < 0.9 * last["sent_rps"]:
         return f"it completed {last['qps']:.1f} of the {last['sent_rps']:.1f} requests/s sent"
-    if open_loop and last.get("capped_fraction", 0.0) > 0.10:  # a load generator that is late saturates nothing
-        return f"{last['capped_fraction']:.0%} of the arrivals waited for the in-flight cap"
     if not open_loop and len(steps) > 1:
         before = steps[-2]
         if last["qps"] < 1.05 * before["qps"] and (last["p99_ms"] or 0) > 1.5 * (before["p99_ms"] or np.inf):

@@ -124,6 +124,8 @@ def test_over_saturation_is_recognised_in_open_and_closed_loops():
     # arrivals held by the in-flight cap are the server's backlog; held by a busy load generator, they are not
     assert "20% of the arrivals waited for the in-flight cap" in over_saturated([_step(10, 10, 20, late=0.3, capped=0.2)], True, {})
     assert over_saturated([_step(10, 10, 20, late=0.3, capped=0.05)], True, {}) == ""
+    # arrivals held by the cap are said before what was completed of what was sent, which they make meaningless
+    assert "waited for the in-flight cap" in over_saturated([_step(10, 7.0, 20, late=0.3, capped=0.2)], True, {})
     assert "gave 50.0 QPS" in over_saturated([_step(4, 49, 40), _step(8, 50, 90)], False, {})
     assert over_saturated([_step(4, 30, 40), _step(8, 50, 90)], False, {}) == ""
     far = [_step(1, 1, 10, slo_p99={"e2el": 30}), _step(2, 2, 10, slo_p99={"e2el": 40})]
