@@ -102,25 +102,30 @@ def yolo_images(run) -> list[bytes]:
 @pytest.fixture(scope="session")
 def classifier_adapter(classifier_checkpoint, tmp_path_factory):
     """A LoRA adapter (with its own classifier head) on the fixture classifier."""
-    return write_encoder_adapter(classifier_checkpoint, tmp_path_factory.mktemp("ckpt") / "classifier-lora")
+    return built_once(tmp_path_factory, "classifier-lora", lambda out: write_encoder_adapter(classifier_checkpoint, out))
 
 
 @pytest.fixture(scope="session")
 def stack(classifier_checkpoint, ner_checkpoint, vit_checkpoint, detector_checkpoint, rt_detr_checkpoint, yolos_checkpoint,
           yolo_run, classifier_adapter, tmp_path_factory):
-    work = tmp_path_factory.mktemp("stack")
-    export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), work / "repo")
-    export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), work / "repo")
-    export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), work / "repo")
-    export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), work / "repo")
-    export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), work / "repo",
-                   EncoderOptions(sample_images=detection_samples()))
-    export_encoder(rt_detr_checkpoint, "object-detection", EntryOptions(name=RT_DETR), work / "repo")
-    export_encoder(yolos_checkpoint, "object-detection", EntryOptions(name=YOLOS), work / "repo")
-    export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), work / "repo",
-                   EncoderOptions())  # parity on the run's validation images, found through its args.yaml
-    export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), work / "repo")
-    with start_stack(work / "repo", work / "logs") as running:
+    """Triton and the gateway on the encoders' repository, started by each test worker; the repository is exported
+    once per run (every worker's Triton reads the same one)."""
+    def export(repo):
+        export_text_classification(classifier_checkpoint, EntryOptions(name=MODEL, instances=2), repo)
+        export_encoder(minilm_path(), "feature-extraction", EntryOptions(name=EMBEDDER), repo)
+        export_encoder(ner_checkpoint, "token-classification", EntryOptions(name=TAGGER), repo)
+        export_encoder(vit_checkpoint, "image-classification", EntryOptions(name=VISION), repo)
+        export_encoder(detector_checkpoint, "object-detection", EntryOptions(name=DETECTOR), repo,
+                       EncoderOptions(sample_images=detection_samples()))
+        export_encoder(rt_detr_checkpoint, "object-detection", EntryOptions(name=RT_DETR), repo)
+        export_encoder(yolos_checkpoint, "object-detection", EntryOptions(name=YOLOS), repo)
+        export_encoder(yolo_run, "object-detection", EntryOptions(name=YOLO), repo,
+                       EncoderOptions())  # parity on the run's validation images, found through its args.yaml
+        export_encoder(classifier_adapter, "text-classification", EntryOptions(name=LORA_CLASSIFIER), repo)
+        return repo
+
+    repo = built_once(tmp_path_factory, "stack-repository", export)
+    with start_stack(repo, tmp_path_factory.mktemp("stack") / "logs") as running:
         yield running
 
 

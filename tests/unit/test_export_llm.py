@@ -11,12 +11,14 @@ from safetensors.numpy import load_file, save_file
 from export import cli
 from export.exceptions import ExportError, ParityError
 from fixture_models.llm import write_llm_with_adapters
+from tests.conftest import built_once
 from export.llm.llm import LLMOptions, export_llm
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    return write_llm_with_adapters(tmp_path_factory.mktemp("llm"))
+    """The integration tests' tiny Llama and its adapters, built once per run (tests change only copies of it)."""
+    return built_once(tmp_path_factory, "llm", write_llm_with_adapters)
 
 
 def _nothing_written(out):

@@ -13,9 +13,11 @@ from serve.vllm_server import cpu_cannot_cache, cpu_cannot_serve, gpu_cannot_ser
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from fixture_models.llm import write_llm
+    """The integration tests' tiny Llama (built once per run)."""
+    from fixture_models.llm import write_llm_with_adapters
+    from tests.conftest import built_once
 
-    return write_llm(tmp_path_factory.mktemp("llm") / "base")
+    return built_once(tmp_path_factory, "llm", write_llm_with_adapters) / "base"
 
 
 @pytest.fixture(scope="module")

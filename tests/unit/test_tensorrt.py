@@ -419,8 +419,10 @@ def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, m
 @pytest.fixture(scope="module")
 def detr_checkpoint(tmp_path_factory):
     from fixture_models.detection import write_detector
+    from tests.conftest import built_once
 
-    return write_detector(tmp_path_factory.mktemp("ckpt") / "detr")  # its processor: shortest edge 64, longest 96
+    # the integration tests' DETR, built once per run: its processor's shortest edge 64, longest 96
+    return built_once(tmp_path_factory, "detr", write_detector)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
