@@ -19,14 +19,16 @@ def test_the_search_finds_the_rate_between_a_step_that_held_and_one_that_missed(
 
     loadtest_main(["run", "--host", stack.gateway_url, "--scenario", "detect", "--model", YOLO, "--users", "1",
                    "--duration", "3", "--warmup", "0", "--out", str(tmp_path / "warm-up")])
-    code = capacity_main(["--host", stack.gateway_url, "--scenario", "detect", "--model", YOLO, "--slo", "e2el:500",
-                          "--start", "4", "--duration", "4", "--warmup", "1", "--precision", "0.25", "--max-steps", "10",
+    # an SLO that the lowest step holds beside the other test worker on CI's two AVX2 cores (e2el:500 from 4 req/s
+    # missed there at the first step), and that ten-odd images a second on a CPU miss
+    code = capacity_main(["--host", stack.gateway_url, "--scenario", "detect", "--model", YOLO, "--slo", "e2el:2000",
+                          "--start", "2", "--duration", "4", "--warmup", "0", "--precision", "0.25", "--max-steps", "12",
                           "--target-rps", "1000", "--out", str(out)])
     result = json.loads((out / "capacity.json").read_text())
     steps, answer, missed = result["steps"], result["answer_rps"], result["missed_at_rps"]
     assert code == 0 and answer is not None and missed is not None, result["headline"]
     ramp = [s for s in steps if s["phase"] == "ramp"]
-    assert [s["load"] for s in ramp] == [4 * 2**i for i in range(len(ramp))]
+    assert [s["load"] for s in ramp] == [2 * 2**i for i in range(len(ramp))]
     assert all(s["holds"] for s in ramp[:-1]) and not ramp[-1]["holds"]
     assert missed / answer - 1 <= 0.25
     # the bisection stays between the ramp's last step that held and its first that did not
@@ -35,14 +37,15 @@ def test_the_search_finds_the_rate_between_a_step_that_held_and_one_that_missed(
     assert held[answer] and not held[missed]
     assert [s["load"] for s in steps[-2:]] == pytest.approx([0.9 * answer, 1.1 * answer])
     assert result["boxes"]["boxes"] == -(-1000 // (answer * 0.8))
-    assert f"this box holds {answer:.3g} requests/s of detect at P99 e2el ≤ 500 ms" in capsys.readouterr().out
+    assert f"this box holds {answer:.3g} requests/s of detect at P99 e2el ≤ 2000 ms" in capsys.readouterr().out
     assert (out / "capacity.png").stat().st_size > 20_000 and (out / "capacity.html").exists()
     assert all((out / s["report"]).exists() for s in steps)  # each step's own load-test report
 
 
 def test_a_box_that_misses_the_slo_at_the_lowest_step_gets_that_steps_figures(stack, tmp_path, capsys):
+    # no warm-up: at 1 req/s a busy machine's locust may send its first request late in the 3 s (then none is measured)
     code = capacity_main(["--host", stack.gateway_url, "--model", MODEL, "--slo", "e2el:0.01", "--duration", "3",
-                          "--warmup", "0.5", "--out", str(tmp_path / "capacity")])
+                          "--warmup", "0", "--out", str(tmp_path / "capacity")])
     assert code == 1
     assert "the lowest step, 1 req/s, already misses the SLO (P99 e2el ≤ 0.01 ms): P99 over the SLO; P99" in \
         capsys.readouterr().out

@@ -69,7 +69,7 @@ def test_multi_turn_chat_resends_each_conversations_history_under_a_shared_syste
 
 def test_unstreamed_chat_counts_the_usage_tokens(llm_gateway, tmp_path):
     spec = LoadSpec(llm_gateway, scenario_options(scenario="chat", model="tiny-llama", output_len=8, no_stream=True,
-                                                  ignore_eos="on"), users=2, duration_s=5, warmup_s=1)
+                                                  ignore_eos="on"), users=2, duration_s=5, warmup_s=0)  # every answer counted
     s = run(spec, tmp_path / "report", **quiet).summary
     assert s.requests > 0 and s.errors == 0, s.error_kinds
     assert s.streaming == {}  # no stream, no TTFT
