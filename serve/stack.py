@@ -63,7 +63,7 @@ def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: flo
 
 
 def start_gateway(triton_grpc_url: str, log_dir: Path, *, vllm_url: str = "", workers: int = 1, extra_env: dict | None = None,
-                  timeout_s: float = 60, wait_for: str = "/readyz", port: int | None = None) -> tuple[ServerProcess, str]:
+                  timeout_s: float = 180, wait_for: str = "/readyz", port: int | None = None) -> tuple[ServerProcess, str]:
     """The gateway as its own process (`rtxserve serve gateway`) on `port` (default: a free one); by default started
     once its models are ready (`wait_for="/healthz"`: once it is live, e.g. to test it with a dead backend)."""
     port = port or free_port()
