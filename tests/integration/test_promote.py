@@ -196,6 +196,9 @@ def test_a_gateway_killed_mid_promotion_comes_back_serving_one_whole_state(gatew
           limit_s=10)
     gateway.kill()
     gateway.start()
+    # both workers start at once and one of them ends the promotion; the other follows its file within a second
+    until(lambda: gateway.get("/admin/promotions")["promotions"] == [], "the promotion ended after the restart",
+          limit_s=10)
     state = gateway.get("/admin/promotions")
     assert state["promotions"] == [] and state["history"][-1]["id"] == pid
     assert state["history"][-1]["phase"] == ("rolled_back" if killed_at == "canary" else "done")

@@ -78,8 +78,10 @@ class Rollout:
         switched, snapshot = self.store.update(recover)
         self._apply(snapshot)
         for p in switched:
-            with contextlib.suppress(PromotionConflict):  # another worker, starting beside this one, finished it
+            try:
                 await self.finish(p.model, p.id, "the gateway restarted after its switch: finished")
+            except PromotionConflict:  # another worker, starting beside this one, finished it: follow its file now,
+                self._apply(self.store.read())  # not at the next refresh, a second after this worker calls itself ready
 
     async def run_loop(self) -> None:
         """`refresh` every second: another worker's step is followed within one, an expired lease ended."""
