@@ -1,11 +1,13 @@
-"""`rtxserve bench cache`: benchmark B9 (shared BENCH.md), what Triton's response cache buys a classify workload
-with repeated inputs.
+"""`rtxserve bench cache`: benchmark B9 (shared BENCH.md), what an answer cache buys a classify workload with
+repeated inputs.
 
-The fixture classifier is exported twice into one deployment, one entry with `response_cache_mb` and one without,
-and served by the real tritonserver behind the real gateway. The same closed-loop client (bench/gateway.py) sends
-classify requests through the gateway where `repeats` of them (0.5 by default) are one of a few texts seen before
-and the rest are new; the two entries are measured in alternating order over several rounds, each figure the
-median over rounds. B9 is the ratio of their QPS (target >= 1.5), with Triton's own hit rate for the cached one.
+The fixture classifier is exported three times into one deployment: one entry with the gateway's answer cache
+(`response_cache_mb`), one with Triton's response cache as well (`triton_response_cache`: the gateway then sends its
+requests one by one), one with none; all served by the real tritonserver behind the real gateway, as the deployment
+configures both. The same closed-loop client (bench/gateway.py) sends classify requests through the gateway where
+`repeats` of them (0.5 by default) are one of a few texts seen before and the rest are new; the entries are measured
+in rotating order over several rounds, each figure the median over rounds. B9 is the ratio of the gateway-cached
+entry's QPS to the uncached one's (target >= 1.5), with each cache's own hit rate.
 """
 
 from __future__ import annotations
@@ -22,12 +24,17 @@ from pathlib import Path
 import httpx
 import yaml
 
+from core import metric_names
 from core.machine import machine
 
 from .gateway import closed_loop, latency_summary
 from .record import Benchmark, Files, Progress
 
-ENTRIES = {"cached": 64, "uncached": 0}  # entry name -> response_cache_mb
+# entry name -> its deployment fields
+ENTRIES = {"gateway-cache": {"response_cache_mb": 64},
+           "triton-cache": {"response_cache_mb": 64, "triton_response_cache": True},
+           "uncached": {}}
+MEASURED, BASELINE = "gateway-cache", "uncached"
 REPEATED = [f"the package arrived on day {i} and it works" for i in range(8)]
 PLOT = "b9.png"
 FILES = Files("bench-cache.json", "bench-cache.md", plots=(PLOT,))
@@ -41,40 +48,54 @@ def _texts(repeats: float, seed: int):
         yield rng.choice(REPEATED) if rng.random() < repeats else f"review {seed}-{n}: {rng.random():.12f} stars"
 
 
-def _hit_rate(metrics_url: str, model: str) -> float | None:
+def _hit_rates(gateway_metrics: str, triton_metrics: str) -> dict[str, float | None]:
+    """Each cached entry's hit rate over the run, by the cache that answers it: the gateway's, Triton's."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    counts = {s.name.removesuffix("_total"): s.value
-              for family in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text)
-              for s in family.samples if s.labels.get("model") == model and s.name.startswith("nv_cache_num_")}
-    looked_up = counts.get("nv_cache_num_hits_per_model", 0) + counts.get("nv_cache_num_misses_per_model", 0)
-    return counts.get("nv_cache_num_hits_per_model", 0) / looked_up if looked_up else None
+    samples = {url: [s for family in text_string_to_metric_families(httpx.get(url, timeout=10).text)
+                     for s in family.samples] for url in (gateway_metrics, triton_metrics)}
+
+    def count(url: str, metric: str, **labels) -> float:
+        return sum(s.value for s in samples[url] if s.name.removesuffix("_total") == metric.removesuffix("_total")
+                   and labels.items() <= s.labels.items())
+
+    def rate(hits: float, misses: float) -> float | None:
+        return round(hits / (hits + misses), 4) if hits + misses else None
+
+    lookups = metric_names.ANSWER_CACHE_LOOKUPS
+    return {MEASURED: rate(count(gateway_metrics, lookups, model=MEASURED, outcome="hit"),
+                           count(gateway_metrics, lookups, model=MEASURED, outcome="miss")),
+            "triton-cache": rate(count(triton_metrics, "nv_cache_num_hits_per_model", model="triton-cache"),
+                                 count(triton_metrics, "nv_cache_num_misses_per_model", model="triton-cache"))}
 
 
 @contextlib.contextmanager
 def _stack(work: Path, progress):
-    """Both entries in one tritonserver (with the cache the deployment sizes) behind the gateway: (gateway URL,
-    Triton's metrics URL)."""
+    """The entries in one tritonserver (with the cache the deployment sizes) behind the gateway (with the answer
+    caches the deployment gives it): (gateway URL, Triton's metrics URL)."""
     from deploy.plan import plan
     from deploy.repository import assemble_repository, response_cache_args
+    from deploy.services import Layout, gateway_settings
     from deploy.spec import load_deployment
     from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
     from export.triton.entry import EntryOptions
     from serve.stack import start_gateway, start_triton
 
-    progress("writing and exporting the fixture classifier (twice)")
+    progress(f"writing and exporting the fixture classifier ({len(ENTRIES)} times)")
     checkpoint = write_text_classifier(work / "ckpt")
     for name in ENTRIES:
         export_text_classification(checkpoint, EntryOptions(name=name, instances=2), work / "exported")
     (work / "box.yaml").write_text(yaml.safe_dump({"name": "b9", "gpus": {"count": 0}, "models": [
-        {"name": name, "kind": "encoder", "path": f"exported/{name}", "response_cache_mb": mb}
-        for name, mb in ENTRIES.items()]}))
+        {"name": name, "kind": "encoder", "path": f"exported/{name}", **fields} for name, fields in ENTRIES.items()]}))
     d = load_deployment(work / "box.yaml")
-    triton, opts = start_triton(assemble_repository(d, plan(d), work / "repository"), work / "logs",
+    p = plan(d)
+    triton, opts = start_triton(assemble_repository(d, p, work / "repository"), work / "logs",
                                 extra_args=tuple(response_cache_args(d)))
     try:
-        gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs")
+        cached = gateway_settings(d, Layout(), p)["response_cache_mb"]
+        gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs",
+                                     extra_env={"RTXSERVE_RESPONSE_CACHE_MB": json.dumps(cached)})
         try:
             yield url, f"http://127.0.0.1:{opts.metrics_port}/metrics"
         finally:
@@ -85,9 +106,10 @@ def _stack(work: Path, progress):
 
 async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int, repeats: float, progress) -> dict:
     per_round: dict[str, list[dict]] = {name: [] for name in ENTRIES}
+    names = list(ENTRIES)
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency)) as client:
         for i in range(rounds):
-            for name in (list(ENTRIES) if i % 2 == 0 else list(reversed(ENTRIES))):
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each entry first in turn
                 texts = _texts(repeats, seed=i)
 
                 async def request(name=name, texts=texts) -> bool:
@@ -107,10 +129,11 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: int
     with tempfile.TemporaryDirectory(prefix="rtxserve-b9-") as tmp, _stack(Path(tmp), progress) as (url, metrics):
         measured = asyncio.run(_measure(url, rounds=rounds, duration_s=duration_s, concurrency=concurrency,
                                         repeats=repeats, progress=progress))
-        hit_rate = _hit_rate(metrics, "cached")
+        hit_rates = _hit_rates(f"{url}/metrics", metrics)
     result = {"bench": "B9", "target": 1.5, "cpu": machine(), "rounds": rounds, "duration_s": duration_s,
-              "concurrency": concurrency, "repeats": repeats, "hit_rate": hit_rate, **measured,
-              "qps_ratio": round(measured["cached"]["qps"] / measured["uncached"]["qps"], 3)}
+              "concurrency": concurrency, "repeats": repeats, "hit_rates": hit_rates, **measured,
+              "qps_ratio": round(measured[MEASURED]["qps"] / measured[BASELINE]["qps"], 3),
+              "triton_qps_ratio": round(measured["triton-cache"]["qps"] / measured[BASELINE]["qps"], 3)}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -118,25 +141,29 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: int
 
 
 def markdown(result: dict) -> str:
+    def hits(name: str) -> str:
+        rate = result["hit_rates"].get(name)
+        return "–" if rate is None else f"{rate:.0%}"
+
     rows = "\n".join(f"| {name} | {result[name]['qps']} | {result[name]['p50_ms']} | {result[name]['p99_ms']} | "
-                     f"{result[name]['errors']} |" for name in ENTRIES)
-    hits = "–" if result["hit_rate"] is None else f"{result['hit_rate']:.0%}"
-    return f"""# B9: Triton's response cache ({result['repeats']:.0%} repeated inputs, classify through the gateway)
+                     f"{result[name]['errors']} | {hits(name)} |" for name in ENTRIES)
+    return f"""# B9: answer caches ({result['repeats']:.0%} repeated inputs, classify through the gateway)
 
-![QPS with and without the cache, round by round]({PLOT})
+![QPS per entry, round by round]({PLOT})
 
-Fixture classifier exported twice, one entry with `response_cache_mb`, one without, in one tritonserver behind the
-gateway; {result['concurrency']} in flight, median of {result['rounds']} alternating rounds x {result['duration_s']:g} s.
+Fixture classifier exported {len(ENTRIES)} times into one deployment: `gateway-cache` with `response_cache_mb` (the
+gateway answers inputs it has seen; the others' rows are coalesced into Triton calls), `triton-cache` with
+`triton_response_cache` as well (Triton's cache: the gateway sends its requests one by one, as that cache needs), and
+`uncached`; one tritonserver behind the gateway; {result['concurrency']} in flight, median of {result['rounds']}
+rotating rounds x {result['duration_s']:g} s.
 CPU: {result['cpu']}.
 
-| entry | QPS | P50 ms | P99 ms | errors |
-|---|---|---|---|---|
+| entry | QPS | P50 ms | P99 ms | errors | hit rate |
+|---|---|---|---|---|---|
 {rows}
 
-QPS with / without the cache: **{result['qps_ratio']}** (target >= {result['target']}); Triton's hit rate on the
-cached entry over the run: {hits}, of {result['repeats']:.0%} requests that repeat an earlier input. The gateway sends
-a cached model's requests one by one (a coalesced call's mix of inputs is never seen twice, and missed: 26 % hits
-before), so the cached entry gives up the coalescing the uncached one keeps.
+QPS with the gateway's cache / without: **{result['qps_ratio']}** (target >= {result['target']}); with Triton's:
+{result['triton_qps_ratio']}. Of the requests, {result['repeats']:.0%} repeat an earlier input.
 """
 
 
@@ -145,14 +172,14 @@ def plot(result: dict, path: Path) -> Path:
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, (name, colour) in enumerate(zip(ENTRIES, ("tab:green", "tab:gray"))):
+    for i, (name, colour) in enumerate(zip(ENTRIES, ("tab:green", "tab:blue", "tab:gray"))):
         ax.bar(i, result[name]["qps"], color=colour, alpha=0.75)
         rounds = [r["qps"] for r in result["per_round"][name]]
         ax.scatter([i] * len(rounds), rounds, color="black", s=10, zorder=3)
     ax.set_xticks(range(len(ENTRIES)), list(ENTRIES))
     ax.set_ylabel("classify QPS through the gateway")
     ax.set_xlabel("bars: the median of the rounds; dots: each round", fontsize=8)  # a legend hid a round's dot
-    return save(fig, path, f"B9: response cache, {result['repeats']:.0%} repeated inputs: "
+    return save(fig, path, f"B9: answer caches, {result['repeats']:.0%} repeated inputs: gateway's "
                            f"{result['qps_ratio']}x QPS (target {result['target']}x)")
 
 
@@ -178,6 +205,6 @@ def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
 
 
 BENCHMARK = Benchmark(
-    name="cache", id="B9", title="Triton response cache",
-    help="B9: classify QPS with Triton's response cache / without, at repeated inputs",
+    name="cache", id="B9", title="answer caches",
+    help="B9: classify QPS with the gateway's answer cache (and Triton's) / without, at repeated inputs",
     add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

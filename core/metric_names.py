@@ -38,3 +38,7 @@ BATCHES = "rtxserve_batches_total"  # counter, by status: batches ended (complet
 ROLLOUT_SECONDS = "rtxserve_rollout_backend_seconds"  # histogram, by model (the name called), target, role
 ROLLOUT_REQUESTS = "rtxserve_rollout_requests_total"  # counter, by model, target, role, outcome (ok, error; shadows:
 # agree, disagree, ok where the answers are not compared, error)
+# The answer cache (serve/gateway/answers.py): rows of classify, embeddings and NER answered from the gateway's memory
+ANSWER_CACHE_LOOKUPS = "rtxserve_answer_cache_lookups_total"  # counter, by model, outcome: hit / miss (one per input row)
+ANSWER_CACHE_EVICTIONS = "rtxserve_answer_cache_evictions_total"  # counter, by model: rows dropped to stay within bytes
+ANSWER_CACHE_BYTES = "rtxserve_answer_cache_bytes"  # gauge, by model: bytes kept (the sum over the workers)

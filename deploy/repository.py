@@ -13,8 +13,8 @@ def assemble_repository(d, p, to: Path) -> Path:
     """The repository Triton serves for a deployment `d` (deploy.spec) planned as `p` (deploy.plan): each entry
     hard-linked from where export wrote it, with the planned instance count (and max batch size, when the
     deployment sets one) on every GPU Triton sees, as the plan places them, and Triton's response cache where the
-    deployment asks for it. GPU ids pinned at export (`--gpus`) are dropped: they name the export machine's cards,
-    and a Kubernetes pod sees its one GPU as 0."""
+    deployment asks for it (triton_response_cache). GPU ids pinned at export (`--gpus`) are dropped: they name the
+    export machine's cards, and a Kubernetes pod sees its one GPU as 0."""
     if to.exists():
         shutil.rmtree(to)
     to.mkdir(parents=True)
@@ -30,7 +30,7 @@ def assemble_repository(d, p, to: Path) -> Path:
             pinned = any(group.gpus for group in config.instance_group)
             for group in config.instance_group:
                 del group.gpus[:]
-            cached = folder.name == m.name and m.response_cache_mb > 0
+            cached = folder.name == m.name and m.triton_response_cache
             if cached:  # the whole request's answer, looked up before any step runs
                 config.response_cache.enable = True
             if pinned or cached:
@@ -39,6 +39,7 @@ def assemble_repository(d, p, to: Path) -> Path:
 
 
 def response_cache_args(d) -> list[str]:
-    """tritonserver's --cache-config for the entries with a response cache: one local cache of their sizes' sum."""
-    mb = sum(m.response_cache_mb for m in d.encoders)
+    """tritonserver's --cache-config for the entries with Triton's response cache: one local cache of their sizes'
+    sum."""
+    mb = sum(m.response_cache_mb for m in d.encoders if m.triton_response_cache)
     return [f"--cache-config=local,size={mb * 2**20}"] if mb else []

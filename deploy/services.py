@@ -99,6 +99,9 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
                 settings["on_demand"][m.name] |= {"engine": urls[m.name, r], "adapters": list(m.adapters)}
                 settings.setdefault("engine_control", {})[urls[m.name, r]] = urls[m.name, r] if d.on_gpu else \
                     f"http://{layout.host_of(engine_name(m.name, r))}:{control_port(port)}"
+    cached = {m.name: m.response_cache_mb for m in d.encoders if m.response_cache_mb}
+    if cached:
+        settings["response_cache_mb"] = cached
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
     if layout.batch_dir:

@@ -162,10 +162,13 @@ class EncoderModel(_Model):
     max_batch_size: int | None = Field(None, ge=1, le=contract.MAX_BATCH_SIZE, description="default: the export's")
     tensorrt: bool = Field(False, description="GPU only: serve the entry's ONNX graph as a TensorRT plan, built on "
                            "the box by the TensorRT release of the Triton image (deploy/engines.py)")
-    response_cache_mb: int = Field(0, ge=0, le=65536, description="Triton's response cache for this entry: the MB of "
-                                   "host memory it adds to the server's cache. An input seen before is answered from "
-                                   "it without running the model (classify, NER and embeddings are deterministic). "
-                                   "0: off")
+    response_cache_mb: int = Field(0, ge=0, le=65536, description="answers kept for this entry, MB per gateway "
+                                   "worker: an input seen before is answered by the gateway without a call to Triton "
+                                   "(classify, NER and embeddings are deterministic; serve/gateway/answers.py). 0: off")
+    triton_response_cache: bool = Field(False, description="also Triton's own response cache for the entry, of "
+                                        "response_cache_mb: for several gateways in front of one Triton. The gateway "
+                                        "then sends the entry's requests one by one (Triton's cache looks a call up "
+                                        "whole), not coalesced")
 
     @field_validator("instances")
     @classmethod
@@ -173,6 +176,12 @@ class EncoderModel(_Model):
         if value != "auto" and not 1 <= value <= 64:
             raise ValueError("use 1..64 or \"auto\"")
         return value
+
+    @model_validator(mode="after")
+    def _triton_cache_sized(self):
+        if self.triton_response_cache and not self.response_cache_mb:
+            raise ValueError("triton_response_cache needs response_cache_mb, the size of its cache")
+        return self
 
 
 class DiffusionModel(EncoderModel):

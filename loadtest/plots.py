@@ -192,7 +192,7 @@ def plot_streaming(samples: Samples, summary: Summary, path: Path, title: str) -
 PANELS = {  # panel -> (left axis, right axis), top to bottom
     "time": ("where time goes\nms per request", ""), "throughput": ("per second", "vLLM tokens/s (dashed)"),
     "triton": ("Triton ms per request", "batch size (dotted)"), "queues": ("requests", ""),
-    "kv": ("vLLM KV cache %\nprefix cache hits %", ""), "gpu": ("GPU utilization %", "GPU memory GiB (dashed)"),
+    "kv": ("caches %: vLLM KV,\nprefix hits, answer hits", ""), "gpu": ("GPU utilization %", "GPU memory GiB (dashed)"),
 }
 
 
@@ -217,7 +217,7 @@ def _lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
     top = sorted(busy, key=lambda m: -busy[m])[:3]
     for panel, roles, only in (("time", ("gateway", "overhead", "backend", "vllm_queue"), None),
                                ("time", ("queue", "compute"), working[:1]), ("throughput", ("rps",), top),
-                               ("throughput", ("failures", "shed"), None), ("kv", ("kv", "prefix_hits"), None),
+                               ("throughput", ("failures", "shed"), None), ("kv", ("kv", "prefix_hits", "answer_hits"), None),
                                ("queues", ("in flight", "queued", "running", "waiting"), None)):
         out[panel] += [(s.x, s.y, n, dots) for role in roles for n, s in of(role, only)
                        if role != "failures" or np.nanmax(s.y) > 0]  # a line of zeros says nothing

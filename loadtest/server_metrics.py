@@ -40,7 +40,8 @@ VLLM = (  # vLLM 0.10+, label `model_name` (and `engine`); gpu_cache_usage_perc 
 GATEWAY = (metric_names.IN_FLIGHT, metric_names.QUEUED, metric_names.SHED,
            f"{metric_names.REQUEST_SECONDS}_sum", f"{metric_names.REQUEST_SECONDS}_count",
            f"{metric_names.BACKEND_SECONDS}_sum", f"{metric_names.BACKEND_SECONDS}_count",
-           f"{metric_names.OVERHEAD_SECONDS}_sum", f"{metric_names.OVERHEAD_SECONDS}_count")
+           f"{metric_names.OVERHEAD_SECONDS}_sum", f"{metric_names.OVERHEAD_SECONDS}_count",
+           metric_names.ANSWER_CACHE_LOOKUPS, metric_names.ANSWER_CACHE_BYTES)
 SWAPS = {metric_names.MODEL_LOADS: "load", metric_names.MODEL_UNLOADS: "unload"}  # on-demand models, by model
 GPU = ("gpu_utilization_percent", "gpu_memory_used_bytes")
 KEEP = frozenset(TRITON + VLLM + GATEWAY + tuple(SWAPS))  # only what derive() reads: histogram buckets would be most of the file
@@ -60,7 +61,7 @@ class Series:
     x: np.ndarray  # seconds since the load test's start (the end of the interval, for rates and means)
     y: np.ndarray  # NaN where an interval measured nothing (no new requests, a counter reset)
     unit: str
-    panel: str  # "time", "throughput", "triton", "queues", "kv" or "gpu"
+    panel: str  # "time", "throughput", "triton", "queues", "kv" (the caches) or "gpu"
     role: str  # what is measured ("queue", "compute", "rps", ...); plot() picks its lines by it
     subject: str = ""  # the model, backend or GPU it belongs to
     w: np.ndarray | None = None  # the requests behind each mean, so that summary() weighs by them
@@ -329,6 +330,13 @@ def _gateway(tg: _Target) -> None:
     spent = tg.inc(f"{metric_names.OVERHEAD_SECONDS}_sum", keep=served)
     for n in tg.inc(f"{metric_names.OVERHEAD_SECONDS}_count", keep=served).values():
         tg.mean("gateway overhead", spent.get("", tg.nan), n, 1e3, "overhead")
+    hit = lambda labels: labels.get("outcome") == "hit"  # noqa: E731
+    hits = tg.inc(metric_names.ANSWER_CACHE_LOOKUPS, "model", keep=hit)
+    for model, looked_up in tg.inc(metric_names.ANSWER_CACHE_LOOKUPS, "model").items():
+        tg.add(f"gateway {model} answer cache hits", _ratio(hits.get(model, tg.nan), looked_up, 100.0), "%", "kv",
+               "answer_hits", model, w=looked_up)
+    for model, m in tg.groups(metric_names.ANSWER_CACHE_BYTES, "model").items():
+        tg.add(f"gateway {model} answer cache", _level(m) / 2**20, "MiB", "kv", "answer_bytes", model, gauge=True)
     spent = tg.inc(f"{metric_names.BACKEND_SECONDS}_sum", "backend")
     for backend, n in tg.inc(f"{metric_names.BACKEND_SECONDS}_count", "backend").items():
         tg.mean(f"backend {backend} call time", spent.get(backend, tg.nan), n, 1e3, "backend", backend)

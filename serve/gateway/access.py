@@ -16,6 +16,8 @@ from .settings import GatewaySettings
 # The API key name of the request being served (set where its key is admitted): what a sticky alias keeps on one model.
 CALLER: ContextVar[str | None] = ContextVar("rtxserve_caller", default=None)
 CALLER_PRIORITY: ContextVar[int] = ContextVar("rtxserve_caller_priority", default=0)  # its key's, for the model gates
+# Its key's scope (the models it may use): the answer cache (answers.py) never shares an answer across scopes.
+CALLER_SCOPE: ContextVar[tuple[str, ...] | None] = ContextVar("rtxserve_caller_scope", default=None)
 # The key an in-process request runs as, in its ASGI scope's state: set by the batch runner (batches/runner.py) for
 # each line it sends through the gateway's front door; never from anything a client sends.
 RUN_AS = "rtxserve.run_as"
@@ -52,6 +54,7 @@ class Access:
             return
         CALLER.set(key.name)
         CALLER_PRIORITY.set(key.priority)
+        CALLER_SCOPE.set(key.scope)
         if not key.allows(model):
             raise Forbidden(f"this API key may not use model {model!r}", param="model")
         if self.quotas is not None:  # None: a gateway without keys, running a batch

@@ -25,6 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from . import metrics
 from .access import CALLER, CALLER_PRIORITY
 from .admission import Gate
+from .answers import AnswerCache, Rows
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
 from .prefix import Prefix
@@ -66,6 +67,8 @@ class Dispatcher:
         self.busy: Counter[str] = Counter()  # model -> its calls in flight here (a stream until it ends)
         self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
                       for m, n in settings.model_concurrency.items()}
+        self.answers = AnswerCache(settings.response_cache_mb)
+        registry.on_unready.append(self.answers.forget)
 
     async def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None,
                       user: str | None = None) -> ModelInfo:
@@ -223,7 +226,15 @@ class Dispatcher:
 
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                         prefix: Prefix | None = None) -> T:
-        """`_gated`, with the model held loaded (an on-demand model: until a stream ends)."""
+        """`_gated`, with the model held loaded (an on-demand model: until a stream ends). Rows of a model with an
+        answer cache (answers.py) are looked up in it first, under the model that answers: only those it lacks
+        are called for."""
+        if isinstance(fn, Rows) and info.name in self.answers:
+            return await self.answers.rows(info.name, fn, lambda missing: self._held(info, missing))
+        return await self._held(info, fn, prefix)
+
+    async def _held(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                    prefix: Prefix | None = None) -> T:
         owner = self.settings.on_demand_owner(info.name)
         if owner is None:
             return await self._gated(info, fn, prefix)

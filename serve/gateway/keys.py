@@ -63,6 +63,11 @@ class ApiKey:
     def _patterns(self) -> tuple[str, ...]:
         return tuple(m for m in self.models if any(c in m for c in "*?["))
 
+    @functools.cached_property
+    def scope(self) -> tuple[str, ...]:
+        """The models it may use, in one canonical form: keys of equal scope may share what the answer cache keeps."""
+        return ("*",) if self.admin or "*" in self.models else tuple(sorted(set(self.models)))
+
     def allows(self, model: str) -> bool:
         return self.admin or "*" in self.models or model in self.models or any(fnmatch.fnmatchcase(model, p) for p in self._patterns)
 

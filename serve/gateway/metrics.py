@@ -79,6 +79,12 @@ ROLLOUT_REQUESTS = Counter(metric_names.ROLLOUT_REQUESTS, "Requests to a name un
                            ("model", "target", "role", "outcome"))
 BATCH_LINES = Counter(metric_names.BATCH_LINES, "Batch requests answered, by status code (0: not run, the batch "
                       "cancelled or expired)", ("status",))
+ANSWER_CACHE_LOOKUPS = Counter(metric_names.ANSWER_CACHE_LOOKUPS, "Input rows of classify, embeddings and NER looked up in "
+                               "the answer cache, by outcome (hit: answered from it)", ("model", "outcome"))
+ANSWER_CACHE_EVICTIONS = Counter(metric_names.ANSWER_CACHE_EVICTIONS, "Rows the answer cache dropped to stay within its "
+                                 "bytes", ("model",))
+ANSWER_CACHE_BYTES = Gauge(metric_names.ANSWER_CACHE_BYTES, "Bytes the answer cache keeps", ("model",),
+                           multiprocess_mode="livesum")
 BATCHES = Counter(metric_names.BATCHES, "Batches ended, by how (completed, expired, cancelled, failed)", ("status",))
 
 

@@ -70,6 +70,7 @@ class Registry:
         self.models: dict[str, ModelInfo] = {}
         self.draining = False  # after SIGTERM: not ready, still serving (app.py)
         self.last_refresh = 0.0
+        self.on_unready: list[Callable[[str], None]] = []  # told of each model that stops being ready (answers.py)
 
     async def _refresh_replica(self, replica: Replica) -> None:
         try:
@@ -124,7 +125,11 @@ class Registry:
             for name, info in replica.models.items():
                 if name not in merged or (info.ready and not merged[name].ready):
                     merged[name] = info
+        was_ready = {n for n, m in self.models.items() if m.ready}
         self.models = {n: replace(m, ready=any(r.serves(n) for r in self.replicas)) for n, m in merged.items()}
+        for name in was_ready - {n for n, m in self.models.items() if m.ready}:
+            for tell in self.on_unready:
+                tell(name)
         for replica in self.replicas:
             metrics.BACKEND_UP.labels(replica.name).set(1 if replica.up else 0)
             metrics.BREAKER_OPEN.labels(replica.name).set(1 if replica.breaker.state == STATE_OPEN else 0)

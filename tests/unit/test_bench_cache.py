@@ -19,8 +19,11 @@ def test_report_states_the_ratio_against_the_target(tmp_path):
         return {"qps": qps, "p50_ms": 9.0, "p99_ms": 20.0, "errors": 0}
 
     result = {"target": 1.5, "cpu": "EPYC; avx2", "rounds": 2, "duration_s": 8.0, "concurrency": 8, "repeats": 0.5,
-              "hit_rate": 0.48, "cached": entry(900.0), "uncached": entry(600.0), "qps_ratio": 1.5,
-              "per_round": {"cached": [entry(880.0), entry(920.0)], "uncached": [entry(590.0), entry(610.0)]}}
+              "hit_rates": {"gateway-cache": 0.48, "triton-cache": None}, "gateway-cache": entry(900.0),
+              "triton-cache": entry(700.0), "uncached": entry(600.0), "qps_ratio": 1.5, "triton_qps_ratio": 1.167,
+              "per_round": {name: [entry(q - 10), entry(q + 10)] for name, q in
+                            (("gateway-cache", 900.0), ("triton-cache", 700.0), ("uncached", 600.0))}}
     text = markdown(result)
-    assert "| cached | 900.0 | 9.0 | 20.0 | 0 |" in text and "**1.5** (target >= 1.5)" in text and "48%" in text
+    assert "| gateway-cache | 900.0 | 9.0 | 20.0 | 0 | 48% |" in text and "| triton-cache | 700.0 | 9.0 | 20.0 | 0 | – |" in text
+    assert "**1.5** (target >= 1.5)" in text and "with Triton's:\n1.167" in text
     assert plot(result, tmp_path / "b9.png").stat().st_size > 10_000

@@ -122,7 +122,7 @@ def test_records_refuse_names_and_ids_the_reports_cannot_use():
         dataclasses.replace(record, id="B-9")
     with pytest.raises(ValueError, match="NAME.json"):
         Files("bench-cache.md", "bench-cache.json")
-    assert isinstance(record, Benchmark) and record.section == "B9 Triton response cache"
+    assert isinstance(record, Benchmark) and record.section == "B9 answer caches"
 
 
 def test_make_bench_puts_each_page_it_runs_under_its_section(monkeypatch, tmp_path):
@@ -147,11 +147,11 @@ def test_make_bench_puts_each_page_it_runs_under_its_section(monkeypatch, tmp_pa
     sections = [line.removeprefix("## ") for line in page.splitlines() if line.startswith("## ")]
     assert sections == [b.section for b in BENCHMARKS if b.in_make_bench]
     assert "R18 bounded soak of the gateway" not in sections
-    cache = page.split("## B9 Triton response cache\n", 1)[1].split("\n## ", 1)[0]
+    cache = page.split("## B9 answer caches\n", 1)[1].split("\n## ", 1)[0]
     assert "`rtxserve bench cache --out " in cache and "### cache's page" in cache
     assert "![the plot](bench/figures/cache-b9.png)" in cache and (tmp_path / "bench/figures/cache-b9.png").exists()
     assert page.count("not run yet.") == len(sections) - 1
-    assert json.loads((tmp_path / "out" / "timings.json").read_text())["B9 Triton response cache"]["exit"] == 0
+    assert json.loads((tmp_path / "out" / "timings.json").read_text())["B9 answer caches"]["exit"] == 0
 
 
 def test_make_bench_runs_the_benchmark_an_id_names_and_not_those_whose_id_starts_with_it(monkeypatch, tmp_path):

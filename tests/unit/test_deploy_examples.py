@@ -15,7 +15,7 @@ from deploy.images import image_context, image_list
 from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.kubernetes import REDIS, locust_job, needs_redis
 from deploy.render import render
-from deploy.spec import load_deployment, parse_deployment
+from deploy.spec import DeploymentError, load_deployment, parse_deployment
 from core.tasks import KINDS, TASKS
 from serve.entry_config import entry_models, read_batching, read_config
 from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, write_diffusion_entry, write_entry, write_llama,
@@ -301,28 +301,39 @@ def test_gpu_ids_pinned_at_export_are_not_staged(tmp_path):
     assert list(read_config(step / "config.pbtxt").instance_group[0].gpus) == [1]  # the export is untouched
 
 
-def test_a_response_cache_is_staged_on_the_entry_and_sized_on_the_server(tmp_path):
-    """response_cache_mb turns Triton's cache on for the entry's own model (the whole request's answer, before any
-    step runs) and gives the server one local cache of the entries' sizes together, on every target."""
-    from deploy.services import build_services
+@pytest.mark.parametrize("triton_cache", [False, True])
+def test_a_response_cache_is_the_gateway_s_and_triton_s_only_where_asked(tmp_path, triton_cache):
+    """response_cache_mb sizes the gateway's answer cache for the entry; triton_response_cache also turns Triton's cache
+    on for the entry's own model (the whole request's answer, before any step runs), and gives the server one local
+    cache of the entries' sizes together, on every target."""
+    from deploy.services import Layout, build_services, gateway_settings
 
     example = next(p for p in EXAMPLES if p.stem == "one-4090")
     spec = yaml.safe_load(example.read_text())
     encoder = next(m for m in spec["models"] if m["kind"] == "encoder")
     encoder["response_cache_mb"] = 64
+    encoder["triton_response_cache"] = triton_cache
     (tmp_path / "src").mkdir()
     path = tmp_path / "src" / example.name
     path.write_text(yaml.safe_dump(spec))
     d = load_deployment(write_artifacts(path))
     render(d, tmp_path / "out", **on_box(d))
+    assert gateway_settings(d, Layout(), plan(d))["response_cache_mb"] == {encoder["name"]: 64}
     repository = tmp_path / "out" / "models" / "repository"
     entry, *steps = entry_models(repository, encoder["name"])
-    assert read_config(entry / "config.pbtxt").response_cache.enable
+    assert read_config(entry / "config.pbtxt").response_cache.enable == triton_cache
     assert not any(read_config(step / "config.pbtxt").response_cache.enable for step in steps)
     (triton,) = [s for s in build_services(d, plan(d)) if s.kind == "triton"]
-    assert f"--cache-config=local,size={64 * 2**20}" in triton.args
     compose = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())
-    assert f"--cache-config=local,size={64 * 2**20}" in compose["services"]["triton"]["command"]
+    for args in (triton.args, compose["services"]["triton"]["command"]):
+        assert (f"--cache-config=local,size={64 * 2**20}" in args) == triton_cache
+
+
+def test_triton_s_cache_needs_a_size(tmp_path):
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "b", "models": [
+        {"name": "m", "kind": "encoder", "path": "m", "triton_response_cache": True}]}))
+    with pytest.raises(DeploymentError, match="triton_response_cache needs response_cache_mb"):
+        load_deployment(tmp_path / "box.yaml")
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)

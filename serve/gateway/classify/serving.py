@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from core.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 
+from ..answers import Rows
 from ..exceptions import InvalidRequest
 from ..image_input import CANARY_IMAGE, ImageInput, decode_images
 from ..state import GatewayState
@@ -25,10 +26,12 @@ async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyRes
                              param="input")
     if images:
         encoded = decode_images(state, request.input)
-        results = await state.dispatch.call(info, lambda b, m: b.classify_images(m, encoded, limits.request_timeout_s))
+        results = await state.dispatch.call(info, Rows(("classify_images",), encoded, lambda b, m, images:
+                                                       b.classify_images(m, images, limits.request_timeout_s)))
     else:
         texts = check_texts(state, request.input)
-        results = await state.dispatch.call(info, lambda b, m: b.classify(m, texts, limits.request_timeout_s))
+        results = await state.dispatch.call(info, Rows(("classify",), texts, lambda b, m, texts:
+                                                       b.classify(m, texts, limits.request_timeout_s)))
     return ClassifyResponse(
         model=info.name,
         data=[ClassifyResult(index=i, label=r.label, score=r.score, scores=r.scores) for i, r in enumerate(results)],

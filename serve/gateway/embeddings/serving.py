@@ -9,6 +9,7 @@ import numpy as np
 from core.contract import FEATURE_EXTRACTION
 
 from .. import metrics
+from ..answers import Rows
 from ..exceptions import InvalidRequest
 from ..state import GatewayState
 from ..text_input import check_texts
@@ -42,7 +43,8 @@ async def embed(state: GatewayState, request: EmbeddingRequest) -> EmbeddingResp
     texts = _check_texts(state, request)
     info = await state.dispatch.resolve(request.model, TASK)
     _check_dimensions(request, info.name, info.dimensions)  # before the backend call when the size is known
-    results = await state.dispatch.call(info, lambda b, m: b.embed(m, texts, state.settings.request_timeout_s))
+    results = await state.dispatch.call(info, Rows(("embed",), texts, lambda b, m, texts:
+                                                   b.embed(m, texts, state.settings.request_timeout_s)))
     _check_dimensions(request, info.name, results[0].vector.size)  # models that did not declare their size
     tokens = sum(r.tokens for r in results)
     metrics.TOKENS.labels(info.name, "prompt").inc(tokens)

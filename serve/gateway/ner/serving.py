@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from core.contract import TOKEN_CLASSIFICATION
 
+from ..answers import Rows
 from ..state import GatewayState
 from ..text_input import check_texts
 from .protocol import Entity, NerRequest, NerResponse, NerResult
@@ -15,7 +16,8 @@ async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
     texts = check_texts(state, request.input)
     info = await state.dispatch.resolve(request.model, TASK)
     aggregation = request.aggregation or info.extra.get("aggregation") or "first"
-    results = await state.dispatch.call(info, lambda b, m: b.tag(m, texts, aggregation, state.settings.request_timeout_s))
+    results = await state.dispatch.call(info, Rows(("tag", aggregation), texts, lambda b, m, texts:
+                                                   b.tag(m, texts, aggregation, state.settings.request_timeout_s)))
     data = [
         NerResult(
             index=i,
