@@ -65,7 +65,7 @@ def on_demand_panels(board: dashboard.Dashboard) -> dashboard.Dashboard:
                                    "{{model}} {{outcome}}"))))
 
 
-def gateway_dashboard(on_demand: bool = False) -> dashboard.Dashboard:
+def gateway_dashboard(on_demand: bool = False, answer_cache: bool = False) -> dashboard.Dashboard:
     board = (dashboard.Dashboard("rtxserve gateway").uid("rtxserve-gateway").tags(["rtxserve"]).refresh("10s")
             .time("now-30m", "now")
             .with_panel(stat.Panel().title("Backends up").datasource(_DS).height(4).span(6)
@@ -87,6 +87,13 @@ def gateway_dashboard(on_demand: bool = False) -> dashboard.Dashboard:
                                 _p("A", f"sum by (reason) (rate({metric_names.SHED}[1m]))", "{{reason}}")))
             .with_panel(_series("Tokens per second", "short",
                                 _p("A", f"sum by (model, kind) (rate({metric_names.TOKENS}[1m]))", "{{model}} {{kind}}"))))
+    if answer_cache:
+        lookups = metric_names.ANSWER_CACHE_LOOKUPS
+        board = (board.with_panel(_series("Answer cache hits (models with response_cache_mb)", "percentunit", _p(
+                     "A", f'sum by (model) (rate({lookups}{{outcome="hit"}}[1m])) / clamp_min(sum by (model) '
+                     f"(rate({lookups}[1m])), 1e-9)", "{{model}}")))
+                 .with_panel(_series("Answer cache bytes (all workers)", "bytes",
+                                     _p("A", f"sum by (model) ({metric_names.ANSWER_CACHE_BYTES})", "{{model}}"))))
     return on_demand_panels(board) if on_demand else board
 
 
@@ -134,7 +141,8 @@ def vllm_dashboard() -> dashboard.Dashboard:
 
 def dashboards(d: Deployment) -> dict[str, str]:
     """file name -> the dashboard's JSON, for the servers the deployment runs."""
-    boards = {"rtxserve-gateway.json": gateway_dashboard(on_demand=bool(d.on_demand))}
+    boards = {"rtxserve-gateway.json": gateway_dashboard(on_demand=bool(d.on_demand),
+                                                         answer_cache=any(m.response_cache_mb for m in d.encoders))}
     if d.encoders:
         boards["triton.json"] = triton_dashboard()
     if d.vllm_models:

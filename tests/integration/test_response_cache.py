@@ -72,6 +72,11 @@ def test_a_repeated_input_is_answered_from_triton_response_cache(classifier_chec
             assert first["label"] == classify("a film for a rainy day")["LABEL"][0]
             text = httpx.get(f"{url}/metrics", timeout=10).text
             assert 'rtxserve_answer_cache_lookups_total{model="sentiment",outcome="hit"} 1.0' in text
+            served = {s.name.removesuffix("_total") for family in text_string_to_metric_families(text)
+                      for s in family.samples}
+            answer_metrics = {n.removesuffix("_total") for n in queried_metrics(dashboards(d)["rtxserve-gateway.json"])
+                              if n.startswith("rtxserve_answer_cache")}
+            assert len(answer_metrics) == 2 and answer_metrics <= served  # what the gateway dashboard asks for
         finally:
             gateway.stop()
     finally:
