@@ -105,23 +105,32 @@ class Admission:
         self.app = app
         self.gate = Gate(max_concurrency, max_queue, queue_timeout_s)
         self.access = access  # access.Access: the keys
+        self.quotas = getattr(access, "quotas", None)  # quotas.Quotas: the keys found over their quota
+
+    def _key(self, scope):
+        """The key the headers name; None without keys, or where they name none (refused once admitted)."""
+        headers = {k: v for k, v in scope.get("headers", ()) if k in (b"authorization", b"x-api-key")}
+        try:
+            return self.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
+                                      headers.get(b"x-api-key", b"").decode("latin-1"), scope.get("state"))
+        except GatewayError:
+            return None
 
     def _caller(self, scope) -> tuple[int, str]:
-        headers = {k: v for k, v in scope.get("headers", ()) if k in (b"authorization", b"x-api-key")}
-        key = None
-        if self.access is not None:
-            try:
-                key = self.access.key_of(headers.get(b"authorization", b"").decode("latin-1"),
-                                         headers.get(b"x-api-key", b"").decode("latin-1"), scope.get("state"))
-            except GatewayError:  # no or a wrong key: refused by authentication once admitted; queued as nobody
-                return 0, ""
-        if key is None:
-            return 0, (scope.get("client") or ("",))[0]
+        key = self._key(scope) if self.access is not None else None
+        if key is None:  # no keys: by the client's address; no or a wrong key: queued as nobody
+            return (0, (scope.get("client") or ("",))[0]) if self.access is None or self.access.keys is None else (0, "")
         return key.priority, key.name
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or not scope["path"].startswith("/v1/"):
             return await self.app(scope, receive, send)
+        if self.quotas is not None and self.quotas.spent:  # a key over its quota: refused before its body is read
+            key = self._key(scope)
+            refused = self.quotas.refusal(key) if key is not None else None
+            if refused is not None:
+                return await error_response(refused.status, refused.message, refused.type, code=refused.code,
+                                            retry_after=refused.retry_after)(scope, receive, send)
         try:
             await self.gate.acquire(*self._caller(scope)) if self.gate.busy else await self.gate.acquire()
         except Overloaded as exc:

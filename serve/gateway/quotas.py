@@ -108,6 +108,9 @@ class Quotas:
         self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri, wrap_exceptions=True, **options))
         self.fail_closed = unavailable == "closed"
         self._warned = 0.0
+        # keys refused until their window resets: (name, rpm, tpm) -> (when, message). Refused again from here,
+        # before the body is read (admission.py) and without the storage: a flood over quota costs others nothing
+        self.spent: dict[tuple, tuple[float, str]] = {}
 
     def _unavailable(self, exc: StorageError, refuse: bool = True) -> None:
         """The storage could not be reached: count it, warn now and then, refuse (where `refuse`: a request not yet
@@ -125,21 +128,40 @@ class Quotas:
         reset, _ = await self.limiter.get_window_stats(item, *ids)
         return max(1.0, reset - time.time())
 
+    def refusal(self, key: ApiKey) -> RateLimited | None:
+        """The 429 for a key whose window was found spent and has not reset yet; None otherwise."""
+        spent = self.spent.get((key.name, key.rpm, key.tpm))
+        if spent is None:
+            return None
+        left = spent[0] - time.time()
+        if left <= 0:
+            del self.spent[key.name, key.rpm, key.tpm]
+            return None
+        return RateLimited(spent[1], retry_after=max(1.0, left))
+
     async def admit(self, key: ApiKey) -> None:
         """Count one request for `key`; 429 + Retry-After when its minute is spent."""
+        refused = self.refusal(key)
+        if refused is not None:
+            raise refused
         try:
             if key.tpm:
                 tokens = RateLimitItemPerMinute(key.tpm)
                 if not await self.limiter.test(tokens, "tpm", key.name):
-                    raise RateLimited(f"this API key has used its {key.tpm} tokens per minute; retry later",
-                                      retry_after=await self._retry_after(tokens, "tpm", key.name))
+                    await self._spend(key, tokens, "tpm", f"this API key has used its {key.tpm} tokens per minute")
             if key.rpm:
                 requests = RateLimitItemPerMinute(key.rpm)
                 if not await self.limiter.hit(requests, "rpm", key.name):
-                    raise RateLimited(f"this API key has used its {key.rpm} requests per minute; retry later",
-                                      retry_after=await self._retry_after(requests, "rpm", key.name))
+                    await self._spend(key, requests, "rpm", f"this API key has used its {key.rpm} requests per minute")
         except StorageError as exc:
             self._unavailable(exc)
+
+    async def _spend(self, key: ApiKey, item, kind: str, what: str) -> None:
+        """`key`'s window of `item` is spent: remembered until it resets, and refused."""
+        retry_after = await self._retry_after(item, kind, key.name)
+        message = f"{what}; retry later"
+        self.spent[key.name, key.rpm, key.tpm] = (time.time() + retry_after, message)
+        raise RateLimited(message, retry_after=retry_after)
 
     async def charge_tokens(self, key: ApiKey | None, tokens: int) -> None:
         if key is not None and key.tpm and tokens > 0:

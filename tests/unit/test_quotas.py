@@ -3,6 +3,7 @@ stays exact when several processes (the gateway's workers) share it."""
 
 import asyncio
 import multiprocessing
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -118,3 +119,37 @@ def test_an_unreachable_quota_storage_admits_uncounted_or_refuses_as_the_setting
     if status == 503:
         assert error_of(answers[0], 503)["code"] == "quota_storage_unavailable" and answers[0].headers["retry-after"]
     assert QUOTA_STORAGE_ERRORS._value.get() - before == 5
+
+
+def test_a_key_found_over_its_quota_is_refused_before_its_body_is_read_until_its_window_resets(backend, keys):
+    """R14: once refused, the key's next requests are answered from memory before any parsing (a body that is not
+    even JSON gets the 429, not a 422) and without the quota storage; the others and the window's reset are untouched."""
+    with client_for(backend, keys) as client:
+        quotas = client.app.state.gateway.access.quotas
+        slow = bearer(keys[1]["slow"])
+        for _ in range(4):
+            client.post("/v1/classify", json={"model": "clf", "input": "good"}, headers=slow)
+        assert len(backend.calls) == 3 and len(quotas.spent) == 1
+
+        async def untouchable(*args, **kwargs):
+            raise AssertionError("the quota storage was asked about a key known to be over its quota")
+
+        counted = quotas.limiter.hit
+        quotas.limiter.hit = quotas.limiter.test = untouchable
+        refused = client.post("/v1/classify", content=b"{not json", headers={**slow, "content-type": "application/json"})
+        assert error_of(refused, 429)["message"] == "this API key has used its 3 requests per minute; retry later"
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        asked = []
+
+        async def counting(*args, **kwargs):
+            asked.append(args)
+            return await counted(*args, **kwargs)
+
+        quotas.limiter.hit = counting
+        assert client.post("/v1/classify", json={"model": "clf", "input": "good"},
+                           headers=bearer(keys[1]["free"])).status_code == 200
+        assert asked == []  # free has no quota to count
+        ((key, (_, message)),) = quotas.spent.items()
+        quotas.spent[key] = (time.time() - 1, message)  # the remembered window has passed
+        error_of(client.post("/v1/classify", json={"model": "clf", "input": "good"}, headers=slow), 429)
+        assert len(asked) == 1  # the storage decides again (the real minute is not over: refused, remembered anew)
