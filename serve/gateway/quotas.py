@@ -14,6 +14,10 @@ after STORAGE_TIMEOUT_S, so an unreachable one delays no request by more.
 Requests are counted when admitted. Tokens are known only after generation: a request is admitted
 while the key's token window is not spent, and its prompt + completion tokens are charged when its
 usage arrives (as LiteLLM and OpenAI do), so one request may overshoot the quota by its own size.
+
+A key found over its quota is remembered until its window resets (`spent`): its next requests are refused from
+memory, before their body is read (admission.py), so a key flooding past its quota costs the other keys no parsing
+and no storage round trip (R14). Each worker learns it from its own first refusal.
 """
 
 from __future__ import annotations
