@@ -102,13 +102,31 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
     cached = {m.name: m.response_cache_mb for m in d.encoders if m.response_cache_mb}
     if cached:
         settings["response_cache_mb"] = cached
+    settings["model_concurrency"] = model_gates(d, p)
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
     if layout.batch_dir:
         settings["batch_dir"] = layout.batch_dir
     if layout.rollout_file:
         settings["rollout_file"] = layout.rollout_file
-    return settings | d.gateway.settings
+    own = d.gateway.settings
+    return settings | own | {"model_concurrency": settings["model_concurrency"] | own.get("model_concurrency", {})}
+
+
+def model_gates(d: Deployment, p: Plan) -> dict[str, int]:
+    """Each model's requests in flight per gateway worker, as the plan runs them at most (the gate of
+    `model_concurrency`): an engine's max_num_seqs on each replica, a Triton entry's instances x max batch size on
+    each device; shared by the workers. More wait at the gateway, where people go before a batch (admission.py),
+    rather than in the backend's own first-come queue."""
+    from serve.entry_config import read_batching
+
+    workers = d.gateway.workers
+    gates = {m.name: m.max_num_seqs * m.replicas for m in d.vllm_models}
+    for m in d.encoders:
+        source = d.resolve(m.path)
+        batch = m.max_batch_size or read_batching(source.parent, source.name).max_batch_size or 1
+        gates[m.name] = p.instances[m.name] * max(1, len(p.devices) if p.on_gpu else 1) * batch
+    return {name: max(1, -(-n // workers)) for name, n in gates.items()}
 
 
 def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_env: Path | None = None) -> list[Service]:

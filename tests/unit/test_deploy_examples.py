@@ -625,3 +625,28 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     spec = pod["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["tritonserver", "vllm-0", "vllm-0-asleep"]
     assert [c["name"] for c in spec["containers"]] == ["vllm-1"]
+
+
+def test_each_model_s_gate_is_what_the_plan_runs_at_once_shared_by_the_workers(tmp_path):
+    """Without a tuned model_concurrency, each model is gated at what its servers run at once (an engine's
+    max_num_seqs, an entry's instances x max batch size), split over the gateway's workers; a model the deployment
+    gates itself keeps its own figure."""
+    from deploy.services import Layout, gateway_settings
+
+    example = next(p for p in EXAMPLES if p.stem == "one-4090")
+    d, p, _ = rendered(example, tmp_path)
+    gates = gateway_settings(d, Layout(), p)["model_concurrency"]
+    batch = read_batching(d.resolve("model_repository"), "reviews").max_batch_size
+    assert d.gateway.workers == 2
+    assert gates == {"llama-3-8b": 2, "reviews": -(-p.instances["reviews"] * batch // 2), "sd": 1}
+    spec = yaml.safe_load(example.read_text())
+    spec["gateway"]["settings"]["model_concurrency"] = {"reviews": 3}
+    (tmp_path / "own").mkdir()
+    own = load_deployment(_with(tmp_path / "own", example, spec))
+    assert gateway_settings(own, Layout(), plan(own))["model_concurrency"] == {**gates, "reviews": 3}
+
+
+def _with(folder: Path, example: Path, spec: dict) -> Path:
+    path = folder / example.name
+    path.write_text(yaml.safe_dump(spec))
+    return write_artifacts(path)
