@@ -28,13 +28,14 @@ from .admission import Gate
 from .answers import AnswerCache, Rows
 from .backends.base import Backend, ModelInfo, Stream
 from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
+from .keys import PRIORITIES
 from .prefix import Prefix
-from .registry import Registry, Replica
-from .registry import BREAKS
+from .registry import BREAKS, Registry, Replica
 from .residency import Residency
 from .rollout.shadow import mirror
 from .rollout.table import Rollout
 from .settings import GatewaySettings
+from .yielding import PeopleFirst
 
 log = logging.getLogger("rtxserve.gateway")
 T = TypeVar("T")
@@ -57,6 +58,22 @@ class _HeldStream(Stream):
             self._release = lambda: None
 
 
+class _FirstChunk(Stream):
+    """A stream that calls `seen` at its first chunk, or when it is closed before one."""
+
+    def __init__(self, stream: Stream, seen: Callable[[], None]):
+        self.stream, self._seen = stream, seen
+
+    async def __aiter__(self):
+        async for chunk in self.stream:
+            self._seen()
+            yield chunk
+
+    async def aclose(self) -> None:
+        self._seen()
+        await self.stream.aclose()
+
+
 class Dispatcher:
     def __init__(self, settings: GatewaySettings, registry: Registry, residency: Residency, rollout: Rollout):
         self.settings = settings
@@ -68,6 +85,7 @@ class Dispatcher:
         self.gates = {m: Gate(n, settings.max_queue, settings.queue_timeout_s, f"model {m!r}")
                       for m, n in settings.model_concurrency.items()}
         self.answers = AnswerCache(settings.response_cache_mb)
+        self.people = PeopleFirst(settings.batch_floor) if settings.batch_yields else None
         registry.on_unready.append(self.answers.forget)
 
     async def resolve(self, name: str, task: str | tuple[str, ...], key: str | None = None,
@@ -237,16 +255,35 @@ class Dispatcher:
                     prefix: Prefix | None = None) -> T:
         owner = self.settings.on_demand_owner(info.name)
         if owner is None:
-            return await self._gated(info, fn, prefix)
+            return await self._yielding(info, fn, prefix)
         release = await self.residency.hold(owner)
         try:
-            result = await self._gated(info, fn, prefix)
+            result = await self._yielding(info, fn, prefix)
         except BaseException:
             release()
             raise
         if isinstance(result, Stream):
             return _HeldStream(result, release)
         release()
+        return result
+
+    async def _yielding(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
+                        prefix: Prefix | None = None) -> T:
+        """`_gated`, a batch's request first waiting while people's requests to the same servers wait for their first
+        token (yielding.py)."""
+        if self.people is None:
+            return await self._gated(info, fn, prefix)
+        group = tuple(r.name for r in self.registry.replicas if info.name in r.models)
+        person = CALLER_PRIORITY.get() < PRIORITIES["batch"]
+        done = self.people.person(group) if person else await self.people.batch_turn(group)
+        try:
+            result = await self._gated(info, fn, prefix)
+        except BaseException:
+            done()
+            raise
+        if isinstance(result, Stream):  # a person's first token is its first chunk; a batch's request ends with it
+            return _FirstChunk(result, done) if person else _HeldStream(result, done)
+        done()
         return result
 
     async def _gated(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],

@@ -159,6 +159,11 @@ class GatewaySettings(BaseSettings):
     batch_concurrency: int = Field(8, ge=1, le=1024, description="a batch's requests in flight at once; they wait "
                                    "behind interactive requests at the gateway's gates (and in vLLM with "
                                    "vllm_priority), at batch priority")
+    batch_yields: bool = Field(True, description="a batch's requests (priority batch or later) wait at the gateway "
+                               "while people's requests to the same servers wait for their first token (yielding.py); "
+                               "off: only the model gates and vLLM's queue order them")
+    batch_floor: int = Field(1, ge=1, le=1024, description="a batch's requests per server group that go even while "
+                             "people wait: its floor share (it never starves)")
     promotions: bool = Field(True, description="whether `rtxserve promote` may run on this gateway (its admin "
                              "routes): off where its workers or pods cannot share one rollout_file (Kubernetes' "
                              "gateway pods, each with its own)")
