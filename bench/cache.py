@@ -2,8 +2,8 @@
 repeated inputs.
 
 The fixture classifier is exported three times into one deployment: one entry with the gateway's answer cache
-(`response_cache_mb`), one with Triton's response cache as well (`triton_response_cache`: the gateway then sends its
-requests one by one), one with none; all served by the real tritonserver behind the real gateway, as the deployment
+(`response_cache_mb`), one with Triton's response cache (`triton_response_cache`; the gateway, told of no cache for
+it here, sends its requests one by one, as that cache needs), one with none; all served by the real tritonserver behind the real gateway, as the deployment
 configures both. The same closed-loop client (bench/gateway.py) sends classify requests through the gateway where
 `repeats` of them (0.5 by default) are one of a few texts seen before and the rest are new; the entries are measured
 in rotating order over several rounds, each figure the median over rounds. B9 is the ratio of the gateway-cached
@@ -93,7 +93,8 @@ def _stack(work: Path, progress):
     triton, opts = start_triton(assemble_repository(d, p, work / "repository"), work / "logs",
                                 extra_args=tuple(response_cache_args(d)))
     try:
-        cached = gateway_settings(d, Layout(), p)["response_cache_mb"]
+        # Triton's cache measured alone: the gateway is told of no cache for that entry (a deployment gives it both)
+        cached = {n: mb for n, mb in gateway_settings(d, Layout(), p)["response_cache_mb"].items() if n != "triton-cache"}
         gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs",
                                      extra_env={"RTXSERVE_RESPONSE_CACHE_MB": json.dumps(cached)})
         try:
@@ -123,7 +124,7 @@ async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int
         | {"per_round": per_round}
 
 
-def run(out: Path, *, rounds: int = 3, duration_s: float = 8.0, concurrency: int = 8, repeats: float = 0.5,
+def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: int = 8, repeats: float = 0.5,
         progress=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rtxserve-b9-") as tmp, _stack(Path(tmp), progress) as (url, metrics):
@@ -153,8 +154,8 @@ def markdown(result: dict) -> str:
 
 Fixture classifier exported {len(ENTRIES)} times into one deployment: `gateway-cache` with `response_cache_mb` (the
 gateway answers inputs it has seen; the others' rows are coalesced into Triton calls), `triton-cache` with
-`triton_response_cache` as well (Triton's cache: the gateway sends its requests one by one, as that cache needs), and
-`uncached`; one tritonserver behind the gateway; {result['concurrency']} in flight, median of {result['rounds']}
+`triton_response_cache` (Triton's cache alone: the gateway, told of no cache for it, sends its requests one by one, as
+that cache needs), and `uncached`; one tritonserver behind the gateway; {result['concurrency']} in flight, median of {result['rounds']}
 rotating rounds x {result['duration_s']:g} s.
 CPU: {result['cpu']}.
 
@@ -186,7 +187,7 @@ def plot(result: dict, path: Path) -> Path:
 # --- `rtxserve bench cache` -----------------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per entry and round")
     parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
     parser.add_argument("--repeats", type=float, default=0.5, help="share of requests that repeat an earlier input")
