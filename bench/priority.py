@@ -12,8 +12,10 @@ vLLM runs the model in its engine core (serve.vllm_server.TWO_PROCESSES), as B1s
 worker process spins a core's worth of CPU waiting, which on a 2-core box left the users' P99 to the scheduler's
 share-out (453 and 662 ms in two runs, 102 ms in a third).
 
-Two rows: vLLM started with `--scheduling-policy priority` and the gateway passing each request's priority
-(`vllm_priority`: batch lines 10, people 0), then vLLM's default first-come-first-served, for what priority buys.
+Three rows, each its own engine and gateway: the box as a deployment renders it by default (vLLM first come first
+served; a batch's requests yield to people's first tokens, serve/gateway/yielding.py; the model's gate at the
+engine's max_num_seqs); the same with batches not yielding (the box before); and vLLM's `--scheduling-policy priority`
+with the gateway passing each request's priority (`vllm_priority`: batch lines 10, people 0) beside the yielding.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from .record import Benchmark, Files, Progress
 SERVED = "bench-llm"
 PLOT = "b14.png"
 FILES = Files("bench-priority.json", "bench-priority.md", plots=(PLOT,))
-POLICIES = ("priority", "fcfs")
+MAX_NUM_SEQS = 16  # a deployment's default (deploy/spec.py), and so the gateway's derived gate for the model
+# Each row: vLLM's scheduling policy and the gateway's settings beyond a box's defaults. The targets are read off the
+# first: the box as `serve up` renders it (vLLM first come first served, batches yielding to people, the model's
+# gate at max_num_seqs, batch_concurrency as it comes)
+ROWS = {"box defaults": ("fcfs", {}),
+        "batches not yielding": ("fcfs", {"RTXSERVE_BATCH_YIELDS": "false"}),
+        "vLLM priority": ("priority", {"RTXSERVE_VLLM_PRIORITY": "true"})}
+MEASURED = "box defaults"
 TARGETS = {"ttft_p99_ratio": ("<=", 1.2), "batch_share_of_left": (">=", 0.8)}
 
 
@@ -102,51 +111,59 @@ async def _beside(url: str, opts: dict, prompts: list[str], progress) -> tuple[d
                                                 finished.is_set, prompts))
 
 
-def _row(model: Path, out: Path, policy: str, opts: dict, progress) -> dict:
+def _row(model: Path, out: Path, name: str, opts: dict, progress) -> dict:
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
     from .llm import prompts_for
 
     prompts = prompts_for(seed=14, count=64)
-    extra = ["--scheduling-policy", "priority"] if policy == "priority" else []
+    policy, settings = ROWS[name]
+    folder = name.replace(" ", "-")
+    extra = ["--max-num-seqs", str(MAX_NUM_SEQS), *(["--scheduling-policy", "priority"] if policy == "priority" else [])]
     with contextlib.ExitStack() as stack:
         engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
-                                                    extra_args=extra), out / f"vllm-{policy}", timeout_s=900,
+                                                    extra_args=extra), out / f"vllm-{folder}", timeout_s=900,
                                         env=TWO_PROCESSES)
         stack.callback(engine.stop)
-        gateway, url = start_gateway("", out / f"gateway-{policy}", vllm_url=engine_url, extra_env={
-            "RTXSERVE_BATCH_DIR": str(out / f"batches-{policy}"), "RTXSERVE_VLLM_PRIORITY": str(policy == "priority").lower(),
-            "RTXSERVE_BATCH_CONCURRENCY": str(opts["batch_concurrency"])})
+        env = {"RTXSERVE_BATCH_DIR": str(out / f"batches-{folder}"),
+               "RTXSERVE_MODEL_CONCURRENCY": json.dumps({SERVED: MAX_NUM_SEQS}), **settings}
+        if opts["batch_concurrency"]:
+            env["RTXSERVE_BATCH_CONCURRENCY"] = str(opts["batch_concurrency"])
+        gateway, url = start_gateway("", out / f"gateway-{folder}", vllm_url=engine_url, extra_env=env)
         stack.callback(gateway.stop)
+        warm = time.perf_counter() + 5  # a new engine's first requests are slower: not the users' figures
+        asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"], lambda: time.perf_counter() >= warm,
+                           prompts))
         deadline = time.perf_counter() + opts["alone_s"]
         alone = asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"],
                                    lambda: time.perf_counter() >= deadline, prompts))
-        progress(f"B14 {policy}: users alone: TTFT P99 {alone['ttft_p99_ms']:.1f} ms, {alone['rps']:.2f} requests/s")
+        progress(f"B14 {name}: users alone: TTFT P99 {alone['ttft_p99_ms']:.1f} ms, {alone['rps']:.2f} requests/s")
         capacity = asyncio.run(_batch(url, opts["batch"], opts["max_tokens"], prompts, progress))
-        progress(f"B14 {policy}: batch alone: {capacity['rps']:.1f} requests/s")
+        progress(f"B14 {name}: batch alone: {capacity['rps']:.1f} requests/s")
         batch, users = asyncio.run(_beside(url, opts, prompts, progress))
     left = capacity["rps"] - users["rps"]
     row = {"users_alone": alone, "batch_alone": capacity, "users_beside": users, "batch_beside": batch,
            "ttft_p99_ratio": round(users["ttft_p99_ms"] / alone["ttft_p99_ms"], 3),
+           "ttft_p50_ratio": round(users["ttft_p50_ms"] / alone["ttft_p50_ms"], 3),
            "left_rps": round(left, 3), "batch_share_of_left": round(batch["rps"] / left, 3) if left > 0 else None}
-    progress(f"B14 {policy}: beside the batch: users' TTFT P99 {users['ttft_p99_ms']:.1f} ms "
+    progress(f"B14 {name}: beside the batch: users' TTFT P99 {users['ttft_p99_ms']:.1f} ms "
              f"({row['ttft_p99_ratio']}x alone); batch {batch['rps']:.1f} requests/s ({row['batch_share_of_left']}x "
              "what the box had left)")
     return row
 
 
 def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, max_tokens: int = 16,
-        batch_concurrency: int = 4, alone_s: float = 20.0, progress=print) -> dict:
+        batch_concurrency: int | None = None, alone_s: float = 20.0, progress=print) -> dict:
     from core.machine import machine
     from fixture_models.llm import write_llm
 
     model = write_llm(out / "tiny-llama", max_length=2048)
     opts = {"batch": batch, "users": users, "think_s": think_s, "max_tokens": max_tokens,
             "batch_concurrency": batch_concurrency, "alone_s": alone_s}
-    rows = {policy: _row(model, out, policy, opts, progress) for policy in POLICIES}
+    rows = {name: _row(model, out, name, opts, progress) for name in ROWS}
     result = {"bench": "B14", "model": "fixture Llama (tiny), one vLLM CPU engine", "machine": machine(), **opts,
-              "rows": rows, "verdict": {k: _met(rows["priority"][k], op, v) for k, (op, v) in TARGETS.items()}}
+              "rows": rows, "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -160,19 +177,21 @@ def _met(value, op: str, target: float) -> bool:
 def markdown(result: dict) -> str:
     lines = [f"## B14: people beside a batch ({result['model']}; {result['users']} users streaming completions of "
              f"{result['max_tokens']} tokens with {result['think_s']} s between them, beside a batch of "
-             f"{result['batch']} such completions, {result['batch_concurrency']} in flight)", "",
+             f"{result['batch']} such completions, "
+             f"{result['batch_concurrency'] or 'batch_concurrency as it comes,'} in flight; vLLM max_num_seqs "
+             f"{MAX_NUM_SEQS}, the gateway's gate for the model the same)", "",
              f"Machine: {result['machine']}", "", f"![TTFT and throughput per phase]({PLOT})", "",
-             "| vLLM scheduling | users' TTFT P50 / P99 ms, alone | beside the batch | P99 ratio | batch requests/s "
+             "| box | users' TTFT P50 / P99 ms, alone | beside the batch | P50 / P99 ratio | batch requests/s "
              "alone | beside | box left (alone - users) | batch / left |", "|---|---|---|---|---|---|---|---|"]
-    for policy, row in result["rows"].items():
+    for name, row in result["rows"].items():
         a, b = row["users_alone"], row["users_beside"]
-        lines.append(f"| {policy} | {a['ttft_p50_ms']} / {a['ttft_p99_ms']} | {b['ttft_p50_ms']} / {b['ttft_p99_ms']} | "
-                     f"{row['ttft_p99_ratio']}x | {row['batch_alone']['rps']} | {row['batch_beside']['rps']} | "
+        lines.append(f"| {name} | {a['ttft_p50_ms']} / {a['ttft_p99_ms']} | {b['ttft_p50_ms']} / {b['ttft_p99_ms']} | "
+                     f"{row.get('ttft_p50_ratio', '–')}x / {row['ttft_p99_ratio']}x | {row['batch_alone']['rps']} | {row['batch_beside']['rps']} | "
                      f"{row['left_rps']} | {row['batch_share_of_left']}x |")
-    lines += ["", "| target (priority row) | measured | verdict |", "|---|---|---|"]
+    lines += ["", f"| target ({MEASURED}) | measured | verdict |", "|---|---|---|"]
     for key, (op, value) in TARGETS.items():
         verdict = "met" if result["verdict"][key] else "**missed**"
-        lines.append(f"| {key} {op} {value}x | {result['rows']['priority'][key]}x | {verdict} |")
+        lines.append(f"| {key} {op} {value}x | {result['rows'][MEASURED][key]}x | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,8 +199,8 @@ def plot(result: dict, path: Path) -> Path:
     from loadtest.plots import pyplot, save
 
     plt = pyplot()
-    fig, (ttft, rps) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, (policy, row) in enumerate(result["rows"].items()):
+    fig, (ttft, rps) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for i, row in enumerate(result["rows"].values()):
         for j, (phase, label) in enumerate((("users_alone", "alone"), ("users_beside", "beside the batch"))):
             data = row[phase]["ttfts_ms"]
             box = ttft.boxplot([data], positions=[i * 3 + j], widths=0.8, whis=(1, 99), showfliers=False,
@@ -191,9 +210,11 @@ def plot(result: dict, path: Path) -> Path:
         rps.bar([i * 3, i * 3 + 1], [row["left_rps"], row["batch_beside"]["rps"]],
                 color=["tab:grey", "tab:green"], alpha=0.85)
     ticks = [x for i in range(len(result["rows"])) for x in (i * 3, i * 3 + 1)]
-    ttft.set_xticks(ticks, [f"{p}\n{w}" for p in result["rows"] for w in ("alone", "beside")], fontsize=8)
+    for ax, phases in ((ttft, ("alone", "beside")), (rps, ("box left", "batch"))):
+        ax.set_xticks(ticks, [w for _ in result["rows"] for w in phases], fontsize=8)
+        for i, name in enumerate(result["rows"]):  # each row's name once, under its pair
+            ax.text(i * 3 + 0.5, -0.13, name, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9)
     ttft.set_ylabel("users' TTFT (ms; whiskers P1-P99, triangle P99)")
-    rps.set_xticks(ticks, [f"{p}\n{w}" for p in result["rows"] for w in ("box left", "batch")], fontsize=8)
     rps.set_ylabel("requests/s")
     return save(fig, path, "B14: people's TTFT beside a batch, and the batch's share of what they leave")
 
@@ -205,13 +226,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=int, default=2, help="interactive users")
     parser.add_argument("--think", type=float, default=0.25, help="seconds a user waits between requests")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--batch-concurrency", type=int, default=4, help="the gateway's batch_concurrency")
+    parser.add_argument("--batch-concurrency", type=int, help="the gateway's batch_concurrency (default: the "
+                        "gateway's own)")
     parser.add_argument("--alone", type=float, default=20.0, help="seconds of the users alone")
     parser.add_argument("--out", type=Path, help="folder (default reports/bench-priority-<time>)")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    if min(args.batch, args.users, args.max_tokens, args.batch_concurrency) < 1 or args.alone <= 0 or args.think < 0:
+    if min(args.batch, args.users, args.max_tokens, args.batch_concurrency or 1) < 1 or args.alone <= 0 or args.think < 0:
         return "need --batch, --users, --max-tokens, --batch-concurrency >= 1, --alone > 0 and --think >= 0"
     return None
 
@@ -223,5 +245,6 @@ def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
 
 BENCHMARK = Benchmark(
     name="priority", id="B14", title="people beside a batch",
-    help="B14: interactive TTFT alone and beside a Batch API batch, with vLLM's priority scheduling and without",
+    help="B14: interactive TTFT alone and beside a Batch API batch, on a box's default settings (and without "
+         "batches yielding, and with vLLM's priority scheduling)",
     add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)
