@@ -33,17 +33,13 @@ class PeopleFirst:
         """A person's request to `group` started; the returned callable says it has its first token (once)."""
         self.people_waiting[group] += 1
         self._event(group).clear()
-        done = False
 
         def first_token() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self.people_waiting[group] -= 1
-                if not self.people_waiting[group]:
-                    self._event(group).set()
+            self.people_waiting[group] -= 1
+            if not self.people_waiting[group]:
+                self._event(group).set()
 
-        return first_token
+        return _once(first_token)
 
     async def batch_turn(self, group: tuple) -> Callable[[], None]:
         """Wait until no person waits at `group` or the batch has fewer than its floor running there; the returned
@@ -51,12 +47,16 @@ class PeopleFirst:
         while self.people_waiting[group] and self.batch_running[group] >= self.floor:
             await self._event(group).wait()
         self.batch_running[group] += 1
-        done = False
+        return _once(lambda: self.batch_running.subtract((group,)))
 
-        def ended() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                self.batch_running[group] -= 1
 
-        return ended
+def _once(action: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+
+    return call

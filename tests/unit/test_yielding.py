@@ -16,6 +16,7 @@ from serve.gateway.settings import GatewaySettings
 from serve.gateway.yielding import PeopleFirst
 
 from .fakes import GatedTriton
+from .test_residency import until
 
 
 def test_the_batch_beyond_its_floor_waits_for_people_s_first_token_and_other_servers_hold_nothing():
@@ -81,12 +82,6 @@ def test_through_the_gateway_a_batch_key_waits_while_a_person_is_served(tmp_path
         def send(secret: str):
             return client.post("/v1/classify", json={"model": "clf", "input": "good"},
                                headers={"Authorization": f"Bearer {secret}"}).status_code
-
-        def until(condition):
-            deadline = time.monotonic() + 10
-            while not condition():
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
 
         backend.gate.clear()
         person = pool.submit(send, "rtx-chat")
