@@ -244,15 +244,15 @@ class Dispatcher:
 
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                         prefix: Prefix | None = None) -> T:
-        """`_gated`, with the model held loaded (an on-demand model: until a stream ends). Rows of a model with an
-        answer cache (answers.py) are looked up in it first, under the model that answers: only those it lacks
-        are called for."""
+        """`_held`; rows of a model with an answer cache (answers.py) are looked up in it first, under the model that
+        answers: only those it lacks are called for."""
         if isinstance(fn, Rows) and info.name in self.answers:
             return await self.answers.rows(info.name, fn, lambda missing: self._held(info, missing))
         return await self._held(info, fn, prefix)
 
     async def _held(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                     prefix: Prefix | None = None) -> T:
+        """`_yielding`, with the model held loaded (an on-demand model: until a stream ends)."""
         owner = self.settings.on_demand_owner(info.name)
         if owner is None:
             return await self._yielding(info, fn, prefix)
