@@ -118,6 +118,12 @@ def booted(tmp_path_factory):
     try:
         url = f"http://127.0.0.1:{ports['gateway']}"
         _ready(url, 600, box)
+        # the gateway answers ready a moment before its unit's ExecStartPost (serve.wait_ready, polling) sees it:
+        # the target is active once every unit has started
+        deadline = time.monotonic() + 120
+        while box.unit(f"rtxserve-{d.name}.target", "ActiveState")["ActiveState"] != "active":
+            assert time.monotonic() < deadline, "the gateway is ready but the target did not become active"
+            time.sleep(1)
         yield d, url, box
     finally:
         box.poweroff()
