@@ -67,7 +67,6 @@ class _ModelCache:
     def __init__(self, model: str, max_bytes: int):
         self.model = model
         self.lru = LRUCache(maxsize=max_bytes, getsizeof=self._sizeof)
-        self.sizes: dict[tuple, int] = {}  # key -> its bytes, computed once when kept
         lookups = metrics.ANSWER_CACHE_LOOKUPS
         self.hits, self.misses = lookups.labels(model, "hit"), lookups.labels(model, "miss")
         self.evicted = metrics.ANSWER_CACHE_EVICTIONS.labels(model)
