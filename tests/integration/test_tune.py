@@ -49,13 +49,16 @@ def test_tune_by_capacity_searches_each_configuration_and_recommends_the_one_tha
         found = json.loads((tmp_path / "tune" / trial.report).with_suffix(".json").read_text())
         held = [s["load"] for s in found["steps"] if s["holds"]]
         missed = [s["load"] for s in found["steps"] if not s["holds"]]
-        # a real search: open-loop steps from 25 req/s (one instance on this AVX2 box, beside the other test worker, held
-        # 57 of 100), the answer the most that held, below every rate that missed
+        # open-loop steps from 25 req/s, the answer the most that held, below every rate that missed
         assert found["settings"]["arrival"] == "poisson" and found["steps"][0]["load"] == 25
-        assert trial.steps == len(found["steps"]) >= 2 and trial.capacity_rps == found["answer_rps"] == max(held)
-        assert not missed or max(held) < min(missed)
         assert not any(s["phase"].startswith("confirm") for s in found["steps"])
-    assert result.best is max(result.trials, key=lambda t: t.figure("capacity"))
+        assert trial.steps == len(found["steps"]) and trial.capacity_rps == found["answer_rps"]
+        if held:
+            assert trial.eligible and trial.capacity_rps == max(held) and (not missed or max(held) < min(missed))
+        else:  # one instance beside the other test worker can miss 25 req/s already (one CI run: 18 of 22 done)
+            assert not trial.eligible and trial.capacity_rps is None and trial.steps == 1
+    # two instances held 100 req/s on this AVX2 box beside the other test worker: the best one climbed for real
+    assert result.best is max(result.trials, key=lambda t: t.figure("capacity")) and result.best.steps >= 2
     assert read_batching(repo, "tunable") == Batching(**result.best.config)  # --apply wrote it (or it was the default)
     page = (tmp_path / "tune" / "tune.md").read_text()
     assert f"recommended: {result.best.label()}: {result.best.capacity_rps:.1f} req/s held within the SLO" in page
