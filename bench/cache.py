@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -27,7 +28,7 @@ import yaml
 from core import metric_names
 from core.machine import machine
 
-from .gateway import closed_loop, latency_summary
+from .gateway import closed_loop, cpu_seconds, latency_summary
 from .record import Benchmark, Files, Progress
 
 # entry name -> its deployment fields
@@ -36,6 +37,7 @@ ENTRIES = {"gateway-cache": {"response_cache_mb": 64},
            "uncached": {}}
 MEASURED, BASELINE = "gateway-cache", "uncached"
 REPEATED = [f"the package arrived on day {i} and it works" for i in range(8)]
+PROCESSES = ("client", "gateway", "triton")  # whose CPU per request the rows show (the client is this process)
 PLOT = "b9.png"
 FILES = Files("bench-cache.json", "bench-cache.md", plots=(PLOT,))
 
@@ -72,7 +74,7 @@ def _hit_rates(gateway_metrics: str, triton_metrics: str) -> dict[str, float | N
 @contextlib.contextmanager
 def _stack(work: Path, progress):
     """The entries in one tritonserver (with the cache the deployment sizes) behind the gateway (with the answer
-    caches the deployment gives it): (gateway URL, Triton's metrics URL)."""
+    caches the deployment gives it): (gateway URL, Triton's metrics URL, each process's pid: this one, the client, too)."""
     from deploy.plan import plan
     from deploy.repository import assemble_repository, response_cache_args
     from deploy.services import Layout, gateway_settings
@@ -98,15 +100,21 @@ def _stack(work: Path, progress):
         gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs",
                                      extra_env={"RTXSERVE_RESPONSE_CACHE_MB": json.dumps(cached)})
         try:
-            yield url, f"http://127.0.0.1:{opts.metrics_port}/metrics"
+            yield url, f"http://127.0.0.1:{opts.metrics_port}/metrics", {
+                "client": os.getpid(), "gateway": gateway.process.pid, "triton": triton.process.pid}
         finally:
             gateway.stop()
     finally:
         triton.stop()
 
 
-async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int, repeats: float, progress) -> dict:
+async def _measure(url: str, pids: dict[str, int], *, rounds: int, duration_s: float, concurrency: int, repeats: float,
+                   progress) -> dict:
     per_round: dict[str, list[dict]] = {name: [] for name in ENTRIES}
+
+    def cpu() -> dict[str, float]:
+        return {p: cpu_seconds(pid, children=p != "client") for p, pid in pids.items()}
+
     names = list(ENTRIES)
     async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=concurrency)) as client:
         for i in range(rounds):
@@ -117,7 +125,11 @@ async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int
                     body = {"model": name, "input": next(texts)}
                     return (await client.post(f"{url}/v1/classify", json=body)).status_code == 200
 
-                summary = latency_summary(*await closed_loop(request, concurrency, duration_s))
+                before = cpu()
+                latencies, errors, seconds = await closed_loop(request, concurrency, duration_s)
+                summary = latency_summary(latencies, errors, seconds)
+                for p, spent in cpu().items():  # where a request's CPU goes: the client, the gateway, Triton
+                    summary[f"{p}_cpu_ms"] = round((spent - before[p]) * 1000 / max(1, len(latencies)), 3)
                 per_round[name].append(summary)
                 progress(f"round {i + 1}/{rounds}, {name}: {summary['qps']} QPS, P99 {summary['p99_ms']} ms")
     return {name: {k: round(statistics.median(r[k] for r in rs), 3) for k in rs[0]} for name, rs in per_round.items()} \
@@ -127,8 +139,8 @@ async def _measure(url: str, *, rounds: int, duration_s: float, concurrency: int
 def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: int = 8, repeats: float = 0.5,
         progress=print) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="rtxserve-b9-") as tmp, _stack(Path(tmp), progress) as (url, metrics):
-        measured = asyncio.run(_measure(url, rounds=rounds, duration_s=duration_s, concurrency=concurrency,
+    with tempfile.TemporaryDirectory(prefix="rtxserve-b9-") as tmp, _stack(Path(tmp), progress) as (url, metrics, pids):
+        measured = asyncio.run(_measure(url, pids, rounds=rounds, duration_s=duration_s, concurrency=concurrency,
                                         repeats=repeats, progress=progress))
         hit_rates = _hit_rates(f"{url}/metrics", metrics)
     result = {"bench": "B9", "target": 1.5, "cpu": machine(), "rounds": rounds, "duration_s": duration_s,
@@ -146,8 +158,11 @@ def markdown(result: dict) -> str:
         rate = result["hit_rates"].get(name)
         return "–" if rate is None else f"{rate:.0%}"
 
+    def cpu(name: str) -> str:  # rounds measured before the CPU was recorded have none
+        return " / ".join(str(result[name].get(f"{p}_cpu_ms", "–")) for p in PROCESSES)
+
     rows = "\n".join(f"| {name} | {result[name]['qps']} | {result[name]['p50_ms']} | {result[name]['p99_ms']} | "
-                     f"{result[name]['errors']} | {hits(name)} |" for name in ENTRIES)
+                     f"{result[name]['errors']} | {hits(name)} | {cpu(name)} |" for name in ENTRIES)
     return f"""# B9: answer caches ({result['repeats']:.0%} repeated inputs, classify through the gateway)
 
 ![QPS per entry, round by round]({PLOT})
@@ -159,8 +174,8 @@ that cache needs), and `uncached`; one tritonserver behind the gateway; {result[
 rotating rounds x {result['duration_s']:g} s.
 CPU: {result['cpu']}.
 
-| entry | QPS | P50 ms | P99 ms | errors | hit rate |
-|---|---|---|---|---|---|
+| entry | QPS | P50 ms | P99 ms | errors | hit rate | CPU-ms a request: {' / '.join(PROCESSES)} |
+|---|---|---|---|---|---|---|
 {rows}
 
 QPS with the gateway's cache / without: **{result['qps_ratio']}** (target >= {result['target']}); with Triton's:
@@ -172,14 +187,24 @@ def plot(result: dict, path: Path) -> Path:
     from loadtest.plots import pyplot, save
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, (ax, spent) = plt.subplots(1, 2, figsize=(11, 4.2))
     for i, (name, colour) in enumerate(zip(ENTRIES, ("tab:green", "tab:blue", "tab:gray"))):
         ax.bar(i, result[name]["qps"], color=colour, alpha=0.75)
         rounds = [r["qps"] for r in result["per_round"][name]]
         ax.scatter([i] * len(rounds), rounds, color="black", s=10, zorder=3)
-    ax.set_xticks(range(len(ENTRIES)), list(ENTRIES))
+        bottom = 0.0
+        for process, shade in zip(PROCESSES, ("tab:purple", "tab:orange", "tab:cyan")):
+            ms = result[name].get(f"{process}_cpu_ms")
+            if ms is not None:
+                spent.bar(i, ms, bottom=bottom, color=shade, label=process if i == 0 else None)
+                bottom += ms
+    for a in (ax, spent):
+        a.set_xticks(range(len(ENTRIES)), list(ENTRIES))
     ax.set_ylabel("classify QPS through the gateway")
     ax.set_xlabel("bars: the median of the rounds; dots: each round", fontsize=8)  # a legend hid a round's dot
+    spent.set_ylabel("CPU-ms a request (median of the rounds)")
+    if spent.has_data():
+        spent.legend(fontsize=8)
     return save(fig, path, f"B9: answer caches, {result['repeats']:.0%} repeated inputs: gateway's "
                            f"{result['qps_ratio']}x QPS (target {result['target']}x)")
 

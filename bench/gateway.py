@@ -39,10 +39,12 @@ PLOT = "b1.png"
 FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, b1s.PLOT))
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """The user and system CPU seconds of `pid`, and of its live children unless told not to (a bench's own process,
+    whose children are the servers it measures)."""
     process = psutil.Process(pid)
     total = sum(process.cpu_times()[:2])
-    for child in process.children(recursive=True):
+    for child in process.children(recursive=True) if children else ():
         try:
             total += sum(child.cpu_times()[:2])
         except psutil.NoSuchProcess:
@@ -107,12 +109,12 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
         names = list(targets)
         for i in range(rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:  # each path first in turn
-                cpu_before = _cpu_seconds(pids[name]) if name in pids else 0.0
+                cpu_before = cpu_seconds(pids[name]) if name in pids else 0.0
                 latencies, errors, seconds = await closed_loop(targets[name], concurrency, duration_s)
                 summary = latency_summary(latencies, errors, seconds)
                 if name in pids:
                     summary["cpu_ms_per_request"] = round(
-                        (_cpu_seconds(pids[name]) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
+                        (cpu_seconds(pids[name]) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
                 per_round[name].append(summary)
                 samples[name] += latencies
                 progress(f"round {i + 1}/{rounds}, {concurrency} in flight, {name}: P50 {summary['p50_ms']} ms, "

@@ -16,6 +16,8 @@ Three rows, each its own engine and gateway: the box as a deployment renders it 
 served; a batch's requests yield to people's first tokens, serve/gateway/yielding.py; the model's gate at the
 engine's max_num_seqs); the same with batches not yielding (the box before); and vLLM's `--scheduling-policy priority`
 with the gateway passing each request's priority (`vllm_priority`: batch lines 10, people 0) beside the yielding.
+Then the frontier: the box defaults with 1, 2, 4 and 8 of the batch's requests in flight (batch_concurrency), what
+each share of the engine costs the users' TTFT and buys the batch, against both targets at once.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ ROWS = {"box defaults": ("fcfs", {}),
         "batches not yielding": ("fcfs", {"RTXSERVE_BATCH_YIELDS": "false"}),
         "vLLM priority": ("priority", {"RTXSERVE_VLLM_PRIORITY": "true"})}
 MEASURED = "box defaults"
+# The frontier: the box defaults again, one engine, the gateway restarted with the batch's requests in flight
+# (batch_concurrency) at each of these, a shorter batch beside the same users: what each share of the engine costs
+# the people and buys the batch.
+FRONTIER = (1, 2, 4, 8)
+FRONTIER_BATCH = 300
 TARGETS = {"ttft_p99_ratio": ("<=", 1.2), "batch_share_of_left": (">=", 0.8)}
 
 
@@ -153,8 +160,47 @@ def _row(model: Path, out: Path, name: str, opts: dict, progress) -> dict:
     return row
 
 
+def _frontier(model: Path, out: Path, opts: dict, left_rps: float, alone: dict, progress) -> list[dict]:
+    """Per batch_concurrency in FRONTIER, on one engine: the users' TTFT beside a batch of FRONTIER_BATCH, as ratios
+    to `alone` (the box defaults row's), and the batch's requests/s as a share of `left_rps` (what the box defaults
+    row's engine had left at the gateway's default batch_concurrency)."""
+    from serve.stack import start_gateway, start_vllm
+    from serve.vllm_server import TWO_PROCESSES, VLLMOptions
+
+    from .llm import prompts_for
+
+    prompts = prompts_for(seed=14, count=64)
+    points = []
+    engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
+                                                extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)]),
+                                    out / "vllm-frontier", timeout_s=900, env=TWO_PROCESSES)
+    try:
+        for n in FRONTIER:
+            gateway, url = start_gateway("", out / f"gateway-frontier-{n}", vllm_url=engine_url, extra_env={
+                "RTXSERVE_BATCH_DIR": str(out / f"batches-frontier-{n}"), "RTXSERVE_BATCH_CONCURRENCY": str(n),
+                "RTXSERVE_MODEL_CONCURRENCY": json.dumps({SERVED: MAX_NUM_SEQS})})
+            try:
+                warm = time.perf_counter() + 3
+                asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"],
+                                   lambda: time.perf_counter() >= warm, prompts))
+                batch, users = asyncio.run(_beside(url, {**opts, "batch": FRONTIER_BATCH}, prompts, progress))
+            finally:
+                gateway.stop()
+            point = {"batch_concurrency": n, "ttft_p50_ms": users["ttft_p50_ms"], "ttft_p99_ms": users["ttft_p99_ms"],
+                     "ttft_p50_ratio": round(users["ttft_p50_ms"] / alone["ttft_p50_ms"], 3),
+                     "ttft_p99_ratio": round(users["ttft_p99_ms"] / alone["ttft_p99_ms"], 3),
+                     "batch_rps": batch["rps"], "batch_share_of_left": round(batch["rps"] / left_rps, 3)}
+            progress(f"B14 frontier, {n} of the batch in flight: users' TTFT P50 {point['ttft_p50_ratio']}x / P99 "
+                     f"{point['ttft_p99_ratio']}x alone; batch {batch['rps']:.1f} requests/s "
+                     f"({point['batch_share_of_left']}x what the box had left)")
+            points.append(point)
+    finally:
+        engine.stop()
+    return points
+
+
 def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, max_tokens: int = 16,
-        batch_concurrency: int | None = None, alone_s: float = 20.0, progress=print) -> dict:
+        batch_concurrency: int | None = None, alone_s: float = 40.0, progress=print) -> dict:
     from core.machine import machine
     from fixture_models.llm import write_llm
 
@@ -162,8 +208,9 @@ def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, 
     opts = {"batch": batch, "users": users, "think_s": think_s, "max_tokens": max_tokens,
             "batch_concurrency": batch_concurrency, "alone_s": alone_s}
     rows = {name: _row(model, out, name, opts, progress) for name in ROWS}
+    frontier = _frontier(model, out, opts, rows[MEASURED]["left_rps"], rows[MEASURED]["users_alone"], progress)
     result = {"bench": "B14", "model": "fixture Llama (tiny), one vLLM CPU engine", "machine": machine(), **opts,
-              "rows": rows, "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
+              "rows": rows, "frontier": frontier, "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -192,6 +239,13 @@ def markdown(result: dict) -> str:
     for key, (op, value) in TARGETS.items():
         verdict = "met" if result["verdict"][key] else "**missed**"
         lines.append(f"| {key} {op} {value}x | {result['rows'][MEASURED][key]}x | {verdict} |")
+    if result.get("frontier"):
+        lines += ["", f"The frontier ({MEASURED}, one engine, a batch of {FRONTIER_BATCH} beside the same users; ratios to "
+                  f"the {MEASURED} row's users alone, the batch's requests/s to what that row's engine had left):", "",
+                  "| batch requests in flight | users' TTFT P50 / P99 ms | P50 / P99 ratio | batch requests/s | "
+                  "batch / left |", "|---|---|---|---|---|"]
+        lines += [f"| {f['batch_concurrency']} | {f['ttft_p50_ms']} / {f['ttft_p99_ms']} | {f['ttft_p50_ratio']}x / "
+                  f"{f['ttft_p99_ratio']}x | {f['batch_rps']} | {f['batch_share_of_left']}x |" for f in result["frontier"]]
     return "\n".join(lines) + "\n"
 
 
@@ -199,7 +253,7 @@ def plot(result: dict, path: Path) -> Path:
     from loadtest.plots import pyplot, save
 
     plt = pyplot()
-    fig, (ttft, rps) = plt.subplots(1, 2, figsize=(12, 4.6))
+    fig, (ttft, rps, edge) = plt.subplots(1, 3, figsize=(17, 4.6))
     for i, row in enumerate(result["rows"].values()):
         for j, (phase, label) in enumerate((("users_alone", "alone"), ("users_beside", "beside the batch"))):
             data = row[phase]["ttfts_ms"]
@@ -216,6 +270,22 @@ def plot(result: dict, path: Path) -> Path:
             ax.text(i * 3 + 0.5, -0.13, name, transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=9)
     ttft.set_ylabel("users' TTFT (ms; whiskers P1-P99, triangle P99)")
     rps.set_ylabel("requests/s")
+    points = result.get("frontier") or []
+    if points:
+        x = [f["batch_concurrency"] for f in points]
+        edge.plot(x, [f["ttft_p99_ratio"] for f in points], "v-", color="tab:orange", label="users' TTFT P99 / alone")
+        edge.plot(x, [f["ttft_p50_ratio"] for f in points], "o--", color="tab:orange", alpha=0.6,
+                  label="users' TTFT P50 / alone")
+        edge.plot(x, [f["batch_share_of_left"] for f in points], "s-", color="tab:green", label="batch / box left")
+        for target, colour in ((TARGETS["ttft_p99_ratio"][1], "tab:orange"), (TARGETS["batch_share_of_left"][1], "tab:green")):
+            edge.axhline(target, color=colour, linestyle=":", linewidth=1)
+        edge.set_xscale("log", base=2)
+        edge.set_xticks(x, [str(n) for n in x])
+        edge.set_xlabel("the batch's requests in flight (batch_concurrency); dotted: the targets")
+        edge.set_ylabel("ratio")
+        edge.legend(fontsize=8)
+    else:
+        edge.set_visible(False)
     return save(fig, path, "B14: people's TTFT beside a batch, and the batch's share of what they leave")
 
 
@@ -228,7 +298,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--batch-concurrency", type=int, help="the gateway's batch_concurrency (default: the "
                         "gateway's own)")
-    parser.add_argument("--alone", type=float, default=20.0, help="seconds of the users alone")
+    parser.add_argument("--alone", type=float, default=40.0, help="seconds of the users alone")
     parser.add_argument("--out", type=Path, help="folder (default reports/bench-priority-<time>)")
 
 
