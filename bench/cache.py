@@ -143,7 +143,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: int
         measured = asyncio.run(_measure(url, pids, rounds=rounds, duration_s=duration_s, concurrency=concurrency,
                                         repeats=repeats, progress=progress))
         hit_rates = _hit_rates(f"{url}/metrics", metrics)
-    result = {"bench": "B9", "target": 1.5, "cpu": machine(), "rounds": rounds, "duration_s": duration_s,
+    result = {"bench": "B9", "target": 1.5, "cpu": machine(), "cores": os.cpu_count(), "rounds": rounds, "duration_s": duration_s,
               "concurrency": concurrency, "repeats": repeats, "hit_rates": hit_rates, **measured,
               "qps_ratio": round(measured[MEASURED]["qps"] / measured[BASELINE]["qps"], 3),
               "triton_qps_ratio": round(measured["triton-cache"]["qps"] / measured[BASELINE]["qps"], 3)}
@@ -180,7 +180,20 @@ CPU: {result['cpu']}.
 
 QPS with the gateway's cache / without: **{result['qps_ratio']}** (target >= {result['target']}); with Triton's:
 {result['triton_qps_ratio']}. Of the requests, {result['repeats']:.0%} repeat an earlier input.
-"""
+{_bound(result)}"""
+
+
+def _bound(result: dict) -> str:
+    """The QPS the box's cores allow each entry: the cores' milliseconds over the CPU-ms one request costs the three
+    processes together, beside the QPS measured (a box whose QPS is its CPU's is CPU-bound: a hit saves what it
+    saves Triton and the gateway, never the client's share)."""
+    if not result.get("cores") or any(f"{p}_cpu_ms" not in result[n] for n in ENTRIES for p in PROCESSES):
+        return ""
+    bounds = ", ".join(f"{n} {result['cores'] * 1000 / sum(result[n][f'{p}_cpu_ms'] for p in PROCESSES):.0f} "
+                       f"({result[n]['qps']} measured)" for n in ENTRIES)
+    return (f"\n{result['cores']} cores over the CPU-ms a request costs the three processes together: {bounds} requests/s. "
+            "Where the two agree, the box is CPU-bound: a hit saves Triton's share and some of the gateway's, never "
+            "the client's.\n")
 
 
 def plot(result: dict, path: Path) -> Path:
