@@ -2,7 +2,10 @@
 
 Each conversation opens with a document of its own (about 1,000 characters) under a short system prompt that all
 share, as a chat over an uploaded file or a long agent transcript does: what a later turn can find cached is mostly
-its own conversation's, which only the replica that served its earlier turns holds.
+its own conversation's, which only the replica that served its earlier turns holds. Between turns the person reads
+the answer and types (`think_s`, 2 s on average, exponential), and every conversation is live at once: sent back to
+back, a conversation's next turn found the replica its last turn had just left as the least busy, so least busy kept
+conversations in place by accident (hit rate 0.76 against affinity's 0.80 on scarce caches, 2026-11-26).
 
 Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
 with `affinity` (prefix scoring against the tokens in flight, serve/gateway/prefix.py) and one without (least busy).
@@ -55,9 +58,10 @@ def _prefix_counters(urls: list[str]) -> tuple[float, float]:
     return hits, queries
 
 
-async def _conversation(client, url: str, system: str, opening: str, turns: int, rng: random.Random,
+async def _conversation(client, url: str, system: str, opening: str, turns: int, think_s: float, rng: random.Random,
                         ttfts: list[tuple[int, float]]) -> None:
-    """One conversation, turn after turn: (turn, TTFT ms) of each into `ttfts`."""
+    """One conversation, turn after turn, `think_s` seconds apart on average (exponential): (turn, TTFT ms) of each
+    into `ttfts`."""
     messages = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
     for turn in range(turns):
         start, first = time.perf_counter(), None
@@ -70,9 +74,12 @@ async def _conversation(client, url: str, system: str, opening: str, turns: int,
         ttfts.append((turn, (first or time.perf_counter() - start) * 1000))
         messages += [{"role": "assistant", "content": f"answer {turn}"},
                      {"role": "user", "content": f"and then {rng.randrange(10**6)}?"}]
+        if think_s and turn < turns - 1:  # the person reads the answer and types the next question
+            await asyncio.sleep(rng.expovariate(1 / think_s))
 
 
-async def _run_mode(url: str, engines: list[str], seed: int, conversations: int, turns: int, concurrency: int) -> dict:
+async def _run_mode(url: str, engines: list[str], seed: int, conversations: int, turns: int, concurrency: int,
+                    think_s: float) -> dict:
     import httpx
 
     rng = random.Random(seed)
@@ -85,7 +92,7 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
             async with gate:
                 document = " ".join(f"fact {i}: {rng.randrange(10**6)}." for i in range(60))  # the conversation's own
                 await _conversation(client, url, system, f"About this document ({seed}-{n}): {document} Summarise it.",
-                                    turns, rng, ttfts)
+                                    turns, think_s, rng, ttfts)
 
         start = time.perf_counter()
         await asyncio.gather(*(one(n) for n in range(conversations)))
@@ -122,7 +129,7 @@ def _conversation_tokens(engine: str, turns: int) -> int:
 
 
 def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversations: int, turns: int, concurrency: int,
-         progress) -> tuple[dict, list[str]]:
+         think_s: float, progress) -> tuple[dict, list[str]]:
     """Both modes on two fresh engines (`blocks`: each one's KV cache in blocks; None: vLLM's default): the figures
     of each run, and the engines' URLs while they run (for sizing)."""
     from serve.stack import start_gateway, start_vllm
@@ -149,7 +156,8 @@ def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversatio
         for r in range(rounds):
             for i, mode in enumerate(MODES[r % 2:] + MODES[:r % 2]):
                 result = asyncio.run(_run_mode(gateways[mode], engines, seed=1000 * (blocks or 0) + 100 * r + i,
-                                               conversations=conversations, turns=turns, concurrency=concurrency))
+                                               conversations=conversations, turns=turns, concurrency=concurrency,
+                                               think_s=think_s))
                 figures[mode].append(result)
                 progress(f"B10 ({'caches of ' + str(blocks) + ' blocks' if blocks else 'ample caches'}) round "
                          f"{r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, later turns' TTFT "
@@ -158,12 +166,13 @@ def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversatio
     return {"blocks": blocks, "conversation_tokens": tokens, "medians": medians, "runs": figures}, engines
 
 
-def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 8,
-        progress=print) -> dict:
+def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 16,
+        think_s: float = 2.0, progress=print) -> dict:
     from fixture_models.llm import write_llm
 
     model = write_llm(out / "tiny-llama", max_length=2048)
-    kwargs = dict(rounds=rounds, conversations=conversations, turns=turns, concurrency=concurrency, progress=progress)
+    kwargs = dict(rounds=rounds, conversations=conversations, turns=turns, concurrency=concurrency, think_s=think_s,
+                  progress=progress)
     ample, _ = _row(model, out, None, **kwargs)
     # each engine holds about half of the conversations running at once
     blocks = math.ceil(concurrency / 2 * ample["conversation_tokens"] / BLOCK_TOKENS)
@@ -172,7 +181,8 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
     m = scarce["medians"]
     ratios = {k: round(m["affinity"][k] / m["least busy"][k], 3) if m["least busy"][k] else None for k in TARGETS}
     result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), two vLLM CPU engines", "rounds": rounds,
-              "conversations": conversations, "turns": turns, "concurrency": concurrency, "rows": rows,
+              "conversations": conversations, "turns": turns, "concurrency": concurrency, "think_s": think_s,
+              "rows": rows,
               "scarce_ratios": ratios,
               "verdict": {k: ratios[k] is not None and (ratios[k] >= v if op == ">=" else ratios[k] <= v)
                           for k, (op, v) in TARGETS.items()}}
@@ -184,7 +194,7 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
 
 def markdown(result: dict) -> str:
     lines = [f"## B10: cache-aware routing ({result['model']}; {result['conversations']} conversations x "
-             f"{result['turns']} turns, {result['concurrency']} at a time, each opening with its own document under a shared "
+             f"{result['turns']} turns, {result['concurrency']} at a time, {result.get('think_s', 0):g} s between turns on average, each opening with its own document under a shared "
              f"system prompt; median of {result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})",
              "", "| caches | routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P99 ms, later turns | "
              "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|---|"]
@@ -201,6 +211,11 @@ def markdown(result: dict) -> str:
         ratio = result["scarce_ratios"][key]
         verdict = "met" if result["verdict"][key] else "**missed**"
         lines.append(f"| {key} {op} {value}x | {ratio if ratio is not None else '-'}x | {verdict} |")
+    lines += ["", "Why the hit rate's ratio stays under 2x with two replicas (reasoning, not a measurement): least busy "
+              "sends a conversation's next turn to the replica of its last one about half the time (two replicas "
+              "equally busy are picked in turn), and that replica saw as many other turns in between as it would under "
+              "affinity, so the turn mostly hits as it would there; least busy's hit rate falls towards half "
+              "affinity's, not below, and a 2x target needs three replicas or more."]
     return "\n".join(lines) + "\n"
 
 
@@ -229,19 +244,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--concurrency", type=int, default=8, help="conversations at a time")
+    parser.add_argument("--concurrency", type=int, default=16, help="conversations at a time")
+    parser.add_argument("--think", type=float, default=2.0, help="mean seconds between a conversation's turns")
     parser.add_argument("--out", type=Path, help="folder (default reports/bench-affinity-<time>)")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2:
-        return "need --rounds, --conversations and --concurrency >= 1, and --turns >= 2"
+    if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2 or args.think < 0:
+        return "need --rounds, --conversations and --concurrency >= 1, --turns >= 2 and --think >= 0"
     return None
 
 
 def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
     return run(out, rounds=args.rounds, conversations=args.conversations, turns=args.turns,
-               concurrency=args.concurrency, progress=progress)
+               concurrency=args.concurrency, think_s=args.think, progress=progress)
 
 
 BENCHMARK = Benchmark(
