@@ -146,6 +146,10 @@ class Dispatcher:
             raise BackendUnavailable(f"model {name!r} is not ready; retry shortly")
         return info
 
+    def replicated(self, model: str) -> bool:
+        """Whether several replicas serve `model`: where picking one by a request's prefix has a choice to make."""
+        return sum(model in r.models for r in self.registry.replicas) > 1
+
     def _pick(self, model: str, tried: set[Replica], prefix: Prefix | None = None) -> Replica:
         """The least busy live replica; with a `prefix` (cache-aware routing, prefix.py), the replica that holds the most
         of it, less its share of the tokens in flight (settings.affinity_load_weight), among those under the load cap (a

@@ -111,11 +111,12 @@ class GatewaySettings(BaseSettings):
         default_factory=dict, description='model -> models tried in order when it has no live replica (every replica '
         'down or its breaker open), e.g. {"llm-big": ["llm-small"]}; never once a stream has begun, never for a '
         "client's error")
-    affinity: bool = Field(False, description="cache-aware routing of generation requests: each replica scored by how "
-                           "much of the request's prefix it was recently sent (prefix.py: its conversation, and its "
-                           "prompt's blocks of prefix_block_chars) against its share of the tokens in flight, with "
-                           "affinity_load_factor as a cap and least busy where no replica holds any of it. Off: least "
-                           "busy")
+    affinity: bool = Field(True, description="cache-aware routing of generation requests to a model several replicas "
+                           "serve: each replica scored by how much of the request's prefix it was recently sent "
+                           "(prefix.py: its conversation, and its prompt's blocks of prefix_block_chars) against its "
+                           "share of the tokens in flight, with affinity_load_factor as a cap and least busy where no "
+                           "replica holds any of it (B10: later turns' TTFT well under least busy's once the engines' "
+                           "caches run out, the same while they hold everything). Off: least busy")
     affinity_load_factor: float = Field(1.25, ge=1.0, le=10.0, description="the most a replica takes of a model's "
                                         "requests in flight, as a multiple of the average, before a request that "
                                         "prefers it for its prefix goes to another (bounded load)")

@@ -121,7 +121,7 @@ def test_a_conversation_stays_on_one_replica_and_conversations_spread():
 
 def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
     """Bounded load: while the replica a conversation hashes to carries more than affinity_load_factor x the average
-    in flight, the conversation's next request goes to the other one; without affinity (the default), least busy."""
+    in flight, the conversation's next request goes to the other one; with affinity off, least busy."""
     engines = [Engine("a"), Engine("b")]
     with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=True), engines)) as client:
         state = client.app.state.gateway
@@ -133,7 +133,7 @@ def test_a_hot_conversation_spills_to_the_other_replica_past_its_share():
         home.in_flight = 0
         assert [len(e.bodies) for e in engines] == [1, 1]
     engines = [Engine("a"), Engine("b")]
-    with TestClient(create_app(GatewaySettings(health_interval_s=60), engines)) as client:
+    with TestClient(create_app(GatewaySettings(health_interval_s=60, affinity=False), engines)) as client:
         for _ in range(4):
             _chat(client, messages)
         assert [len(e.bodies) for e in engines] == [2, 2]

@@ -167,14 +167,15 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
         asked = body.get("priority")
         body["priority"] = max(asked, key.priority) if isinstance(asked, int) else key.priority
     affinity = None
-    if state.settings.affinity or TRACE.get() is not None:  # cache-aware routing (prefix.py); the trace's hash_ids
+    routed = state.settings.affinity and state.dispatch.replicated(info.name)  # routing by prefix has a choice to make
+    if routed or TRACE.get() is not None:  # cache-aware routing (prefix.py); the trace's hash_ids
         text = prompt_text(request.messages if isinstance(request, ChatCompletionRequest) else None,
                            getattr(request, "prompt", None))
         length = body.get("max_completion_tokens") or body.get("max_tokens") or state.settings.max_tokens
         prefix = prefix_of(text, conversation(request, user, session), state.settings.prefix_block_chars,
                            int(length) if isinstance(length, int) else state.settings.max_tokens)
         note(hash_ids=hash_ids(prefix.blocks))
-        affinity = prefix if state.settings.affinity else None
+        affinity = prefix if routed else None
     if not request.stream:
         answer = await state.dispatch.call(info, lambda b, m: b.generate(path, body, m.name), affinity)
         await count_usage(state, key, info.name, answer.get("usage"))
