@@ -194,8 +194,8 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
 
 def markdown(result: dict) -> str:
     lines = [f"## B10: cache-aware routing ({result['model']}; {result['conversations']} conversations x "
-             f"{result['turns']} turns, {result['concurrency']} at a time, {result.get('think_s', 0):g} s between turns on average, each opening with its own document under a shared "
-             f"system prompt; median of {result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})",
+             f"{result['turns']} turns, {result['concurrency']} at a time, {result.get('think_s', 0):g} s between turns "
+             f"on average, each opening with its own document under a shared system prompt; median of {result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})",
              "", "| caches | routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P99 ms, later turns | "
              "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|---|"]
     for caches, row in result["rows"].items():

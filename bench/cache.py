@@ -74,7 +74,8 @@ def _hit_rates(gateway_metrics: str, triton_metrics: str) -> dict[str, float | N
 @contextlib.contextmanager
 def _stack(work: Path, progress):
     """The entries in one tritonserver (with the cache the deployment sizes) behind the gateway (with the answer
-    caches the deployment gives it): (gateway URL, Triton's metrics URL, each process's pid: this one, the client, too)."""
+    caches the deployment gives it): (gateway URL, Triton's metrics URL, each process's pid: this one, the client,
+    too)."""
     from deploy.plan import plan
     from deploy.repository import assemble_repository, response_cache_args
     from deploy.services import Layout, gateway_settings
@@ -143,7 +144,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: int
         measured = asyncio.run(_measure(url, pids, rounds=rounds, duration_s=duration_s, concurrency=concurrency,
                                         repeats=repeats, progress=progress))
         hit_rates = _hit_rates(f"{url}/metrics", metrics)
-    result = {"bench": "B9", "target": 1.5, "cpu": machine(), "cores": os.cpu_count(), "rounds": rounds, "duration_s": duration_s,
+    result = {"bench": "B9", "target": 1.5, "cpu": machine(), "cores": os.cpu_count(), "rounds": rounds,
+              "duration_s": duration_s,
               "concurrency": concurrency, "repeats": repeats, "hit_rates": hit_rates, **measured,
               "qps_ratio": round(measured[MEASURED]["qps"] / measured[BASELINE]["qps"], 3),
               "triton_qps_ratio": round(measured["triton-cache"]["qps"] / measured[BASELINE]["qps"], 3)}
@@ -191,8 +193,8 @@ def _bound(result: dict) -> str:
         return ""
     bounds = ", ".join(f"{n} {result['cores'] * 1000 / sum(result[n][f'{p}_cpu_ms'] for p in PROCESSES):.0f} "
                        f"({result[n]['qps']} measured)" for n in ENTRIES)
-    return (f"\n{result['cores']} cores over the CPU-ms a request costs the three processes together: {bounds} requests/s. "
-            "Where the two agree, the box is CPU-bound: a hit saves Triton's share and some of the gateway's, never "
+    return (f"\n{result['cores']} cores over the CPU-ms a request costs the three processes together: {bounds} "
+            "requests/s. Where the two agree, the box is CPU-bound: a hit saves Triton's share and some of the gateway's, never "
             "the client's.\n")
 
 

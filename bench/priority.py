@@ -210,7 +210,8 @@ def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, 
     rows = {name: _row(model, out, name, opts, progress) for name in ROWS}
     frontier = _frontier(model, out, opts, rows[MEASURED]["left_rps"], rows[MEASURED]["users_alone"], progress)
     result = {"bench": "B14", "model": "fixture Llama (tiny), one vLLM CPU engine", "machine": machine(), **opts,
-              "rows": rows, "frontier": frontier, "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
+              "rows": rows, "frontier": frontier,
+              "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -240,12 +241,13 @@ def markdown(result: dict) -> str:
         verdict = "met" if result["verdict"][key] else "**missed**"
         lines.append(f"| {key} {op} {value}x | {result['rows'][MEASURED][key]}x | {verdict} |")
     if result.get("frontier"):
-        lines += ["", f"The frontier ({MEASURED}, one engine, a batch of {FRONTIER_BATCH} beside the same users; ratios to "
-                  f"the {MEASURED} row's users alone, the batch's requests/s to what that row's engine had left):", "",
+        lines += ["", f"The frontier ({MEASURED}, one engine, a batch of {FRONTIER_BATCH} beside the same users; "
+                  f"ratios to the {MEASURED} row's users alone, the batch's requests/s to what that row's engine had left):", "",
                   "| batch requests in flight | users' TTFT P50 / P99 ms | P50 / P99 ratio | batch requests/s | "
                   "batch / left |", "|---|---|---|---|---|"]
         lines += [f"| {f['batch_concurrency']} | {f['ttft_p50_ms']} / {f['ttft_p99_ms']} | {f['ttft_p50_ratio']}x / "
-                  f"{f['ttft_p99_ratio']}x | {f['batch_rps']} | {f['batch_share_of_left']}x |" for f in result["frontier"]]
+                  f"{f['ttft_p99_ratio']}x | {f['batch_rps']} | {f['batch_share_of_left']}x |"
+                  for f in result["frontier"]]
     return "\n".join(lines) + "\n"
 
 
@@ -277,8 +279,8 @@ def plot(result: dict, path: Path) -> Path:
         edge.plot(x, [f["ttft_p50_ratio"] for f in points], "o--", color="tab:orange", alpha=0.6,
                   label="users' TTFT P50 / alone")
         edge.plot(x, [f["batch_share_of_left"] for f in points], "s-", color="tab:green", label="batch / box left")
-        for target, colour in ((TARGETS["ttft_p99_ratio"][1], "tab:orange"), (TARGETS["batch_share_of_left"][1], "tab:green")):
-            edge.axhline(target, color=colour, linestyle=":", linewidth=1)
+        for key, colour in (("ttft_p99_ratio", "tab:orange"), ("batch_share_of_left", "tab:green")):
+            edge.axhline(TARGETS[key][1], color=colour, linestyle=":", linewidth=1)
         edge.set_xscale("log", base=2)
         edge.set_xticks(x, [str(n) for n in x])
         edge.set_xlabel("the batch's requests in flight (batch_concurrency); dotted: the targets")

