@@ -1,6 +1,6 @@
-import time
-
 from serve.vllm_server import TWO_PROCESSES
+
+from tests import until  # noqa: F401 (the integration tests' import of it)
 
 # vLLM's torch.compile of the model costs 35 s of every engine start on this CPU with a cold inductor cache (13 s
 # warm), and no test here measures the compiled model's speed. Fixtures whose subject is not the compile serve
@@ -22,15 +22,6 @@ def png(array) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, "PNG")
     return buffer.getvalue()
-
-
-def until(condition, what: str, limit_s: float = 30.0) -> None:
-    """Poll `condition` until it holds (the tests' synchronisation, instead of sleeps); fail naming `what` after
-    `limit_s`."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not after {limit_s:.0f} s"
-        time.sleep(0.02)
 
 
 def routes_not_through_the_gateway(gateway: str, engine: str) -> list[str]:

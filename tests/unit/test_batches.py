@@ -20,6 +20,8 @@ from serve.gateway.exceptions import BackendUnavailable, InvalidRequest
 from serve.gateway.keys_cli import main as keys_main
 from serve.gateway.settings import GatewaySettings
 
+from tests import until
+
 from .fakes import error_of
 
 
@@ -175,8 +177,7 @@ def test_a_cancelled_batch_accounts_for_every_line(backend, tmp_path):
     backend.release = concurrent.futures.Future()
     with gateway(backend, tmp_path, batch_concurrency=1) as client:
         batch = run(client, [line("first", "wait")] + [line(f"r{i}", "x") for i in range(5)], wait=False)
-        while not backend.bodies:
-            time.sleep(0.01)
+        until(lambda: backend.bodies, "the batch's first line reached the backend")
         cancelling = client.post(f"/v1/batches/{batch['id']}/cancel").json()
         assert cancelling["status"] == "cancelling"
         backend.release.set_result(None)
@@ -192,8 +193,7 @@ def test_a_cancelled_batch_accounts_for_every_line(backend, tmp_path):
 def test_a_line_refused_for_load_until_its_batch_is_cancelled_is_cancelled_not_failed(backend, tmp_path):
     with gateway(backend, tmp_path, batch_concurrency=1) as client:
         batch = run(client, [line("busy", "always busy"), line("next", "x")], wait=False)
-        while not backend.bodies:
-            time.sleep(0.01)
+        until(lambda: backend.bodies, "the batch's first line reached the backend")
         client.post(f"/v1/batches/{batch['id']}/cancel")
         batch = until_ended(client, batch["id"])
         errors = content(client, batch["error_file_id"])
@@ -296,8 +296,7 @@ def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parall
     backend.release = concurrent.futures.Future()
     with gateway(backend, tmp_path, batch_concurrency=1, batch_parallel=parallel) as client:
         long = run(client, [line("first", "wait"), line("second", "x")], wait=False)  # held by its first line
-        while not backend.bodies:
-            time.sleep(0.01)
+        until(lambda: backend.bodies, "the batch's first line reached the backend")
         short = run(client, [line("other", "y")], wait=False)
         if parallel == 2:  # the other key's short batch does not wait for the long one
             assert until_ended(client, short["id"])["status"] == "completed"

@@ -16,7 +16,7 @@ from serve.gateway.settings import GatewaySettings
 from serve.gateway.yielding import PeopleFirst
 
 from .fakes import GatedTriton
-from .test_residency import until
+from tests import until
 
 
 def test_the_batch_beyond_its_floor_waits_for_people_s_first_token_and_other_servers_hold_nothing():
