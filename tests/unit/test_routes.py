@@ -99,6 +99,22 @@ def _chat(client, messages, **headers):
     return r
 
 
+def test_routing_by_prefix_is_on_by_default_and_hashes_only_where_several_replicas_serve_the_model(monkeypatch):
+    """Affinity is a box's default; a model one replica serves has nothing to choose, and its prompts are not hashed."""
+    from serve.gateway.generate import serving
+
+    hashed = []
+    real = serving.prefix_of
+    monkeypatch.setattr(serving, "prefix_of", lambda *a, **kw: hashed.append(a[0]) or real(*a, **kw))
+    assert GatewaySettings().affinity
+    with TestClient(create_app(GatewaySettings(health_interval_s=60), [Engine("a")])) as client:
+        _chat(client, [{"role": "user", "content": "alone"}])
+    assert hashed == []
+    with TestClient(create_app(GatewaySettings(health_interval_s=60), [Engine("a"), Engine("b")])) as client:
+        _chat(client, [{"role": "user", "content": "two of them"}])
+    assert len(hashed) == 1 and "two of them" in hashed[0]
+
+
 def test_a_conversation_stays_on_one_replica_and_conversations_spread():
     """Cache-aware routing: every turn of a conversation (its first two messages repeated) reaches the replica that
     holds its prefix; twenty conversations land on both replicas; an x-session-id overrides the content."""
