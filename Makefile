@@ -123,7 +123,8 @@ $(PROMTOOL):
 	dpkg-deb -x .tools/deb/prometheus_*.deb .tools/deb/root
 	ln -sf deb/root/usr/bin/promtool $@
 
-# Every CPU benchmark (B1-B11, about an hour), then BENCHMARKS.md with the machine and each command.
+# Every CPU benchmark bench/registry.py marks for it (each section of BENCHMARKS.md says its minutes), then
+# BENCHMARKS.md with the machine and each command.
 bench: setup setup-vllm setup-ultralytics setup-quantize setup-speech setup-bench
 	$(BIN)/python -m bench.all reports/bench
 

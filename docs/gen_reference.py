@@ -7,7 +7,8 @@ that they cannot drift from it and are never committed:
 - reference/metrics.md: the gateway's Prometheus metrics, named once in `core/metric_names.py`;
 - reference/deploy-examples.md and reference/model-repository.md: the annotated example deployments and the
   repository layout, as the repository holds them;
-- benchmarks/results.md: BENCHMARKS.md as `make bench` last wrote it, with its figures.
+- benchmarks/results.md: BENCHMARKS.md as `make bench` last wrote it, with its figures;
+- benchmarks/index.md: the page as written, its table of benchmarks filled from bench/registry.py.
 
 Each command builds its parser inside its own `main`, so the parser is caught where it is used: `parse_args` is
 replaced, for the time of one call, by a stand-in that hands the parser back instead of parsing. Nothing a command
@@ -395,6 +396,26 @@ def benchmark_results() -> str:
             + GENERATED.format(source="BENCHMARKS.md, which `make bench` writes") + body.lstrip("\n"))
 
 
+TABLE = "<!-- the benchmark table, written here by docs/gen_reference.py from bench/registry.py -->"
+
+
+def benchmarks_index() -> str:
+    """docs/benchmarks/index.md with every benchmark of the registry in its table: id and title, what it measures
+    (its sub-command's help), its command, whether `make bench` runs it, and its section of the results."""
+    from markdown.extensions.toc import slugify
+
+    from bench.registry import BENCHMARKS
+
+    page = (ROOT / "docs" / "benchmarks" / "index.md").read_text()
+    if TABLE not in page:
+        raise ValueError(f"docs/benchmarks/index.md lost the line {TABLE}")
+    rows = ["| benchmark | what it measures | command | in `make bench` | results |", "|---|---|---|---|---|"]
+    rows += [f"| {b.id}: {cell(b.title)} | {cell(b.help)} | `rtxserve bench {b.name}` | "
+             + (f"yes | [{b.id}](results.md#{slugify(b.section, '-')}) |" if b.in_make_bench else "no: on demand | – |")
+             for b in BENCHMARKS]
+    return page.replace(TABLE, "\n".join(rows))
+
+
 PAGES = {
     "reference/cli.md": cli_page,
     "reference/gateway-settings.md": settings_page,
@@ -403,6 +424,7 @@ PAGES = {
     "reference/deploy-examples.md": examples_page,
     "reference/model-repository.md": model_repository_page,
     "benchmarks/results.md": benchmark_results,
+    "benchmarks/index.md": benchmarks_index,
 }
 
 for page, write in PAGES.items():
