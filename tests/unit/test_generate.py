@@ -239,8 +239,8 @@ def test_a_stream_holds_its_model_slot_until_it_ends(backend):
 
 def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend):
     """x-rtxserve-overhead-ms: the time the gateway held the request less its backend calls. The backend here
-    takes 300 ms, so a figure that counted it could not be below 300; refusals carry it too, and the histogram
-    counts each answer under its route."""
+    takes 300 ms, so a figure that counted it would not fit in what the client waited less those; refusals carry it
+    too, and the histogram counts each answer under its route."""
     import asyncio
 
     slow = backend.generate
@@ -259,9 +259,11 @@ def test_every_answer_carries_the_gateways_own_time_without_the_backends(backend
         answered = client.post("/v1/chat/completions", json=CHAT)
         refused = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 101})
     assert answered.status_code == 200 and refused.status_code == 400
-    for r in (answered, refused):
-        assert 0 < float(r.headers["x-rtxserve-overhead-ms"]) < 300, r.headers["x-rtxserve-overhead-ms"]
-    assert answered.elapsed.total_seconds() >= 0.3
+    overhead = {r: float(r.headers["x-rtxserve-overhead-ms"]) / 1000 for r in (answered, refused)}
+    # the backend's 0.3 s are not the gateway's: its overhead fits in what the client waited less those, whatever the
+    # machine's speed; a refusal's is all of its time
+    assert answered.elapsed.total_seconds() >= 0.3 and 0 < overhead[answered] <= answered.elapsed.total_seconds() - 0.3
+    assert 0 < overhead[refused] <= refused.elapsed.total_seconds()
     assert counted() - before == 2
 
 
