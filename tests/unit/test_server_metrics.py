@@ -225,8 +225,13 @@ def test_plot_draws_every_panel_with_data_and_nothing_without(tmp_path):
 
 
 def test_plot_of_client_figures_only_still_draws(tmp_path):
+    from PIL import Image
+
     t = np.arange(5.0)
-    assert plot({}, {"t": t, "p50": t + 1, "p99": t + 2, "qps": t}, tmp_path / "c.png", "client only").exists()
+    path = plot({}, {"t": t, "p50": t + 1, "p99": t + 2, "qps": t}, tmp_path / "c.png", "client only")
+    pixels = np.asarray(Image.open(path).convert("RGB")).astype(int)
+    coloured = (pixels.max(axis=2) - pixels.min(axis=2)) > 80  # the data's lines; text, axes and grid are grey
+    assert coloured.sum() > 500
 
 
 
