@@ -118,26 +118,37 @@ async def _beside(url: str, opts: dict, prompts: list[str], progress) -> tuple[d
                                                 finished.is_set, prompts))
 
 
-def _row(model: Path, out: Path, name: str, opts: dict, progress) -> dict:
-    from serve.stack import start_gateway, start_vllm
+def _engine(model: Path, out: Path, folder: str, policy: str = "fcfs"):
+    """One vLLM CPU engine of the model at MAX_NUM_SEQS with `policy`, its core in the engine process: (server, URL)."""
+    from serve.stack import start_vllm
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
+    extra = ["--max-num-seqs", str(MAX_NUM_SEQS), *(["--scheduling-policy", "priority"] if policy == "priority" else [])]
+    return start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048, extra_args=extra),
+                      out / f"vllm-{folder}", timeout_s=900, env=TWO_PROCESSES)
+
+
+def _gateway(engine_url: str, out: Path, folder: str, settings: dict[str, str]):
+    """The gateway in front of it, the model gated at MAX_NUM_SEQS, with `settings` beyond those: (server, URL)."""
+    from serve.stack import start_gateway
+
+    env = {"RTXSERVE_BATCH_DIR": str(out / f"batches-{folder}"),
+           "RTXSERVE_MODEL_CONCURRENCY": json.dumps({SERVED: MAX_NUM_SEQS}), **settings}
+    return start_gateway("", out / f"gateway-{folder}", vllm_url=engine_url, extra_env=env)
+
+
+def _row(model: Path, out: Path, name: str, opts: dict, progress) -> dict:
     from .llm import prompts_for
 
     prompts = prompts_for(seed=14, count=64)
     policy, settings = ROWS[name]
     folder = name.replace(" ", "-")
-    extra = ["--max-num-seqs", str(MAX_NUM_SEQS), *(["--scheduling-policy", "priority"] if policy == "priority" else [])]
     with contextlib.ExitStack() as stack:
-        engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
-                                                    extra_args=extra), out / f"vllm-{folder}", timeout_s=900,
-                                        env=TWO_PROCESSES)
+        engine, engine_url = _engine(model, out, folder, policy)
         stack.callback(engine.stop)
-        env = {"RTXSERVE_BATCH_DIR": str(out / f"batches-{folder}"),
-               "RTXSERVE_MODEL_CONCURRENCY": json.dumps({SERVED: MAX_NUM_SEQS}), **settings}
         if opts["batch_concurrency"]:
-            env["RTXSERVE_BATCH_CONCURRENCY"] = str(opts["batch_concurrency"])
-        gateway, url = start_gateway("", out / f"gateway-{folder}", vllm_url=engine_url, extra_env=env)
+            settings = {**settings, "RTXSERVE_BATCH_CONCURRENCY": str(opts["batch_concurrency"])}
+        gateway, url = _gateway(engine_url, out, folder, settings)
         stack.callback(gateway.stop)
         warm = time.perf_counter() + 5  # a new engine's first requests are slower: not the users' figures
         asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"], lambda: time.perf_counter() >= warm,
@@ -164,21 +175,14 @@ def _frontier(model: Path, out: Path, opts: dict, left_rps: float, alone: dict, 
     """Per batch_concurrency in FRONTIER, on one engine: the users' TTFT beside a batch of FRONTIER_BATCH, as ratios
     to `alone` (the box defaults row's), and the batch's requests/s as a share of `left_rps` (what the box defaults
     row's engine had left at the gateway's default batch_concurrency)."""
-    from serve.stack import start_gateway, start_vllm
-    from serve.vllm_server import TWO_PROCESSES, VLLMOptions
-
     from .llm import prompts_for
 
     prompts = prompts_for(seed=14, count=64)
     points = []
-    engine, engine_url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048,
-                                                extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)]),
-                                    out / "vllm-frontier", timeout_s=900, env=TWO_PROCESSES)
+    engine, engine_url = _engine(model, out, "frontier")
     try:
         for n in FRONTIER:
-            gateway, url = start_gateway("", out / f"gateway-frontier-{n}", vllm_url=engine_url, extra_env={
-                "RTXSERVE_BATCH_DIR": str(out / f"batches-frontier-{n}"), "RTXSERVE_BATCH_CONCURRENCY": str(n),
-                "RTXSERVE_MODEL_CONCURRENCY": json.dumps({SERVED: MAX_NUM_SEQS})})
+            gateway, url = _gateway(engine_url, out, f"frontier-{n}", {"RTXSERVE_BATCH_CONCURRENCY": str(n)})
             try:
                 warm = time.perf_counter() + 3
                 asyncio.run(_users(url, opts["users"], opts["think_s"], opts["max_tokens"],
