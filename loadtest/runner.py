@@ -114,10 +114,15 @@ class LoadSpec:
         Load.from_options(argparse.Namespace(**o), trace=self.trace if self.replaying else None)
 
     @property
+    def ends_with_trace(self) -> bool:
+        """A replay of a trace once through: it ends when the trace's last request has been answered."""
+        return self.replaying and not self.options["loop_trace"]
+
+    @property
     def duration(self) -> float:
-        """The run's length: --stages set it when given; a replay's is its trace's (and two seconds to send the last:
-        locust's clock starts before the arrivals')."""
-        if self.replaying and not self.options["loop_trace"]:
+        """The run's length: --stages set it when given; a replay's is its trace's span and two seconds (what it is
+        expected to take: it ends when its last request is answered, earlier or later)."""
+        if self.ends_with_trace:
             return math.ceil(self.trace.duration_s) + 2.0
         stages = parse_pairs(self.options["stages"], "--stages")
         return sum(s for s, _ in stages) if stages else self.duration_s
@@ -130,8 +135,11 @@ class LoadSpec:
             users = max(1, self.workers)  # one arrival schedule per process
         elif self.options["stages"]:
             files += f",{SCENARIOS / 'stages.py'}"
+        # A replay ends when its last request is answered (the locustfile stops locust then); its time limit is only
+        # a bound: the trace's clock starts when locust has read the trace, which on a busy box is seconds after `-t`'s.
+        limit = self.duration + (self.options["request_timeout"] if self.ends_with_trace else 0)
         argv = [sys.executable, "-m", "locust", "-f", files, "--headless", "--only-summary", "-u", str(users),
-                "-r", f"{self.spawn_rate or 100 * users:g}", "-t", f"{math.ceil(self.duration)}s", "--host", self.host,
+                "-r", f"{self.spawn_rate or 100 * users:g}", "-t", f"{math.ceil(limit)}s", "--host", self.host,
                 # Requests in flight at the end finish (or time out) and are counted, never dropped unrecorded.
                 "--stop-timeout", f"{math.ceil(self.options['request_timeout'])}", "--csv", str(out_dir / "locust"),
                 "--loglevel", "WARNING",

@@ -78,7 +78,7 @@ class TraceArrivals(Arrivals):
     def __init__(self, options, share: float, seed: int, trace, index: int, processes: int):
         super().__init__(options, share, seed)
         self.mine = list(enumerate(trace.requests))[index::processes]
-        self.queue, self.loop = iter(self.mine), 0
+        self.queue, self.loop, self.ended = iter(self.mine), 0, False
         self.period = trace.duration_s * len(trace.requests) / max(1, len(trace.requests) - 1)
 
     def next(self) -> tuple[float, tuple | None]:
@@ -126,6 +126,16 @@ class ApiUser(FastHttpUser):
                 gevent.sleep(pause)  # Retry-After, honoured after the request was recorded
             return
         offset, replayed = self.arrivals.next()
+        if offset == float("inf") and isinstance(self.arrivals, TraceArrivals):
+            # the trace is sent: once its requests are answered, this process's run is over (a worker's quit tells
+            # the master, which ends the run when its last worker has quit). Quitting waits for each user's task to
+            # end, so it is not called from this one, which then only idles in short steps.
+            if not self.arrivals.ended:
+                self.arrivals.ended = True
+                self.arrivals.in_flight.join()
+                gevent.spawn(self.environment.runner.quit)
+            gevent.sleep(0.1)
+            return
         due = self.arrivals.start + offset
         # Wait in short steps: a stop during the wait must not send one more request after the run's end.
         while (left := due - time.perf_counter()) > 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 from loadtest.scenarios.traces import read_trace
 from loadtest.report import load_samples
@@ -142,3 +143,53 @@ def test_a_trace_that_is_not_one_or_names_unserved_models_sends_nothing(llm_gate
     assert "--models OLD=NEW" in err
     assert main(["replay", str(unserved), "--models", "gone=tiny-llama", "--host", llm_gateway,
                  "--out", str(tmp_path / "report")]) == 0
+
+
+@pytest.fixture
+def slow_classifier():
+    """A stand-in for a busy box: /v1/classify answered as the gateway answers it, each request after 1.5 s. What is
+    tested is the load generator's end, which needs a backend certainly slower than the trace on every machine."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path != "/v1/models":
+                return self.send_error(404)
+            self._send({"object": "list", "data": [{"id": "reviews", "object": "model"}]})
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            time.sleep(1.5)
+            self._send({"model": body["model"], "data": [{"label": "pos", "score": 1.0} for _ in body["input"]]})
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_replay_ends_when_its_last_request_is_answered_not_at_a_clock(slow_classifier, tmp_path, workers):
+    """Real locust (one process, or a master and two workers), one request in flight in each: every request of the
+    trace is sent and recorded, the last ones long after the trace's span and its two spare seconds, where a replay
+    that ended at locust's clock dropped those still waiting (and on a busy box, late starters)."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"t": 0.25 * i, "route": "/v1/classify", "model": "reviews", "status": 200,
+                                         "items": 1, "chars": 20}) + "\n" for i in range(8)))
+    spec = LoadSpec(slow_classifier, scenario_options(scenario="replay", arrival="trace", trace=str(trace),
+                                                      max_in_flight=1), warmup_s=0, workers=workers)
+    result = run(spec, tmp_path / "out", **quiet)
+    assert result.summary.errors == 0 and result.summary.requests == 8
+    assert result.summary.replay["replayed"]["per_api"] == {"classify": 8}
