@@ -71,7 +71,7 @@ class ServerProcess:
                 self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, cwd=self.cwd, start_new_session=self.own_group,  # own group: stop() reaches its children
             )
-        deadline = time.monotonic() + timeout_s
+        deadline, last = time.monotonic() + timeout_s, "nothing answered"
         with httpx.Client(timeout=2.0) as client:
             while True:
                 code = self.process.poll()
@@ -81,14 +81,17 @@ class ServerProcess:
                         + log_tail(self.log_path)
                     )
                 try:
-                    if client.get(self.ready_url).status_code == 200:
+                    answer = client.get(self.ready_url)
+                    if answer.status_code == 200:
                         return self
-                except httpx.HTTPError:
-                    pass
+                    last = f"HTTP {answer.status_code}: {answer.text[:500]}"
+                except httpx.HTTPError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
                 if time.monotonic() > deadline:
                     self.stop()
                     raise ServerStartError(
-                        f"{self.name} was not ready after {timeout_s:.0f}s; end of {self.log_path}:\n" + log_tail(self.log_path)
+                        f"{self.name} was not ready after {timeout_s:.0f}s ({self.ready_url} last said {last}); end of "
+                        f"{self.log_path}:\n" + log_tail(self.log_path)
                     )
                 time.sleep(0.25)
 

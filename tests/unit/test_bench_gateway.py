@@ -39,3 +39,11 @@ def test_streams_report_states_the_gap_to_the_plain_proxy(tmp_path):
     text = streams_markdown(result)
     assert "| 4 | +8.5 | 0.973 |" in text and "| 4 | gateway | 60.5 | 121.0 | 20.0 | 40.0 | 290.0 |" in text
     assert plot(result, tmp_path / "b1s.png").stat().st_size > 10_000
+    assert "LiteLLM's proxy was not measured" in text
+    # with the peer measured in the same rounds: its row, and the gateway against it
+    medians["litellm"] = path(70.0, 250.0)
+    level |= {"ttft_p50_over_litellm_ms": -9.5, "tokens_s_vs_litellm": 1.16,
+              "rounds": {p: {k: [v, v] for k, v in m.items()} for p, m in medians.items()}}
+    text = streams_markdown(result | {"litellm": "1.108.7"})
+    assert "| 4 | +8.5 | 0.973 | -9.5 | 1.16 |" in text and "| 4 | litellm | 70.0 |" in text and "LiteLLM 1.108.7" in text
+    assert plot(result, tmp_path / "b1s-peer.png").stat().st_size > 10_000
