@@ -11,6 +11,7 @@ VLLM_ENV := .envs/vllm
 LLAMAFACTORY_ENV := .envs/llamafactory
 ULTRALYTICS_ENV := .envs/ultralytics
 LLMCOMPRESSOR_ENV := .envs/llmcompressor
+LITELLM_ENV := .envs/litellm
 # The CPU build of this torch comes from the machine's find-links (PIP_FIND_LINKS); on a CUDA box set
 # TORCH_SPEC to the build you want. The local version label keeps uv from taking PyPI's CUDA build of the
 # same version (about 4 GB of nvidia-* wheels).
@@ -137,8 +138,13 @@ setup-redis:
 	@command -v redis-server >/dev/null || ($(APT_GET) update -qq && $(APT_GET) install -y -qq redis-server)
 
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
-setup-bench:
+setup-bench: $(LITELLM_ENV)/.installed
 	@command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || ($(APT_GET) update -qq && $(APT_GET) install -y -qq nginx-light)
+
+$(LITELLM_ENV)/.installed: bench/requirements-litellm.txt | $(UV)
+	$(MKENV) $(LITELLM_ENV)
+	$(UV_PIP) $(LITELLM_ENV) -r bench/requirements-litellm.txt
+	touch $@
 
 # The documentation site (mkdocs.yml) into site/, in a few seconds: the reference pages (CLI, settings, deployment
 # file, metrics) are written from the code as it builds (docs/gen_reference.py), and --strict fails the build on a

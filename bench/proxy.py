@@ -1,6 +1,7 @@
-"""The floor a gateway is measured against (B1, B1s): nginx as a plain reverse proxy in front of a backend, with no
-buffering and kept-alive upstream connections, one worker process (as the gateway's one worker). Debian's `nginx`
-package: `make setup-bench` installs it."""
+"""What a gateway is measured against (B1, B1s): the floor, nginx as a plain reverse proxy in front of a backend, with
+no buffering and kept-alive upstream connections, one worker process (as the gateway's one worker); and, for streams,
+a peer, LiteLLM's proxy (one worker) passing OpenAI completions on to vLLM. `make setup-bench` installs both: Debian's
+`nginx` package, and LiteLLM in an environment of its own (.envs/litellm)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LITELLM = ROOT / ".envs" / "litellm" / "bin" / "litellm"
 
 CONFIG = """worker_processes 1;
 pid {prefix}/nginx.pid;
@@ -82,6 +86,49 @@ def plain_proxy(upstream: str, work: Path, ready_path: str) -> Iterator[tuple[st
     server = ServerProcess("nginx", [binary, "-p", str(work), "-c", str(work / "nginx.conf"), "-g", "daemon off;"],
                            log_path=work / "nginx.log", ready_url=f"http://127.0.0.1:{port}{ready_path}")
     server.start(30)
+    try:
+        yield f"http://127.0.0.1:{port}", server.process.pid
+    finally:
+        server.stop()
+
+
+LITELLM_CONFIG = """model_list:
+  - model_name: {served}
+    litellm_params:
+      model: text-completion-openai/{served}
+      api_base: {upstream}/v1
+      api_key: none
+"""
+
+
+def litellm_version() -> str:
+    import subprocess
+
+    if not LITELLM.exists():
+        return "absent"
+    python = LITELLM.parent / "python"
+    return subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def litellm_proxy(upstream: str, served: str, work: Path) -> Iterator[tuple[str, int]]:
+    """LiteLLM's proxy (`litellm --config`, one worker) sending `served`'s completions to `upstream` (a vLLM URL) as
+    its `text-completion-openai/` provider passes them on: (its URL, its pid), stopped on exit. Like the gateway and
+    nginx here it checks no key, and it reads its model cost map from its own package rather than the network."""
+    from serve.launcher import ServerProcess, free_port
+
+    if not LITELLM.exists():
+        raise RuntimeError(f"no LiteLLM at {LITELLM}: `make setup-bench` installs it")
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    (work / "litellm.yaml").write_text(LITELLM_CONFIG.format(served=served, upstream=upstream.rstrip("/")))
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+           "LITELLM_LOG": "ERROR"}
+    server = ServerProcess("litellm", [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1",
+                                       "--port", str(port), "--num_workers", "1"], env=env, log_path=work / "litellm.log",
+                           ready_url=f"http://127.0.0.1:{port}/health/liveliness")
+    server.start(120)
     try:
         yield f"http://127.0.0.1:{port}", server.process.pid
     finally:

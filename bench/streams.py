@@ -1,8 +1,8 @@
 """B1s (shared BENCH.md): what the gateway costs a stream, against the floor of a plain reverse proxy.
 
 One vLLM server on the fixture Llama; `vllm bench serve` (random-token prompts, `ignore_eos`, streamed
-completions) calls it directly, through nginx (bench/proxy.py) and through the gateway, in rotating order over
-several rounds at each concurrency. Each figure is the median over rounds of vLLM's own figures: TTFT and
+completions) calls it directly, through nginx (bench/proxy.py), through the gateway and, where `make setup-bench`
+installed it, through LiteLLM's proxy (the peer), in rotating order over several rounds at each concurrency. Each figure is the median over rounds of vLLM's own figures: TTFT and
 inter-token latency P50 / P99, output tokens/s. Targets: TTFT P50 within +5 ms of the proxy's, output tokens/s
 at least 0.97x the proxy's.
 
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from .proxy import PATHS, path_table
+from .proxy import LITELLM, path_table
 
 FIGURES = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "itl_p50_ms": "median_itl_ms",
            "itl_p99_ms": "p99_itl_ms", "output_tokens_s": "output_throughput", "failed": "failed"}
@@ -38,7 +38,7 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
     from .accuracy import RandomWorkload, vllm_bench_serve
-    from .proxy import plain_proxy
+    from .proxy import litellm_proxy, plain_proxy
 
     model = write_llm(out / "tiny-llama")  # a fast backend: what the gateway adds shows most
     progress(f"starting vLLM, the gateway and nginx for {model}")
@@ -53,10 +53,13 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
         proxy, _ = stack.enter_context(plain_proxy(direct.removeprefix("http://"), Path(stack.enter_context(
             tempfile.TemporaryDirectory())), "/v1/models"))
         urls = {"direct": direct, "proxy": proxy, "gateway": via_gateway}
+        if LITELLM.exists():
+            urls["litellm"], _ = stack.enter_context(litellm_proxy(direct, SERVED, out / "litellm"))
+        paths = tuple(urls)
         for c in concurrency:
-            figures: dict[str, dict[str, list[float]]] = {p: {k: [] for k in FIGURES} for p in PATHS}
+            figures: dict[str, dict[str, list[float]]] = {p: {k: [] for k in FIGURES} for p in paths}
             for r in range(rounds):
-                for path in PATHS[r % 3:] + PATHS[:r % 3]:  # each path first in turn
+                for path in paths[r % len(paths):] + paths[:r % len(paths)]:  # each path first in turn
                     result = vllm_bench_serve(urls[path], SERVED, model, out / f"c{c}-round-{r + 1}" / path,
                                               RandomWorkload(prompts, c, input_len, output_len, seed=r),
                                               metrics="ttft,itl", failures_ok=True)
@@ -66,13 +69,16 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                              f"{result['median_ttft_ms']:.1f} ms, {result['output_throughput']:.0f} tokens/s")
             medians = {p: {k: round(statistics.median(v), 2) for k, v in f.items()} for p, f in figures.items()}
             levels.append({"concurrency": c, "medians": medians, "rounds": figures,
-                           "ttft_p50_over_proxy_ms": round(medians["gateway"]["ttft_p50_ms"] - medians["proxy"]["ttft_p50_ms"], 2),
-                           "tokens_s_vs_proxy": round(medians["gateway"]["output_tokens_s"]
-                                                      / medians["proxy"]["output_tokens_s"], 3)})
+                           **{f"ttft_p50_over_{p}_ms": round(medians["gateway"]["ttft_p50_ms"] - medians[p]["ttft_p50_ms"], 2)
+                              for p in ("proxy", "litellm") if p in medians},
+                           **{f"tokens_s_vs_{p}": round(medians["gateway"]["output_tokens_s"] / medians[p]["output_tokens_s"], 3)
+                              for p in ("proxy", "litellm") if p in medians}})
     layout = "a worker process beside the engine core (vLLM's default)" if worker_process else \
         "the model in the engine core (VLLM_ENABLE_V1_MULTIPROCESSING=0)"
+    from .proxy import litellm_version
+
     return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "vllm_layout": layout, "rounds": rounds, "prompts": prompts,
-            "input_len": input_len, "output_len": output_len, "levels": levels}
+            "input_len": input_len, "output_len": output_len, "litellm": litellm_version(), "levels": levels}
 
 
 def markdown(result: dict) -> str:
@@ -84,10 +90,15 @@ def markdown(result: dict) -> str:
                                                           ("ITL P50 ms", "itl_p50_ms"), ("ITL P99 ms", "itl_p99_ms"),
                                                           ("output tokens/s", "output_tokens_s"),
                                                           ("failed requests", "failed")])]
-    lines += ["", "| concurrent | TTFT P50, gateway - proxy (target <= +5 ms) | tokens/s, gateway / proxy (target >= 0.97) |",
-              "|---|---|---|"]
+    peer = "tokens_s_vs_litellm" in result["levels"][0]
+    lines += ["", "| concurrent | TTFT P50, gateway - proxy (target <= +5 ms) | tokens/s, gateway / proxy (target >= 0.97) |"
+              + (" TTFT P50, gateway - LiteLLM | tokens/s, gateway / LiteLLM (above 1: ahead) |" if peer else ""),
+              "|---|---|---|" + ("---|---|" if peer else "")]
     lines += [f"| {level['concurrency']} | {level['ttft_p50_over_proxy_ms']:+} | {level['tokens_s_vs_proxy']} |"
+              + (f" {level['ttft_p50_over_litellm_ms']:+} | {level['tokens_s_vs_litellm']} |" if peer else "")
               for level in result["levels"]]
+    lines += ["", f"LiteLLM {result['litellm']} as the peer (one worker, its `text-completion-openai/` provider)." if peer
+              else "LiteLLM's proxy was not measured: `make setup-bench` installs it in .envs/litellm."]
     return "\n".join(lines) + "\n"
 
 
@@ -99,12 +110,15 @@ def plot(result: dict, path: Path) -> Path:
     levels = result["levels"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, figure, label in ((axes[0], "ttft_p50_ms", "TTFT P50, ms"), (axes[1], "output_tokens_s", "output tokens/s")):
-        for i, (p, colour) in enumerate(zip(PATHS, ("tab:blue", "tab:green", "tab:orange"))):
-            xs = [j + (i - 1) * 0.27 for j in range(len(levels))]
-            ax.bar(xs, [lv["medians"][p][figure] for lv in levels], width=0.27, color=colour, alpha=0.75, label=p)
+        paths = list(levels[0]["medians"])
+        width = 0.8 / len(paths)
+        for i, (p, colour) in enumerate(zip(paths, ("tab:blue", "tab:green", "tab:orange", "tab:purple"))):
+            xs = [j + (i - (len(paths) - 1) / 2) * width for j in range(len(levels))]
+            ax.bar(xs, [lv["medians"][p][figure] for lv in levels], width=width, color=colour, alpha=0.75, label=p)
             for x, lv in zip(xs, levels):
                 ax.scatter([x] * len(lv["rounds"][p][figure]), lv["rounds"][p][figure], color="black", s=8, zorder=3)
         ax.set_xticks(range(len(levels)), [f"{lv['concurrency']} concurrent" for lv in levels])
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    return save(fig, path, "B1s: streams direct, through nginx and through the gateway (bars: median; dots: rounds)")
+    return save(fig, path, "B1s: streams direct, through nginx, the gateway and LiteLLM where measured (bars: median; "
+                           "dots: rounds)")
