@@ -4,11 +4,11 @@ measured it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -109,5 +109,21 @@ this shared machine are not comparable between runs. Regenerate with `make bench
     return path
 
 
+def main(argv: list[str] | None = None) -> int:
+    taken = [b for b in BENCHMARKS if b.in_make_bench]
+    parser = argparse.ArgumentParser(prog="python -m bench.all", description="Run the benchmarks `make bench` takes "
+                                     "and write BENCHMARKS.md (those named again, the others keeping their pages).")
+    parser.add_argument("out", nargs="?", type=Path, default=Path("reports/bench"),
+                        help="folder of the benchmarks' reports (default: reports/bench)")
+    parser.add_argument("only", nargs="*", help="run only these again: an id (" + ", ".join(b.id for b in taken)
+                        + "), a sub-command or words of a title")
+    args = parser.parse_args(argv)
+    unknown = [o for o in args.only if not any(_asked(b, o) for b in taken)]
+    if unknown:
+        parser.error(f"no benchmark is {', '.join(unknown)}")
+    print(run(args.out, args.only or None))
+    return 0
+
+
 if __name__ == "__main__":
-    print(run(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("reports/bench"), sys.argv[2:] or None))
+    raise SystemExit(main())

@@ -168,3 +168,16 @@ def test_make_bench_runs_the_benchmark_an_id_names_and_not_those_whose_id_starts
     assert ran == ["gateway"]
     make_bench.run(tmp_path / "out", only=["B5", "replay"], log=lambda m: None)  # "B3 / B5", and a sub-command
     assert ran == ["gateway", "batching", "replay"]
+
+
+def test_make_bench_takes_help_and_refuses_a_name_it_has_not_before_running_anything(monkeypatch, tmp_path, capsys):
+    """`python -m bench.all --help` once made a folder named --help and ran every benchmark."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(make_bench, "bench", lambda argv: pytest.fail("a benchmark ran"))
+    with pytest.raises(SystemExit) as exit_:
+        make_bench.main(["--help"])
+    assert exit_.value.code == 0 and "B10" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        make_bench.main(["reports/bench", "B99"])
+    assert exit_.value.code == 2 and "no benchmark is B99" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
