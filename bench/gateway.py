@@ -36,7 +36,8 @@ MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
 PLOT = "b1.png"
-FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, b1s.PLOT))
+PROFILE_PLOT = "b1-profile.png"
+FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, b1s.PLOT))
 
 
 def cpu_seconds(pid: int, *, children: bool = True) -> float:
@@ -83,6 +84,30 @@ def latency_summary(latencies: list[float], errors: int, seconds: float) -> dict
             "qps": round(len(latencies) / seconds, 1), "requests": len(latencies), "errors": errors}
 
 
+def _classify(client: httpx.AsyncClient, url: str):
+    """One classify request through the gateway at `url`, as a closed loop sends it: whether it was answered."""
+    async def request() -> bool:
+        return (await client.post(f"{url}/v1/classify", json={"model": MODEL, "input": TEXT})).status_code == 200
+    return request
+
+
+async def _profile(url: str, pid: int, concurrency: int, seconds: float, out: Path) -> dict:
+    """The gateway under B1's closed loop at `concurrency`, sampled by py-spy for `seconds` (bench/profile.py): where
+    its CPU goes. A run of its own after the measured rounds: the sampler costs the process a little."""
+    from . import profile
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        request = _classify(client, url)
+        await closed_loop(request, concurrency, 2.0)
+        raw = out / "b1-profile.raw"
+        with profile.recording(pid, seconds, raw):
+            latencies, errors, _ = await closed_loop(request, concurrency, seconds)
+    with open(raw) as stacks:
+        return {"concurrency": concurrency, "seconds": seconds, "requests": len(latencies), "errors": errors,
+                **profile.summarize(stacks)}
+
+
 async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, duration_s: float, concurrency: int,
                    progress) -> dict:
     """`urls`: direct (Triton's HTTP), proxy and gateway; `pids`: the processes whose CPU is counted per request."""
@@ -95,13 +120,8 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
                 return (await client.post(f"{url}/v2/models/{MODEL}/infer", json=direct_body)).status_code == 200
             return request
 
-        def gateway(url: str):
-            async def request() -> bool:
-                return (await client.post(f"{url}/v1/classify", json={"model": MODEL, "input": TEXT})).status_code == 200
-            return request
-
-        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": gateway(urls["gateway"]),
-                   **({"gateway traced": gateway(urls["gateway traced"])} if "gateway traced" in urls else {})}
+        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": _classify(client, urls["gateway"]),
+                   **({"gateway traced": _classify(client, urls["gateway traced"])} if "gateway traced" in urls else {})}
         for request in targets.values():  # warm up every path (connections, Triton instances)
             await closed_loop(request, concurrency, 2.0)
         per_round: dict[str, list[dict]] = {name: [] for name in targets}
@@ -161,7 +181,7 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, vllm_worker_process: bool = False,
-        progress=log.info) -> dict:
+        profile_s: float = 10.0, progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
     from serve.stack import start_gateway
 
@@ -179,12 +199,21 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
         levels = [asyncio.run(_measure(urls, pids, rounds=rounds, duration_s=duration_s, concurrency=c,
                                        progress=progress))
                   for c in concurrency]
+        profiled = {}
+        if profile_s:
+            progress(f"profiling the gateway at {max(concurrency)} in flight for {profile_s:g} s (py-spy)")
+            try:
+                profiled = asyncio.run(_profile(urls["gateway"], pids["gateway"], max(concurrency), profile_s, out))
+            except RuntimeError as exc:  # no py-spy, or no ptrace here: the page says so, the figures stand
+                profiled = {"error": str(exc)}
     result = {"bench": "B1", "model": "fixture BERT classifier (2 instances, python backend + ONNX Runtime)",
               "rounds": rounds, "duration_s": duration_s, "gateway_workers": workers, "cpu": machine(),
               "versions": {"tritonserver": "2.51 (nvidia-pytriton 0.7.0)", "fastapi": _version("fastapi"),
                            "uvicorn": _version("uvicorn"), "tritonclient": _version("tritonclient"),
                            "nginx": nginx_version()},
               "levels": [{k: v for k, v in level.items() if k != "samples"} for level in levels]}
+    if profiled:
+        result["profile"] = profiled
     if streams:
         result["streams"] = b1s.run(out / "streams", rounds=rounds, concurrency=streams, prompts=stream_prompts,
                                     worker_process=vllm_worker_process, progress=progress)
@@ -201,6 +230,11 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
     (out / FILES.json).write_text(json.dumps(result, indent=2))
     (out / FILES.page).write_text(markdown(result))
     _plot(levels, out / PLOT)
+    if "parts" in profiled:
+        from . import profile
+
+        profile.plot(profiled, out / PROFILE_PLOT, f"B1: where the gateway's CPU goes at {profiled['concurrency']} in "
+                     "flight (py-spy, self time)")
     return result
 
 
@@ -231,6 +265,16 @@ def markdown(result: dict) -> str:
                   "|---|---|---|---|"]
         lines += [f"| {level['concurrency']} | {level['trace_qps_ratio']} | {level.get('trace_p99_ratio', '–')} | "
                   f"{level['trace_cpu_ms_added']} |" for level in result["levels"]]
+    profiled = result.get("profile", {})
+    if "parts" in profiled:
+        from . import profile
+
+        level = next(lv for lv in result["levels"] if lv["concurrency"] == profiled["concurrency"])
+        lines += ["", f"![where the gateway's CPU goes]({PROFILE_PLOT})", "",
+                  *profile.markdown(profiled, f"{profiled['concurrency']} in flight, {profiled['seconds']:g} s, "
+                                    f"{profiled['requests']} requests", level["medians"]["gateway"]["cpu_ms_per_request"])]
+    elif profiled:
+        lines += ["", f"The gateway was not profiled: {profiled['error']}"]
     if "streams" in result:
         lines += ["", b1s.markdown(result["streams"])]
     return "\n".join(lines) + "\n"
@@ -265,6 +309,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-worker-process", action="store_true",
                         help="B1s: vLLM in its default layout, the model in a worker process beside the engine core "
                              "(default: in the engine core; bench/streams.py says why)")
+    parser.add_argument("--profile-seconds", type=float, default=10.0,
+                        help="after the rounds, where the gateway's CPU goes at the highest --concurrency, sampled by "
+                             "py-spy for this long (0 skips it)")
     parser.add_argument("--out", type=Path, help="folder (default reports/bench-gateway-<time>)")
 
 
@@ -280,8 +327,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     except ValueError:
         return "--concurrency and --streams: use numbers separated by commas"
     if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or min(streams, default=1) < 1 or args.workers < 1 \
-            or args.stream_prompts < 1:
-        return "need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1 and levels >= 1"
+            or args.stream_prompts < 1 or args.profile_seconds < 0:
+        return ("need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1, --profile-seconds >= 0 "
+                "and levels >= 1")
     return None
 
 
@@ -289,7 +337,7 @@ def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
     levels, streams = _levels(args)
     return run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels, workers=args.workers,
                streams=streams, stream_prompts=args.stream_prompts, vllm_worker_process=args.vllm_worker_process,
-               progress=progress)
+               profile_s=args.profile_seconds, progress=progress)
 
 
 BENCHMARK = Benchmark(

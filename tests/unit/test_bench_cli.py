@@ -72,8 +72,8 @@ def test_a_refusal_names_the_options_to_fix(monkeypatch, capsys):
     record_calls(monkeypatch, "gateway")
     assert cli.main(["gateway", "--rounds", "0"]) == 2
     err = capsys.readouterr().err
-    assert err == ("rtxserve bench: error: need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1 "
-                   "and levels >= 1\n")
+    assert err == ("rtxserve bench: error: need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1, "
+                   "--profile-seconds >= 0 and levels >= 1\n")
 
 
 def test_the_parsed_arguments_reach_the_benchmarks_own_run(monkeypatch):
