@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -121,6 +122,9 @@ def _gateway(args) -> int:
         path = Path(tempfile.mkdtemp(prefix="rtxserve-quotas-")) / "quotas.sqlite"
         os.environ["RTXSERVE_RATE_LIMIT_STORAGE"] = f"async+sqlite://{path}"
     os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
+    # one start for all the workers: a worker that starts late, or again after a crash, is not a restart of the gateway
+    # (serve/gateway/rollout/table.py: a restart ends the promotions it finds)
+    os.environ["RTXSERVE_GATEWAY_BOOT"] = secrets.token_hex(8)
     uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/logs.py) renders uvicorn's records too
         "serve.gateway.app:main_app", factory=True, host=settings.host, port=settings.port,
         workers=settings.workers, log_level=args.log_level, log_config=None, access_log=False,

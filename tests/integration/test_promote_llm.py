@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.metric_names import REQUESTS
 from export.llm.llm import LLMOptions, export_llm
 from fixture_models.llm import adapter_answers, write_chat_adapter, write_chat_llm
 from loadtest.runner import LoadSpec, run, scenario_options
@@ -20,7 +21,7 @@ from serve.gateway.keys_cli import main as keys_main
 from serve.stack import start_gateway, start_vllm
 from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once
-from tests.integration import VLLM_EAGER
+from tests.integration import VLLM_EAGER, until
 
 BASE, V1, V2 = "chat-llm", "support-v1", "support-v2"
 
@@ -59,6 +60,14 @@ def box(tmp_path_factory):
     vllm.stop()
 
 
+def _answered(url: str, model: str) -> float:
+    """The requests the gateway has answered for `model`, by its own /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
+               for s in family.samples if s.name == REQUESTS and s.labels.get("model") == model)
+
+
 def test_an_adapter_is_promoted_under_streamed_chats_with_no_request_failed_and_no_stream_cut(box):
     options = scenario_options(scenario="chat", model=V1, api_key=box["key"], arrival="poisson", rate=2.0,
                                output_len=12)
@@ -68,6 +77,8 @@ def test_an_adapter_is_promoted_under_streamed_chats_with_no_request_failed_and_
         log=lambda *_: None).summary))
     load.start()
     try:
+        # the promotion starts once v1 has answered the load (locust starting late on a busy box once met only v2)
+        until(lambda: _answered(box["url"], V1) > 0, "the load's first answers from v1", limit_s=120)
         cli = subprocess.run(
             [sys.executable, "-m", "rtxserve.cli", "promote", box["url"], "--model", V1, "--to", V2, "--api-key",
              box["key"], "--candidate-reference", str(box["packages"][V2]), "--current-reference",

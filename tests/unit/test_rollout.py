@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Classification, ModelInfo
 from serve.gateway.rollout.store import RolloutStore, Snapshot
+from serve.gateway.rollout import table as rollout_table
 from serve.gateway.rollout.table import PromotionConflict, Rollout
 from serve.gateway.settings import GatewaySettings
 
@@ -112,15 +113,28 @@ def test_a_lease_another_worker_renewed_is_not_ended_by_one_that_saw_it_run_out(
 
 @pytest.mark.parametrize("phase, ended, route", [("shadow", "rolled_back", None), ("canary", "rolled_back", None),
                                                  ("switched", "done", {"clf-v2": 100})])
-def test_a_start_finds_no_half_switched_name(tmp_path, phase, ended, route):
+def test_a_start_finds_no_half_switched_name(tmp_path, monkeypatch, phase, ended, route):
     before = rollout(tmp_path / "rollout.json")
     p = before.begin("clf", "clf", "clf-v2", lease_s=600)
     before.step("clf", p.id, phase=phase, weight=50, shadow=0.5, lease_s=600)
+    monkeypatch.setattr(rollout_table, "BOOT", "the next start")
     after = rollout(tmp_path / "rollout.json")  # the gateway killed and started again
     asyncio.run(after.start())
     last = after.snapshot.history[-1]
     assert last.phase == ended and "restarted" in last.reason and after.snapshot.promotions == {}
     assert (after.routes["clf"].targets if route else None) == route
+
+
+def test_a_worker_that_starts_beside_running_ones_leaves_their_promotion_running(tmp_path):
+    """A second worker ready after the first had begun a promotion (or one started again after a crash) is not a
+    restart of the gateway: in a CI run such a late worker rolled back a promotion its sibling had just begun."""
+    first = rollout(tmp_path / "rollout.json")
+    p = first.begin("clf", "clf", "clf-v2", lease_s=600)
+    first.step("clf", p.id, phase="canary", weight=50, shadow=0.0, lease_s=600)
+    late = rollout(tmp_path / "rollout.json")  # the same start of the gateway (the same BOOT)
+    asyncio.run(late.start())
+    assert late.snapshot.promotions["clf"].id == p.id and late.snapshot.history == []
+    assert late.routes["clf"].targets == {"clf": 50, "clf-v2": 50}
 
 
 def test_a_damaged_rollout_file_is_named(tmp_path):

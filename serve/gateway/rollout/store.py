@@ -40,6 +40,8 @@ class Promotion(BaseModel):
     started: float
     updated: float
     lease_until: float = Field(description="rolled back (before the switch) or finished (after) when not renewed by then")
+    boot: str = Field("", description="the gateway's start (all its workers) it began under: a start of the gateway "
+                      "ends it, a worker that starts beside running ones leaves it be")
     reason: str = Field("", description="why it ended as it did")
 
     @property

@@ -9,7 +9,9 @@ A promotion of a name clients call (`model`) from the model serving it (`current
   done      the current model is retired (unloaded where its backend can), the route stays on the candidate
   rolled_back  the route the promotion found is back, from any step before done
 While it runs, the promotion holds a lease its driver renews; one not renewed in time is rolled back (before the switch)
-or finished (after it), and a gateway that starts finds every promotion in one of those two states.
+or finished (after it), and a gateway that starts finds every promotion in one of those two states. A start is the
+gateway's, all its workers (BOOT): a worker that starts beside running ones, late or after a crash, leaves the
+promotions of its own gateway's start running.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +28,9 @@ from ..settings import Alias, GatewaySettings
 from .store import Promotion, RolloutStore, Snapshot
 
 log = logging.getLogger("rtxserve.gateway.rollout")
+# This start of the gateway: `rtxserve serve gateway` gives every worker it starts the same (a gateway run otherwise,
+# one per process).
+BOOT = os.environ.get("RTXSERVE_GATEWAY_BOOT") or secrets.token_hex(8)
 # How a step moves the route, from the promotion's fields.
 FORWARD = {"started": ("started", "shadow", "canary", "switched"), "shadow": ("shadow", "canary", "switched"),
            "canary": ("canary", "switched"), "switched": ("switched",)}
@@ -68,7 +74,7 @@ class Rollout:
         """At the gateway's start: a promotion found before its switch is rolled back, one found switched is finished
         (the box serves the old model or the new one, never a mix)."""
         def recover(s: Snapshot) -> list[Promotion]:
-            found = list(s.promotions.values())
+            found = [p for p in s.promotions.values() if p.boot != BOOT]
             for p in found:
                 if p.phase != "switched":
                     _restore(s, p)
@@ -117,7 +123,7 @@ class Rollout:
                                         f"{running.candidate}, {running.phase}); wait for it, or roll it back")
             now = time.time()
             p = Promotion(id="p-" + secrets.token_hex(6), model=model, current=current, candidate=candidate,
-                          before=s.routes.get(model), started=now, updated=now, lease_until=now + lease_s)
+                          before=s.routes.get(model), started=now, updated=now, lease_until=now + lease_s, boot=BOOT)
             s.promotions[model] = p
             return p
 
