@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
@@ -127,16 +128,19 @@ def promote(gateway, candidate, *extra):
 
 def under_load(gateway, seconds, body):
     """Run `body()` while a real locust sends classify requests for V1 open loop at 10 req/s (light: the other test
-    worker starts servers beside it); the load's summary and what `body` returned."""
+    worker starts servers beside it), for at least `seconds` and until `body` has returned (on a busy box a promotion
+    can outlast any fixed span); the load's summary and what `body` returned."""
     options = scenario_options(scenario="classify", model=V1, api_key=gateway.key, arrival="poisson", rate=10.0)
-    done = {}
+    done, ended, started = {}, threading.Event(), time.monotonic()
     thread = threading.Thread(target=lambda: done.setdefault("summary", run(
-        LoadSpec(gateway.url, options, users=4, duration_s=seconds, warmup_s=0), gateway.folder / "load",
-        log=lambda *_: None).summary))
+        LoadSpec(gateway.url, options, users=4, duration_s=600, warmup_s=0), gateway.folder / "load",
+        log=lambda *_: None,
+        stop_early=lambda row: "done" if ended.is_set() and time.monotonic() - started >= seconds else "").summary))
     thread.start()
     try:
         result = body()
     finally:
+        ended.set()
         thread.join()
     return done["summary"], result
 

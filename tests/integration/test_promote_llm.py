@@ -71,10 +71,12 @@ def _answered(url: str, model: str) -> float:
 def test_an_adapter_is_promoted_under_streamed_chats_with_no_request_failed_and_no_stream_cut(box):
     options = scenario_options(scenario="chat", model=V1, api_key=box["key"], arrival="poisson", rate=2.0,
                                output_len=12)
-    done = {}
+    # The load runs until the promotion has ended (a fixed 35 s once ended before the canary on a busy box: the
+    # candidate's eval gate ran long, and the steps met no traffic); 600 s is only a bound.
+    done, promoted = {}, threading.Event()
     load = threading.Thread(target=lambda: done.setdefault("summary", run(
-        LoadSpec(box["url"], options, users=4, duration_s=35, warmup_s=0), box["work"] / "load",
-        log=lambda *_: None).summary))
+        LoadSpec(box["url"], options, users=4, duration_s=600, warmup_s=0), box["work"] / "load",
+        log=lambda *_: None, stop_early=lambda row: "promoted" if promoted.is_set() else "").summary))
     load.start()
     try:
         # the promotion starts once v1 has answered the load (locust starting late on a busy box once met only v2)
@@ -86,6 +88,7 @@ def test_an_adapter_is_promoted_under_streamed_chats_with_no_request_failed_and_
              "4", "--canary", "50", "--rollback-window", "4", "--min-requests", "3", "--latency-margin", "4",
              "--latency-floor-ms", "100"], capture_output=True, text=True, timeout=300)
     finally:
+        promoted.set()
         load.join()
     assert cli.returncode == 0, cli.stdout + cli.stderr
     summary = done["summary"]
@@ -95,6 +98,8 @@ def test_an_adapter_is_promoted_under_streamed_chats_with_no_request_failed_and_
     assert summary.by_model[V1]["requests"] > 0 and summary.by_model[V2]["requests"] > 0
     report = json.loads((box["work"] / "report" / "promote.json").read_text())
     assert report["result"] == "promoted" and all(s["passed"] for s in report["steps"])
+    canary = next(s for s in report["steps"] if s.get("weight") == 50)
+    assert "not judged" not in canary["detail"], canary  # the canary met the load: v2 was judged on its answers
     gate = report["evals"]["candidate"]
     assert gate["passed"] and gate["gold"]["served"] == 1.0  # v2 answers its own questions as it was trained to
     assert "unloaded" in report["promotion"]["reason"]
