@@ -7,6 +7,7 @@ skipped where no NVIDIA GPU is visible.
 
 import shutil
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -56,20 +57,37 @@ def pytest_sessionstart(session):
     remove_orphaned_regions()
 
 
-pytest_sessionfinish = pytest_sessionstart
+def pytest_sessionfinish(session):
+    pytest_sessionstart(session)
+    if hasattr(session.config, "workeroutput"):  # a pytest-xdist worker: its waits go to the controller's summary
+        session.config.workeroutput["built_waits"] = _WAITS
+
 
 _SECONDS: dict[str, Counter] = {"tier": Counter(), "module": Counter()}
+_SPANS: dict[str, list[float]] = {}  # test worker: [first phase's start, last phase's stop, seconds in phases]
+_WAITS: dict[str, float] = {}  # built_once: seconds this process waited for another worker's build, by name
 
 
 def pytest_runtest_logreport(report):
-    """Every phase's seconds (set-up included: that is where the servers start), by tier and by module."""
+    """Every phase's seconds (set-up included: that is where the servers start), by tier, by module and by worker."""
     parts = report.nodeid.split("::")[0].split("/")
     _SECONDS["tier"][next((t for t in TIERS if t in parts), "other")] += report.duration
     _SECONDS["module"][parts[-1]] += report.duration
+    node = getattr(report, "node", None)
+    span = _SPANS.setdefault(node.gateway.id if node is not None else "main", [report.start, report.stop, 0.0])
+    span[0], span[1], span[2] = min(span[0], report.start), max(span[1], report.stop), span[2] + report.duration
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    for name, seconds in node.workeroutput.get("built_waits", {}).items():
+        _WAITS[f"{name} ({node.gateway.id})"] = seconds
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Where the time went: per tier, and the ten slowest modules (README's "Testing" keeps the table)."""
+    """Where the time went: per tier, the ten slowest modules (README's "Testing" keeps the table), each test worker's
+    span and the time it sat idle after its last test while another ran on, and the waits for another worker's
+    fixture builds (a worker blocked on a lock is a core unused)."""
     if not _SECONDS["tier"]:
         return
     write = terminalreporter.write_line
@@ -78,6 +96,14 @@ def pytest_terminal_summary(terminalreporter):
         write(f"{seconds:8.1f}s  {tier}")
     for module, seconds in _SECONDS["module"].most_common(10):
         write(f"{seconds:8.1f}s  {module}")
+    if len(_SPANS) > 1:
+        end = max(stop for _, stop, _ in _SPANS.values())
+        for worker, (start, stop, busy) in sorted(_SPANS.items()):
+            write(f"{worker}: {stop - start:7.1f}s from its first test to its last, {busy:7.1f}s in tests, "
+                  f"idle {end - stop:6.1f}s at the end")
+    for name, seconds in sorted(_WAITS.items(), key=lambda w: -w[1])[:10]:
+        if seconds >= 1:
+            write(f"{seconds:8.1f}s  waited for another worker to build {name}")
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
@@ -93,10 +119,13 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     root = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "built"
     root.mkdir(parents=True, exist_ok=True)
     folder, done = root / name, root / f"{name}.built"
+    asked = time.monotonic()
     with FileLock(str(root / f"{name}.lock")):
         if not done.is_file():
             shutil.rmtree(folder, ignore_errors=True)
             done.write_text(str(build(folder)))
+        else:
+            _WAITS[name] = _WAITS.get(name, 0.0) + time.monotonic() - asked
     return Path(done.read_text())
 
 
