@@ -254,7 +254,6 @@ class _Geometry:
     head_dim: int
     intermediate: int
     vocab: int
-    context: int  # max_model_len when the deployment sets none
     encoder_tokens: int = 0  # encoder-decoder models: the encoder states each sequence's cross-attention caches
 
 
@@ -270,8 +269,7 @@ def _geometry(config: dict, where: str) -> _Geometry:
         # CrossAttentionSpec): 1500 positions for Whisper's 30 s window, max_source_positions in its config.
         return _Geometry(h, config["decoder_layers"], heads, heads, h // heads,
                          max(int(config.get("encoder_ffn_dim") or 4 * h), int(config.get("decoder_ffn_dim") or 4 * h)),
-                         int(config.get("vocab_size") or 51866), config["max_target_positions"],
-                         encoder_tokens=config["max_source_positions"])
+                         int(config.get("vocab_size") or 51866), encoder_tokens=config["max_source_positions"])
     config = config.get("text_config", config) if "num_hidden_layers" not in config else config
     missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if not isinstance(config.get(k), int)]
     if missing:
@@ -280,7 +278,40 @@ def _geometry(config: dict, where: str) -> _Geometry:
     h, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     return _Geometry(h, int(config["num_hidden_layers"]), heads, int(config.get("num_key_value_heads") or heads),
                      int(config.get("head_dim") or h // heads), int(config.get("intermediate_size") or 4 * h),
-                     int(config.get("vocab_size") or 32000), int(config.get("max_position_embeddings") or 2048))
+                     int(config.get("vocab_size") or 32000))
+
+
+# The config keys vLLM reads a model's longest context from, the smallest present winning (model_max_length, where
+# set, overriding them), as vLLM 0.32's derive_max_model_len_and_key does; and the RoPE types whose config already
+# holds the scaled length (any other type's `factor` multiplies it), as its _get_and_verify_max_len does.
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def context_limit(config: dict, tokenizer_config: dict | None = None) -> tuple[int, str]:
+    """The longest max_model_len vLLM accepts for a model (without VLLM_ALLOW_LONG_MAX_MODEL_LEN), and what sets it:
+    its config's length keys, its tokenizer's model_max_length, and a RoPE scaling factor. 2048 (vLLM's default)
+    where the config names none."""
+    text = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    found = {k: text[k] for k in _CONTEXT_KEYS if isinstance(text.get(k), (int, float)) and not isinstance(text[k], bool)}
+    if isinstance(text.get("model_max_length"), int):
+        key = "model_max_length"
+    elif found:
+        key = min(found, key=found.get)
+    else:
+        return 2048, "vLLM's default (the config names no length)"
+    limit, why = float(found[key]), f"{key}={found[key]}"
+    tokenizer_max = (tokenizer_config or {}).get("model_max_length")
+    if isinstance(tokenizer_max, (int, float)) and tokenizer_max < limit:
+        limit, why = float(tokenizer_max), f"the tokenizer's model_max_length={int(tokenizer_max)}"
+    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    # one set of parameters, or one per layer type ({"full_attention": {...}, "sliding_attention": {...}})
+    for params in [rope] if {"rope_type", "type", "factor"} & set(rope) else rope.values():
+        kind = params.get("rope_type") or params.get("type")
+        if kind and kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
+            return int(limit * params["factor"]), f"{why} x RoPE {kind} factor {params['factor']:g}"
+    return int(limit), why
 
 
 def _scheme(quantization: dict) -> str:
@@ -300,6 +331,15 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     except (OSError, ValueError) as exc:
         raise DeploymentError(f"models.{m.name}: {path / 'config.json'} is not readable JSON ({exc})") from None
     g = _geometry(config, f"models.{m.name}: {path / 'config.json'}")
+    try:
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        tokenizer_config = None  # vLLM reads it where it is; a model without one is bounded by its config alone
+    longest, why = context_limit(config, tokenizer_config)
+    if m.max_model_len and m.max_model_len > longest:
+        raise DeploymentError(f"models.{m.name}: max_model_len {m.max_model_len} is over the {longest} tokens the "
+                              f"model allows ({why}, {path}); vLLM refuses to start it. Set max_model_len to "
+                              f"{longest} or less, or leave it out")
     from serve.vllm_server import base_weights
 
     files = base_weights(path)
@@ -312,7 +352,7 @@ def estimate_llm(d: Deployment, m: LLMModel) -> Estimate:
     quantized = "quantization_config" in config
     width = _serving_bytes(m, config, d.on_gpu)
     weights = (stored if quantized else params * width) / GIB
-    context = m.max_model_len or g.context
+    context = m.max_model_len or longest
     kv_width = 1 if m.kv_cache_dtype == "fp8" else width
     kv_per_token = 2 * g.layers * g.kv_heads * g.head_dim * kv_width
     tokens_per_seq = context + g.encoder_tokens

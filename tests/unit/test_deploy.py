@@ -523,3 +523,46 @@ def test_what_a_promotion_retired_is_not_loaded_at_the_next_start(tmp_path):
                                                  or s.retired.append("reviews"))
     assert _promotions(tmp_path) == ["promoted: reviews -> reviews-v2 (100 %)", "retired by promotions: reviews"]
     assert Snapshot() == RolloutStore(tmp_path / "elsewhere.json").read()
+
+
+def _context_box(tmp_path, config: dict, max_model_len: int | None, tokenizer: dict | None = None):
+    from tests.plan_fixtures import TINY_LLAMA
+
+    write_llama(tmp_path / "llm", dict(TINY_LLAMA, **config))
+    if tokenizer is not None:
+        (tmp_path / "llm" / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return plan(parse_deployment({"name": "box", "models": [
+        {"name": "llm", "kind": "llm", "path": "llm", **({"max_model_len": max_model_len} if max_model_len else {})}]},
+        tmp_path))
+
+
+def test_a_max_model_len_over_what_the_model_allows_is_refused_at_plan_time_as_vllm_would_at_its_start(tmp_path):
+    """An on-demand engine starts only at its first request: a max_model_len vLLM refuses must be refused by the plan
+    (`serve up` said the box was up, and the error came 34 s later). The limit is vLLM's: the smallest length key of
+    the config, the tokenizer's model_max_length, a RoPE factor of a type whose config holds the unscaled length."""
+    with pytest.raises(DeploymentError, match=r"models\.llm: max_model_len 1024 is over the 512 tokens the model allows "
+                                              r"\(max_position_embeddings=512"):
+        _context_box(tmp_path, {"max_position_embeddings": 512}, 1024)
+    assert _context_box(tmp_path, {"max_position_embeddings": 512}, 512).estimates["llm"].context == 512
+    assert _context_box(tmp_path, {"max_position_embeddings": 512}, None).estimates["llm"].context == 512  # the default
+    with pytest.raises(DeploymentError, match=r"over the 256 tokens .*the tokenizer's model_max_length=256"):
+        _context_box(tmp_path, {"max_position_embeddings": 512}, 300, tokenizer={"model_max_length": 256})
+    huge = {"model_max_length": 1000000000000000019884624838656}  # transformers' "no limit"
+    assert _context_box(tmp_path, {"max_position_embeddings": 512}, None, tokenizer=huge).estimates["llm"].context == 512
+    linear = {"max_position_embeddings": 512, "rope_scaling": {"rope_type": "linear", "factor": 4.0}}
+    assert _context_box(tmp_path, linear, 2048).estimates["llm"].context == 2048
+    with pytest.raises(DeploymentError, match=r"over the 2048 tokens .*x RoPE linear factor 4"):
+        _context_box(tmp_path, linear, 2049)
+    llama3 = {"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # prescaled
+    with pytest.raises(DeploymentError, match="over the 8192 tokens"):
+        _context_box(tmp_path, llama3, 8193)
+
+
+def test_the_driver_floor_is_one_fact_the_docs_and_doctor_say_alike():
+    """CUDA 13 (the pinned images') needs the R580 driver on a GeForce card: the docs, doctor and deploy/images.py
+    name one figure (the docs said 575, CUDA 12.9's, and doctor passed R575 boxes that start neither image)."""
+    from deploy.images import IMAGES_CUDA, MIN_DRIVER
+
+    docs = (Path(__file__).parents[2] / "docs" / "deploy" / "first-boot.md").read_text()
+    said = {int(n) for n in re.findall(r"driver of \**(\d{3})", docs)}
+    assert said == {MIN_DRIVER} == {580} and IMAGES_CUDA == "13"
