@@ -66,9 +66,9 @@ def app(engine: Engine) -> Starlette:
     async def wake_up(request: Request) -> JSONResponse:
         try:
             await engine.wake_up()
-        except ServerStartError as exc:  # its log's exceptions, as the error says them
+        except ServerStartError as exc:  # the log's tail for the operator; for the client (via the gateway) the cause
             log.error("the engine did not start: %s", exc)
-            return JSONResponse({"error": {"message": f"the engine did not start: {exc}"[:2000]}}, status_code=500)
+            return JSONResponse({"error": {"message": f"the engine did not start: {exc.cause}"}}, status_code=500)
         return JSONResponse({"is_sleeping": False})
 
     async def sleep(request: Request) -> JSONResponse:

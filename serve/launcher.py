@@ -18,7 +18,12 @@ import httpx
 
 
 class ServerStartError(RuntimeError):
-    """A server did not become ready; the message carries the end of its log."""
+    """A server did not become ready; the message carries the end of its log (for its operator), `cause` the last
+    exception its log raised in a line, with file paths cut to their last part (for an HTTP client: R15)."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause or "it did not become ready"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -28,6 +33,27 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?[\w.]*(?:Error|Exception): \S")
+
+
+_PATH = re.compile(r"(?<![\w.])(?:/[^\s/'\"]+)+/([^\s/'\"]+)")
+
+
+def start_cause(path: Path) -> str:
+    """The last exception a server's log raised, one line, its paths cut to their last part (`config.json`, not
+    where the model lies): what a client may read of why a server did not start."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    raised = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    if not raised:
+        return ""
+    line = re.sub(r"^(?:\(\w+ pid=\d+\) )?(?:[\w.]*\.(?=\w+(?:Error|Exception): ))?", "", lines[raised[-1]]).strip()
+    detail = lines[raised[-1] + 1] if raised[-1] + 1 < len(lines) else ""
+    if detail.startswith("  ") and not detail.lstrip().startswith("File "):  # pydantic's: the error under its title
+        line += ": " + re.sub(r" \[type=.*$", "", detail.strip())
+    line = _PATH.sub(r"\1", line)
+    return line if len(line) <= 400 else line[:line.rfind(". ", 0, 400) + 1 or 400]  # whole sentences where it can
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -78,7 +104,7 @@ class ServerProcess:
                 if code is not None:
                     raise ServerStartError(
                         f"{self.name} exited with code {code} before it was ready; end of {self.log_path}:\n"
-                        + log_tail(self.log_path)
+                        + log_tail(self.log_path), start_cause(self.log_path) or f"it exited with code {code}"
                     )
                 try:
                     answer = client.get(self.ready_url)
@@ -91,7 +117,7 @@ class ServerProcess:
                     self.stop()
                     raise ServerStartError(
                         f"{self.name} was not ready after {timeout_s:.0f}s ({self.ready_url} last said {last}); end of "
-                        f"{self.log_path}:\n" + log_tail(self.log_path)
+                        f"{self.log_path}:\n" + log_tail(self.log_path), f"it was not ready after {timeout_s:.0f} s"
                     )
                 time.sleep(0.25)
 
