@@ -25,10 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from .images import IMAGES_CUDA, MIN_DRIVER
+
 TARGETS = ("serve", "compose", "systemd", "kubernetes")
-# The oldest GeForce driver the images' CUDA runs on: NGC's 26.xx releases are built on CUDA 13 ("requires NVIDIA Driver
-# release 575 or later", Triton 26.02's release notes); vLLM's CUDA 12.9 images need 575 too.
-MIN_DRIVER = (575,)
 
 
 @dataclass
@@ -74,12 +73,12 @@ def _driver(version: str) -> tuple[int, ...]:
 def check_gpus(d, p) -> list[Check]:
     cards = gpus()
     if cards is None:
-        return [Check("GPUs", False, "no working nvidia-smi", "install NVIDIA's driver (575 or later) and reboot")]
+        return [Check("GPUs", False, "no working nvidia-smi", f"install NVIDIA's driver ({MIN_DRIVER} or later) and reboot")]
     out = [Check("GPUs", len(cards) >= d.gpus.count, f"{len(cards)} × " + ", ".join(sorted({c['name'] for c in cards})),
                  f"the deployment names {d.gpus.count}: set gpus.count to what the box has, or use a bigger box")]
-    old = [c for c in cards if _driver(c["driver"]) < MIN_DRIVER]
+    old = [c for c in cards if _driver(c["driver"]) < (MIN_DRIVER,)]
     out.append(Check("driver", not old, f"{cards[0]['driver']}" if cards else "none",
-                     f"the images' CUDA needs driver {'.'.join(map(str, MIN_DRIVER))} or later: upgrade it"))
+                     f"the images' CUDA {IMAGES_CUDA} needs driver {MIN_DRIVER} or later on a GeForce card: upgrade it"))
     for card, dev in zip(cards, p.devices):
         total, free = card["total_mib"] / 1024, (card["total_mib"] - card["used_mib"]) / 1024
         need = dev.used_gib

@@ -49,6 +49,12 @@ def _pinned(path: Path, name: str) -> str:
 VLLM_VERSION = _pinned(HERE / "vllm" / "requirements-cuda.txt", "vllm")
 VLLM_IMAGE = f"vllm/vllm-openai:v{VLLM_VERSION}"
 VLLM_IMAGE_PYTHON = "3.12"  # the vLLM image's Python
+# The GPU images' CUDA, and the oldest driver it runs on: NGC's 26.xx releases are built on CUDA 13 (26.07 on 13.3), and
+# vLLM's untagged release image is its CUDA 13 build (vLLM PR #39878; `-cu129` is the 12.9 one). CUDA 13 needs the
+# R580 driver (13.0 GA: 580.65.06 or later); the forward-compatibility packages that run it on older drivers are for
+# data-centre GPUs only, not a GeForce card. One fact: `doctor` checks it, the docs say it (a test holds them to it).
+IMAGES_CUDA = "13"
+MIN_DRIVER = 580
 # vLLM's images leave its audio packages out (they are LGPL; vLLM's docs say to add them), and without them every
 # upload is "Invalid or unsupported audio file": speech engines run this image, built FROM vLLM's with them.
 SPEECH_VLLM_IMAGE = f"rtxserve-vllm-audio:{__version__}"

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from deploy.doctor import main
+from deploy.images import MIN_DRIVER
 from tests.plan_fixtures import write_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CARDS = {"4090": "NVIDIA GeForce RTX 4090, 24564, 1, 580.65.06",
          "3090": "NVIDIA GeForce RTX 3090, 24576, 1, 535.183.01",
          "a100": "NVIDIA A100-SXM4-80GB, 81920, 4, 580.65.06",
-         "4090-busy": "NVIDIA GeForce RTX 4090, 24564, 20480, 580.65.06"}
+         "4090-busy": "NVIDIA GeForce RTX 4090, 24564, 20480, 580.65.06",
+         "4090-r575": "NVIDIA GeForce RTX 4090, 24564, 1, 575.64.05"}  # CUDA 12.9's driver: too old for CUDA 13
 
 
 def _tools(folder: Path, card: str | None, count: int = 1, nvidia_runtime: bool = True) -> None:
@@ -50,7 +52,7 @@ def _doctor(capsys, path: Path, target: str) -> tuple[int, dict[str, str]]:
     return code, {line[6:].split(":")[0]: line for line in lines[:-1]}
 
 
-@pytest.mark.parametrize("card, driver_ok", [("4090", True), ("3090", False), ("a100", True)])
+@pytest.mark.parametrize("card, driver_ok", [("4090", True), ("3090", False), ("a100", True), ("4090-r575", False)])
 def test_the_gpu_and_driver_are_checked_against_the_plan_and_the_images(tmp_path, monkeypatch, capsys, card, driver_ok):
     _tools(tmp_path / "bin", card)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
@@ -58,7 +60,7 @@ def test_the_gpu_and_driver_are_checked_against_the_plan_and_the_images(tmp_path
     assert lines["GPUs"].startswith("ok") and CARDS[card].split(",")[0] in lines["GPUs"]
     assert lines["driver"].startswith("ok" if driver_ok else "FAIL"), lines["driver"]
     if not driver_ok:
-        assert "535.183.01" in lines["driver"] and "575 or later" in lines["driver"]
+        assert CARDS[card].split(", ")[-1] in lines["driver"] and f"{MIN_DRIVER} or later" in lines["driver"]
     assert lines["GPU 0 memory"].startswith("ok"), lines["GPU 0 memory"]
     assert lines["NVIDIA container toolkit"].startswith("ok") and lines["compose"].startswith("ok")
     assert code == (0 if driver_ok and all(l.startswith("ok") for l in lines.values()) else 1)
