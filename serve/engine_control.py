@@ -5,6 +5,8 @@ the routes vLLM's own server has for sleep mode (`--enable-sleep-mode` with VLLM
     GET  /is_sleeping   {"is_sleeping": true}    while the engine is stopped (at start too: it starts asleep)
     POST /wake_up       starts the engine and answers once its /health does (concurrent calls share one start)
     POST /sleep         stops the engine once the requests it runs have their answers (SIGTERM: vLLM drains)
+    POST /collective_rpc  {"method": "reload_weights"} (a level-2 wake's middle step): nothing to do, the engine
+                        started again with its weights
     GET  /health        this server itself
 
 so that the gateway wakes and puts to sleep a CPU engine and a GPU engine the same way (serve/gateway/residency.py,
@@ -75,6 +77,16 @@ def app(engine: Engine) -> Starlette:
         await engine.sleep()
         return JSONResponse({"is_sleeping": True})
 
+    async def collective_rpc(request: Request) -> JSONResponse:
+        """The one call a level-2 wake makes (reload_weights): an engine started again has loaded its weights."""
+        try:
+            method = (await request.json()).get("method")
+        except (ValueError, AttributeError):
+            method = None
+        if method != "reload_weights":
+            return JSONResponse({"error": {"message": "only reload_weights is answered here"}}, status_code=400)
+        return JSONResponse({"results": [None]})
+
     async def health(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "is_sleeping": engine.sleeping})
 
@@ -84,7 +96,8 @@ def app(engine: Engine) -> Starlette:
         await engine.sleep()  # this server stopping takes its engine with it
 
     return Starlette(routes=[Route("/is_sleeping", is_sleeping), Route("/wake_up", wake_up, methods=["POST"]),
-                             Route("/sleep", sleep, methods=["POST"]), Route("/health", health)], lifespan=lifespan)
+                             Route("/sleep", sleep, methods=["POST"]), Route("/health", health),
+                             Route("/collective_rpc", collective_rpc, methods=["POST"])], lifespan=lifespan)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,16 +131,23 @@ class VLLMBackend(Backend):
                                      f"{type(exc).__name__}") from exc
 
     async def load(self, model: str, timeout_s: float) -> None:
-        """Wake the engine (vLLM's POST /wake_up; on a CPU, engine_control starts it)."""
-        await self._control("wake_up", model, timeout_s)
+        """Wake the engine (vLLM's POST /wake_up; on a CPU, engine_control starts it). From level 2 vLLM wakes
+        uninitialised weights: its sequence is the weights' memory, their reload from disk, then the KV cache."""
+        if self.sleep_level == 2:
+            await self._control("wake_up?tags=weights", model, timeout_s)
+            await self._control("collective_rpc", model, timeout_s, {"method": "reload_weights"})
+            await self._control("wake_up?tags=kv_cache", model, timeout_s)
+        else:
+            await self._control("wake_up", model, timeout_s)
 
     async def unload(self, model: str) -> None:
-        """Put the engine to sleep: level 1 keeps its weights in host memory, level 2 drops them (a CPU engine stops)."""
-        await self._control(f"sleep?level={self.sleep_level}", model, 120.0)
+        """Put the engine to sleep: level 1 keeps its weights in host memory, level 2 drops them (a CPU engine stops).
+        mode=wait: what it runs finishes first (vLLM's default, abort, would cut another gateway's streams)."""
+        await self._control(f"sleep?level={self.sleep_level}&mode=wait", model, 120.0)
 
-    async def _control(self, action: str, model: str, timeout_s: float) -> None:
+    async def _control(self, action: str, model: str, timeout_s: float, body: dict | None = None) -> None:
         try:
-            async with self.session.post(f"{self.control}/{action}",
+            async with self.session.post(f"{self.control}/{action}", json=body,
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
                 if response.status >= 400:
                     message, _ = _error(await response.read())
