@@ -95,8 +95,11 @@ def check_host(d, p, target: str, at: Path) -> list[Check]:
 
     need = sum(server_host_gib(d, p).values())
     have = psutil.virtual_memory().total / 1024**3
-    out = [Check("host memory", need <= have, f"{have:.1f} GiB; the servers take about {need:.1f}",
-                 "a box with more memory, or fewer instances / engines")]
+    asleep = sum(sleeping - awake for awake, sleeping in p.engine_host_gib.values())
+    out = [Check("host memory", need <= have, f"{have:.1f} GiB; the servers take about {need:.1f}" + (
+                 f" ({asleep:.1f} of it the on-demand engines' weights and pools, kept on the host while they sleep)"
+                 if asleep else ""), "a box with more memory, or fewer instances / engines (`sleep_level: 2` keeps "
+                 "no weights asleep)" if asleep else "a box with more memory, or fewer instances / engines")]
     busy = [f"{port} ({what})" for port, what in d.port_list() if not _port_free(port)]
     out.append(Check("ports", not busy, "free" if not busy else "in use: " + ", ".join(busy),
                      "stop what holds them, or set other ports in the deployment's ports:"))

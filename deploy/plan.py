@@ -128,6 +128,7 @@ class Plan:
     swap_room_gib: float = 0.0  # what the on-demand entries share on each device
     warm_together: list[str] = field(default_factory=list)  # on-demand entries, in file order, that fit at once
     cpu_binds: dict[str, str] = field(default_factory=dict)  # CPU box: vLLM engine -> its cores (VLLM_CPU_OMP_THREADS_BIND)
+    engine_host_gib: dict[str, tuple[float, float]] = field(default_factory=dict)  # GPU box: llm -> host GiB awake, asleep
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -413,7 +414,24 @@ def server_host_gib(d: Deployment, p: Plan) -> dict[str, float]:
             fit, used = fit + 1, used + gib
         stubs += sum(sorted((stub_gib(m) for m in d.on_demand), reverse=True)[:fit])
     return ({"triton": CPU_TRITON_GIB + CUDA_HOST_GIB + stubs} if d.encoders else {}) | {
-        m.name: CPU_VLLM_PROCESS_GIB + CUDA_HOST_GIB for m in d.vllm_models}
+        m.name: max(p.engine_host_gib[m.name]) for m in d.vllm_models}
+
+
+def _engine_host_gib(d: Deployment, m: LLMModel, e: Estimate) -> tuple[float, float]:
+    """A GPU engine's host memory awake and asleep (GiB): the largest is what its pod's limit and doctor must hold.
+    Asleep, vLLM keeps in pinned host memory what its sleep-mode backend offloads: the runtime and CUDA-graph pools at
+    every level, and at level 1 the weights (and LoRA slots) too (vLLM 0.32's sleep_mode_backend.suspend): about
+    15.5 GiB for an 8B model in fp16. An always-resident engine never sleeps."""
+    awake = CPU_VLLM_PROCESS_GIB + CUDA_HOST_GIB
+    if m.resident != "on-demand":
+        return awake, awake
+    kept = ("runtime", "cuda_graphs") + (("weights", "lora") if sleep_level(d) == 1 else ())
+    return awake, awake + sum(e.parts.get(k, 0.0) for k in kept)
+
+
+def sleep_level(d: Deployment) -> int:
+    """How the box's on-demand GPU engines sleep (the gateway's sleep_level setting, 1 by default)."""
+    return int(d.gateway.settings.get("sleep_level", 1))
 
 
 def host_memory_gib() -> float:
@@ -497,7 +515,8 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         kv_room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
     return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more,
                 fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm,
-                {} if d.on_gpu else cpu_binds(d, sorted(os.sched_getaffinity(0))))
+                {} if d.on_gpu else cpu_binds(d, sorted(os.sched_getaffinity(0))),
+                {m.name: _engine_host_gib(d, m, estimates[m.name]) for m in d.vllm_models} if d.on_gpu else {})
 
 
 def cpu_binds(d: Deployment, cores: list[int]) -> dict[str, str]:
@@ -552,6 +571,11 @@ def format_plan(p: Plan) -> str:
         planned = round(e.parts["kv_cache"] * GIB / e.kv_bytes_per_token)
         lines.append(f"  {name}: its GPU has room for {tokens} tokens of KV cache ({tokens // e.context} sequences of "
                      f"{e.context}); planned {planned}")
+    if p.engine_host_gib:
+        lines += ["", "host memory of each vLLM engine (GiB; its pod's limit and doctor hold the larger):"]
+        for name, (awake, asleep) in p.engine_host_gib.items():
+            lines.append(f"  {name:<28} {awake:>7.2f} awake, {asleep:>7.2f} asleep" + (
+                " (never sleeps)" if asleep == awake and name not in p.on_demand else ""))
     if p.on_demand:
         where = "each GPU" if p.on_gpu else "the box"
         lines += ["", f"on demand (loaded when asked for, the least recently used unloaded to make room): a swap room of "

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .plan import Plan
+from .plan import Plan, sleep_level
 from .spec import Deployment, DeploymentError, LLMModel, control_port, engine_name
 
 
@@ -165,7 +165,7 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
         services.append(Service(engine_name(m.name, replica), "vllm", vllm_args(opts, adapters, dtype, paths=layout.path),
                                 control or port, "/health", "/health", port, env=env | {"HF_HUB_OFFLINE": "1"},
                                 gpu=p.engines[m.name][replica] if d.on_gpu else None, models=[m.name, *m.adapters],
-                                control_port=control, sleep_level=int(d.gateway.settings.get("sleep_level", 1))
+                                control_port=control, sleep_level=sleep_level(d)
                                 if d.on_gpu and m.resident == "on-demand" else None))
     services.append(Service("gateway", "gateway", ["serve", "gateway", "--log-level", "info"], d.ports.gateway,
                             "/readyz", "/healthz", d.ports.gateway, env={"RTXSERVE_CONFIG": layout.gateway_config}))

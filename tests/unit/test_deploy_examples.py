@@ -625,6 +625,25 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     spec = pod["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["initContainers"]] == ["tritonserver", "vllm-0", "vllm-0-asleep"]
     assert [c["name"] for c in spec["containers"]] == ["vllm-1"]
+    # Asleep at level 1, vLLM keeps the weights (an 8B in bf16 served at fp16: 14.96 GiB) and its runtime and graph
+    # pools in pinned host memory: each engine's container is given room for them (it had 3.5 GiB whatever its
+    # residency, and the first sleep was killed at the limit), and the plan shows both figures.
+    e = p.estimates["variant-a"]
+    awake, asleep = p.engine_host_gib["variant-a"]
+    assert asleep == pytest.approx(awake + e.parts["weights"] + e.parts["runtime"] + e.parts["cuda_graphs"])
+    assert e.parts["weights"] > 14.9 and asleep > 18
+    engine = next(c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == "vllm-0")
+    assert _mib(engine["resources"]["requests"]["memory"]) >= asleep * 1024
+    assert f"variant-a                       {awake:.2f} awake, {asleep:>7.2f} asleep" in format_plan(p)
+    level_2 = load_deployment(path)
+    level_2.gateway.settings["sleep_level"] = 2  # the weights dropped asleep: only the pools stay on the host
+    assert plan(level_2).engine_host_gib["variant-a"][1] == pytest.approx(awake + e.parts["runtime"]
+                                                                           + e.parts["cuda_graphs"])
+
+
+def _mib(quantity: str) -> float:
+    assert quantity.endswith("Mi"), quantity
+    return float(quantity[:-2])
 
 
 def test_each_model_s_gate_is_what_the_plan_runs_at_once_shared_by_the_workers(tmp_path):
