@@ -280,6 +280,14 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
                  "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
                  "volumeMounts": mounts}
     container["securityContext"] = _security(NON_ROOT_UID)
+    if d.on_demand:
+        # One gateway decides what is loaded: pods deciding each for itself over-committed the swap room, and one pod's
+        # idle timer unloaded what another streamed from. One pod, not autoscaled, replaced rather than rolled (a surge
+        # pod would be a second decider), until residency has a shared decider.
+        pod = _pod(d, "gateway", 1, [container], volumes=volumes)
+        pod["spec"]["strategy"] = {"type": "Recreate"}
+        return [pod, _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"),
+                _service_monitor(d, "gateway", "http")]
     return [_pod(d, "gateway", replicas, [container], volumes=volumes),
             _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"),
             {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},

@@ -76,8 +76,8 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         elif s.kind == "vllm":
             argv = vllm_server.install_argv(env_under(prefix, VLLM), s.args)
             env = vllm_server.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
-            if s.gpu is not None:
-                env["CUDA_VISIBLE_DEVICES"] = str(s.gpu)
+            if s.gpu is not None:  # nvidia-smi's index (the plan's): CUDA counts fastest first unless told otherwise
+                env |= {"CUDA_VISIBLE_DEVICES": str(s.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         else:
             argv, env = [str(prefix / ".venv" / "bin" / "rtxserve"), *s.args], dict(s.env)
         # caches (vLLM's compiled kernels, the python backend's) go to directories systemd makes for the user
@@ -88,16 +88,22 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         needs = engines if s.kind == "gateway" else triton_units + [  # and the engines before it on its card
             f"rtxserve-{d.name}-{e.name}.service" for e in services[:services.index(s)]
             if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu] if s.kind == "vllm" else []
+        # Triton in a container needs the Docker Engine up first, after a reboot too (units start together otherwise)
+        after = ["network-online.target", *(["docker.service"] if docker else []), *needs]
         lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
-                 f"After={' '.join(['network-online.target', *needs])}", "Wants=network-online.target", f"PartOf={target}"]
+                 f"After={' '.join(after)}", "Wants=network-online.target", f"PartOf={target}"]
+        if docker:
+            lines.append("Requires=docker.service")
         if needs:  # Wants, not Requires: with Requires, systemd restarts the gateway whenever an engine's unit restarts
             # (booted, a Triton killed and started again by Restart= took the gateway and every stream on it down too);
             # the gateway rides out an engine's absence itself (its breakers, /readyz), and vLLM runs on without Triton
             lines.append(f"Wants={' '.join(needs)}")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
-        if docker:  # the Docker socket: its group's members may run containers
-            lines += ["SupplementaryGroups=docker", f"ExecStop=/usr/bin/docker stop -t 30 rtxserve-{d.name}-triton"]
+        if docker:  # the Docker socket: its group's members may run containers; a container left by a crash or a
+            # power cut holds the name (`docker run --name` then fails): removed first, its absence no error
+            lines += ["SupplementaryGroups=docker", f"ExecStartPre=-/usr/bin/docker rm -f rtxserve-{d.name}-triton",
+                      f"ExecStop=/usr/bin/docker stop -t 30 rtxserve-{d.name}-triton"]
         lines += [f'Environment="{k}={v}"' for k, v in sorted(env.items())]
         building = s.kind == "triton" and build_engines
         if building:

@@ -431,10 +431,18 @@ def test_systemd_runs_a_gpu_boxs_triton_from_ngcs_image_or_the_boxs_own(example,
     assert start.startswith("ExecStart=/usr/bin/docker run --rm ") and "--gpus all --network host" in start
     assert f"-v {models}:{models}:ro {SERVING_TRITON_IMAGE} tritonserver --model-repository={models}/repository" in start
     assert "SupplementaryGroups=docker" in unit and f"ExecStop=/usr/bin/docker stop -t 30 rtxserve-{d.name}-triton" in unit
+    # after a reboot: the Docker Engine first, and a container a crash or a power cut left (holding the name) removed
+    after = next(line for line in unit.splitlines() if line.startswith("After=")).split("=", 1)[1].split()
+    assert "docker.service" in after and "Requires=docker.service" in unit.splitlines()
+    pre = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
+    assert pre[0] == f"ExecStartPre=-/usr/bin/docker rm -f rtxserve-{d.name}-triton" and f"--name rtxserve-{d.name}-triton" in start
+    for engine in (out / "systemd").glob(f"rtxserve-{d.name}-vllm-*.service"):  # CUDA's order, nvidia-smi's indexes
+        assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID"' in engine.read_text().splitlines(), engine.name
     render(d, tmp_path / "own", **on_box(d), tritonserver=Path("/opt/tritonserver/bin/tritonserver"))
     own = (tmp_path / "own" / "systemd" / f"rtxserve-{d.name}-triton.service").read_text()
     start = next(line for line in own.splitlines() if line.startswith("ExecStart="))
     assert start.startswith("ExecStart=/opt/tritonserver/bin/tritonserver ") and "--backend-directory" in start
+    assert "docker" not in own
 
 
 def test_kubernetes_settings_reach_the_manifests(tmp_path):
@@ -635,6 +643,10 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     engine = next(c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == "vllm-0")
     assert _mib(engine["resources"]["requests"]["memory"]) >= asleep * 1024
     assert f"variant-a                       {awake:.2f} awake, {asleep:>7.2f} asleep" in format_plan(p)
+    gateway = {doc["kind"]: doc for doc in manifests(out) if doc.get("metadata", {}).get("name") == "gateway"}
+    assert gateway["Deployment"]["spec"]["replicas"] == 1 and "HorizontalPodAutoscaler" not in gateway  # one decider
+    assert gateway["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}  # no surge pod deciding beside it
+    assert "one gateway decides what is loaded" in format_plan(p)
     level_2 = load_deployment(path)
     level_2.gateway.settings["sleep_level"] = 2  # the weights dropped asleep: only the pools stay on the host
     assert plan(level_2).engine_host_gib["variant-a"][1] == pytest.approx(awake + e.parts["runtime"]
