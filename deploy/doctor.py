@@ -9,7 +9,9 @@ What is checked, by target (a check that does not apply to the target is left ou
   free on it now, against what the plan puts there;
 - host memory against what the servers take (the plan's host estimate per server);
 - the ports it listens on, free; disk for the staged models where the target stages them;
-- compose and Kubernetes: a Docker Engine (compose: and docker-compose) and, on GPUs, NVIDIA's container toolkit;
+- compose: a Docker Engine and docker-compose and, on GPUs, NVIDIA's container toolkit;
+- Kubernetes (the cluster kubectl reaches, instead of this machine): the API server's version, resource.k8s.io/v1 and
+  the Prometheus Operator's API; on GPUs the DRA device class, and its ResourceSlices' GPUs and their driver;
 - serve and systemd (servers from this install): tritonserver and its python backend, and where vLLM runs outside a
   container, a C compiler and Python's headers (vLLM compiles kernels when an engine starts);
 - systemd: the keys file readable by the units' user.
@@ -149,6 +151,55 @@ def check_containers(d, target: str) -> list[Check]:
     return out
 
 
+def check_kubernetes(d) -> list[Check]:
+    """What the rendered manifests need of the cluster kubectl reaches (a containerd or k3s node has no Docker): the
+    API server's version (Dynamic Resource Allocation's resource.k8s.io/v1 is GA from 1.34), that API and the
+    Prometheus Operator's (ServiceMonitor, PrometheusRule); on GPUs the DRA device class the pods claim and, in the
+    ResourceSlices its driver publishes, as many GPUs as the deployment names, each on a driver as new as the images
+    need (NVIDIA's DRA driver publishes driverVersion)."""
+    import json
+
+    from .kubernetes import KUBERNETES_VERSION
+
+    version = _tool(["kubectl", "version", "-o", "json"])
+    if version is None:
+        return [Check("kubectl", False, "no kubectl, or no cluster it can reach",
+                      "install kubectl and point it at the cluster (KUBECONFIG), then run doctor again")]
+    server = json.loads(version).get("serverVersion") or {}
+    found = (int(server.get("major", "0").rstrip("+")), int(server.get("minor", "0").rstrip("+")))
+    least = tuple(int(x) for x in KUBERNETES_VERSION.split(".")[:2])
+    out = [Check("Kubernetes", found >= least, f"{found[0]}.{found[1]}",
+                 f"the manifests use Dynamic Resource Allocation (resource.k8s.io/v1): Kubernetes {least[0]}.{least[1]} "
+                 "or later")]
+    apis = set((_tool(["kubectl", "api-versions"]) or "").split())
+    for api, what, fix in (("resource.k8s.io/v1", "Dynamic Resource Allocation", "Kubernetes 1.34 or later, or enable "
+                            "the resource.k8s.io/v1 API"), ("monitoring.coreos.com/v1", "ServiceMonitor, PrometheusRule",
+                            "install the Prometheus Operator (kube-prometheus-stack) or leave out monitors.yaml and "
+                            "prometheus-rules.yaml")):
+        out.append(Check(api, api in apis, f"served ({what})" if api in apis else "not served", fix))
+    if not d.on_gpu:
+        return out
+    cls = d.kubernetes.gpu_device_class
+    has_class = _tool(["kubectl", "get", "deviceclass", cls, "-o", "name"]) is not None
+    out.append(Check("GPU device class", has_class, cls if has_class else f"no DeviceClass {cls}",
+                     "install NVIDIA's DRA driver for GPUs (its Helm chart, with gpuResourcesEnabledOverride=true; "
+                     "not beside NVIDIA's device plugin on the same nodes)"))
+    slices = json.loads(_tool(["kubectl", "get", "resourceslices", "-o", "json"]) or '{"items": []}')["items"]
+    cards = [(s["spec"].get("nodeName", "?"), dev.get("attributes") or {}) for s in slices
+             if s.get("spec", {}).get("driver") == cls for dev in s["spec"].get("devices") or []
+             if ((dev.get("attributes") or {}).get("type") or {}).get("string", "gpu") == "gpu"]
+    nodes = sorted({node for node, _ in cards})
+    out.append(Check("GPUs", len(cards) >= d.gpus.count, f"{len(cards)} in ResourceSlices of {cls}"
+                     + (f" on {', '.join(nodes)}" if nodes else ""),
+                     f"the deployment names {d.gpus.count}: its DRA driver publishes fewer (kubectl get resourceslices)"))
+    drivers = {a.get("driverVersion", {}).get("version") for _, a in cards} - {None}
+    old = sorted(v for v in drivers if _driver(v) < (MIN_DRIVER,))
+    if drivers:
+        out.append(Check("driver", not old, ", ".join(sorted(drivers)), f"the images' CUDA {IMAGES_CUDA} needs driver "
+                         f"{MIN_DRIVER} or later on a GeForce card: upgrade the nodes with {', '.join(old)}"))
+    return out
+
+
 # What a GPU box's own tritonserver (NGC's layout) needs: the backends its entries use, and in the Python its stub runs
 # (the first python3 on PATH) what the entries' python-backend steps import (deploy/triton/requirements-image.txt).
 NATIVE_TRITON = Path("/opt/tritonserver")
@@ -247,10 +298,12 @@ def doctor(path: Path, target: str, at: Path | None = None, tritonserver: bool =
     checks.append(Check("artifacts readable", not private, "by every user" if not private else
                         f"{len(private)} file(s) readable by their owner only, e.g. {private[0]}",
                         "the servers run as users of their own: chmod a+r them"))
+    if target == "kubernetes":  # the cluster, as kubectl reaches it: this machine need not be one of its nodes
+        return checks + check_kubernetes(d)
     if d.on_gpu:
         checks += check_gpus(d, p)
     checks += check_host(d, p, target, Path(at or path.parent))
-    if target in ("compose", "kubernetes"):
+    if target == "compose":
         checks += check_containers(d, target)
     if target in ("serve", "systemd"):
         checks += check_install(d, target, tritonserver)

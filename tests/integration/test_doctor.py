@@ -69,7 +69,7 @@ def test_the_gpu_and_driver_are_checked_against_the_plan_and_the_images(tmp_path
 def test_too_few_cards_a_busy_card_and_no_container_toolkit_are_each_one_line(tmp_path, monkeypatch, capsys):
     _tools(tmp_path / "bin", "4090-busy", count=1, nvidia_runtime=False)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    code, lines = _doctor(capsys, _box(tmp_path, "four-4090"), "kubernetes")
+    code, lines = _doctor(capsys, _box(tmp_path, "four-4090"), "compose")
     assert code == 1
     assert lines["GPUs"].startswith("FAIL") and "names 4" in lines["GPUs"]
     assert lines["GPU 0 memory"].startswith("FAIL") and "3.99 free" in lines["GPU 0 memory"]
@@ -110,3 +110,58 @@ def test_a_port_in_use_and_private_weights_are_named(tmp_path, capsys):
     assert code == 1
     assert lines["ports"].startswith("FAIL") and f"{data['ports']['gateway']} (ports.gateway)" in lines["ports"]
     assert lines["artifacts readable"].startswith("FAIL") and "chmod a+r" in lines["artifacts readable"]
+
+
+def _kubectl(folder: Path, minor: str, apis: list[str], device_class: bool, slices: list[dict]) -> None:
+    """A fake kubectl answering what doctor asks of a cluster, as kubectl prints it."""
+    import json
+
+    folder.mkdir()
+    version = json.dumps({"clientVersion": {"major": "1", "minor": "34"}, "serverVersion": {"major": "1", "minor": minor}})
+    (folder / "version.json").write_text(version)
+    (folder / "slices.json").write_text(json.dumps({"apiVersion": "v1", "items": slices}))
+    (folder / "kubectl").write_text(f"""#!/bin/sh
+case "$1 $2" in
+  "version -o") cat {folder}/version.json ;;
+  "api-versions ") printf '{chr(10).join(apis)}\\n' ;;
+  "get deviceclass") {"echo deviceclass.resource.k8s.io/gpu.nvidia.com" if device_class else "echo 'Error from server (NotFound)' >&2; exit 1"} ;;
+  "get resourceslices") cat {folder}/slices.json ;;
+  *) exit 1 ;;
+esac
+""")
+    (folder / "kubectl").chmod(0o755)
+
+
+def _slice(node: str, drivers: list[str]) -> dict:
+    """A ResourceSlice of NVIDIA's DRA driver: a device per GPU with its type and driverVersion (and a MIG device,
+    which is not a card)."""
+    devices = [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "driverVersion": {"version": v},
+                                                   "productName": {"string": "NVIDIA GeForce RTX 4090"}}}
+               for i, v in enumerate(drivers)]
+    devices.append({"name": "gpu-0-mig-1g", "attributes": {"type": {"string": "mig"}}})
+    return {"spec": {"driver": "gpu.nvidia.com", "nodeName": node, "devices": devices}}
+
+
+def test_kubernetes_is_checked_in_the_cluster_kubectl_reaches_not_on_this_machine(tmp_path, monkeypatch, capsys):
+    """A containerd or k3s node has no Docker: for Kubernetes, doctor asks the cluster what the manifests need (the API
+    version, resource.k8s.io/v1, the Prometheus Operator's API, the DRA device class, and the GPUs in its
+    ResourceSlices, on a driver as new as the images need) and nothing of this machine's Docker or nvidia-smi."""
+    ready = ["v1", "apps/v1", "resource.k8s.io/v1", "monitoring.coreos.com/v1"]
+    _kubectl(tmp_path / "ok", "34", ready, True, [_slice("node-a", ["580.65.6"] * 2), _slice("node-b", ["580.82.7"] * 2)])
+    monkeypatch.setenv("PATH", f"{tmp_path / 'ok'}:/usr/bin:/bin")
+    code, lines = _doctor(capsys, _box(tmp_path, "four-4090"), "kubernetes")
+    assert code == 0, lines
+    assert lines["Kubernetes"] == "ok    Kubernetes: 1.34" and lines["GPUs"].endswith("4 in ResourceSlices of gpu.nvidia.com on node-a, node-b")
+    assert "Docker Engine" not in lines and "NVIDIA container toolkit" not in lines and "ports" not in lines
+    _kubectl(tmp_path / "old", "33+", ["v1", "resource.k8s.io/v1beta1"], False, [_slice("node-a", ["575.64.5", "580.65.6"])])
+    monkeypatch.setenv("PATH", f"{tmp_path / 'old'}:/usr/bin:/bin")
+    code, lines = _doctor(capsys, tmp_path / "four-4090.yaml", "kubernetes")
+    assert code == 1
+    assert lines["Kubernetes"].startswith("FAIL") and "1.34 or later" in lines["Kubernetes"]
+    assert lines["resource.k8s.io/v1"].startswith("FAIL") and lines["monitoring.coreos.com/v1"].startswith("FAIL")
+    assert lines["GPU device class"].startswith("FAIL") and "gpuResourcesEnabledOverride=true" in lines["GPU device class"]
+    assert lines["GPUs"].startswith("FAIL") and "2 in ResourceSlices" in lines["GPUs"] and "names 4" in lines["GPUs"]
+    assert lines["driver"].startswith("FAIL") and f"{MIN_DRIVER} or later" in lines["driver"] and "575.64.5" in lines["driver"]
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    code, lines = _doctor(capsys, tmp_path / "four-4090.yaml", "kubernetes")
+    assert code == 1 and lines["kubectl"].startswith("FAIL") and "KUBECONFIG" in lines["kubectl"]
