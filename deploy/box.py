@@ -1,7 +1,8 @@
 """`rtxserve serve up|status|down`: bring a whole box up from its deployment file, see what runs, stop it.
 
 `up` plans the deployment (refusing one that does not fit), checks that its ports are free (naming the
-process that holds one), assembles the Triton repository it serves (hard links to the exported entries,
+process that holds one; a box that runs already keeps its live servers, as `docker compose up -d` does, and only
+what is missing is started), assembles the Triton repository it serves (hard links to the exported entries,
 with the planned instance counts), starts Triton, one vLLM engine per LLM replica and the gateway, each
 in a session of its own and detached from this command, and waits until each answers ready. What it
 started is written to `RUN/state.json` (RUN: `NAME/` in the per-user state directory, see `state_dir`),
@@ -57,6 +58,7 @@ class Running:
     started: float  # the process's create time: a pid reused by another program is not ours
     url: str  # its readiness URL
     log: str
+    fingerprint: str = ""  # what it was started as (_fingerprint); "" in a state file written before it was recorded
 
 
 def run_dir(name: str, root: Path | None = None) -> Path:
@@ -75,15 +77,20 @@ def running(root: Path | None = None) -> list[Path]:
     return out
 
 
-def _holder(port: int) -> str:
+def _holder_pid(port: int) -> int | None:
     try:
-        for c in psutil.net_connections("inet"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-                p = psutil.Process(c.pid)
-                return f"pid {c.pid} ({' '.join(p.cmdline())[:120]})"
+        return next((c.pid for c in psutil.net_connections("inet")
+                     if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid), None)
     except (psutil.Error, OSError):
-        pass
-    return "another process"
+        return None
+
+
+def _holder(port: int) -> str:
+    pid = _holder_pid(port)
+    try:
+        return f"pid {pid} ({' '.join(psutil.Process(pid).cmdline())[:120]})" if pid else "another process"
+    except psutil.Error:
+        return "another process"
 
 
 def _ready_host(host: str) -> str:
@@ -93,7 +100,8 @@ def _ready_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def check_ports(d: Deployment) -> None:
+def check_ports(d: Deployment, ours: frozenset[int] = frozenset()) -> None:
+    """Every port the deployment listens on is free, or held by one of `ours` (the pids of its live servers)."""
     import socket
 
     for port, what in d.port_list():
@@ -103,7 +111,8 @@ def check_ports(d: Deployment) -> None:
             try:
                 s.bind((host, port))
             except OSError:
-                raise DeploymentError(f"{what}: port {port} is taken by {_holder(port)}") from None
+                if _holder_pid(port) not in ours:
+                    raise DeploymentError(f"{what}: port {port} is taken by {_holder(port)}") from None
 
 
 def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_host: str) -> ServerProcess:
@@ -158,11 +167,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
     envs = {TRITON: env_dir(TRITON), VLLM: env_dir(VLLM)} | (envs or {})
     run = run_dir(d.name, root).resolve()
     with _locked(run, d.name):
-        live = [r for r in read_state(run)["servers"] if _members(r)] if (run / "state.json").is_file() else []
-        if live:
-            which = ", ".join(f"{r['name']} pid {r['pid']} ({r['url']})" for r in live)
-            raise DeploymentError(f"{d.name} is already running from {run}: {which}; "
-                                  f"`rtxserve serve down {d.name}` first")
+        recorded = read_state(run) if (run / "state.json").is_file() else None
         trt = [m.name for m in d.encoders if m.tensorrt]
         if trt:
             raise DeploymentError(f"models {', '.join(trt)}: tensorrt: true needs the plan built on the box, which the "
@@ -174,18 +179,24 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
 
             raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
-        check_ports(d)
         layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
                         batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
                         retired=frozenset(promoted(run).retired))
-        if d.encoders:
-            assemble_repository(d, p, run / "model_repository")
-        (run / "gateway.yaml").write_text(yaml.safe_dump(gateway_settings(d, layout, p), sort_keys=False))
+        settings = gateway_settings(d, layout, p)
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
+        live = _running_as_planned(recorded, services, settings, log) if recorded else {}
+        check_ports(d, frozenset(m.pid for r in live.values() for m in _members(r)))
+        if d.encoders and not any(s.kind == "triton" and s.name in live for s in services):
+            assemble_repository(d, p, run / "model_repository")
+        if "gateway" not in live:
+            (run / "gateway.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
         state = {"name": d.name, "deployment": str(d.base_dir), "file": str(d.file) if d.file else None,
-                 "started": time.time(), "servers": []}
+                 "started": recorded["started"] if live else time.time(), "servers": list(live.values())}
+        started: list[dict] = []
         try:
             for service in services:
+                if service.name in live:
+                    continue
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
                 host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
                 process = _process(service, run, envs, install, host)
@@ -193,16 +204,61 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                     process.start(timeout_s)
                 finally:  # recorded as soon as it runs: whatever happens next, down (or the cleanup below) finds it
                     if process.process is not None:
-                        state["servers"].append(asdict(Running(service.name, service.kind, process.process.pid,
-                                                               _create_time(process.process.pid), process.ready_url,
-                                                               str(process.log_path))))
+                        started.append(asdict(Running(service.name, service.kind, process.process.pid,
+                                                      _create_time(process.process.pid), process.ready_url,
+                                                      str(process.log_path), _fingerprint(service, settings))))
+                        state["servers"] = _in_order(services, [*live.values(), *started])
                         _write_state(run, state)
         except BaseException:
-            _stop_all(state["servers"], grace_s=15, log=log)
-            (run / "state.json").unlink(missing_ok=True)
+            _stop_all(started, grace_s=15, log=log)  # what this `up` started; what ran before it runs on
+            state["servers"] = list(live.values())
+            _write_state(run, state) if live else (run / "state.json").unlink(missing_ok=True)
             raise
-    log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}")
+    log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}" + (
+        f" ({len(started)} server(s) started, {len(live)} already running)" if live else ""))
     return run
+
+
+def _fingerprint(service: Service, settings: dict) -> str:
+    """What a server was started as (its arguments, environment and port; the gateway: its settings too): a server
+    running as another fingerprint was started from another deployment file."""
+    import hashlib
+
+    what = {"args": service.args, "env": service.env, "port": service.port} | (
+        {"settings": settings} if service.kind == "gateway" else {})
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _running_as_planned(recorded: dict, services: list[Service], settings: dict, log) -> dict[str, dict]:
+    """The servers of an earlier `up` that still run (by name), as `docker compose up -d` finds them: each left as it
+    is where it runs as the deployment plans it. A server whose process died while its children live on (vLLM's engine
+    core, Triton's stubs) is stopped, to be started again. Raises DeploymentError where one runs as another file
+    planned it (changed since): `serve down` first, or restore the file."""
+    planned = {s.name: s for s in services}
+    live, changed = {}, []
+    for r in recorded["servers"]:
+        members = _members(r)
+        if not members:
+            continue
+        if not any(p.pid == r["pid"] for p in members):
+            log(f"{r['name']}: its main process is gone; stopping what is left of it")
+            _stop_all([r], grace_s=15, log=log)
+        elif r["name"] not in planned or r.get("fingerprint", "") not in ("", _fingerprint(planned[r["name"]], settings)):
+            changed.append(r["name"])
+        else:
+            live[r["name"]] = r
+    if changed:
+        raise DeploymentError(f"{recorded['name']} runs {', '.join(changed)} as another deployment file planned them: "
+                              f"`rtxserve serve down {recorded['name']}` first, then up (or restore the file)")
+    for name in live:
+        log(f"{name}: running (pid {live[name]['pid']}), left as it is")
+    return live
+
+
+def _in_order(services: list[Service], servers: list[dict]) -> list[dict]:
+    """The recorded servers in the deployment's start order (down stops them in reverse: the gateway first)."""
+    order = {s.name: i for i, s in enumerate(services)}
+    return sorted(servers, key=lambda r: order.get(r["name"], len(order)))
 
 
 def _check_cpu(d: Deployment) -> None:

@@ -8,6 +8,7 @@ import http.server
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -195,13 +196,42 @@ def test_a_taken_port_is_refused_with_the_process_holding_it(deployment, box):
         refused = rtxserve("serve", "up", path.parent / "other.yaml", state=runs)
         assert refused.returncode == 2
         assert f"ports.gateway: port {port} is taken by pid {psutil.Process().pid}" in refused.stderr
-        again = rtxserve("serve", "up", path, state=runs, cwd=runs)  # the same deployment twice, from elsewhere
-        assert again.returncode == 2 and "already running" in again.stderr
-        gateway = next(s for s in yaml.safe_load((runs / "box" / "state.json").read_text())["servers"]
-                       if s["name"] == "gateway")
-        assert f"gateway pid {gateway['pid']} (http://127.0.0.1:{spec['ports']['gateway']}" in again.stderr
     finally:
         server.shutdown()
+
+
+def _pids(runs: Path) -> dict[str, int]:
+    return {s["name"]: s["pid"] for s in yaml.safe_load((runs / "box" / "state.json").read_text())["servers"]}
+
+
+def test_up_of_a_running_box_leaves_it_as_it_is_and_brings_back_a_killed_gateway_alone(deployment, box):
+    """As `docker compose up -d`: up of a box that runs changes nothing; after its gateway was killed (SIGKILL, its
+    whole group), up starts the gateway and nothing else (it refused before: the only way back was down and up, every
+    model stopped), and a changed file is refused, naming what runs as the old one planned."""
+    path, spec, runs = deployment
+    before = _pids(runs)
+    again = rtxserve("serve", "up", path, state=runs, cwd=runs)  # the same deployment twice, from elsewhere
+    assert again.returncode == 0, again.stdout + again.stderr
+    # its progress goes to stderr, as every step of `up` says it
+    assert all(f"{name}: running (pid {pid}), left as it is" in again.stderr for name, pid in before.items())
+    assert _pids(runs) == before and "0 server(s) started" in again.stderr
+    gateway = [p for p in psutil.process_iter() if _pgid(p) == before["gateway"]]
+    os.killpg(before["gateway"], signal.SIGKILL)
+    _, alive = psutil.wait_procs(gateway, timeout=30)
+    assert not alive
+    back = rtxserve("serve", "up", path, state=runs)
+    assert back.returncode == 0, back.stdout + back.stderr
+    after = _pids(runs)
+    assert after["gateway"] != before["gateway"] and {k: v for k, v in after.items() if k != "gateway"} == {
+        k: v for k, v in before.items() if k != "gateway"}  # Triton and the engine never stopped
+    assert "starting gateway" in back.stderr and "1 server(s) started" in back.stderr
+    assert httpx.get(f"{box[0]}/readyz", timeout=30).status_code == 200
+    changed = yaml.safe_load(path.read_text())
+    changed["gateway"]["settings"]["max_tokens"] = 32
+    (path.parent / "changed.yaml").write_text(yaml.safe_dump(changed))
+    refused = rtxserve("serve", "up", path.parent / "changed.yaml", state=runs)
+    assert refused.returncode == 2 and "runs gateway as another deployment file planned" in refused.stderr
+    assert _pids(runs) == after
 
 
 def test_down_leaves_no_process_behind(deployment, box):
