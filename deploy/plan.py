@@ -308,7 +308,8 @@ def context_limit(config: dict, tokenizer_config: dict | None = None) -> tuple[i
         limit, why = float(tokenizer_max), f"the tokenizer's model_max_length={int(tokenizer_max)}"
     rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
     # one set of parameters, or one per layer type ({"full_attention": {...}, "sliding_attention": {...}})
-    for params in [rope] if {"rope_type", "type", "factor"} & set(rope) else rope.values():
+    layers = [rope] if {"rope_type", "type", "factor"} & set(rope) else [v for v in rope.values() if isinstance(v, dict)]
+    for params in layers:
         kind = params.get("rope_type") or params.get("type")
         if kind and kind not in _PRESCALED_ROPE and isinstance(params.get("factor"), (int, float)):
             return int(limit * params["factor"]), f"{why} x RoPE {kind} factor {params['factor']:g}"
@@ -572,7 +573,8 @@ def format_plan(p: Plan) -> str:
         lines.append(f"  {name}: its GPU has room for {tokens} tokens of KV cache ({tokens // e.context} sequences of "
                      f"{e.context}); planned {planned}")
     if p.engine_host_gib:
-        lines += ["", "host memory of each vLLM engine (GiB; its pod's limit and doctor hold the larger):"]
+        lines += ["", "host memory of each vLLM engine (GiB; its Kubernetes container requests the larger, doctor "
+                  "counts it):"]
         for name, (awake, asleep) in p.engine_host_gib.items():
             lines.append(f"  {name:<28} {awake:>7.2f} awake, {asleep:>7.2f} asleep" + (
                 " (never sleeps)" if asleep == awake and name not in p.on_demand else ""))

@@ -553,6 +553,10 @@ def test_a_max_model_len_over_what_the_model_allows_is_refused_at_plan_time_as_v
     assert _context_box(tmp_path, linear, 2048).estimates["llm"].context == 2048
     with pytest.raises(DeploymentError, match=r"over the 2048 tokens .*x RoPE linear factor 4"):
         _context_box(tmp_path, linear, 2049)
+    theta_only = {"max_position_embeddings": 512, "rope_parameters": {"rope_theta": 10000.0}}  # no scaling at all
+    assert _context_box(tmp_path, theta_only, None).estimates["llm"].context == 512
+    per_layer = {"max_position_embeddings": 512, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2}}}
+    assert _context_box(tmp_path, per_layer, 1024).estimates["llm"].context == 1024
     llama3 = {"max_position_embeddings": 8192, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}  # prescaled
     with pytest.raises(DeploymentError, match="over the 8192 tokens"):
         _context_box(tmp_path, llama3, 8193)
