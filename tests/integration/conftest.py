@@ -134,9 +134,13 @@ def _triton_alive(request):
     """The session's tritonserver, restarted (with a warning carrying its log) if an earlier test left it dead:
     under concurrent load its python backend can abort the whole server (triton-inference-server/server#8882,
     seen in CI despite pre-sized shared memory). Tests that use the stack test what they name, on a live one."""
-    if "stack" not in request.fixturenames:
-        return
-    running = request.getfixturevalue("stack")
+    if "stack" in request.fixturenames:
+        revive_triton(request.getfixturevalue("stack"))
+
+
+def revive_triton(running) -> None:
+    """The stack's tritonserver started again where it has exited; for module fixtures too, which pytest sets up
+    before this module's autouse check (the fleet of test_quotas_redis waited 180 s for a Triton left dead)."""
     if running.triton.running:
         return
     import warnings

@@ -14,7 +14,7 @@ from serve.gateway.keys import ApiKey, hash_key, write_keys
 from serve.launcher import free_port
 from serve.stack import start_gateway
 
-from .conftest import MODEL
+from .conftest import MODEL, revive_triton
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed (`make setup-redis`)")
@@ -48,6 +48,7 @@ class Redis:
 @pytest.fixture(scope="module")
 def fleet(stack, tmp_path_factory):
     """Redis, and three gateways counting in it: two that admit while it is gone, one that refuses."""
+    revive_triton(stack)  # a module fixture: set up before the autouse check that a test left Triton alive
     work = tmp_path_factory.mktemp("fleet")
     write_keys(work / "keys.json", {n: ApiKey(name=n, hash=hash_key(s), rpm=rpm) for n, (s, rpm) in KEYS.items()})
     redis = Redis(free_port(), open(work / "redis.log", "w")).start()
