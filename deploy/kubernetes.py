@@ -280,21 +280,19 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
                  "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
                  "volumeMounts": mounts}
     container["securityContext"] = _security(NON_ROOT_UID)
+    # One gateway decides what is loaded where models load on demand: pods deciding each for itself over-committed the
+    # swap room, and one pod's idle timer unloaded what another streamed from. Then one pod, not autoscaled, replaced
+    # rather than rolled (a surge pod would be a second decider), until residency has a shared decider.
+    pod = _pod(d, "gateway", 1 if d.on_demand else replicas, [container], volumes=volumes)
     if d.on_demand:
-        # One gateway decides what is loaded: pods deciding each for itself over-committed the swap room, and one pod's
-        # idle timer unloaded what another streamed from. One pod, not autoscaled, replaced rather than rolled (a surge
-        # pod would be a second decider), until residency has a shared decider.
-        pod = _pod(d, "gateway", 1, [container], volumes=volumes)
         pod["spec"]["strategy"] = {"type": "Recreate"}
-        return [pod, _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"),
-                _service_monitor(d, "gateway", "http")]
-    return [_pod(d, "gateway", replicas, [container], volumes=volumes),
-            _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"),
-            {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},
-             "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
-                      "minReplicas": replicas, "maxReplicas": max(10, replicas),
-                      "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
-                          "type": "Utilization", "averageUtilization": 70}}}]}},
+    autoscaler = [] if d.on_demand else [
+        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},
+         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
+                  "minReplicas": replicas, "maxReplicas": max(10, replicas),
+                  "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                      "type": "Utilization", "averageUtilization": 70}}}]}}]
+    return [pod, _service(d, "gateway", "gateway", {"http": gateway.port}, "gateway"), _pdb(d, "gateway"), *autoscaler,
             _service_monitor(d, "gateway", "http")]
 
 
