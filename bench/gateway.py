@@ -37,7 +37,9 @@ TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
 PLOT = "b1.png"
 PROFILE_PLOT = "b1-profile.png"
-FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, b1s.PLOT))
+FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, *map(b1s.plot_name, b1s.LAYOUTS)))
+# issue 53's targets at the highest concurrency, against nginx on the same box: (figure, op, value)
+TARGETS = (("qps_vs_proxy", ">=", 0.95), ("p50_added_ms", "<=", 1.0), ("cpu_ms_per_request", "<=", 0.3))
 
 
 def cpu_seconds(pid: int, *, children: bool = True) -> float:
@@ -180,9 +182,10 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, vllm_worker_process: bool = False,
+        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, stream_layouts: tuple[str, ...] = ("core", "served"),
         profile_s: float = 10.0, progress=log.info) -> dict:
-    """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies: bench/streams.py)."""
+    """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies, in each of vLLM's
+    `stream_layouts`: bench/streams.py)."""
     from serve.stack import start_gateway
 
     out.mkdir(parents=True, exist_ok=True)
@@ -215,11 +218,15 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
     if profiled:
         result["profile"] = profiled
     if streams:
-        result["streams"] = b1s.run(out / "streams", rounds=rounds, concurrency=streams, prompts=stream_prompts,
-                                    worker_process=vllm_worker_process, progress=progress)
-        b1s.plot(result["streams"], out / b1s.PLOT)
+        result["streams"] = [b1s.run(out / f"streams-{layout}", rounds=rounds, concurrency=streams,
+                                     prompts=stream_prompts, layout=layout, progress=progress)
+                             for layout in stream_layouts]
+        for layouts in result["streams"]:
+            b1s.plot(layouts, out / b1s.plot_name(layouts["layout"]))
     for level in result["levels"]:
         m = level["medians"]
+        level["qps_vs_proxy"] = round(m["gateway"]["qps"] / m["proxy"]["qps"], 3)
+        level["cpu_ms_per_request"] = m["gateway"]["cpu_ms_per_request"]
         level["p99_ratio"] = round(m["gateway"]["p99_ms"] / m["direct"]["p99_ms"], 3)
         level["qps_ratio"] = round(m["gateway"]["qps"] / m["direct"]["qps"], 3)
         level["p50_added_ms"] = round(m["gateway"]["p50_ms"] - m["direct"]["p50_ms"], 3)
@@ -227,6 +234,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
         level["trace_cpu_ms_added"] = round(m["gateway traced"]["cpu_ms_per_request"] - m["gateway"]["cpu_ms_per_request"], 3)
         level["trace_qps_ratio"] = round(m["gateway traced"]["qps"] / m["gateway"]["qps"], 3)
         level["trace_p99_ratio"] = round(m["gateway traced"]["p99_ms"] / m["gateway"]["p99_ms"], 3)
+    result["verdict"] = {key: b1s.met(result["levels"][-1][key], op, value) for key, op, value in TARGETS}
     (out / FILES.json).write_text(json.dumps(result, indent=2))
     (out / FILES.page).write_text(markdown(result))
     _plot(levels, out / PLOT)
@@ -259,6 +267,12 @@ def markdown(result: dict) -> str:
         lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | "
                      f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
                      f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
+    if "verdict" in result:
+        top = result["levels"][-1]
+        lines += ["", f"| target ({top['concurrency']} in flight; proxy: nginx on the same box) | measured | verdict |",
+                  "|---|---|---|"]
+        lines += [f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} |"
+                  for key, op, value in TARGETS]
     if all("trace_qps_ratio" in level for level in result["levels"]):
         lines += ["", "The trace (trace_dir on, a gateway beside the other): what recording every request costs.", "",
                   "| in flight | QPS traced / untraced | P99 traced / untraced | CPU-ms / request added |",
@@ -275,8 +289,8 @@ def markdown(result: dict) -> str:
                                     f"{profiled['requests']} requests", level["medians"]["gateway"]["cpu_ms_per_request"])]
     elif profiled:
         lines += ["", f"The gateway was not profiled: {profiled['error']}"]
-    if "streams" in result:
-        lines += ["", b1s.markdown(result["streams"])]
+    for layout in result.get("streams", ()):
+        lines += ["", b1s.markdown(layout)]
     return "\n".join(lines) + "\n"
 
 
@@ -306,9 +320,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", default="4,16",
                         help="B1s: concurrent streams per level, comma-separated ('' skips it)")
     parser.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
-    parser.add_argument("--vllm-worker-process", action="store_true",
-                        help="B1s: vLLM in its default layout, the model in a worker process beside the engine core "
-                             "(default: in the engine core; bench/streams.py says why)")
+    parser.add_argument("--stream-layouts", default=",".join(b1s.LAYOUTS),
+                        help="B1s: vLLM's layouts, comma-separated: 'core' (the model in the engine core) and 'served' "
+                             "(as serve up runs it); bench/streams.py says why both")
     parser.add_argument("--profile-seconds", type=float, default=10.0,
                         help="after the rounds, where the gateway's CPU goes at the highest --concurrency, sampled by "
                              "py-spy for this long (0 skips it)")
@@ -326,6 +340,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         levels, streams = _levels(args)
     except ValueError:
         return "--concurrency and --streams: use numbers separated by commas"
+    unknown = {v.strip() for v in args.stream_layouts.split(",") if v.strip()} - set(b1s.LAYOUTS)
+    if unknown:
+        return f"--stream-layouts: {', '.join(sorted(unknown))} is not one of {', '.join(b1s.LAYOUTS)}"
     if args.rounds < 1 or args.duration <= 0 or min(levels) < 1 or min(streams, default=1) < 1 or args.workers < 1 \
             or args.stream_prompts < 1 or args.profile_seconds < 0:
         return ("need --rounds >= 1, --duration > 0, --workers >= 1, --stream-prompts >= 1, --profile-seconds >= 0 "
@@ -336,7 +353,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
     levels, streams = _levels(args)
     return run(out, rounds=args.rounds, duration_s=args.duration, concurrency=levels, workers=args.workers,
-               streams=streams, stream_prompts=args.stream_prompts, vllm_worker_process=args.vllm_worker_process,
+               streams=streams, stream_prompts=args.stream_prompts,
+               stream_layouts=tuple(v.strip() for v in args.stream_layouts.split(",") if v.strip()),
                profile_s=args.profile_seconds, progress=progress)
 
 

@@ -16,10 +16,13 @@ def test_report_states_ratios_against_targets_beside_the_plain_proxy(tmp_path):
              "cpu_ms_per_request": 0.1}
     direct = {"p50_ms": 10, "p90_ms": 13, "p99_ms": 20, "p99.9_ms": 25, "qps": 500, "errors": 0}
     level = {"concurrency": 8, "medians": {"gateway": gw, "proxy": proxy, "direct": direct}, "p99_ratio": 1.15,
-             "qps_ratio": 0.9, "p50_added_ms": 2, "proxy_p50_added_ms": 0.4}
+             "qps_ratio": 0.9, "p50_added_ms": 2, "proxy_p50_added_ms": 0.4, "qps_vs_proxy": 0.918,
+             "cpu_ms_per_request": 0.8}
     text = markdown({"model": "m", "gateway_workers": 1, "rounds": 3, "duration_s": 8, "cpu": "EPYC; avx2",
-                     "levels": [level]})
+                     "levels": [level], "verdict": {"qps_vs_proxy": False, "p50_added_ms": False,
+                                                    "cpu_ms_per_request": False}})
     assert "| 8 | 1.15 | 0.9 | 2 / 0.4 | 0.8 / 0.1 |" in text and "| 8 | gateway | 12 |" in text
+    assert "| qps_vs_proxy >= 0.95 | 0.918 | **missed** |" in text and "| cpu_ms_per_request <= 0.3 | 0.8 |" in text
     assert "| 8 | proxy | 10.4 |" in text and "CPU: EPYC; avx2" in text
     _plot([{**level, "samples": {"gateway": [12.0, 13.0], "proxy": [10.5, 11.0], "direct": [10.0, 11.0]}}],
           tmp_path / "b1.png")
@@ -35,8 +38,10 @@ def test_streams_report_states_the_gap_to_the_plain_proxy(tmp_path):
     medians = {"direct": path(50.0, 300.0), "proxy": path(52.0, 298.0), "gateway": path(60.5, 290.0)}
     level = {"concurrency": 4, "medians": medians, "ttft_p50_over_proxy_ms": 8.5, "tokens_s_vs_proxy": 0.973,
              "rounds": {p: {k: [v, v] for k, v in m.items()} for p, m in medians.items()}}
-    result = {"model": "m", "input_len": 60, "output_len": 64, "prompts": 100, "rounds": 2, "levels": [level]}
+    result = {"model": "m", "input_len": 60, "output_len": 64, "prompts": 100, "rounds": 2, "levels": [level],
+              "layout": "core", "verdict": {"tokens_s_vs_proxy": True, "ttft_p50_over_proxy_ms": False}}
     text = streams_markdown(result)
+    assert "| tokens_s_vs_proxy >= 0.97 | 0.973 | met |" in text and "| ttft_p50_over_proxy_ms <= 5 | 8.5 | **missed** |" in text
     assert "| 4 | +8.5 | 0.973 |" in text and "| 4 | gateway | 60.5 | 121.0 | 20.0 | 40.0 | 290.0 |" in text
     assert plot(result, tmp_path / "b1s.png").stat().st_size > 10_000
     assert "LiteLLM's proxy was not measured" in text
@@ -44,6 +49,9 @@ def test_streams_report_states_the_gap_to_the_plain_proxy(tmp_path):
     medians["litellm"] = path(70.0, 250.0)
     level |= {"ttft_p50_over_litellm_ms": -9.5, "tokens_s_vs_litellm": 1.16,
               "rounds": {p: {k: [v, v] for k, v in m.items()} for p, m in medians.items()}}
-    text = streams_markdown(result | {"litellm": "1.108.7"})
+    text = streams_markdown(result | {"litellm": "1.108.7", "layout": "served", "verdict": {
+        "tokens_s_vs_proxy": True, "ttft_p50_over_proxy_ms": True, "tokens_s_vs_litellm": True,
+        "ttft_p50_over_litellm_ms": True}})
+    assert "| tokens_s_vs_litellm > 1 | 1.16 | met |" in text and "b1s-served.png" in text
     assert "| 4 | +8.5 | 0.973 | -9.5 | 1.16 |" in text and "| 4 | litellm | 70.0 |" in text and "LiteLLM 1.108.7" in text
     assert plot(result, tmp_path / "b1s-peer.png").stat().st_size > 10_000
