@@ -42,3 +42,5 @@ ROLLOUT_REQUESTS = "rtxserve_rollout_requests_total"  # counter, by model, targe
 ANSWER_CACHE_LOOKUPS = "rtxserve_answer_cache_lookups_total"  # counter, by model, outcome: hit / miss (one per input row)
 ANSWER_CACHE_EVICTIONS = "rtxserve_answer_cache_evictions_total"  # counter, by model: rows dropped to stay within bytes
 ANSWER_CACHE_BYTES = "rtxserve_answer_cache_bytes"  # gauge, by model: bytes kept (the sum over the workers)
+# The keeper of a `serve up` box (deploy/keeper.py): servers it started again after they died, read from its file
+SERVER_RESTARTS = "rtxserve_server_restarts_total"  # counter, by server, outcome: ok (answered ready) / failed

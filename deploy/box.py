@@ -18,9 +18,10 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -58,7 +59,7 @@ class Running:
     started: float  # the process's create time: a pid reused by another program is not ours
     url: str  # its readiness URL
     log: str
-    fingerprint: str = ""  # what it was started as (_fingerprint); "" in a state file written before it was recorded
+    fingerprint: str = ""  # what it was started as (_fingerprints); "" in a state file written before it was recorded
 
 
 def run_dir(name: str, root: Path | None = None) -> Path:
@@ -134,6 +135,10 @@ def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_
                          ready_url=f"http://{ready_host}:{service.port}{service.ready_path}")
 
 
+class BoxBusy(DeploymentError):
+    """Another `up` or `down` of the deployment (or its keeper's restart) holds it."""
+
+
 @contextlib.contextmanager
 def _locked(run: Path, name: str):
     """One `up` or `down` of a deployment at a time."""
@@ -142,7 +147,7 @@ def _locked(run: Path, name: str):
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise DeploymentError(f"another `serve up` or `serve down` of {name} is running; wait for it") from None
+            raise BoxBusy(f"another `serve up` or `serve down` of {name} is running; wait for it") from None
         yield
 
 
@@ -160,10 +165,17 @@ def _triton_install(d: Deployment, envs: dict[str, Path], tritonserver: Path | N
         raise DeploymentError(str(exc)) from None
 
 
+RESTART_POLICIES = ("on-failure", "no")  # docker's names: a dead server started again by the box's keeper, or not
+
+
 def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None = None, timeout_s: float = 600,
-       tritonserver: Path | None = None, backend_directory: Path | None = None, log=print) -> Path:
+       tritonserver: Path | None = None, backend_directory: Path | None = None, restart: str = "on-failure",
+       only: frozenset[str] | None = None, log=print) -> Path:
     """Start the deployment; returns its run folder. Raises DeploymentError / ServerStartError (having stopped
-    whatever it had started)."""
+    whatever it had started). `restart` on-failure: the box's keeper (deploy/keeper.py) starts a server that dies
+    again. `only`: of the servers that do not run, start only these (the keeper's restart of one server)."""
+    if restart not in RESTART_POLICIES:
+        raise DeploymentError(f"restart policy {restart!r}: use one of {', '.join(RESTART_POLICIES)}")
     envs = {TRITON: env_dir(TRITON), VLLM: env_dir(VLLM)} | (envs or {})
     run = run_dir(d.name, root).resolve()
     with _locked(run, d.name):
@@ -181,21 +193,29 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
         layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
                         batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
-                        retired=frozenset(promoted(run).retired))
+                        restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired))
         settings = gateway_settings(d, layout, p)
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
-        live = _running_as_planned(recorded, services, settings, log) if recorded else {}
+        fingerprints = _fingerprints(d, p, replace(layout, retired=frozenset()), envs["vllm"])
+        live = _running_as_planned(recorded, fingerprints, log) if recorded else {}
         check_ports(d, frozenset(m.pid for r in live.values() for m in _members(r)))
         if d.encoders and not any(s.kind == "triton" and s.name in live for s in services):
             assemble_repository(d, p, run / "model_repository")
         if "gateway" not in live:
             (run / "gateway.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
+        # `only`: the dead servers not started this time stay recorded (status shows them gone; the keeper's next)
+        dead = [r for r in recorded["servers"] if r["name"] not in live] if recorded and only is not None else []
+        waiting = [r for r in dead if r["name"] not in only]
         state = {"name": d.name, "deployment": str(d.base_dir), "file": str(d.file) if d.file else None,
-                 "started": recorded["started"] if live else time.time(), "servers": list(live.values())}
+                 "started": recorded["started"] if live else time.time(), "servers": [*live.values(), *waiting],
+                 "up": {"envs": {k: str(v) for k, v in envs.items()}, "timeout_s": timeout_s, "restart": restart,
+                        "tritonserver": tritonserver and str(tritonserver),
+                        "backend_directory": backend_directory and str(backend_directory)},
+                 "keeper": (recorded or {}).get("keeper")}
         started: list[dict] = []
         try:
             for service in services:
-                if service.name in live:
+                if service.name in live or (only is not None and service.name not in only):
                     continue
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
                 host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
@@ -206,35 +226,41 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                     if process.process is not None:
                         started.append(asdict(Running(service.name, service.kind, process.process.pid,
                                                       _create_time(process.process.pid), process.ready_url,
-                                                      str(process.log_path), _fingerprint(service, settings))))
-                        state["servers"] = _in_order(services, [*live.values(), *started])
+                                                      str(process.log_path), fingerprints[service.name])))
+                        state["servers"] = _in_order(services, [*live.values(), *waiting, *started])
                         _write_state(run, state)
         except BaseException:
             _stop_all(started, grace_s=15, log=log)  # what this `up` started; what ran before it runs on
-            state["servers"] = list(live.values())
-            _write_state(run, state) if live else (run / "state.json").unlink(missing_ok=True)
+            state["servers"] = _in_order(services, [*live.values(), *dead])
+            _write_state(run, state) if state["servers"] else (run / "state.json").unlink(missing_ok=True)
             raise
+        if restart == "on-failure" and d.file is not None:
+            state["keeper"] = _start_keeper(run, state.get("keeper"), log)
+        elif state.get("keeper"):
+            _stop_keeper(state, log)
+        _write_state(run, state)
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}" + (
         f" ({len(started)} server(s) started, {len(live)} already running)" if live else ""))
     return run
 
 
-def _fingerprint(service: Service, settings: dict) -> str:
-    """What a server was started as (its arguments, environment and port; the gateway: its settings too): a server
-    running as another fingerprint was started from another deployment file."""
+def _fingerprints(d: Deployment, p, layout: Layout, vllm_env: Path) -> dict[str, str]:
+    """What each server is started as from the deployment file (its arguments, environment and port; the gateway: its
+    settings too), promotions aside (`layout` without their retired models: a promotion changes a running box, not its
+    file): a server running as another fingerprint was started from another deployment file."""
     import hashlib
 
-    what = {"args": service.args, "env": service.env, "port": service.port} | (
-        {"settings": settings} if service.kind == "gateway" else {})
-    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    settings = gateway_settings(d, layout, p)
+    return {s.name: hashlib.sha256(json.dumps({"args": s.args, "env": s.env, "port": s.port} | (
+        {"settings": settings} if s.kind == "gateway" else {}), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        for s in build_services(d, p, layout, vllm_env=vllm_env)}
 
 
-def _running_as_planned(recorded: dict, services: list[Service], settings: dict, log) -> dict[str, dict]:
+def _running_as_planned(recorded: dict, fingerprints: dict[str, str], log) -> dict[str, dict]:
     """The servers of an earlier `up` that still run (by name), as `docker compose up -d` finds them: each left as it
     is where it runs as the deployment plans it. A server whose process died while its children live on (vLLM's engine
     core, Triton's stubs) is stopped, to be started again. Raises DeploymentError where one runs as another file
     planned it (changed since): `serve down` first, or restore the file."""
-    planned = {s.name: s for s in services}
     live, changed = {}, []
     for r in recorded["servers"]:
         members = _members(r)
@@ -243,7 +269,7 @@ def _running_as_planned(recorded: dict, services: list[Service], settings: dict,
         if not any(p.pid == r["pid"] for p in members):
             log(f"{r['name']}: its main process is gone; stopping what is left of it")
             _stop_all([r], grace_s=15, log=log)
-        elif r["name"] not in planned or r.get("fingerprint", "") not in ("", _fingerprint(planned[r["name"]], settings)):
+        elif r["name"] not in fingerprints or r.get("fingerprint", "") not in ("", fingerprints[r["name"]]):
             changed.append(r["name"])
         else:
             live[r["name"]] = r
@@ -318,6 +344,54 @@ def _members(r: dict) -> list[psutil.Process]:
 
 
 ROLLOUT_FILE = "rollout.json"
+RESTARTS_FILE = "restarts.json"  # the keeper's count of each server's restarts (deploy/keeper.py)
+
+
+def keeper_alive(keeper: dict | None) -> psutil.Process | None:
+    """The box's keeper process, where the one recorded still runs (a reused pid is not it)."""
+    if not keeper:
+        return None
+    try:
+        process = psutil.Process(keeper["pid"])
+        return process if abs(process.create_time() - keeper["started"]) < 1 and process.is_running() \
+            and process.status() != psutil.STATUS_ZOMBIE else None
+    except psutil.Error:
+        return None
+
+
+def _start_keeper(run: Path, recorded: dict | None, log) -> dict:
+    """The keeper of the box that runs from `run` (deploy/keeper.py): the one recorded where it still runs, else a new
+    one."""
+    if keeper_alive(recorded) is not None:
+        return recorded
+    (run / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run / "logs" / "keeper.log", "ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "deploy.keeper", str(run)], stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    log(f"keeper started: a server that dies is started again (pid {process.pid}, log: {run / 'logs' / 'keeper.log'})")
+    return {"pid": process.pid, "started": psutil.Process(process.pid).create_time()}
+
+
+def _stop_keeper(state: dict, log) -> None:
+    """The keeper stops first (down, or an up with restart no): it must not start what is being stopped."""
+    process = keeper_alive(state.get("keeper"))
+    if process is not None:
+        log(f"stopping the keeper (pid {process.pid})")
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+        _, left = psutil.wait_procs([process], timeout=10)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    state["keeper"] = None
+
+
+def restarts(run: Path) -> dict[str, dict]:
+    """What the keeper counted of each server: restarts, failures, its last error and next try."""
+    try:
+        return json.loads((Path(run) / RESTARTS_FILE).read_text()).get("servers", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def promoted(run: Path):
@@ -335,6 +409,7 @@ def status(run: Path) -> list[dict]:
     """Each server of the run: name, kind, pid, whether its process lives, what its readiness URL says, and (the
     gateway) the residency of each on-demand model."""
     out = []
+    counted = restarts(run)
     with httpx.Client(timeout=2.0) as client:
         for r in read_state(run)["servers"]:
             members = _members(r)
@@ -350,7 +425,7 @@ def status(run: Path) -> list[dict]:
                     ready = ready if ready != "-" else type(exc).__name__
             rss = sum(_rss(p) for p in members)
             out.append({**r, "alive": alive, "ready": ready, "processes": len(members), "rss_gib": rss / 1024**3,
-                        "on_demand": on_demand})
+                        "on_demand": on_demand, "restarts": counted.get(r["name"], {}).get("restarts", 0)})
     return out
 
 
@@ -389,7 +464,9 @@ def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
     """Stop every server of the run, the gateway first; returns what was left (nothing, unless it resisted SIGKILL)."""
     run = Path(run)
     state = read_state(run)
+    _stop_keeper(state, log)  # before the lock, which a keeper in the middle of a restart holds
     with _locked(run, state["name"]):
+        state = read_state(run)  # as the keeper left it
         _stop_all(state["servers"], grace_s=grace_s, log=log)
         left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _members(r)]
         if not left:

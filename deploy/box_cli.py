@@ -10,7 +10,7 @@ from pathlib import Path
 from core.envs import TRITON, VLLM, env_dir
 from serve.launcher import ServerStartError
 
-from .box import down, promoted, run_dir, running, state_dir, status, up
+from .box import RESTART_POLICIES, down, keeper_alive, promoted, read_state, restarts, run_dir, running, state_dir, status, up
 from .spec import DeploymentError, load_deployment
 
 
@@ -19,7 +19,7 @@ def _up(args) -> int:
         deployment = load_deployment(args.deployment)
         run = up(deployment, root=args.state_dir, envs={"triton": args.triton_env, "vllm": args.vllm_env},
                  timeout_s=args.start_timeout, tritonserver=args.tritonserver, backend_directory=args.backend_directory,
-                 log=lambda m: print(m, file=sys.stderr))
+                 restart=args.restart, log=lambda m: print(m, file=sys.stderr))
     except ServerStartError as exc:
         print(f"rtxserve serve up: error: {exc}", file=sys.stderr)
         return 1
@@ -80,18 +80,29 @@ def _status(args) -> int:
         return 3
     for run, rows in servers.items():
         print(f"{run.name} ({run})")
-        print(f"  {'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8}  ready")
+        print(f"  {'server':<28} {'kind':<8} {'pid':>8} {'process':<8} {'procs':>5} {'RSS GiB':>8} {'restarts':>8}  ready")
         for s in rows:
             print(f"  {s['name']:<28} {s['kind']:<8} {s['pid']:>8} {'alive' if s['alive'] else 'GONE':<8} "
-                  f"{s['processes']:>5} {s['rss_gib']:>8.2f}  {s['ready']} {s['url']}")
+                  f"{s['processes']:>5} {s['rss_gib']:>8.2f} {s['restarts']:>8}  {s['ready']} {s['url']}")
             by_state: dict[str, list[str]] = {}
             for model, state in s.get("on_demand", {}).items():
                 by_state.setdefault(state, []).append(model)
             if by_state:
                 print("    on demand: " + "; ".join(f"{state}: {', '.join(models)}" for state, models in sorted(by_state.items())))
-        for line in _promotions(run):
+        for line in [*_keeper(run), *_promotions(run)]:
             print("  " + line)
     return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1
+
+
+def _keeper(run: Path) -> list[str]:
+    """Whether a dead server is started again, and what the keeper last failed to start."""
+    state = read_state(run)
+    keeper = keeper_alive(state.get("keeper"))
+    lines = [f"keeper: pid {keeper.pid}, a server that dies is started again" if keeper else
+             "keeper: none (--restart no): a server that dies stays down" if state.get("up", {}).get("restart") == "no"
+             else "keeper: NOT RUNNING: `rtxserve serve up` of the same file starts it again"]
+    lines += [f"{name}: last start failed: {c['last_error']}" for name, c in restarts(run).items() if c.get("last_error")]
+    return lines
 
 
 def _promotions(run: Path) -> list[str]:
@@ -131,6 +142,9 @@ def add_commands(sub) -> None:
     u.add_argument("--tritonserver", type=Path, help="a tritonserver with the native GPU backends (the NGC image's "
                    "/opt/tritonserver/bin/tritonserver): needed for GPU entries")
     u.add_argument("--backend-directory", type=Path, help="that tritonserver's backends (default /opt/tritonserver/backends)")
+    u.add_argument("--restart", choices=RESTART_POLICIES, default="on-failure", help="on-failure: a keeper process "
+                   "starts a server that dies again, alone, with backoff (10 s doubling to 5 min while it keeps dying; "
+                   "counted in `serve status` and the gateway's /metrics); no: it stays down")
     u.add_argument("--verify", action="store_true", help="then hold every model to its reference set through the "
                    "gateway (`rtxserve eval`); exit 1 where one does not answer as it was trained")
     u.add_argument("--api-key", default=os.environ.get("RTXSERVE_API_KEY", ""), help="--verify: a gateway key that may "

@@ -51,6 +51,7 @@ class Layout:
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
     batch_dir: str | None = None  # where the gateway keeps the Batch API's files and state (None: that API is off)
     rollout_file: str | None = None  # where the gateway keeps what promotions changed (None: its memory only)
+    restarts_file: str | None = None  # where a `serve up` box's keeper counts its restarts (the gateway reports them)
     # the models a promotion on this box retired (`serve up` reads them from the rollout file): not loaded at start
     retired: frozenset[str] = frozenset()
 
@@ -109,6 +110,8 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
         settings["batch_dir"] = layout.batch_dir
     if layout.rollout_file:
         settings["rollout_file"] = layout.rollout_file
+    if layout.restarts_file:
+        settings["restarts_file"] = layout.restarts_file
     own = d.gateway.settings
     return settings | own | {"model_concurrency": settings["model_concurrency"] | own.get("model_concurrency", {})}
 

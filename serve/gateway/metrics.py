@@ -9,9 +9,11 @@ workers, set PROMETHEUS_MULTIPROC_DIR so that /metrics aggregates all of them.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from contextvars import ContextVar
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,6 +24,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily
 
 from core import metric_names
 
@@ -88,12 +91,40 @@ ANSWER_CACHE_BYTES = Gauge(metric_names.ANSWER_CACHE_BYTES, "Bytes the answer ca
 BATCHES = Counter(metric_names.BATCHES, "Batches ended, by how (completed, expired, cancelled, failed)", ("status",))
 
 
-def render() -> tuple[bytes, str]:
+def render(restarts_file: Path | None = None) -> tuple[bytes, str]:
+    """Every series of this process (of every worker, with PROMETHEUS_MULTIPROC_DIR), and the box keeper's restarts
+    where the settings name its file."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(), CONTENT_TYPE_LATEST
+        body = generate_latest(registry)
+    else:
+        body = generate_latest()
+    if restarts_file is not None:
+        registry = CollectorRegistry()
+        registry.register(Restarts(restarts_file))
+        body += generate_latest(registry)
+    return body, CONTENT_TYPE_LATEST
+
+
+class Restarts:
+    """The servers a `serve up` box's keeper (deploy/keeper.py) started again, read from its file at each scrape: the
+    keeper restarts the gateway too, so the count lives with it, not in a gateway's memory."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def collect(self):
+        family = CounterMetricFamily(metric_names.SERVER_RESTARTS, "Servers of the box started again after they died, "
+                                     "by outcome (ok: answered ready; failed: did not start)", labels=("server", "outcome"))
+        try:
+            servers = json.loads(self.path.read_text()).get("servers", {})
+        except (OSError, ValueError, AttributeError):  # no restart yet, or a file being replaced
+            servers = {}
+        for name, counts in sorted(servers.items()):
+            family.add_metric([name, "ok"], counts.get("restarts", 0))
+            family.add_metric([name, "failed"], counts.get("failures", 0))
+        yield family
 
 
 class MetricsMiddleware:

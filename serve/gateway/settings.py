@@ -172,6 +172,9 @@ class GatewaySettings(BaseSettings):
                                       "changed, the models they retired and their own state, so that every worker and "
                                       "the next start see them: a file on the gateway's own volume; none: this "
                                       "process's memory (a restart serves the settings' routes again)")
+    restarts_file: Path | None = Field(None, description="where the keeper of a `serve up` box counts the servers it "
+                                       "started again (deploy/keeper.py): /metrics reports them; none: "
+                                       "not reported")
     trace_dir: Path | None = Field(None, description="where each gateway worker writes its traffic trace "
                                    "(trace-PID.jsonl: one line per model request, sizes and times, never text; "
                                    "`rtxserve loadtest replay` sends it again); none: no trace")

@@ -123,9 +123,10 @@ def test_the_plan_set_the_instances_and_status_reports_every_server(box):
         assert status.returncode == 0, status.stdout + status.stderr
         lines = status.stdout.splitlines()
         assert lines[0] == f"box ({run})"
-        rows = lines[2:]
+        rows = lines[2:5]
         assert [r.split()[0] for r in rows] == ["triton", "vllm-tiny-llama-0", "gateway"]
         assert all(" alive " in r and " 200 " in r for r in rows)
+        assert lines[5].strip().startswith("keeper: pid ") and len(lines) == 6  # no promotion, no failed restart
 
 
 def test_an_adapter_is_added_and_removed_under_load_with_no_failed_request(deployment, box, llm_fixtures):
@@ -204,10 +205,11 @@ def _pids(runs: Path) -> dict[str, int]:
     return {s["name"]: s["pid"] for s in yaml.safe_load((runs / "box" / "state.json").read_text())["servers"]}
 
 
-def test_up_of_a_running_box_leaves_it_as_it_is_and_brings_back_a_killed_gateway_alone(deployment, box):
-    """As `docker compose up -d`: up of a box that runs changes nothing; after its gateway was killed (SIGKILL, its
-    whole group), up starts the gateway and nothing else (it refused before: the only way back was down and up, every
-    model stopped), and a changed file is refused, naming what runs as the old one planned."""
+def test_up_of_a_running_box_leaves_it_as_it_is_and_its_keeper_brings_back_a_killed_gateway_alone(deployment, box):
+    """As `docker compose up -d`: up of a box that runs changes nothing. After its gateway was killed (SIGKILL, its
+    whole group), the box's keeper starts the gateway again and nothing else (before it, the only way back was down
+    and up, every model stopped), counted in `serve status` and in the gateway's own metrics; a changed file is
+    refused, naming what runs as the old one planned."""
     path, spec, runs = deployment
     before = _pids(runs)
     again = rtxserve("serve", "up", path, state=runs, cwd=runs)  # the same deployment twice, from elsewhere
@@ -219,13 +221,22 @@ def test_up_of_a_running_box_leaves_it_as_it_is_and_brings_back_a_killed_gateway
     os.killpg(before["gateway"], signal.SIGKILL)
     _, alive = psutil.wait_procs(gateway, timeout=30)
     assert not alive
-    back = rtxserve("serve", "up", path, state=runs)
-    assert back.returncode == 0, back.stdout + back.stderr
+    deadline = time.monotonic() + 180
+    while _pids(runs).get("gateway", before["gateway"]) == before["gateway"] and time.monotonic() < deadline:
+        time.sleep(0.5)
     after = _pids(runs)
     assert after["gateway"] != before["gateway"] and {k: v for k, v in after.items() if k != "gateway"} == {
         k: v for k, v in before.items() if k != "gateway"}  # Triton and the engine never stopped
-    assert "starting gateway" in back.stderr and "1 server(s) started" in back.stderr
     assert httpx.get(f"{box[0]}/readyz", timeout=30).status_code == 200
+    keeper_log = (runs / "box" / "logs" / "keeper.log").read_text()
+    assert "gateway is gone; starting it again in 0 s" in keeper_log and "gateway started again (restart 1)" in keeper_log
+    status = rtxserve("serve", "status", "box", state=runs)
+    assert status.returncode == 0, status.stdout + status.stderr
+    row = next(line.split() for line in status.stdout.splitlines() if line.split()[:2] == ["gateway", "gateway"])
+    assert row[2] == str(after["gateway"]) and row[6] == "1", status.stdout  # pid ... RSS GiB, restarts
+    assert "keeper: pid" in status.stdout
+    metrics = httpx.get(f"{box[0]}/metrics", timeout=30).text
+    assert 'rtxserve_server_restarts_total{outcome="ok",server="gateway"} 1.0' in metrics
     changed = yaml.safe_load(path.read_text())
     changed["gateway"]["settings"]["max_tokens"] = 32
     (path.parent / "changed.yaml").write_text(yaml.safe_dump(changed))
@@ -240,8 +251,10 @@ def test_down_leaves_no_process_behind(deployment, box):
     groups = {s["pid"] for s in state["servers"]}
     members = [p for p in psutil.process_iter() if _pgid(p) in groups]
     assert len(members) >= 5  # tritonserver and its python stubs, vLLM's processes, the gateway
+    members.append(psutil.Process(state["keeper"]["pid"]))  # stopped first: nothing is started again
     down = rtxserve("serve", "down", path, state=runs)
     assert down.returncode == 0, down.stderr
+    assert down.stderr.index("stopping the keeper") < down.stderr.index("stopping gateway")
     gone, alive = psutil.wait_procs(members, timeout=1)
     assert not alive, alive
     assert rtxserve("serve", "status", "box", state=runs).returncode == 3  # nothing runs

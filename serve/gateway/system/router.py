@@ -39,8 +39,8 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @probes.get("/metrics", response_class=PlainTextResponse)
-async def prometheus() -> Response:
-    body, content_type = metrics.render()
+async def prometheus(request: Request) -> Response:
+    body, content_type = metrics.render(request.app.state.gateway.settings.restarts_file)
     return Response(body, media_type=content_type)
 
 
