@@ -31,6 +31,13 @@ def _gpus(ids: list[int]) -> dict:
         {"driver": "nvidia", "device_ids": [str(i) for i in ids], "capabilities": ["gpu"]}]}}}
 
 
+def _gateway_after(engines: list[Service]) -> dict:
+    """The gateway starts after every engine is healthy and each on-demand one asleep: with the box as its residency
+    begins (every on-demand model unloaded), not beside a one-shot still putting one to sleep."""
+    return {f"{e.name}-asleep" if e.sleep_level else e.name:
+            {"condition": "service_completed_successfully" if e.sleep_level else "service_healthy"} for e in engines}
+
+
 def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
     # No top-level `name` and no `restart` under depends_on: Compose v2's, which docker-compose 1.29 (Debian's)
     # refuses; the project is named by compose/.env (COMPOSE_PROJECT_NAME), which both read.
@@ -86,7 +93,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                                            "RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"},
                    "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
-                   "depends_on": {e.name: {"condition": "service_healthy"} for e in engines},
+                   "depends_on": _gateway_after(engines),
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
                 svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]

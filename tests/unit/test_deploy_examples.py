@@ -624,6 +624,8 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     assert services[f"{a}-asleep"]["command"][-2:] == ["--then-sleep", "1"]
     assert services[b]["depends_on"] == {"triton": {"condition": "service_healthy"},
                                          f"{a}-asleep": {"condition": "service_completed_successfully"}}
+    assert services["gateway"]["depends_on"] == {"triton": {"condition": "service_healthy"}} | {
+        f"{e}-asleep": {"condition": "service_completed_successfully"} for e in (a, b)}  # starts once both sleep
     settings = yaml.safe_load((out / "gateway.yaml").read_text())
     assert settings["engine_control"] == {settings["on_demand"][n]["engine"]: settings["on_demand"][n]["engine"]
                                           for n in ("variant-a", "variant-b")}  # vLLM's own sleep API
