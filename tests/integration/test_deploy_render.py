@@ -136,6 +136,13 @@ def test_systemd_units_pass_systemd_analyze(rendered, tmp_path):
     out, _ = rendered
     root = tmp_path / "root"
     shutil.copytree("/usr/lib/systemd/system", root / "usr" / "lib" / "systemd" / "system", symlinks=True)
+    # the GPU Triton runs in Docker, which a box has (Debian's docker.io) and this machine may not: its unit as installed
+    docker = root / "usr" / "lib" / "systemd" / "system" / "docker.service"
+    if not docker.exists():
+        docker.write_text("[Unit]\nDescription=Docker Application Container Engine\n[Service]\nExecStart=/usr/bin/dockerd\n")
+        (root / "usr" / "bin").mkdir(parents=True, exist_ok=True)
+        (root / "usr" / "bin" / "dockerd").write_text("#!/bin/sh\n")
+        (root / "usr" / "bin" / "dockerd").chmod(0o755)
     installed = root / "etc" / "systemd" / "system"
     installed.mkdir(parents=True)
     names = []
@@ -144,7 +151,7 @@ def test_systemd_units_pass_systemd_analyze(rendered, tmp_path):
         names.append(unit.name)
         for line in unit.read_text().splitlines():
             if line.startswith(("ExecStart=", "ExecStartPre=", "ExecStartPost=")):
-                program = root / line.split("=", 1)[1].split()[0].lstrip("/")
+                program = root / line.split("=", 1)[1].split()[0].lstrip("-@:+!").lstrip("/")  # systemd's prefixes
                 program.parent.mkdir(parents=True, exist_ok=True)
                 program.write_text("#!/bin/sh\n")
                 program.chmod(0o755)
