@@ -28,7 +28,8 @@ import yaml
 from core import metric_names
 from core.machine import machine
 
-from .gateway import closed_loop, cpu_seconds, latency_summary
+from .gateway import closed_loop, latency_summary
+from .profile import cpu_seconds
 from .record import Benchmark, Files, Progress
 
 # entry name -> its deployment fields

@@ -26,8 +26,10 @@ import numpy as np
 import psutil
 
 from core.machine import machine
+from core.metric_names import OVERHEAD_HEADER
 
 from . import streams as b1s
+from .profile import cpu_seconds, run_queue_seconds
 from .proxy import nginx_version, path_table, plain_proxy
 from .record import Benchmark, Files, Progress
 
@@ -40,19 +42,6 @@ PROFILE_PLOT = "b1-profile.png"
 FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, *map(b1s.plot_name, b1s.LAYOUTS)))
 # issue 53's targets at the highest concurrency, against nginx on the same box: (figure, op, value)
 TARGETS = (("qps_vs_proxy", ">=", 0.95), ("p50_added_ms", "<=", 1.0), ("cpu_ms_per_request", "<=", 0.3))
-
-
-def cpu_seconds(pid: int, *, children: bool = True) -> float:
-    """The user and system CPU seconds of `pid`, and of its live children unless told not to (a bench's own process,
-    whose children are the servers it measures)."""
-    process = psutil.Process(pid)
-    total = sum(process.cpu_times()[:2])
-    for child in process.children(recursive=True) if children else ():
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 async def closed_loop(request, concurrency: int, duration_s: float) -> tuple[list[float], int, float]:
@@ -86,10 +75,15 @@ def latency_summary(latencies: list[float], errors: int, seconds: float) -> dict
             "qps": round(len(latencies) / seconds, 1), "requests": len(latencies), "errors": errors}
 
 
-def _classify(client: httpx.AsyncClient, url: str):
-    """One classify request through the gateway at `url`, as a closed loop sends it: whether it was answered."""
+def _classify(client: httpx.AsyncClient, url: str, overheads: list[float] | None = None):
+    """One classify request through the gateway at `url`, as a closed loop sends it: whether it was answered. With
+    `overheads`, each answer's own account of the gateway's time (its x-rtxserve-overhead-ms: from the moment its app
+    had the request to its answer's start, less the backend's time) goes there."""
     async def request() -> bool:
-        return (await client.post(f"{url}/v1/classify", json={"model": MODEL, "input": TEXT})).status_code == 200
+        response = await client.post(f"{url}/v1/classify", json={"model": MODEL, "input": TEXT})
+        if overheads is not None and OVERHEAD_HEADER in response.headers:
+            overheads.append(float(response.headers[OVERHEAD_HEADER]))
+        return response.status_code == 200
     return request
 
 
@@ -110,6 +104,13 @@ async def _profile(url: str, pid: int, concurrency: int, seconds: float, out: Pa
                 **profile.summarize(stacks)}
 
 
+def _idle_pct(before, after) -> float:
+    """The share of the box's CPU time that went unused between two psutil.cpu_times(): where a closed loop's QPS is
+    lost to latency rather than to CPU."""
+    total = sum(after) - sum(before)
+    return round(100 * (after.idle + after.iowait - before.idle - before.iowait) / total, 1) if total > 0 else 0.0
+
+
 async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, duration_s: float, concurrency: int,
                    progress) -> dict:
     """`urls`: direct (Triton's HTTP), proxy and gateway; `pids`: the processes whose CPU is counted per request."""
@@ -122,7 +123,9 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
                 return (await client.post(f"{url}/v2/models/{MODEL}/infer", json=direct_body)).status_code == 200
             return request
 
-        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]), "gateway": _classify(client, urls["gateway"]),
+        overheads: list[float] = []
+        targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]),
+                   "gateway": _classify(client, urls["gateway"], overheads),
                    **({"gateway traced": _classify(client, urls["gateway traced"])} if "gateway traced" in urls else {})}
         for request in targets.values():  # warm up every path (connections, Triton instances)
             await closed_loop(request, concurrency, 2.0)
@@ -132,11 +135,20 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
         for i in range(rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:  # each path first in turn
                 cpu_before = cpu_seconds(pids[name]) if name in pids else 0.0
+                queued_before = run_queue_seconds(pids[name]) if name in pids else 0.0
+                overheads.clear()
+                box_before = psutil.cpu_times()
                 latencies, errors, seconds = await closed_loop(targets[name], concurrency, duration_s)
                 summary = latency_summary(latencies, errors, seconds)
+                summary["box_idle_pct"] = _idle_pct(box_before, psutil.cpu_times())
                 if name in pids:
-                    summary["cpu_ms_per_request"] = round(
-                        (cpu_seconds(pids[name]) - cpu_before) * 1000 / max(1, len(latencies) + errors), 3)
+                    served = max(1, len(latencies) + errors)
+                    summary["cpu_ms_per_request"] = round((cpu_seconds(pids[name]) - cpu_before) * 1000 / served, 3)
+                    # the time its threads were runnable but waited for a core (the kernel's schedstat)
+                    summary["run_queue_ms_per_request"] = round(
+                        (run_queue_seconds(pids[name]) - queued_before) * 1000 / served, 3)
+                if name == "gateway" and overheads:
+                    summary["own_ms_p50"] = round(float(np.percentile(overheads, 50)), 3)
                 per_round[name].append(summary)
                 samples[name] += latencies
                 progress(f"round {i + 1}/{rounds}, {concurrency} in flight, {name}: P50 {summary['p50_ms']} ms, "
@@ -219,7 +231,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
         result["profile"] = profiled
     if streams:
         result["streams"] = [b1s.run(out / f"streams-{layout}", rounds=rounds, concurrency=streams,
-                                     prompts=stream_prompts, layout=layout, progress=progress)
+                                     prompts=stream_prompts, layout=layout, profile_s=profile_s, progress=progress)
                              for layout in stream_layouts]
         for layouts in result["streams"]:
             b1s.plot(layouts, out / b1s.plot_name(layouts["layout"]))
@@ -258,7 +270,10 @@ def markdown(result: dict) -> str:
              f"![latency distributions direct, through nginx and through the gateway]({PLOT})", "",
              *path_table(result["levels"], "in flight", [("P50 ms", "p50_ms"), ("P90 ms", "p90_ms"), ("P99 ms", "p99_ms"),
                                                          ("P99.9 ms", "p99.9_ms"), ("QPS", "qps"), ("errors", "errors"),
-                                                         ("CPU-ms / request", "cpu_ms_per_request")])]
+                                                         ("CPU-ms / request", "cpu_ms_per_request"),
+                                                         ("ms / request waiting for a core", "run_queue_ms_per_request"),
+                                                         ("own time P50 ms", "own_ms_p50"),
+                                                         ("box CPU idle %", "box_idle_pct")])]
     lines += ["", "| in flight | P99 gateway / direct (target <= 1.25 at 8) | QPS gateway / direct (target >= 0.85 at 8) | "
               "P50 added ms, gateway / proxy | CPU-ms / request, gateway (target <= 0.6 at 8) / proxy |",
               "|---|---|---|---|---|"]
@@ -267,6 +282,10 @@ def markdown(result: dict) -> str:
         lines.append(f"| {level['concurrency']} | {level['p99_ratio']} | {level['qps_ratio']} | "
                      f"{level['p50_added_ms']} / {level['proxy_p50_added_ms']} | "
                      f"{m['gateway']['cpu_ms_per_request']} / {m['proxy']['cpu_ms_per_request']} |")
+    lines += ["", "Where a request's added time goes: a front end's CPU-ms, and the milliseconds its threads were runnable "
+              "but waited for a core (the kernel's schedstat, over the run, per request); the gateway's own time is its "
+              "x-rtxserve-overhead-ms (from the moment its app has the request to its answer's start, less the backend "
+              "call): what is left of the P50 added is the sockets, the HTTP server and the event loop's queue."]
     if "verdict" in result:
         top = result["levels"][-1]
         lines += ["", f"| target ({top['concurrency']} in flight; proxy: nginx on the same box) | measured | verdict |",

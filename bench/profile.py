@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import psutil
+
 OWN = "serve/gateway/"
 # (part, path prefixes of the frames it owns), first match wins; a frame's path is as py-spy prints it (relative to
 # sys.path: "asyncio/events.py", "serve/gateway/hotpath.py")
@@ -23,11 +25,43 @@ PARTS = (
     ("HTTP server (uvicorn, httptools, h11)", ("uvicorn/", "httptools/", "h11/")),
     ("ASGI framework (starlette, fastapi)", ("starlette/", "fastapi/")),
     ("gRPC client (grpc.aio)", ("grpc/", "grpc_")),
+    ("HTTP client (aiohttp)", ("aiohttp/", "yarl/", "multidict/")),
     ("Triton client and tensors (tritonclient, numpy)", ("tritonclient/", "numpy/")),
     ("validation and JSON (pydantic, json)", ("pydantic/", "pydantic_core/", "json/", "orjson")),
     ("metrics and logging (prometheus_client, logging)", ("prometheus_client/", "logging/", "opentelemetry/")),
 )
 OTHER = "other"
+
+
+def cpu_seconds(pid: int, *, children: bool = True) -> float:
+    """The user and system CPU seconds of `pid`, and of its live children unless told not to (a bench's own process,
+    whose children are the servers it measures)."""
+    process = psutil.Process(pid)
+    total = sum(process.cpu_times()[:2])
+    for child in process.children(recursive=True) if children else ():
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run_queue_seconds(pid: int) -> float:
+    """The seconds the threads of `pid` and of its live children spent runnable but waiting for a core (the second
+    field of each thread's /proc schedstat): on a box whose cores are all busy, what a server's wakeups wait for the
+    scheduler beside the CPU it then uses. 0 where the kernel keeps no schedstat."""
+    total = 0.0
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for process in processes:
+        for stat in Path(f"/proc/{process.pid}/task").glob("*/schedstat"):
+            try:
+                total += int(stat.read_text().split()[1]) / 1e9
+            except (OSError, IndexError, ValueError):
+                pass
+    return total
 
 
 def _path(frame: str) -> str:

@@ -47,12 +47,15 @@ def plot_name(layout: str) -> str:
 
 
 def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), prompts: int = 300, input_len: int = 60,
-        output_len: int = 64, layout: str = "core", progress=print) -> dict:
+        output_len: int = 64, layout: str = "core", profile_s: float = 0.0, progress=print) -> dict:
+    """Each path's figures over the rounds, its front end's CPU per 1,000 tokens (nginx's, the gateway's, LiteLLM's)
+    and, with `profile_s`, where the gateway's CPU goes while it relays streams at the highest concurrency."""
     from fixture_models.llm import write_llm
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
     from .accuracy import RandomWorkload, vllm_bench_serve
+    from .profile import cpu_seconds
     from .proxy import litellm_proxy, plain_proxy
 
     model = write_llm(out / "tiny-llama")  # a fast backend: what the gateway adds shows most
@@ -65,24 +68,30 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
         stack.callback(vllm.stop)
         gateway, via_gateway = start_gateway("", out, vllm_url=direct)
         stack.callback(gateway.stop)
-        proxy, _ = stack.enter_context(plain_proxy(direct.removeprefix("http://"), Path(stack.enter_context(
+        proxy, proxy_pid = stack.enter_context(plain_proxy(direct.removeprefix("http://"), Path(stack.enter_context(
             tempfile.TemporaryDirectory())), "/v1/models"))
         urls = {"direct": direct, "proxy": proxy, "gateway": via_gateway}
+        pids = {"proxy": proxy_pid, "gateway": gateway.process.pid}  # the front ends whose CPU is counted
         if LITELLM.exists():
-            urls["litellm"], _ = stack.enter_context(litellm_proxy(direct, SERVED, out / "litellm"))
+            urls["litellm"], pids["litellm"] = stack.enter_context(litellm_proxy(direct, SERVED, out / "litellm"))
         paths = tuple(urls)
         for c in concurrency:
-            figures: dict[str, dict[str, list[float]]] = {p: {k: [] for k in (*FIGURES, "output_tokens_s")}
-                                                          for p in paths}
+            figures: dict[str, dict[str, list[float]]] = {
+                p: {k: [] for k in (*FIGURES, "output_tokens_s", *(["cpu_ms_per_1k_tokens"] if p in pids else []))}
+                for p in paths}
             for r in range(rounds):
                 for path in paths[r % len(paths):] + paths[:r % len(paths)]:  # each path first in turn
-                    before = _engine_tokens(direct)
+                    before, cpu_before = _engine_tokens(direct), cpu_seconds(pids[path]) if path in pids else 0.0
                     result = vllm_bench_serve(urls[path], SERVED, model, out / f"c{c}-round-{r + 1}" / path,
                                               RandomWorkload(prompts, c, input_len, output_len, seed=r),
                                               metrics="ttft,itl", failures_ok=True)
+                    tokens = _engine_tokens(direct) - before
                     for k, key in FIGURES.items():
                         figures[path][k].append(float(result[key]))
-                    figures[path]["output_tokens_s"].append((_engine_tokens(direct) - before) / result["duration"])
+                    figures[path]["output_tokens_s"].append(tokens / result["duration"])
+                    if path in pids:  # its CPU over the whole run (vllm bench serve's start included: idle)
+                        figures[path]["cpu_ms_per_1k_tokens"].append(
+                            (cpu_seconds(pids[path]) - cpu_before) * 1e6 / max(tokens, 1))
                     progress(f"streams, {c} concurrent, round {r + 1}/{rounds}, {path}: TTFT P50 "
                              f"{result['median_ttft_ms']:.1f} ms, {figures[path]['output_tokens_s'][-1]:.0f} tokens/s")
             medians = {p: {k: round(statistics.median(v), 2) for k, v in f.items()} for p, f in figures.items()}
@@ -91,13 +100,60 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                               for p in ("proxy", "litellm") if p in medians},
                            **{f"tokens_s_vs_{p}": round(medians["gateway"]["output_tokens_s"] / medians[p]["output_tokens_s"], 3)
                               for p in ("proxy", "litellm") if p in medians}})
+        profiled = {}
+        if profile_s:
+            progress(f"profiling the gateway's streams at {max(concurrency)} concurrent for {profile_s:g} s (py-spy)")
+            try:
+                profiled = _profile(via_gateway, gateway.process.pid, max(concurrency), output_len, profile_s,
+                                    out / "b1s-profile.raw")
+            except RuntimeError as exc:  # no py-spy, or no ptrace here: the page says so, the figures stand
+                profiled = {"error": str(exc)}
     from .proxy import litellm_version
 
     top = levels[-1]
     verdict = {key: met(top[key], op, value) for key, op, value in TARGETS[layout] if key in top}
     return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "layout": layout, "vllm_layout": LAYOUTS[layout],
             "rounds": rounds, "prompts": prompts, "input_len": input_len, "output_len": output_len,
-            "litellm": litellm_version(), "levels": levels, "verdict": verdict}
+            "litellm": litellm_version(), "levels": levels, "verdict": verdict, **({"profile": profiled} if profiled else {})}
+
+
+def _profile(url: str, pid: int, concurrency: int, output_len: int, seconds: float, raw: Path) -> dict:
+    """The gateway relaying `concurrency` streamed completions at a time (a closed loop of httpx streams, started before
+    the sampling so that it sees only the relay), sampled by py-spy for `seconds`: where its CPU goes per stream."""
+    import asyncio
+
+    import httpx
+
+    from . import profile
+
+    async def load(until: float) -> int:
+        body = {"model": SERVED, "prompt": "the order arrived on tuesday and", "max_tokens": output_len,
+                "ignore_eos": True, "stream": True}
+        done = 0
+
+        async def one(client: httpx.AsyncClient) -> None:
+            nonlocal done
+            while asyncio.get_running_loop().time() < until:
+                async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                    async for _ in response.aiter_raw():
+                        pass
+                done += 1
+
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
+            await asyncio.gather(*(one(client) for _ in range(concurrency)))
+        return done
+
+    async def measured() -> int:
+        start = asyncio.get_running_loop().time()
+        task = asyncio.create_task(load(start + seconds + 4))
+        await asyncio.sleep(2)  # streams under way
+        with profile.recording(pid, seconds, raw):
+            await asyncio.sleep(seconds)
+        return await task
+
+    streams = asyncio.run(measured())
+    with open(raw) as stacks:
+        return {"concurrency": concurrency, "seconds": seconds, "streams": streams, **profile.summarize(stacks)}
 
 
 def met(value: float, op: str, target: float) -> bool:
@@ -125,7 +181,8 @@ def markdown(result: dict) -> str:
              *path_table(result["levels"], "concurrent", [("TTFT P50 ms", "ttft_p50_ms"), ("TTFT P99 ms", "ttft_p99_ms"),
                                                           ("ITL P50 ms", "itl_p50_ms"), ("ITL P99 ms", "itl_p99_ms"),
                                                           ("output tokens/s", "output_tokens_s"),
-                                                          ("failed requests", "failed")])]
+                                                          ("failed requests", "failed"),
+                                                          ("front end CPU-ms / 1k tokens", "cpu_ms_per_1k_tokens")])]
     peer = "tokens_s_vs_litellm" in result["levels"][0]
     lines += ["", "| concurrent | TTFT P50 ms, gateway - proxy | tokens/s, gateway / proxy |"
               + (" TTFT P50, gateway - LiteLLM | tokens/s, gateway / LiteLLM (above 1: ahead) |" if peer else ""),
@@ -141,6 +198,14 @@ def markdown(result: dict) -> str:
                   "verdict |", "|---|---|---|"]
         lines += [f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} |"
                   for key, op, value in TARGETS[result["layout"]] if key in result["verdict"]]
+    profiled = result.get("profile", {})
+    if "parts" in profiled:
+        from . import profile
+
+        lines += ["", *profile.markdown(profiled, f"relaying {profiled['concurrency']} streams at a time, "
+                                        f"{profiled['seconds']:g} s, {profiled['streams']} streams")]
+    elif profiled:
+        lines += ["", f"The gateway was not profiled: {profiled['error']}"]
     return "\n".join(lines) + "\n"
 
 

@@ -53,5 +53,12 @@ def test_streams_report_states_the_gap_to_the_plain_proxy(tmp_path):
         "tokens_s_vs_proxy": True, "ttft_p50_over_proxy_ms": True, "tokens_s_vs_litellm": True,
         "ttft_p50_over_litellm_ms": True}})
     assert "| tokens_s_vs_litellm > 1 | 1.16 | met |" in text and "b1s-served.png" in text
+    # each front end's CPU per 1,000 tokens, and where the gateway's went
+    medians["gateway"]["cpu_ms_per_1k_tokens"] = 41.5
+    profiled = {"concurrency": 4, "seconds": 10, "streams": 80, "samples": 900, "parts": {"HTTP client (aiohttp)": 30.0},
+                "under_own_files": {"serve/gateway/backends/vllm.py": 20.0}, "top": [("f (x.py:1)", 5.0)]}
+    text = streams_markdown(result | {"litellm": "1.108.7", "profile": profiled})
+    assert "| 4 | gateway | 60.5 | 121.0 | 20.0 | 40.0 | 290.0 |  | 41.5 |" in text
+    assert "relaying 4 streams at a time, 10 s, 80 streams" in text and "| HTTP client (aiohttp) | 30.0 % |" in text
     assert "| 4 | +8.5 | 0.973 | -9.5 | 1.16 |" in text and "| 4 | litellm | 70.0 |" in text and "LiteLLM 1.108.7" in text
     assert plot(result, tmp_path / "b1s-peer.png").stat().st_size > 10_000
