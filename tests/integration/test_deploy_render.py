@@ -146,7 +146,8 @@ def test_systemd_units_pass_systemd_analyze(rendered, tmp_path):
     installed = root / "etc" / "systemd" / "system"
     installed.mkdir(parents=True)
     names = []
-    for unit in sorted((out / "systemd").glob("rtxserve-*")):
+    # the native units, and the one that brings the compose box up in order at boot
+    for unit in sorted([*(out / "systemd").glob("rtxserve-*"), *(out / "compose").glob("*.service")]):
         shutil.copy(unit, installed / unit.name)
         names.append(unit.name)
         for line in unit.read_text().splitlines():

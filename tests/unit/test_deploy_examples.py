@@ -626,6 +626,11 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
                                          f"{a}-asleep": {"condition": "service_completed_successfully"}}
     assert services["gateway"]["depends_on"] == {"triton": {"condition": "service_healthy"}} | {
         f"{e}-asleep": {"condition": "service_completed_successfully"} for e in (a, b)}  # starts once both sleep
+    # at boot, the box up in that order (Docker's own restarts ignore it and never run a one-shot again)
+    boot = (out / "compose" / "rtxserve-variants-compose.service").read_text()
+    assert "After=docker.service" in boot and "WorkingDirectory=/opt/rtxserve-variants/compose" in boot
+    assert boot.index("ExecStartPre=-/usr/bin/docker-compose stop") < boot.index("ExecStart=/usr/bin/docker-compose up -d")
+    assert "ExecStop=/usr/bin/docker-compose down" in boot and "WantedBy=multi-user.target" in boot
     settings = yaml.safe_load((out / "gateway.yaml").read_text())
     assert settings["engine_control"] == {settings["on_demand"][n]["engine"]: settings["on_demand"][n]["engine"]
                                           for n in ("variant-a", "variant-b")}  # vLLM's own sleep API
