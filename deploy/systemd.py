@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.envs import TRITON, VLLM, env_under
 
-from .services import Service
+from .services import Service, under_control
 from .spec import Deployment
 
 
@@ -76,6 +76,9 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
         elif s.kind == "vllm":
             argv = vllm_server.install_argv(env_under(prefix, VLLM), s.args)
             env = vllm_server.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
+            if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request
+                argv = under_control(s, str(prefix / ".venv" / "bin" / "python"),
+                                     f"/var/log/rtxserve/{d.name}-{s.name}-engine.log", argv)
             if s.gpu is not None:  # nvidia-smi's index (the plan's): CUDA counts fastest first unless told otherwise
                 env |= {"CUDA_VISIBLE_DEVICES": str(s.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         else:
@@ -100,6 +103,8 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
             lines.append(f"Wants={' '.join(needs)}")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
+        if s.control_port is not None:  # the engine's own log, beside the journal that has its control's
+            lines.append("LogsDirectory=rtxserve")
         if docker:  # the Docker socket: its group's members may run containers; a container left by a crash or a
             # power cut holds the name (`docker run --name` then fails): removed first, its absence no error
             lines += ["SupplementaryGroups=docker", f"ExecStartPre=-/usr/bin/docker rm -f rtxserve-{d.name}-triton",

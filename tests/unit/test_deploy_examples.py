@@ -688,3 +688,45 @@ def _with(folder: Path, example: Path, spec: dict) -> Path:
     path = folder / example.name
     path.write_text(yaml.safe_dump(spec))
     return write_artifacts(path)
+
+
+def test_a_cpu_box_s_on_demand_engines_run_under_their_control_in_compose_and_systemd(tmp_path):
+    """On a CPU, vLLM cannot sleep: an on-demand engine runs under serve/engine_control.py, which starts it on the first
+    request and stops it to make room, as `serve up` runs it, in its container (the vllm-cpu image carries the control)
+    and in its systemd unit; its health is the control's (answering asleep), and the gateway's depends_on waits for it."""
+    write_llama(tmp_path / "llm", TINY_LLAMA)
+    variant = {"kind": "llm", "path": "llm", "max_model_len": 512, "max_num_seqs": 2, "kv_cache_gib": 1,
+               "resident": "on-demand"}
+    path = write_artifacts_keys(tmp_path, {"name": "variants", "gpus": {"count": 0}, "swap_room_gib": 4,
+                                           "gateway": {"keys_file": "keys.json"},
+                                           "models": [{"name": f"variant-{n}", **variant} for n in "ab"]})
+    d = load_deployment(path)
+    render(d, tmp_path / "out", **on_box(d))
+    out = tmp_path / "out"
+    services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]
+    settings = yaml.safe_load((out / "gateway.yaml").read_text())
+    for name in ("variant-a", "variant-b"):
+        engine = services[f"vllm-{name}-0"]
+        entry = engine["entrypoint"]
+        control = entry[entry.index("--port") + 1]
+        assert entry[:3] == ["python", "-m", "serve.engine_control"] and entry[-3:] == ["--", "vllm", "serve"]
+        assert entry[entry.index("--host") + 1] == "0.0.0.0"  # the gateway reaches it from its own container
+        engine_url = entry[entry.index("--engine-url") + 1]
+        port = engine_url.rsplit(":", 1)[1]
+        assert engine["command"][engine["command"].index("--port") + 1] == port  # the control starts this engine
+        assert f"localhost:{control}/health" in engine["healthcheck"]["test"][-1]
+        assert settings["engine_control"][settings["on_demand"][name]["engine"]] == f"http://vllm-{name}-0:{control}"
+        assert f"vllm-{name}-0-asleep" not in services  # no one-shot: the control starts asleep
+        assert services["gateway"]["depends_on"][f"vllm-{name}-0"] == {"condition": "service_healthy"}
+        unit = (out / "systemd" / f"rtxserve-variants-vllm-{name}-0.service").read_text()
+        start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+        assert start.startswith("ExecStart=/opt/rtxserve-variants/.venv/bin/python -m serve.engine_control")
+        assert f"--port {control} " in start and " -- " in start and "LogsDirectory=rtxserve" in unit
+        assert f"/var/log/rtxserve/variants-vllm-{name}-0-engine.log" in start
+        assert f"http://127.0.0.1:{control}/health" in unit  # ready once the control answers
+    context = out / "vllm-cpu-image"
+    assert "COPY control/ /opt/rtxserve/" in (context / "Dockerfile").read_text()
+    for file in ("serve/__init__.py", "serve/engine_control.py", "serve/launcher.py"):
+        assert (context / "control" / file).is_file(), file
+    imported = re.findall(r"^from \.(\w+) import", (context / "control" / "serve" / "engine_control.py").read_text(), re.M)
+    assert {f"serve/{m}.py" for m in imported} <= {"serve/launcher.py"}  # all it needs of rtxserve is in the image
