@@ -29,25 +29,46 @@ def run(argv: list[str], timeout: float = 600, **kwargs) -> subprocess.Completed
     return done
 
 
+class DockerEngine:
+    """This machine's Docker Engine, or dockerd started for the session (as root, as the box's is)."""
+
+    def __init__(self, log: Path):
+        self.log, self.daemon = log, None
+        if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+            self.start()
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.daemon = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"dockerd did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.daemon is not None:
+            self.daemon.terminate()  # as at shutdown: dockerd stops its containers, then exits
+            self.daemon.wait(120)
+            self.daemon = None
+
+    def restart(self) -> None:
+        """As a reboot does: the engine stopped with its containers, started again, restarting every container whose
+        policy says so (all at once: depends_on is compose's, not the engine's)."""
+        if self.daemon is None:
+            pytest.skip("this machine's own Docker Engine runs here: the boot tier restarts only a dockerd it started")
+        self.stop()
+        self.start()
+
+
 @pytest.fixture(scope="session")
 def docker(tmp_path_factory):
-    """A running Docker Engine: this machine's, or dockerd started for the session (as root, as the box's is)."""
+    """A running Docker Engine (DockerEngine): this machine's, or dockerd started for the session."""
     if not shutil.which("docker") or not shutil.which("docker-compose"):
         pytest.fail("no docker / docker-compose: `make test-boot` installs Debian's docker.io and docker-compose")
-    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
-        yield
-        return
-    log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
-    with open(log, "w") as out:
-        daemon = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
-        if daemon.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"dockerd did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield
-    daemon.terminate()
-    daemon.wait(60)
+    engine = DockerEngine(tmp_path_factory.mktemp("dockerd") / "dockerd.log")
+    yield engine
+    engine.stop()
 
 
 @pytest.fixture(scope="session")

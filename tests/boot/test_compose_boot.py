@@ -60,12 +60,12 @@ def _inspect(project: str, service: str) -> dict:
     return json.loads(run(["docker", "inspect", ids[0]]).stdout)[0]
 
 
-def _wait_healthy(project: str, seconds: float) -> None:
+def _wait_healthy(project: str, seconds: float, services: list[str] = SERVICES) -> None:
     """Until every service's own health check passes (compose 1.29's `up -d` returns once the last container has
     started; v2's `up --wait` would wait here); failing at once, with its log, on one that stops or is unhealthy."""
     deadline = time.monotonic() + seconds
     while True:
-        states = {s: _inspect(project, s)["State"] for s in SERVICES}
+        states = {s: _inspect(project, s)["State"] for s in services}
         if all(st["Health"]["Status"] == "healthy" for st in states.values()):
             return
         for service, st in states.items():
@@ -83,13 +83,13 @@ def _when(stamp: str) -> datetime:
     return datetime.fromisoformat(f"{head}.{(frac or '0')[:6]:0<6}+00:00")
 
 
-def _logged(container: dict, says: str) -> datetime:
-    """When the container's log first said `says` (Docker's own timestamps)."""
+def _logged(container: dict, says: str, last: bool = False) -> datetime:
+    """When the container's log first (or `last`) said `says` (Docker's own timestamps)."""
     logs = run(["docker", "logs", "--timestamps", container["Id"]])
     lines = logs.stdout + logs.stderr  # a server's stderr is the log's
     stamps = sorted(line.split(" ", 1)[0] for line in lines.splitlines() if says in line)
     assert stamps, f"{container['Name']} never logged {says!r}"
-    return _when(stamps[0])
+    return _when(stamps[-1 if last else 0])
 
 
 def test_every_service_is_healthy_as_its_own_check_says(box):
