@@ -105,7 +105,8 @@ test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup
 
 # The boot tier: the rendered CPU box brought up for real with Docker Engine and docker-compose, and its systemd units
 # booted in a Debian root with systemd-nspawn (Debian's packages; the images' base is made from them too, and kept by the
-# engine between runs). Outside `make test`: it builds images and boots a system (README, "Testing").
+# engine between runs), and an on-demand box in compose with its reboot. Outside `make test`: it builds images and
+# boots a system (README, "Testing"); .ci/run runs it after the tests.
 # Debian's packages are installed one apt-get at a time: make runs two targets at once (--jobs=2), and two apt-gets
 # side by side fail on dpkg's lock (a fresh machine's `make test` stopped with "Could not get lock
 # /var/lib/dpkg/lock-frontend" when espeak-ng and redis-server were both missing). flock serialises them on this file.
