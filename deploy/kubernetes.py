@@ -16,7 +16,7 @@ from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
-from .services import Service, put_to_sleep
+from .services import Service, put_to_sleep, under_control
 from .spec import Deployment, encoder_metadata
 
 # The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
@@ -196,9 +196,12 @@ def _triton_container(d: Deployment, s: Service, gib: float, claim: bool, reposi
 def _engine_container(d: Deployment, s: Service, gib: float, claim: bool) -> dict:
     model = next(m for m in d.vllm_models if m.name == s.models[0])
     name = vllm_image(d.on_gpu, model.kind == SPEECH)
-    return {"name": "vllm", "image": image(d, name), "command": ["vllm", "serve"], "args": serve_args(s.args),
-            "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())],
-            "ports": [{"name": "http", "containerPort": s.port}],
+    command, ports = ["vllm", "serve"], [{"name": "http", "containerPort": s.metrics_port}]
+    if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request (probed: the control)
+        command = under_control(s, "python", "/tmp/engine.log", command, host="0.0.0.0")
+        ports.append({"name": "control", "containerPort": s.control_port})
+    return {"name": "vllm", "image": image(d, name), "command": command, "args": serve_args(s.args),
+            "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())], "ports": ports,
             "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
             "livenessProbe": _probe("/health", s.port), "resources": _resources(gib, claim),
             "volumeMounts": list(MODELS_MOUNT), "securityContext": _security(_image_user(d, name))}
@@ -259,9 +262,10 @@ def _cpu_triton(d: Deployment, s: Service, gib: float) -> list[dict]:
 
 def _cpu_engine(d: Deployment, s: Service, gib: float) -> list[dict]:
     """A CPU engine: it takes no share of anything Triton holds, and starts when it likes."""
+    control = {"control": s.control_port} if s.control_port is not None else {}
     return [_pod(d, s.name, 1, [_engine_container(d, s, gib, False)], volumes=MODELS_VOLUME, shm="8Gi"),
-            _service(d, s.name, s.name, {"http": s.port}, "vllm"), _pdb(d, s.name),
-            _engine_policy(d, s.name, [s.port], [s.port])]
+            _service(d, s.name, s.name, {"http": s.metrics_port, **control}, "vllm"), _pdb(d, s.name),
+            _engine_policy(d, s.name, [s.metrics_port, *control.values()], [s.metrics_port])]
 
 
 def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:

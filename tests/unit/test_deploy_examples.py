@@ -690,10 +690,11 @@ def _with(folder: Path, example: Path, spec: dict) -> Path:
     return write_artifacts(path)
 
 
-def test_a_cpu_box_s_on_demand_engines_run_under_their_control_in_compose_and_systemd(tmp_path):
+def test_a_cpu_box_s_on_demand_engines_run_under_their_control_in_every_target(tmp_path):
     """On a CPU, vLLM cannot sleep: an on-demand engine runs under serve/engine_control.py, which starts it on the first
-    request and stops it to make room, as `serve up` runs it, in its container (the vllm-cpu image carries the control)
-    and in its systemd unit; its health is the control's (answering asleep), and the gateway's depends_on waits for it."""
+    request and stops it to make room, as `serve up` runs it, in its container and its pod (the vllm-cpu image carries
+    the control) and in its systemd unit; its health is the control's (answering asleep), the gateway waits for it and
+    reaches the engine and its control by the engine's Service."""
     write_llama(tmp_path / "llm", TINY_LLAMA)
     variant = {"kind": "llm", "path": "llm", "max_model_len": 512, "max_num_seqs": 2, "kv_cache_gib": 1,
                "resident": "on-demand"}
@@ -724,6 +725,14 @@ def test_a_cpu_box_s_on_demand_engines_run_under_their_control_in_compose_and_sy
         assert f"--port {control} " in start and " -- " in start and "LogsDirectory=rtxserve" in unit
         assert f"/var/log/rtxserve/variants-vllm-{name}-0-engine.log" in start
         assert f"http://127.0.0.1:{control}/health" in unit  # ready once the control answers
+        docs = {(doc["kind"], doc["metadata"]["name"]): doc for doc in manifests(out) if "metadata" in doc}
+        pod = docs[("Deployment", f"vllm-{name}-0")]["spec"]["template"]["spec"]["containers"][0]
+        assert pod["command"][:3] == ["python", "-m", "serve.engine_control"] and pod["command"][-2:] == ["vllm", "serve"]
+        assert pod["startupProbe"]["httpGet"]["port"] == int(control)
+        ports = {p["name"]: p["port"] for p in docs[("Service", f"vllm-{name}-0")]["spec"]["ports"]}
+        assert ports == {"http": int(port), "control": int(control)}  # the gateway reaches both, by the Service
+        gateway_rule = docs[("NetworkPolicy", f"vllm-{name}-0-private")]["spec"]["ingress"][0]
+        assert {p["port"] for p in gateway_rule["ports"]} == {int(port), int(control)}
     context = out / "vllm-cpu-image"
     assert "COPY control/ /opt/rtxserve/" in (context / "Dockerfile").read_text()
     for file in ("serve/__init__.py", "serve/engine_control.py", "serve/launcher.py"):
