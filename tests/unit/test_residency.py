@@ -159,3 +159,19 @@ def test_loads_of_two_models_that_fit_together_overlap(backend):
         until(lambda: backend.loads == ["de", "fr"])  # started while de's load still runs
         backend.load_gate.set()
         assert slow.result().status_code == other.result().status_code == 200
+
+
+def test_a_model_back_loaded_on_its_own_counts_in_the_room_and_makes_way(backend):
+    """A supervisor's restart brings an engine back awake without the gateway (a Kubernetes sidecar, whose one-shot
+    sleep ran at the pod's start only; a container Docker restarted): from the next refresh it counts as loaded, so the
+    room is never over-committed, and it is put back to sleep like any other when the room is needed."""
+    with client_for(backend) as client:
+        residency = client.app.state.gateway.residency
+        assert classify(client, "de").status_code == 200
+        backend.loaded.add("fr")  # back awake, no load of the gateway's
+        client.portal.call(client.app.state.gateway.registry.refresh)
+        assert residency.status()["fr"]["state"] == "loaded" and residency.used_gib() == 2.0
+        assert classify(client, "es").status_code == 200  # room for two: one of them made way, not a third awake
+        assert backend.loads == ["de", "es"] and len(backend.unloads) == 1 and len(backend.loaded) == 2
+        assert classify(client, "fr" if "fr" in backend.loaded else "de").status_code == 200
+        assert len(backend.loaded) == 2
