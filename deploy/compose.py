@@ -40,6 +40,32 @@ def _gateway_after(engines: list[Service]) -> dict:
             {"condition": "service_completed_successfully" if e.sleep_level else "service_healthy"} for e in engines}
 
 
+def _engine(d: Deployment, s: Service, services: list[Service], triton: Service | None) -> dict:
+    """A vLLM engine's service (an on-demand CPU one under its engine control), started after what it must follow."""
+    svc = _image(vllm_image(d.on_gpu, s.models[0] in d.speech_models))
+    entrypoint = ["vllm", "serve"]
+    if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request, its log in the
+        # container (the control's own says why a start failed, with the log's tail)
+        entrypoint = under_control(s, "python", "/tmp/engine.log", entrypoint, host="0.0.0.0")
+    svc |= {"entrypoint": entrypoint, "command": serve_args(s.args), "volumes": [f"../models:{MODELS}:ro"],
+            "environment": s.env,
+            # its own /dev/shm, as on Kubernetes, not the host's (ipc: host): what a killed vLLM leaves there goes
+            # with its container instead of holding the box's RAM
+            "shm_size": "8gb", "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
+    if s.gpu is not None:
+        svc["deploy"] = _gpus([s.gpu])
+    # vLLM takes its planned share of what is free when it starts: after Triton has loaded, and after the engines
+    # before it on its card (their start-up profiles would see each other's allocations)
+    before = {triton.name: "service_healthy"} if triton else {}
+    for e in services[:services.index(s)]:  # an on-demand one asleep first: its share free again
+        if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu:
+            before |= {f"{e.name}-asleep": "service_completed_successfully"} if e.sleep_level else {
+                e.name: "service_healthy"}
+    if before:
+        svc["depends_on"] = {name: {"condition": condition} for name, condition in before.items()}
+    return svc
+
+
 def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
     # No top-level `name` and no `restart` under depends_on: Compose v2's, which docker-compose 1.29 (Debian's)
     # refuses; the project is named by compose/.env (COMPOSE_PROJECT_NAME), which both read.
@@ -61,28 +87,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             if builds:
                 svc["depends_on"] = {"build-engines": {"condition": "service_completed_successfully"}}
         elif s.kind == "vllm":
-            svc = _image(vllm_image(d.on_gpu, s.models[0] in d.speech_models))
-            entrypoint = ["vllm", "serve"]
-            if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request, its log
-                # in the container (the control's own says why a start failed, with the log's tail)
-                entrypoint = under_control(s, "python", "/tmp/engine.log", entrypoint, host="0.0.0.0")
-            svc |= {"entrypoint": entrypoint, "command": serve_args(s.args),
-                    "volumes": [f"../models:{MODELS}:ro"], "environment": s.env,
-                    # its own /dev/shm, as on Kubernetes, not the host's (ipc: host): what a killed vLLM leaves
-                    # there goes with its container instead of holding the box's RAM
-                    "shm_size": "8gb",
-                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "600s")}
-            if s.gpu is not None:
-                svc["deploy"] = _gpus([s.gpu])
-            # vLLM takes its planned share of what is free when it starts: after Triton has loaded, and after the
-            # engines before it on its card (their start-up profiles would see each other's allocations)
-            before = {triton.name: "service_healthy"} if triton else {}
-            for e in services[:services.index(s)]:  # an on-demand one asleep first: its share free again
-                if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu:
-                    before |= {f"{e.name}-asleep": "service_completed_successfully"} if e.sleep_level else {
-                        e.name: "service_healthy"}
-            if before:
-                svc["depends_on"] = {name: {"condition": condition} for name, condition in before.items()}
+            svc = _engine(d, s, services, triton)
             if s.sleep_level:  # started awake (vLLM cannot start asleep), then put to sleep until asked for
                 out["services"][f"{s.name}-asleep"] = _image(GATEWAY_IMAGE) | {
                     "command": put_to_sleep(s, s.name), "depends_on": {s.name: {"condition": "service_healthy"}},
