@@ -8,7 +8,7 @@ back, a conversation's next turn found the replica its last turn had just left a
 conversations in place by accident (hit rate 0.76 against affinity's 0.80 on scarce caches, 2026-11-26).
 
 Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
-with `affinity` (prefix scoring against the tokens in flight, serve/gateway/prefix.py) and one without (least busy).
+with `affinity` (prefix scoring against the tokens in flight, serve/gateway/fleet/prefix.py) and one without (least busy).
 Two rows: caches ample (vLLM's CPU default, which holds every conversation), then scarce: each engine's KV cache
 holds about half of the live conversations (`--num-gpu-blocks-override`, sized from a whole conversation's tokens as
 the engine counts them), more than one engine holds, which is where routing by prefix can pay (targets: hit rate

@@ -13,7 +13,7 @@ worker process spins a core's worth of CPU waiting, which on a 2-core box left t
 share-out (453 and 662 ms in two runs, 102 ms in a third).
 
 Three rows, each its own engine and gateway: the box as a deployment renders it by default (vLLM first come first
-served; a batch's requests yield to people's first tokens, serve/gateway/yielding.py; the model's gate at the
+served; a batch's requests yield to people's first tokens, serve/gateway/fleet/yielding.py; the model's gate at the
 engine's max_num_seqs); the same with batches not yielding (the box before); and vLLM's `--scheduling-policy priority`
 with the gateway passing each request's priority (`vllm_priority`: batch lines 10, people 0) beside the yielding.
 Then the frontier: the box defaults with 1, 2, 4 and 8 of the batch's requests in flight (batch_concurrency), what

@@ -18,7 +18,7 @@ import psutil
 
 OWN = "serve/gateway/"
 # (part, path prefixes of the frames it owns), first match wins; a frame's path is as py-spy prints it (relative to
-# sys.path: "asyncio/events.py", "serve/gateway/hotpath.py")
+# sys.path: "asyncio/events.py", "serve/gateway/edge/hotpath.py")
 PARTS = (
     ("the gateway's own code (serve/gateway/)", (OWN,)),
     ("event loop and sockets (asyncio, selectors)", ("asyncio/", "selectors.py", "socket.py", "uvloop/", "ssl.py")),

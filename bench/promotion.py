@@ -36,7 +36,7 @@ WARMUP_S = 10.0  # the load's first seconds (the engines' first requests), left 
 
 
 def _admin_key(folder: Path) -> tuple[Path, str]:
-    from serve.gateway.keys_cli import main as keys_main
+    from serve.gateway.access.keys_cli import main as keys_main
 
     keys, out = folder / "keys.json", io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):

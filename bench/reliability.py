@@ -70,8 +70,7 @@ def _p(values, q: float) -> float:
 
 def _r3_run(url: str, users: int, honour: bool, duration_s: float, out: Path) -> dict:
     from loadtest.report import load_samples
-    from loadtest.runner import LoadSpec, scenario_options
-    from loadtest.runner import run as locust_run
+    from loadtest.runner import LoadSpec, run as locust_run, scenario_options
 
     spec = LoadSpec(url, scenario_options(model=MODEL, honour_retry_after=honour), users=users, duration_s=duration_s,
                     warmup_s=2)
@@ -103,7 +102,7 @@ def r3(out: Path, *, rounds: int, duration_s: float, progress) -> dict:
 
 
 def _keys(folder: Path) -> tuple[Path, dict[str, str]]:
-    from serve.gateway.keys_cli import main as keys_main
+    from serve.gateway.access.keys_cli import main as keys_main
 
     path, secrets = folder / "keys.json", {}
     for args in (["--name", "quota", "--rpm", "20"], ["--name", "other"]):

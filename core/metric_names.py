@@ -24,7 +24,7 @@ ALIAS_REQUESTS = "rtxserve_alias_requests_total"  # counter, by alias, model: th
 FALLBACKS = "rtxserve_fallbacks_total"  # counter, by model, fallback: requests its fallback answered
 QUOTA_STORAGE_ERRORS = "rtxserve_quota_storage_errors_total"  # counter: quota checks the storage could not answer
 AFFINITY = "rtxserve_affinity_total"  # counter, by outcome: preferred / spilled (cache-aware routing)
-# On-demand models (serve/gateway/residency.py)
+# On-demand models (serve/gateway/fleet/residency.py)
 MODEL_LOADS = "rtxserve_model_loads_total"  # counter, by model, outcome: loaded / failed
 MODEL_UNLOADS = "rtxserve_model_unloads_total"  # counter, by model, reason: idle / room
 MODEL_LOAD_SECONDS = "rtxserve_model_load_duration_seconds"  # histogram, by model: from the load's start to ready
@@ -38,7 +38,7 @@ BATCHES = "rtxserve_batches_total"  # counter, by status: batches ended (complet
 ROLLOUT_SECONDS = "rtxserve_rollout_backend_seconds"  # histogram, by model (the name called), target, role
 ROLLOUT_REQUESTS = "rtxserve_rollout_requests_total"  # counter, by model, target, role, outcome (ok, error; shadows:
 # agree, disagree, ok where the answers are not compared, error)
-# The answer cache (serve/gateway/answers.py): rows of classify, embeddings and NER answered from the gateway's memory
+# The answer cache (serve/gateway/fleet/answer_cache.py): rows of classify, embeddings and NER answered from the gateway's memory
 ANSWER_CACHE_LOOKUPS = "rtxserve_answer_cache_lookups_total"  # counter, by model, outcome: hit / miss (one per input row)
 ANSWER_CACHE_EVICTIONS = "rtxserve_answer_cache_evictions_total"  # counter, by model: rows dropped to stay within bytes
 ANSWER_CACHE_BYTES = "rtxserve_answer_cache_bytes"  # gauge, by model: bytes kept (the sum over the workers)

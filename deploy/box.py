@@ -393,9 +393,9 @@ def restarts(run: Path) -> dict[str, dict]:
 
 
 def promoted(run: Path):
-    """What promotions changed on the box that runs from `run` (serve/gateway/rollout/store.py's snapshot): its routes,
+    """What promotions changed on the box that runs from `run` (serve/gateway/fleet/rollout/store.py's snapshot): its routes,
     the models they retired (left out at the next `up`) and the promotions running."""
-    from serve.gateway.rollout.store import RolloutError, RolloutStore
+    from serve.gateway.fleet.rollout.store import RolloutError, RolloutStore
 
     try:
         return RolloutStore(run / ROLLOUT_FILE).read()

@@ -38,15 +38,15 @@ import yaml
 from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
-from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE, SPEECH_VLLM_DOCKERFILE,
-                     TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
-                     speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
+from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE,
+                     SPEECH_VLLM_DOCKERFILE, TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE,
+                     VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
+                     triton_cpu_requirements, triton_image_requirements)
 from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError
 from .systemd import TritonContainer, systemd_units
-
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +150,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     if d.gateway.keys_file is None:
         raise DeploymentError("gateway.keys_file: rendered deployments listen beyond loopback inside their containers, "
                               "so the gateway needs keys: make them with `rtxserve keys create` and name the file here")
-    from serve.gateway.keys import KeysFileError, read_keys
+    from serve.gateway.access.keys import KeysFileError, read_keys
 
     try:
         keys = read_keys(d.resolve(d.gateway.keys_file))
@@ -226,7 +226,7 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
 def _loadtest_key(d: Deployment, keys: dict, files: _Files) -> None:
     """The cluster's keys: the deployment's `keys`, and one made here for the suspended locust Jobs (its secret in
     loadtest-key.txt, which kustomize turns into the Secret they read); only Kubernetes' copy holds it."""
-    from serve.gateway.keys import ApiKey, hash_key, new_secret, write_keys
+    from serve.gateway.access.keys import ApiKey, hash_key, new_secret, write_keys
 
     secret = new_secret()
     write_keys(files.out / "kubernetes" / "keys.json",

@@ -164,7 +164,7 @@ class EncoderModel(_Model):
                            "the box by the TensorRT release of the Triton image (deploy/engines.py)")
     response_cache_mb: int = Field(0, ge=0, le=65536, description="answers kept for this entry, MB per gateway "
                                    "worker: an input seen before is answered by the gateway without a call to Triton "
-                                   "(classify, NER and embeddings are deterministic; serve/gateway/answers.py). 0: off")
+                                   "(classify, NER and embeddings are deterministic; serve/gateway/fleet/answer_cache.py). 0: off")
     triton_response_cache: bool = Field(False, description="also Triton's own response cache for the entry, of "
                                         "response_cache_mb: for several gateways in front of one Triton. The gateway "
                                         "then sends the entry's requests one by one (Triton's cache looks a call up "

@@ -15,7 +15,7 @@ COMMANDS = {
     "doctor": ("deploy.doctor", "main", "check this box for a deployment (GPUs, driver, memory, ports, disk, tools)"),
     "deploy": ("deploy.cli", "main", "render a deployment as compose, systemd and Kubernetes files; bundle it for air-gapped boxes"),
     "adapters": ("deploy.cli", "adapters_main", "load or unload a LoRA adapter in a running deployment, without a restart"),
-    "keys": ("serve.gateway.keys_cli", "main", "create, list and revoke the gateway's API keys"),
+    "keys": ("serve.gateway.access.keys_cli", "main", "create, list and revoke the gateway's API keys"),
     "eval": ("rtxserve.eval_cli", "main", "is what a box serves what was trained? a model's reference set sent through "
              "the gateway and compared with the framework's own answers"),
     "promote": ("rtxserve.promote.cli", "main", "put a new fine-tune in front of the old one on a running box: eval "

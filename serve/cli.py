@@ -93,7 +93,7 @@ def _gateway(args) -> int:
         value = getattr(args, flag)
         if value is not None:
             os.environ[f"RTXSERVE_{key}"] = str(value)
-    from .gateway.keys import KeyRing, KeysFileError
+    from .gateway.access.keys import KeyRing, KeysFileError
     from .gateway.settings import GatewaySettings
 
     try:
@@ -123,9 +123,9 @@ def _gateway(args) -> int:
         os.environ["RTXSERVE_RATE_LIMIT_STORAGE"] = f"async+sqlite://{path}"
     os.environ["RTXSERVE_LOG_LEVEL"] = args.log_level
     # one start for all the workers: a worker that starts late, or again after a crash, is not a restart of the gateway
-    # (serve/gateway/rollout/table.py: a restart ends the promotions it finds)
+    # (serve/gateway/fleet/rollout/table.py: a restart ends the promotions it finds)
     os.environ["RTXSERVE_GATEWAY_BOOT"] = secrets.token_hex(8)
-    uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/logs.py) renders uvicorn's records too
+    uvicorn.run(  # log_config=None: the app's JSON logging (serve/gateway/edge/logs.py) renders uvicorn's records too
         "serve.gateway.app:main_app", factory=True, host=settings.host, port=settings.port,
         workers=settings.workers, log_level=args.log_level, log_config=None, access_log=False,
         timeout_graceful_shutdown=30,

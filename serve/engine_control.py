@@ -9,7 +9,7 @@ the routes vLLM's own server has for sleep mode (`--enable-sleep-mode` with VLLM
                         started again with its weights
     GET  /health        this server itself
 
-so that the gateway wakes and puts to sleep a CPU engine and a GPU engine the same way (serve/gateway/residency.py,
+so that the gateway wakes and puts to sleep a CPU engine and a GPU engine the same way (serve/gateway/fleet/residency.py,
 through VLLMBackend's control URL: the engine's own on a GPU, this server's on a CPU). The engine keeps its port
 and its adapters (its --lora-modules) from one start to the next.
 

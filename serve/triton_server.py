@@ -82,7 +82,7 @@ class TritonOptions:
     address: str = "127.0.0.1"  # loopback by default: clients go through the gateway
     log_verbose: int = 0
     # None: every entry is loaded at start and stays (model-control mode none); a list: explicit model control, these
-    # loaded at start and the others when the gateway asks (on-demand entries, serve/gateway/residency.py)
+    # loaded at start and the others when the gateway asks (on-demand entries, serve/gateway/fleet/residency.py)
     load_models: list[str] | None = None
     extra_args: list[str] = field(default_factory=list)
 

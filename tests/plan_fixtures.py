@@ -229,7 +229,7 @@ def write_artifacts(deployment: Path) -> Path:
     """Everything a deployment file names, at the paths it names (relative to the file): planning stand-ins of
     the kind each model is (an 8B Llama on a GPU box, a small one on CPU), and a keys file. For the examples in
     deploy/examples/, which name their artifacts as a user's box holds them."""
-    from serve.gateway.keys import ApiKey, hash_key, write_keys
+    from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 
     spec = yaml.safe_load(deployment.read_text())
     base = deployment.parent

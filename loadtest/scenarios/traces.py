@@ -2,7 +2,7 @@
 (here, where locust's processes read them; loadtest/replay.py compares a replay with its trace).
 
 Three formats, one JSON object per line:
-- **rtxserve**: the gateway's own trace (`trace_dir`, serve/gateway/trace.py): `t` in Unix seconds, the route, the
+- **rtxserve**: the gateway's own trace (`trace_dir`, serve/gateway/edge/recording.py): `t` in Unix seconds, the route, the
   model that answered, prompt and output tokens and prefix-block `hash_ids` for generation, items and characters
   (or images) for encoders.
 - **mooncake**: Mooncake's traces as AIPerf replays them: `timestamp` in milliseconds, `input_length`,

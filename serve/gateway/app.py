@@ -13,32 +13,31 @@ from fastapi import FastAPI
 from core import __version__
 
 from . import canaries
-from .admission import Admission
-from .backends.base import Backend
-from .backends.factory import make_backends
 from .admin.promotions import router as promotions_router
 from .admin.router import router as admin_router
+from .backends.base import Backend
+from .backends.factory import make_backends
 from .batches.router import router as batches_router
 from .classify.router import HOT as CLASSIFY, router as classify_router
 from .detect.router import router as detect_router
+from .edge.admission import Admission
+from .edge.frontdoor import FrontDoor
+from .edge.hotpath import HotRoutes
+from .edge.logs import configure_logging
+from .edge.recording import TraceMiddleware, TraceWriter
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
 from .exceptions import GatewayError, install_handlers
-from .frontdoor import FrontDoor
-from .hotpath import HotRoutes
 from .generate.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from .generate.router import router as generate_router
 from .image_generation.router import router as images_router
-from .logs import configure_logging
 from .metrics import MetricsMiddleware
 from .ner.router import HOT as NER, router as ner_router
-from .settings import GatewaySettings
 from .rank.protocol import RerankRequest, ScoreRequest
 from .rank.router import router as rank_router
+from .settings import GatewaySettings
 from .speech.router import router as speech_router
 from .state import GatewayState
-from .trace import TraceMiddleware, TraceWriter
-from .system.router import probes
-from .system.router import router as system_router
+from .system.router import probes, router as system_router
 
 log = logging.getLogger("rtxserve.gateway")
 # What a batch may run (/v1/batches): each route -> the request type it accepts, which checks every line of a batch's
@@ -150,7 +149,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         app.add_middleware(TraceMiddleware, writer=trace)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
     if settings.otlp_endpoint:
-        from .tracing import install_tracing
+        from .edge.otel import install_tracing
 
         install_tracing(app, settings.otlp_endpoint)
     return app

@@ -6,16 +6,10 @@ import functools
 import ipaddress
 import os
 from pathlib import Path
-
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource)
 
 from core import contract
 
@@ -99,7 +93,7 @@ class GatewaySettings(BaseSettings):
         'e.g. {"llm": 32}; more wait in a queue of max_queue. Models not named share only max_concurrency')
     response_cache_mb: dict[str, Annotated[float, Field(ge=0, le=65536)]] = Field(
         default_factory=dict, description='model -> MB of its classify, embeddings and NER answers the gateway keeps '
-        'per worker, e.g. {"reviews": 64}: an input seen before is answered without a backend call (answers.py); '
+        'per worker, e.g. {"reviews": 64}: an input seen before is answered without a backend call (fleet/answer_cache.py); '
         "models not named: none kept")
     queue_timeout_s: float = Field(10.0, gt=0, description="longest wait for a slot before 503")
     health_interval_s: float = Field(2.0, gt=0, le=300, description="how often backends are polled for readiness")

@@ -1,10 +1,10 @@
 """The gateway's state, one part per job:
-- `registry` (registry.py): the backend replicas, what each serves and whether it is up, canaries, readiness;
-- `dispatch` (dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
+- `registry` (fleet/registry.py): the backend replicas, what each serves and whether it is up, canaries, readiness;
+- `dispatch` (fleet/dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
-- `residency` (residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
+- `residency` (fleet/residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
 - `rollout` (rollout/): the routes promotions changed at run time, their shadows, and the models they pinned or retired;
-- `access` (access.py): the API keys and their quotas;
+- `access` (access/caller.py): the API keys and their quotas;
 - `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`
   is set.
 
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from .access import Access
+from .access.caller import Access
 from .backends.base import Backend
 from .batches.runner import BatchRunner
-from .dispatch import Dispatcher
-from .registry import Canary, Registry
-from .residency import Residency
-from .rollout.retire import retirer
-from .rollout.table import Rollout
+from .fleet.dispatch import Dispatcher
+from .fleet.registry import Canary, Registry
+from .fleet.residency import Residency
+from .fleet.rollout.retire import retirer
+from .fleet.rollout.table import Rollout
 from .settings import GatewaySettings
 
 

@@ -4,9 +4,9 @@ to the key's tokens-per-minute quota."""
 from __future__ import annotations
 
 from . import metrics
-from .keys import ApiKey
+from .access.keys import ApiKey
+from .edge.recording import note
 from .state import GatewayState
-from .trace import note
 
 
 async def count_usage(state: GatewayState, key: ApiKey | None, model: str, usage: dict | None) -> None:

@@ -114,7 +114,7 @@ def write_cpu_box(box: Path, ports: dict[str, int]) -> Path:
     from export.triton.entry import EntryOptions
     from fixture_models.llm import write_llm_with_adapters
     from fixture_models.text import write_text_classifier
-    from serve.gateway.keys import ApiKey, hash_key, write_keys
+    from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 
     export_text_classification(write_text_classifier(box / "checkpoint"), EntryOptions(name="sentiment", instances=2),
                                box / "model_repository")

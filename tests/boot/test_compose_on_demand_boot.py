@@ -38,7 +38,7 @@ def write_on_demand_box(box: Path, port: int) -> Path:
     from export.triton.entry import EntryOptions
     from fixture_models.llm import write_llm_with_adapters
     from fixture_models.text import write_text_classifier
-    from serve.gateway.keys import ApiKey, hash_key, write_keys
+    from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 
     checkpoint = write_text_classifier(box / "checkpoint")
     for name in ("sentiment", "reviews"):

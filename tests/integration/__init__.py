@@ -1,5 +1,4 @@
 from serve.vllm_server import TWO_PROCESSES
-
 from tests import until  # noqa: F401 (the integration tests' import of it)
 
 # vLLM's torch.compile of the model costs 35 s of every engine start on this CPU with a cold inductor cache (13 s
@@ -26,10 +25,10 @@ def png(array) -> bytes:
 
 def routes_not_through_the_gateway(gateway: str, engine: str) -> list[str]:
     """What is wrong with how the gateway fronts the routes a vLLM engine serves (its /openapi.json): each must be
-    answered (relayed, or the gateway's own) unless serve/gateway/engine_routes.py refuses it on purpose (404)."""
+    answered (relayed, or the gateway's own) unless serve/gateway/generate/engine_routes.py refuses it on purpose (404)."""
     import httpx
 
-    from serve.gateway.engine_routes import REFUSED
+    from serve.gateway.generate.engine_routes import REFUSED
 
     problems = []
     for path, methods in httpx.get(f"{engine}/openapi.json", timeout=30).json()["paths"].items():
@@ -42,5 +41,5 @@ def routes_not_through_the_gateway(gateway: str, engine: str) -> list[str]:
                 problems.append(f"{method.upper()} {path}: refused on purpose, but the gateway answered {status}")
             elif path not in REFUSED and gone:
                 problems.append(f"{method.upper()} {path}: {status} from the gateway; relay it, or write in "
-                                "serve/gateway/engine_routes.py why not")
+                                "serve/gateway/generate/engine_routes.py why not")
     return problems

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
 from .conftest import LLM_MODELS

@@ -13,7 +13,7 @@ import yaml
 
 from export.encoders.encoder import export_text_classification
 from export.triton.entry import EntryOptions
-from serve.gateway.keys import ApiKey, hash_key, write_keys
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.launcher import free_port
 
 OFFLINE = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1"}  # no index, no find-links from this machine's config

@@ -21,7 +21,7 @@ from deploy.images import TRITON_IMAGE
 from deploy.kubernetes import KUBERNETES_VERSION
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
-from serve.gateway.keys import ApiKey, hash_key, write_keys
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from tests.plan_fixtures import write_boxes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,8 +226,7 @@ def test_a_deployment_without_keys_or_that_does_not_fit_is_not_rendered(tmp_path
 
 
 def test_a_tensorrt_entry_is_built_on_the_box_by_the_tensorrt_release_of_the_triton_image(rendered):
-    from deploy.images import TENSORRT_IMAGE
-    from deploy.images import TRITON_IMAGE
+    from deploy.images import TENSORRT_IMAGE, TRITON_IMAGE
     from serve.entry_config import read_config
 
     out, _ = rendered

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from bench.reliability import HAMMER
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
 from . import until

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
 # Valid-by-schema requests for models that do not exist are 404 and the gateway's limits are 400: both are

@@ -8,7 +8,7 @@ import io
 import httpx
 import pytest
 
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway
 
 GREEDY = {"messages": [{"role": "user", "content": "the model answers"}], "max_tokens": 8, "temperature": 0}

@@ -21,7 +21,7 @@ from export.triton.entry import EntryOptions
 from fixture_models.text import write_text_classifier_v2
 from loadtest.runner import LoadSpec, run, scenario_options
 from serve.entry_config import read_config, write_config
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway, start_triton
 from tests.conftest import built_once
 

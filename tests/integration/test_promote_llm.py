@@ -17,7 +17,7 @@ from core.metric_names import REQUESTS
 from export.llm.llm import LLMOptions, export_llm
 from fixture_models.llm import adapter_answers, write_chat_adapter, write_chat_llm
 from loadtest.runner import LoadSpec, run, scenario_options
-from serve.gateway.keys_cli import main as keys_main
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.stack import start_gateway, start_vllm
 from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once

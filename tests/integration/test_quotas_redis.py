@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from serve.gateway.keys import ApiKey, hash_key, write_keys
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.launcher import free_port
 from serve.stack import start_gateway
 

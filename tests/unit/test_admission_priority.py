@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from serve.gateway.admission import Gate
+from serve.gateway.access.keys import ApiKey, hash_key
+from serve.gateway.edge.admission import Gate
 from serve.gateway.exceptions import Overloaded
-from serve.gateway.keys import ApiKey, hash_key
 
 
 async def _served_order(waiters: list[tuple[int, str]], limit: int = 1) -> list[str]:
@@ -76,8 +76,8 @@ def test_through_the_gateway_a_chat_key_overtakes_a_batch_keys_queue(tmp_path, l
 
     from fastapi.testclient import TestClient
 
+    from serve.gateway.access.keys import write_keys
     from serve.gateway.app import create_app
-    from serve.gateway.keys import write_keys
     from serve.gateway.settings import GatewaySettings
 
     from .fakes import GatedTriton
@@ -117,8 +117,8 @@ def test_through_the_gateway_a_chat_key_overtakes_a_batch_keys_queue(tmp_path, l
 def test_a_generation_carries_its_keys_priority_to_a_vllm_that_schedules_by_it(tmp_path, on, asked, sent):
     from fastapi.testclient import TestClient
 
+    from serve.gateway.access.keys import write_keys
     from serve.gateway.app import create_app
-    from serve.gateway.keys import write_keys
     from serve.gateway.settings import GatewaySettings
 
     from .test_generate import FakeVLLM

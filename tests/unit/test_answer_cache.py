@@ -1,4 +1,4 @@
-"""The gateway's answer cache (`response_cache_mb`, serve/gateway/answers.py) on fake backends: an input seen before
+"""The gateway's answer cache (`response_cache_mb`, serve/gateway/fleet/answer_cache.py) on fake backends: an input seen before
 never reaches the backend and gets the same answer; only the unseen rows of a request are sent; nothing that changes
 an answer (the model that answers, NER's aggregation, the input's every byte) is ever shared, nor any answer across
 keys' scopes; a cache over its bytes evicts, never grows; a failure keeps nothing; a model that stops being ready
@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from PIL import Image
 from prometheus_client import REGISTRY
 
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.gateway.app import create_app
 from serve.gateway.exceptions import BackendError
-from serve.gateway.keys import ApiKey, hash_key, write_keys
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import MODELS, FakeTriton, error_of

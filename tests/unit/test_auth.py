@@ -8,9 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.cli import main as serve_main
+from serve.gateway.access.keys import read_keys
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.gateway.app import create_app
-from serve.gateway.keys import read_keys
-from serve.gateway.keys_cli import main as keys_main
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import error_of

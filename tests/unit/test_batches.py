@@ -13,13 +13,12 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
+from serve.gateway.access.keys_cli import main as keys_main
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Backend, ModelInfo
 from serve.gateway.batches.store import Store
 from serve.gateway.exceptions import BackendUnavailable, InvalidRequest
-from serve.gateway.keys_cli import main as keys_main
 from serve.gateway.settings import GatewaySettings
-
 from tests import until
 
 from .fakes import error_of

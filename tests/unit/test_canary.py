@@ -6,10 +6,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve.gateway import canaries
-from serve.gateway.image_input import CANARY_IMAGE
-from serve.gateway.image_generation.serving import canary_request
-from serve.gateway.exceptions import BackendError, BackendTimeout
 from serve.gateway.app import create_app
+from serve.gateway.exceptions import BackendError, BackendTimeout
+from serve.gateway.image_generation.serving import canary_request
+from serve.gateway.inputs.images import CANARY_IMAGE
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import FakeTriton, error_of

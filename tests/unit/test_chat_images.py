@@ -139,7 +139,7 @@ def test_chat_image_domains_is_read_from_the_environment_as_json(monkeypatch):
 
 def test_video_and_audio_urls_follow_the_image_url_rules():
     from serve.gateway.exceptions import InvalidRequest
-    from serve.gateway.chat_input import check_chat_images
+    from serve.gateway.inputs.chat import check_chat_images
     from serve.gateway.settings import GatewaySettings
 
     limits = GatewaySettings(chat_image_domains=["media.example.com"])

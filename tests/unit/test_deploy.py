@@ -3,7 +3,6 @@ planning stand-ins of real-sized models (tests/plan_fixtures.py: real headers an
 
 import json
 import re
-
 from pathlib import Path
 
 import pytest
@@ -208,7 +207,7 @@ def test_a_whisper_plans_its_decoder_and_cross_attention_cache_and_runs_vllms_im
     decoder layers."""
     from deploy.images import SPEECH_VLLM_IMAGE, VLLM_IMAGE
     from deploy.render import render
-    from serve.gateway.keys import write_keys
+    from serve.gateway.access.keys import write_keys
 
     write_whisper(tmp_path / "whisper-large-v3", WHISPER_LARGE_V3)
     write_entry(tmp_path / "repo", "enc")
@@ -247,7 +246,7 @@ def test_a_speech_box_bundles_vllms_wheels_with_the_audio_packages_and_the_audio
 
     import deploy.bundle as bundle
     from deploy.images import VLLM_IMAGE, VLLM_IMAGE_PYTHON
-    from serve.gateway.keys import write_keys
+    from serve.gateway.access.keys import write_keys
 
     asked, pinned = {}, {}
 
@@ -501,7 +500,7 @@ def test_what_a_promotion_retired_is_not_loaded_at_the_next_start(tmp_path):
     from deploy.box import ROLLOUT_FILE
     from deploy.box_cli import _promotions
     from deploy.services import Layout, build_services
-    from serve.gateway.rollout.store import RolloutStore, Snapshot
+    from serve.gateway.fleet.rollout.store import RolloutStore, Snapshot
     from serve.gateway.settings import Alias
     from tests.plan_fixtures import TINY_LLAMA, write_adapter
 

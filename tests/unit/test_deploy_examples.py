@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.tasks import KINDS, TASKS
 from deploy.images import image_context, image_list
-from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.kubernetes import REDIS, locust_job, needs_redis
+from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
-from core.tasks import KINDS, TASKS
 from serve.entry_config import entry_models, read_batching, read_config
-from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, write_diffusion_entry, write_entry, write_llama,
-                                 write_whisper)
+from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, write_diffusion_entry, write_entry,
+                                 write_llama, write_whisper)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "deploy" / "examples").glob("*.yaml"))
@@ -592,7 +592,7 @@ def test_two_llms_share_one_4090_each_with_its_share_started_one_after_the_other
 
 
 def write_artifacts_keys(folder: Path, spec: dict) -> Path:
-    from serve.gateway.keys import ApiKey, hash_key, write_keys
+    from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 
     write_keys(folder / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
     path = folder / "box.yaml"

@@ -39,7 +39,7 @@ def test_a_single_image_object_is_one_input(client, backend):
     ("data:image/png,rawbytes", "image 0: a data URL must read data:image/<type>;base64,<data>"),
     ("data:text/plain;base64," + b64(PNG), "image 0: a data URL must read data:image/<type>;base64,<data>"),
     (b64(PNG + b"\x00" * 200), "image 0: the image has 228 bytes; this gateway allows at most 100 per image"),
-])  # the same rules and words as chat's image parts (serve/gateway/data_url.py)
+])  # the same rules and words as chat's image parts (serve/gateway/inputs/data_url.py)
 def test_bad_images_are_400_and_never_reach_the_backend(backend, image, message):
     from fastapi.testclient import TestClient
 

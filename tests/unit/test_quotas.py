@@ -7,13 +7,13 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-
-from serve.gateway.app import create_app
-from serve.gateway.metrics import QUOTA_STORAGE_ERRORS
-from serve.gateway.quotas import SQLiteStorage  # noqa: F401 - registers the async+sqlite scheme
-from serve.gateway.settings import GatewaySettings
 from limits.aio.storage import Storage
 from limits.storage import storage_from_string
+
+from serve.gateway.access.quotas import SQLiteStorage  # noqa: F401 - registers the async+sqlite scheme
+from serve.gateway.app import create_app
+from serve.gateway.metrics import QUOTA_STORAGE_ERRORS
+from serve.gateway.settings import GatewaySettings
 
 from .fakes import error_of
 from .test_auth import bearer, make_key

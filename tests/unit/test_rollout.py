@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Classification, ModelInfo
-from serve.gateway.rollout.store import RolloutStore, Snapshot
-from serve.gateway.rollout import table as rollout_table
-from serve.gateway.rollout.table import PromotionConflict, Rollout
+from serve.gateway.fleet.rollout import table as rollout_table
+from serve.gateway.fleet.rollout.store import RolloutStore, Snapshot
+from serve.gateway.fleet.rollout.table import PromotionConflict, Rollout
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import LABELS, FakeTriton, error_of

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from fastapi.testclient import TestClient
 
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.gateway.app import create_app
 from serve.gateway.exceptions import BackendError
-from serve.gateway.keys import ApiKey, hash_key, write_keys
 from serve.gateway.settings import GatewaySettings
 
 from .fakes import MODELS, FakeTriton, error_of
@@ -188,16 +188,16 @@ def test_between_replicas_that_hold_a_prefix_the_one_with_fewer_tokens_in_flight
 
 
 async def _prefix_of(messages):
-    from serve.gateway.generate.serving import conversation
+    from serve.gateway.fleet.prefix import prefix_of, prompt_text
     from serve.gateway.generate.protocol import ChatCompletionRequest
-    from serve.gateway.prefix import prefix_of, prompt_text
+    from serve.gateway.generate.serving import conversation
 
     request = ChatCompletionRequest(model="llm", messages=messages, max_tokens=4)
     return prefix_of(prompt_text(messages, None), conversation(request, None, None), 64, 4)
 
 
 def test_the_prefix_index_forgets_the_least_recently_sent_blocks_first():
-    from serve.gateway.prefix import PrefixIndex, prefix_of
+    from serve.gateway.fleet.prefix import PrefixIndex, prefix_of
 
     index = PrefixIndex(capacity=12)
     old, new = prefix_of("x" * 640, "old", 64, 1), prefix_of("y" * 640, "new", 64, 1)  # 11 hashes each

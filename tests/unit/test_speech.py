@@ -118,8 +118,8 @@ def test_a_json_body_is_a_clear_400(client):
 def test_a_client_that_leaves_cancels_the_work_for_it():
     import asyncio
 
+    from serve.gateway.edge.orjson_route import unless_client_leaves
     from serve.gateway.exceptions import ClientGone
-    from serve.gateway.routing import unless_client_leaves
 
     class Request:
         def __init__(self, leaves_after_s):

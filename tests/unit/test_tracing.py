@@ -5,8 +5,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from serve.gateway.app import create_app
+from serve.gateway.edge.otel import install_tracing
 from serve.gateway.settings import GatewaySettings
-from serve.gateway.tracing import install_tracing
 
 
 def test_model_requests_are_traced_and_probes_are_not(backend):

@@ -1,4 +1,4 @@
-"""People before a batch by default (serve/gateway/yielding.py): a batch's request beyond its floor waits while a
+"""People before a batch by default (serve/gateway/fleet/yielding.py): a batch's request beyond its floor waits while a
 person's request to the same servers waits for its first token, and goes the moment it has it; the floor always goes
 (no starvation); other servers' people hold nothing; a person's stream counts as answered at its first chunk."""
 
@@ -8,15 +8,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.testclient import TestClient
 
+from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Stream, StreamChunk
-from serve.gateway.dispatch import _FirstChunk
-from serve.gateway.keys import ApiKey, hash_key, write_keys
+from serve.gateway.fleet.dispatch import _FirstChunk
+from serve.gateway.fleet.yielding import PeopleFirst
 from serve.gateway.settings import GatewaySettings
-from serve.gateway.yielding import PeopleFirst
+from tests import until
 
 from .fakes import GatedTriton
-from tests import until
 
 
 def test_the_batch_beyond_its_floor_waits_for_people_s_first_token_and_other_servers_hold_nothing():

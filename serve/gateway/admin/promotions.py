@@ -9,11 +9,11 @@ from typing import Literal
 from fastapi import Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ..auth import authenticate
+from ..access.auth import authenticate
+from ..edge.orjson_route import gateway_router
 from ..exceptions import ERROR_RESPONSES, BackendUnavailable, Conflict, InvalidRequest, ModelNotFound, NotFound
-from ..rollout.store import RolloutError
-from ..rollout.table import PromotionConflict, PromotionNotFound
-from ..routing import gateway_router
+from ..fleet.rollout.store import RolloutError
+from ..fleet.rollout.table import PromotionConflict, PromotionNotFound
 from ..state import GatewayState
 from .router import require_admin
 

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from core.contract import TEXT_GENERATION
 from serve.lora_runtime import RuntimeLoraError, load_everywhere, unload_everywhere
 
-from ..auth import authenticate, request_key
+from ..access.auth import authenticate, request_key
+from ..edge.orjson_route import gateway_router
 from ..exceptions import BackendUnavailable, Forbidden, InvalidRequest, ModelNotFound
-from ..routing import gateway_router
 from ..state import GatewayState
 
 

@@ -16,9 +16,9 @@ from fastapi import Depends, File, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 from pydantic import ValidationError
 
-from ..auth import authenticate, request_key
+from ..access.auth import authenticate, request_key
+from ..edge.orjson_route import gateway_router
 from ..exceptions import Forbidden, GatewayError, InvalidRequest, NotFound
-from ..routing import gateway_router
 from . import lines as batch_lines
 from .protocol import Batch, BatchCreate, BatchList, ExpiresAfter, FileDeleted, FileList, FileObject
 from .runner import ANONYMOUS, BatchRunner

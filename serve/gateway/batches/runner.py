@@ -30,9 +30,9 @@ from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_result, wait_exponential
 
 from .. import metrics
-from ..access import RUN_AS, Access
+from ..access.caller import RUN_AS, Access
+from ..access.keys import PRIORITIES, ApiKey
 from ..exceptions import InvalidRequest
-from ..keys import PRIORITIES, ApiKey
 from ..settings import GatewaySettings
 from . import lines as batch_lines
 from .store import Store

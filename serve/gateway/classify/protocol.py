@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-from ..image_input import ImageInput
-from ..text_input import TextInputRequest
-from ..wire import Text, Texts
+from ..inputs.images import ImageInput
+from ..inputs.text import TextInputRequest
+from ..inputs.wire import Text, Texts
 
 
 class ClassifyRequest(TextInputRequest):

@@ -1,8 +1,8 @@
 from fastapi import Depends, Request
 
-from ..auth import admit, authenticate
-from ..hotpath import HotRoute
-from ..routing import gateway_router
+from ..access.auth import admit, authenticate
+from ..edge.hotpath import HotRoute
+from ..edge.orjson_route import gateway_router
 from .protocol import ClassifyRequest, ClassifyResponse
 from .serving import classify
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from core.contract import IMAGE_CLASSIFICATION, TEXT_CLASSIFICATION
 
-from ..answers import Rows
 from ..exceptions import InvalidRequest
-from ..image_input import CANARY_IMAGE, ImageInput, decode_images
+from ..fleet.answer_cache import Rows
+from ..inputs.images import CANARY_IMAGE, ImageInput, decode_images
+from ..inputs.text import check_texts
 from ..state import GatewayState
-from ..text_input import check_texts
 from .protocol import ClassifyRequest, ClassifyResponse, ClassifyResult
 
 TASK, IMAGE_TASK = TEXT_CLASSIFICATION, IMAGE_CLASSIFICATION
@@ -25,11 +25,11 @@ async def classify(state: GatewayState, request: ClassifyRequest) -> ClassifyRes
         raise InvalidRequest(f"model {info.name!r} classifies text; send input as a string or a list of strings",
                              param="input")
     if images:
-        encoded = decode_images(state, request.input)
+        encoded = decode_images(state.settings, request.input)
         results = await state.dispatch.call(info, Rows(("classify_images",), encoded, lambda b, m, images:
                                                        b.classify_images(m, images, limits.request_timeout_s)))
     else:
-        texts = check_texts(state, request.input)
+        texts = check_texts(state.settings, request.input)
         results = await state.dispatch.call(info, Rows(("classify",), texts, lambda b, m, texts:
                                                        b.classify(m, texts, limits.request_timeout_s)))
     return ClassifyResponse(

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from core.contract import MAX_DETECTIONS
 
-from ..image_input import ImageInput
-from ..wire import SafeInt
+from ..inputs.images import ImageInput
+from ..inputs.wire import SafeInt
 
 
 class DetectRequest(BaseModel):

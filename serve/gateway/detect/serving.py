@@ -6,10 +6,10 @@ import json
 
 from core.contract import DETECTION_DEFAULTS, MAX_DETECTIONS, OBJECT_DETECTION
 
-from ..image_input import CANARY_IMAGE, decode_images
 from ..exceptions import InvalidRequest
+from ..inputs.images import CANARY_IMAGE, decode_images
 from ..state import GatewayState
-from .protocol import DetectRequest, DetectResponse, Detection, ImageDetections
+from .protocol import Detection, DetectRequest, DetectResponse, ImageDetections
 
 TASK = OBJECT_DETECTION
 
@@ -41,7 +41,7 @@ def options(defaults: dict, request: DetectRequest) -> tuple[float, float, int]:
 async def detect(state: GatewayState, request: DetectRequest) -> DetectResponse:
     limits = state.settings
     info = await state.dispatch.resolve(request.model, TASK)
-    encoded = decode_images(state, request.input)
+    encoded = decode_images(state.settings, request.input)
     labels = info.labels
     unknown = sorted({c for c in request.classes or () if c >= len(labels)})
     if unknown:

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictStr
 
-from ..text_input import TextInputRequest
-from ..wire import SafeInt, Text, Texts, TokenIds
+from ..inputs.text import TextInputRequest
+from ..inputs.wire import SafeInt, Text, Texts, TokenIds
 
 
 class EmbeddingRequest(TextInputRequest):

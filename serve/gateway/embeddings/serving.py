@@ -9,10 +9,10 @@ import numpy as np
 from core.contract import FEATURE_EXTRACTION
 
 from .. import metrics
-from ..answers import Rows
 from ..exceptions import InvalidRequest
+from ..fleet.answer_cache import Rows
+from ..inputs.text import check_texts
 from ..state import GatewayState
-from ..text_input import check_texts
 from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 
 TASK = FEATURE_EXTRACTION
@@ -21,7 +21,7 @@ TASK = FEATURE_EXTRACTION
 def _check_texts(state: GatewayState, request: EmbeddingRequest) -> list[str]:
     if request.token_arrays():
         raise InvalidRequest("token arrays are not supported; send text", param="input")
-    return check_texts(state, request.input)
+    return check_texts(state.settings, request.input)
 
 
 def _check_dimensions(request: EmbeddingRequest, model: str, size: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ..wire import SafeInt, TokenId
+from ..inputs.wire import SafeInt, TokenId
 
 
 class _Generation(BaseModel):

@@ -2,8 +2,8 @@ import orjson
 from fastapi import Depends, Request, Response
 from fastapi.responses import StreamingResponse
 
-from ..auth import admit, authenticate, request_key
-from ..routing import gateway_router
+from ..access.auth import admit, authenticate, request_key
+from ..edge.orjson_route import gateway_router
 from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
 from .serving import count_tokens, generate, relay_agent_api, tokenize

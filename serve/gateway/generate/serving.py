@@ -19,15 +19,15 @@ import orjson
 
 from core.contract import TEXT_GENERATION
 
+from ..access.keys import ApiKey
 from ..backends.base import Stream, StreamBroken
+from ..edge.recording import TRACE, hash_ids, note, note_first_chunk
 from ..exceptions import InvalidRequest
-from ..keys import ApiKey
-from ..prefix import prefix_of, prompt_text
+from ..fleet.prefix import prefix_of, prompt_text
+from ..inputs.chat import check_chat_images, messages_size
 from ..settings import GatewaySettings
 from ..state import GatewayState
-from ..trace import TRACE, hash_ids, note, note_first_chunk
 from ..usage import count_usage
-from ..chat_input import check_chat_images, messages_size
 from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
 
@@ -37,7 +37,7 @@ TASK = TEXT_GENERATION
 
 def _prompt_size(request: ChatCompletionRequest | CompletionRequest) -> int:
     """Characters of text (token ids count one each) the backend will have to tokenize and prefill; images are
-    bounded apart (chat_input.py)."""
+    bounded apart (inputs/chat.py)."""
     if isinstance(request, CompletionRequest):
         prompts = [request.prompt] if isinstance(request.prompt, str) or (
             request.prompt and isinstance(request.prompt[0], int)) else request.prompt

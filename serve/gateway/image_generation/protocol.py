@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from core.contract import SCHEDULERS
 
-from ..wire import SafeInt
+from ..inputs.wire import SafeInt
 
 
 class ImageGenerationRequest(BaseModel):

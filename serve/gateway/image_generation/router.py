@@ -1,7 +1,7 @@
 from fastapi import Depends, Request
 
-from ..auth import admit, authenticate
-from ..routing import gateway_router
+from ..access.auth import admit, authenticate
+from ..edge.orjson_route import gateway_router
 from .protocol import ImageGenerationRequest, ImageGenerationResponse
 from .serving import generate_images
 

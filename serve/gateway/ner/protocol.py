@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..text_input import TextInputRequest
-from ..wire import Text, Texts
+from ..inputs.text import TextInputRequest
+from ..inputs.wire import Text, Texts
 
 Aggregation = Literal["none", "simple", "first", "average", "max"]
 

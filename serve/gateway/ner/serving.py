@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from core.contract import TOKEN_CLASSIFICATION
 
-from ..answers import Rows
+from ..fleet.answer_cache import Rows
+from ..inputs.text import check_texts
 from ..state import GatewayState
-from ..text_input import check_texts
 from .protocol import Entity, NerRequest, NerResponse, NerResult
 
 TASK = TOKEN_CLASSIFICATION
 
 
 async def tag(state: GatewayState, request: NerRequest) -> NerResponse:
-    texts = check_texts(state, request.input)
+    texts = check_texts(state.settings, request.input)
     info = await state.dispatch.resolve(request.model, TASK)
     aggregation = request.aggregation or info.extra.get("aggregation") or "first"
     results = await state.dispatch.call(info, Rows(("tag", aggregation), texts, lambda b, m, texts:

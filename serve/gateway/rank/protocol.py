@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from ..wire import TokenId
+from ..inputs.wire import TokenId
 
 # A text, or {"content": [parts]} (text and image parts) for the multimodal rerankers vLLM serves.
 ScoreInput = StrictStr | dict

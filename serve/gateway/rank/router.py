@@ -1,8 +1,8 @@
 import orjson
 from fastapi import Depends, Request, Response
 
-from ..auth import admit, authenticate, request_key
-from ..routing import gateway_router
+from ..access.auth import admit, authenticate, request_key
+from ..edge.orjson_route import gateway_router
 from .protocol import PoolingRequest, RerankRequest, ScoreRequest
 from .serving import rank
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from core.contract import TEXT_RANKING
 
-from ..chat_input import check_chat_images, messages_size
+from ..access.keys import ApiKey
 from ..exceptions import InvalidRequest
-from ..keys import ApiKey
+from ..inputs.chat import check_chat_images, messages_size
 from ..settings import GatewaySettings
 from ..state import GatewayState
 from ..usage import count_usage

@@ -2,10 +2,10 @@ import orjson
 from fastapi import Depends, Request, Response
 from starlette.datastructures import UploadFile
 
-from ..auth import admit, authenticate
+from ..access.auth import admit, authenticate
 from ..backends.base import Upload
+from ..edge.orjson_route import gateway_router, unless_client_leaves
 from ..exceptions import InvalidRequest
-from ..routing import gateway_router, unless_client_leaves
 from .serving import transcribe
 
 router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])

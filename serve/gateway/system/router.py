@@ -5,8 +5,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 
 from .. import metrics
-from ..auth import authenticate, request_key
-from ..routing import gateway_router
+from ..access.auth import authenticate, request_key
+from ..edge.orjson_route import gateway_router
 
 probes = gateway_router(tags=["system"], responses={})  # probes answer 200 (or readyz 503), nothing else
 router = gateway_router()

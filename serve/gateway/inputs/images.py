@@ -8,9 +8,10 @@ import zlib
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ..exceptions import InvalidRequest
+from ..settings import GatewaySettings
 from . import data_url
-from .exceptions import InvalidRequest
-from .text_input import check_count
+from .text import check_count
 
 _MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")  # PNG, JPEG
 
@@ -24,10 +25,9 @@ class ImageInput(BaseModel):
     image: StrictStr = Field(min_length=1)
 
 
-def decode_images(state, images: list[ImageInput]) -> list[bytes]:
+def decode_images(limits: GatewaySettings, images: list[ImageInput]) -> list[bytes]:
     """base64 (or data URL) -> the encoded PNG / JPEG bytes, within the deployment's limits."""
-    limits = state.settings
-    check_count(state, images, "images")
+    check_count(limits, images, "images")
     out = []
     for i, item in enumerate(images):
         try:

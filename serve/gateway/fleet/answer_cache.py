@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from cachetools import LRUCache
 
-from . import metrics
-from .access import CALLER_SCOPE
-from .backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
+from .. import metrics
+from ..access.caller import CALLER_SCOPE
+from ..backends.base import Backend, Classification, Embedding, ModelInfo, Tagging
 
 log = logging.getLogger("rtxserve.gateway")
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from serve.lora_runtime import RuntimeLoraError, unload_everywhere
 
-from ..exceptions import GatewayError
+from ...exceptions import GatewayError
 from ..registry import Registry
 from ..residency import Residency
 

@@ -17,7 +17,7 @@ import structlog
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from .exceptions import error_response
+from ..exceptions import error_response
 
 _SANE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 HEADER = b"x-request-id"

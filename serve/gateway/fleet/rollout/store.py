@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..settings import Alias
+from ...settings import Alias
 
 log = logging.getLogger("rtxserve.gateway.rollout")
 T = TypeVar("T")

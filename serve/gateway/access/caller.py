@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from .exceptions import Forbidden, Unauthenticated
+from ..exceptions import Forbidden, Unauthenticated
+from ..settings import GatewaySettings
 from .keys import ApiKey, KeyRing
 from .quotas import Quotas
-from .settings import GatewaySettings
 
 # The API key name of the request being served (set where its key is admitted): what a sticky alias keeps on one model.
 CALLER: ContextVar[str | None] = ContextVar("rtxserve_caller", default=None)
 CALLER_PRIORITY: ContextVar[int] = ContextVar("rtxserve_caller_priority", default=0)  # its key's, for the model gates
-# Its key's scope (the models it may use): the answer cache (answers.py) never shares an answer across scopes.
+# Its key's scope (the models it may use): the answer cache (fleet/answer_cache.py) never shares an answer across scopes.
 CALLER_SCOPE: ContextVar[tuple[str, ...] | None] = ContextVar("rtxserve_caller_scope", default=None)
 # The key an in-process request runs as, in its ASGI scope's state: set by the batch runner (batches/runner.py) for
 # each line it sends through the gateway's front door; never from anything a client sends.

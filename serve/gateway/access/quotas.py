@@ -33,8 +33,8 @@ from limits.aio.strategies import FixedWindowRateLimiter
 from limits.errors import StorageError
 from limits.storage import storage_from_string
 
-from . import metrics
-from .exceptions import GatewayError
+from .. import metrics
+from ..exceptions import GatewayError
 from .keys import ApiKey
 
 log = logging.getLogger("rtxserve.gateway.quotas")

@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 import tenacity
 
-from . import metrics
-from .exceptions import BackendUnavailable, GatewayError
+from .. import metrics
+from ..exceptions import BackendUnavailable, GatewayError
+from ..settings import GatewaySettings
 from .registry import Registry
-from .settings import GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway.residency")
 MAX_RETRY_S = 60.0

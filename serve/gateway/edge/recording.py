@@ -27,7 +27,7 @@ from pathlib import Path
 
 import orjson
 
-from .access import RUN_AS
+from ..access.caller import RUN_AS
 
 FLUSH_S = 0.5  # the longest a line waits to be written (what a crash may lose)
 FLUSH_LINES = 1000  # or until this many wait

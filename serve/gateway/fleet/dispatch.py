@@ -22,19 +22,19 @@ from typing import TypeVar
 from circuitbreaker import STATE_OPEN
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from . import metrics
-from .access import CALLER, CALLER_PRIORITY
-from .admission import Gate
-from .answers import AnswerCache, Rows
-from .backends.base import Backend, ModelInfo, Stream
-from .exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
-from .keys import PRIORITIES
+from .. import metrics
+from ..access.caller import CALLER, CALLER_PRIORITY
+from ..access.keys import PRIORITIES
+from ..backends.base import Backend, ModelInfo, Stream
+from ..edge.admission import Gate
+from ..exceptions import BackendConnectFailed, BackendUnavailable, GatewayError, InvalidRequest, ModelNotFound
+from ..settings import GatewaySettings
+from .answer_cache import AnswerCache, Rows
 from .prefix import Prefix
 from .registry import BREAKS, Registry, Replica
 from .residency import Residency
 from .rollout.shadow import mirror
 from .rollout.table import Rollout
-from .settings import GatewaySettings
 from .yielding import PeopleFirst
 
 log = logging.getLogger("rtxserve.gateway")
@@ -248,7 +248,7 @@ class Dispatcher:
 
     async def _resident(self, info: ModelInfo, fn: Callable[[Backend, ModelInfo], Awaitable[T]],
                         prefix: Prefix | None = None) -> T:
-        """`_held`; rows of a model with an answer cache (answers.py) are looked up in it first, under the model that
+        """`_held`; rows of a model with an answer cache (answer_cache.py) are looked up in it first, under the model that
         answers: only those it lacks are called for."""
         if isinstance(fn, Rows) and info.name in self.answers:
             return await self.answers.rows(info.name, fn, lambda missing: self._held(info, missing))

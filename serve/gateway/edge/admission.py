@@ -13,8 +13,8 @@ import asyncio
 import time
 from collections import OrderedDict, deque
 
-from . import metrics
-from .exceptions import GatewayError, Overloaded, error_response
+from .. import metrics
+from ..exceptions import GatewayError, Overloaded, error_response
 
 
 class Gate:

@@ -18,11 +18,11 @@ from circuitbreaker import STATE_OPEN, CircuitBreaker
 
 from core import contract
 
-from . import metrics
-from .backends.base import Backend, ModelInfo
-from .exceptions import BackendError, BackendTimeout, BackendUnavailable
+from .. import metrics
+from ..backends.base import Backend, ModelInfo
+from ..exceptions import BackendError, BackendTimeout, BackendUnavailable
+from ..settings import Alias, GatewaySettings
 from .prefix import PrefixIndex
-from .settings import Alias, GatewaySettings
 
 log = logging.getLogger("rtxserve.gateway")
 # What opens a replica's breaker: the backend failing, not the client's request being wrong.
@@ -70,7 +70,7 @@ class Registry:
         self.models: dict[str, ModelInfo] = {}
         self.draining = False  # after SIGTERM: not ready, still serving (app.py)
         self.last_refresh = 0.0
-        self.on_unready: list[Callable[[str], None]] = []  # told of each model that stops being ready (answers.py)
+        self.on_unready: list[Callable[[str], None]] = []  # told of each model that stops being ready (answer_cache.py)
 
     async def _refresh_replica(self, replica: Replica) -> None:
         try:

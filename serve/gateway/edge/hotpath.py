@@ -20,9 +20,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from .auth import admit_key
-from .exceptions import GatewayError, gateway_error, http_error, unexpected_error, validation_error
-from .trace import note_inputs
+from ..access.auth import admit_key
+from ..exceptions import GatewayError, gateway_error, http_error, unexpected_error, validation_error
+from .recording import note_inputs
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,10 @@ list of them, and the deployment's limits on texts per request and characters pe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
-from .exceptions import InvalidRequest
-
-if TYPE_CHECKING:
-    from .state import GatewayState
+from ..exceptions import InvalidRequest
+from ..settings import GatewaySettings
 
 
 class TextInputRequest(BaseModel):
@@ -35,16 +31,15 @@ class TextInputRequest(BaseModel):
         return items
 
 
-def check_count(state: GatewayState, items: list, what: str) -> None:
+def check_count(limits: GatewaySettings, items: list, what: str) -> None:
     """At most the deployment's `max_inputs` texts or images in one request."""
-    if len(items) > state.settings.max_inputs:
-        raise InvalidRequest(f"at most {state.settings.max_inputs} {what} per request, got {len(items)}", param="input")
+    if len(items) > limits.max_inputs:
+        raise InvalidRequest(f"at most {limits.max_inputs} {what} per request, got {len(items)}", param="input")
 
 
-def check_texts(state: GatewayState, texts: list[str]) -> list[str]:
+def check_texts(limits: GatewaySettings, texts: list[str]) -> list[str]:
     """The deployment's limits on texts per request and characters per text."""
-    limits = state.settings
-    check_count(state, texts, "texts")
+    check_count(limits, texts, "texts")
     for i, text in enumerate(texts):
         if len(text) > limits.max_input_chars:
             raise InvalidRequest(

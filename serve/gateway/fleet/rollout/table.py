@@ -24,7 +24,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from ..settings import Alias, GatewaySettings
+from ...settings import Alias, GatewaySettings
 from .store import Promotion, RolloutStore, Snapshot
 
 log = logging.getLogger("rtxserve.gateway.rollout")

@@ -16,7 +16,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
-from .exceptions import ERROR_RESPONSES, ClientGone
+from ..exceptions import ERROR_RESPONSES, ClientGone
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from .. import metrics
-from ..backends.base import Classification, Detections, Embedding, Stream, Tagging
+from ... import metrics
+from ...backends.base import Classification, Detections, Embedding, Stream, Tagging
 
 log = logging.getLogger("rtxserve.gateway.rollout")
 MIN_COSINE = 0.99  # embeddings closer than this are the same answer

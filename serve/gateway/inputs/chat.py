@@ -16,9 +16,9 @@ import re
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+from ..exceptions import InvalidRequest
+from ..settings import GatewaySettings
 from . import data_url
-from .exceptions import InvalidRequest
-from .settings import GatewaySettings
 
 # Where URL parsers disagree on the host (userinfo, backslashes, spaces), the host we check may not be the one fetched.
 _AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
