@@ -21,7 +21,6 @@ import contextlib
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 from .record import Benchmark, Files, Progress
@@ -63,8 +62,10 @@ def run(out: Path, *, rate: float = 2.0, duration_s: float = 60.0, system_words:
     from core.machine import machine
     from fixture_models.llm import write_llm
     from loadtest.capacity import search
+    from loadtest.report import load_samples
     from loadtest.runner import LoadSpec, run as load
     from loadtest.runner import scenario_options
+    from loadtest.scenarios.traces import await_trace
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 
@@ -86,7 +87,7 @@ def run(out: Path, *, rate: float = 2.0, duration_s: float = 60.0, system_words:
                                    system_prompt_words=system_words)
         recorded, recorded_hits = _during(vllm_url, lambda: load(
             LoadSpec(url, options, duration_s=duration_s, warmup_s=0, scrape=scrape), out / "recorded", log=quiet))
-        time.sleep(1.5)  # the trace is written every half second
+        await_trace(out / "trace", len(load_samples(out / "recorded" / "samples.csv").end))  # every request recorded
         shutil.copytree(out / "trace", out / "recording")
         progress("B13: replaying the recording")
         replay = scenario_options(scenario="replay", arrival="trace", trace=str(out / "recording"))

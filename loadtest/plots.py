@@ -196,7 +196,7 @@ PANELS = {  # panel -> (left axis, right axis), top to bottom
 }
 
 
-def _lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
+def panel_lines(series: dict[str, Series], client: dict) -> dict[str, list[tuple]]:
     """(x, y, label, style[, on the right axis]) per panel. Triton shows only its busiest models."""
     of = lambda role, only=None: [(n, s) for n, s in series.items()  # noqa: E731
                                   if s.role == role and (only is None or s.subject in only)]
@@ -245,7 +245,7 @@ def plot_servers(series: dict[str, Series], client: dict, path: Path, title: str
     Returns:
         `path`, or None when there was nothing to draw.
     """
-    lines = _lines(series, client)
+    lines = panel_lines(series, client)
     panels = [p for p in PANELS if lines.get(p)]
     if not panels:
         return None

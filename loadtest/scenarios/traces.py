@@ -149,6 +149,26 @@ def read_trace(path: Path, fmt: str = "auto", *, model: str = "", mapping: dict[
     return Trace(requests, fmt, blocks, skipped)
 
 
+def await_trace(path: Path, requests: int, timeout_s: float = 30.0) -> Trace:
+    """A gateway's trace_dir once it holds `requests` requests: the gateway writes its trace every half second, so a
+    recording read at once lacks its last requests (or ends in a half-written line). TimeoutError past `timeout_s`."""
+    import tenacity
+
+    def read() -> Trace | None:
+        try:
+            return read_trace(path)
+        except ValueError:  # no file yet, or its last line half written
+            return None
+
+    trace = tenacity.Retrying(stop=tenacity.stop_after_delay(timeout_s), wait=tenacity.wait_fixed(0.1),
+                              retry=tenacity.retry_if_result(lambda t: t is None or len(t.requests) < requests),
+                              retry_error_callback=lambda state: state.outcome.result())(read)
+    if trace is None or len(trace.requests) < requests:
+        raise TimeoutError(f"{path}: {0 if trace is None else len(trace.requests)} of {requests} requests traced "
+                           f"after {timeout_s:g} s")
+    return trace
+
+
 def _read(path: Path, fmt: str) -> tuple[str, list[tuple[float, _Line]]]:
     """One file's lines as (arrival time in seconds, line), checked; the format, found from its first line if `auto`."""
     lines, previous = [], None

@@ -13,7 +13,7 @@ import pytest
 from export.detection.detr import PARITY_THRESHOLD, pipeline_detections
 from export.detection.served import MIN_RECALL, compare_detections
 from export.vision import sample_images
-from fixture_models.detection import probe_images
+from fixture_models.detection import DETECTION_LABELS, probe_images
 
 from . import png
 from .conftest import DETECTOR, RT_DETR, YOLOS, detection_samples
@@ -71,8 +71,12 @@ def test_max_det_classes_and_bad_images(stack):
     assert len(one) == 1
     everything = _detect(stack, [image], conf=0.0, max_det=1000).json()["data"][0]["detections"]
     assert one[0] == everything[0] and len(everything) == 8  # the fixture's 8 queries, best first
-    blue = _detect(stack, [image], conf=0.0, classes=[1]).json()["data"][0]["detections"]
-    assert {d["label"] for d in blue} <= {"blue box"}
+    kept = 0
+    for c, label in enumerate(DETECTION_LABELS):  # each class filter keeps exactly that class's share of the 8
+        only = _detect(stack, [image], conf=0.0, classes=[c]).json()["data"][0]["detections"]
+        assert only == [d for d in everything if d["class_id"] == c] and {d["label"] for d in only} <= {label}
+        kept += len(only)
+    assert kept == len(everything)
     r = _detect(stack, [image, image[:40]])
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("image 1: "), r.text
     r = _detect(stack, [image], conf=2)

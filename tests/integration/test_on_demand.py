@@ -23,6 +23,7 @@ from . import until
 ALWAYS = "reviews_en"
 SWAPPED = ("reviews_de", "reviews_fr", "reviews_es")  # room for two of them
 IDLE = "reviews_it"  # unloaded after 2 s without a request
+FIRST = "reviews_pt"  # asked for by one test only: its first load is that test's, whatever ran before
 BROKEN = "reviews_broken"  # its ONNX file is garbage: its load fails
 TEXT = "a wonderful, delightful film"
 
@@ -30,14 +31,14 @@ TEXT = "a wonderful, delightful film"
 @pytest.fixture(scope="module")
 def box(classifier_checkpoint, tmp_path_factory):
     work = tmp_path_factory.mktemp("on-demand")
-    for name in (ALWAYS, *SWAPPED, IDLE, BROKEN):
+    for name in (ALWAYS, *SWAPPED, IDLE, FIRST, BROKEN):
         export_text_classification(classifier_checkpoint, EntryOptions(name=name), work / "repo")
     for onnx in (work / "repo" / f"{BROKEN}_model" / "1").glob("*.onnx"):
         onnx.write_bytes(b"not an ONNX graph")
     shutil.rmtree(work / "repo" / f"{BROKEN}_model" / "1" / "model.onnx_data", ignore_errors=True)
     triton, opts = start_triton(work / "repo", work / "logs", load_models=[ALWAYS])
     on_demand = {n: {"task": "text-classification", "gib": 1.0, "idle_unload_s": 2.0 if n == IDLE else None}
-                 for n in (*SWAPPED, IDLE, BROKEN)}
+                 for n in (*SWAPPED, IDLE, FIRST, BROKEN)}
     try:
         gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", work / "logs", extra_env={
             "RTXSERVE_ON_DEMAND": json.dumps(on_demand), "RTXSERVE_SWAP_ROOM_GIB": "2",
@@ -69,14 +70,16 @@ def classify(url: str, model: str) -> httpx.Response:
 
 def test_only_the_always_resident_entry_is_loaded_at_start(box):
     url, triton = box
-    assert loaded(triton) <= {ALWAYS, *SWAPPED, IDLE}  # an earlier test may have loaded some; never the broken one
+    now = loaded(triton)  # an earlier test may have loaded some on-demand entries: each one the gateway counts
     listed = {m["id"]: m for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]}
+    assert ALWAYS in now and BROKEN not in now
+    assert now - {ALWAYS} == {n for n, m in listed.items() if m.get("on_demand", {}).get("state") == "loaded"}
     assert listed[BROKEN]["on_demand"]["state"] == "unloaded" and "on_demand" not in listed[ALWAYS]
 
 
 def test_ten_concurrent_first_requests_cause_one_load_and_answer_as_the_resident_copy(box):
     url, triton = box
-    model = SWAPPED[0]
+    model = FIRST
     assert model not in loaded(triton)
     with ThreadPoolExecutor(10) as pool:
         answers = list(pool.map(lambda _: classify(url, model), range(10)))
@@ -92,20 +95,22 @@ def test_ten_concurrent_first_requests_cause_one_load_and_answer_as_the_resident
 def test_the_least_recently_used_entry_is_unloaded_to_make_room(box):
     url, triton = box
     de, fr, es = SWAPPED
+    before = counter(url, "rtxserve_model_unloads_total", model=fr, reason="room")
     for model in (fr, de, es):  # room for two: es takes fr's place, de having been asked for after it
         answer = classify(url, model)
         assert answer.status_code == 200, answer.text
     assert {de, es} <= loaded(triton) and fr not in loaded(triton)
-    assert counter(url, "rtxserve_model_unloads_total", model=fr, reason="room") >= 1
+    assert counter(url, "rtxserve_model_unloads_total", model=fr, reason="room") == before + 1
 
 
 def test_an_idle_entry_is_unloaded_after_its_idle_time(box):
     url, triton = box
+    before = counter(url, "rtxserve_model_unloads_total", model=IDLE, reason="idle")
     assert classify(url, IDLE).status_code == 200 and IDLE in loaded(triton)
     until(lambda: IDLE not in loaded(triton), f"{IDLE} unloaded", limit_s=30)
     # counted once the gateway has seen Triton's repository without it (its refresh after the unload returned)
-    until(lambda: counter(url, "rtxserve_model_unloads_total", model=IDLE, reason="idle") >= 1, "the idle unload counted",
-          limit_s=10)
+    until(lambda: counter(url, "rtxserve_model_unloads_total", model=IDLE, reason="idle") == before + 1,
+          "the idle unload counted", limit_s=10)
 
 
 def test_a_broken_entry_is_refused_by_name_and_the_others_answer(box):

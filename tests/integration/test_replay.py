@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from loadtest.scenarios.traces import read_trace
+from loadtest.scenarios.traces import await_trace, read_trace
 from loadtest.report import load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
 from serve.stack import start_gateway
@@ -35,13 +35,13 @@ def test_a_recorded_locust_run_replays_with_its_arrivals_apis_and_sizes(stack, l
         mix = f"classify:{MODEL}:2,chat:tiny-llama:1"
         recorded = run(LoadSpec(url, scenario_options(scenario="mix", mix=mix, arrival="poisson", rate=5, output_len=12),
                                 duration_s=8, warmup_s=0), tmp_path / "recorded", **quiet)
-        time.sleep(1.5)  # the gateway writes its trace every half second
+        sent = load_samples(tmp_path / "recorded" / "samples.csv")
+        await_trace(tmp_path / "trace", len(sent.end))  # every request recorded (the trace is written every 0.5 s)
         shutil.copytree(tmp_path / "trace", tmp_path / "recording")
         replayed = run(_replay(url, tmp_path / "recording"), tmp_path / "replayed", **quiet)
     finally:
         gateway.stop()
     trace = read_trace(tmp_path / "recording")
-    sent = load_samples(tmp_path / "recorded" / "samples.csv")
     assert recorded.summary.errors == 0 and len(trace.requests) == len(sent.end)  # every request recorded
     s, figures = replayed.summary, replayed.summary.replay
     assert s.errors == 0 and s.requests == len(trace.requests)
@@ -54,10 +54,8 @@ def test_a_recorded_locust_run_replays_with_its_arrivals_apis_and_sizes(stack, l
     # prompts of the recorded length in words, which the fixture's tokenizer reads as about a token each
     recorded_in = np.mean([r.input_tokens for r in trace.requests if r.api == "chat"])
     assert abs(np.mean(again.prompt_tokens[chat]) - recorded_in) <= 0.1 * recorded_in, figures
-    # each request left at its recorded time after the first (less the lateness it recorded: the load generator's)
-    due = np.sort(again.start - again.wait_ms / 1000)
-    offsets = due - due[0] - np.array([r.at for r in trace.requests])
-    assert np.ptp(offsets) < 0.2, offsets
+    # each request's arrival at its recorded time is a timing figure: B13 (bench/replay.py) measures it, as the
+    # correlation of recorded and replayed arrivals
     page = (tmp_path / "replayed" / "report.md").read_text()
     assert "## Recorded vs replayed" in page and (tmp_path / "replayed" / "replay.png").stat().st_size > 20_000
 

@@ -25,3 +25,21 @@ def test_the_site_obtains_amx_tile_permission_for_the_process():
                               check=True).stdout.strip()
 
     assert permitted({}) == "0" and permitted({"PYTHONPATH": str(AMX_SITE)}) == "1"
+
+
+def test_the_site_asks_for_tile_data_once_and_vllm_starts_beside_it_on_any_cpu():
+    """What CI's CPUs (no AMX) can check: the site's one call is arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+    seen through a recording ctypes, and vLLM's environment imports vllm with the site first on its path."""
+    from core.envs import VLLM, env_dir
+
+    site = AMX_SITE / "sitecustomize.py"
+    record = ("import ctypes, runpy; calls = []; ctypes.CDLL = lambda _: type('Libc', (), {'syscall': staticmethod("
+              f"lambda *a: calls.append(a) or -1)}})(); runpy.run_path({str(site)!r}); print(calls)")
+    asked = subprocess.run([sys.executable, "-c", record], capture_output=True, text=True, check=True).stdout.strip()
+    assert asked == "[(158, 4131, 18)]"  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM (0x1023), XFEATURE_XTILEDATA
+    python = env_dir(VLLM) / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(AMX_SITE)}
+    started = subprocess.run([str(python), "-c", "import sitecustomize, vllm; print(sitecustomize.__file__)"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert started.stdout.strip().splitlines()[-1] == str(site)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from loadtest import server_metrics as sm
-from loadtest.plots import plot_servers as plot
+from loadtest.plots import PANELS, panel_lines, plot_servers as plot
 from loadtest.server_metrics import Row, derive, summary
 
 T0 = 1_700_000_000.0
@@ -219,7 +219,9 @@ def synthetic(seconds=60):
 def test_plot_draws_every_panel_with_data_and_nothing_without(tmp_path):
     series, client = synthetic()
     path = plot(series, client, tmp_path / "server.png", "reviews @ 40 users: where time goes", warmup_s=10)
-    assert path.stat().st_size > 10_000
+    assert path.is_file() and {p for p, lines in panel_lines(series, client).items() if lines} == set(PANELS)
+    without_gpu = {n: s for n, s in series.items() if s.panel != "gpu"}
+    assert not panel_lines(without_gpu, client).get("gpu")  # a panel only where there is data for it
     assert plot({}, {"t": [], "p50": [], "p99": [], "qps": []}, tmp_path / "none.png", "empty") is None
     assert not (tmp_path / "none.png").exists()
 
