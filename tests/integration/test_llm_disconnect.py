@@ -8,7 +8,6 @@ about 137 tokens a second with three busy loops beside it on an AVX-512 machine,
 (and a few beside the other test worker): TOKENS take it more than a second even on the fast machine."""
 
 import re
-import time
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ from fixture_models.llm import write_llm
 from serve.stack import start_gateway, start_vllm
 from serve.vllm_server import VLLMOptions
 from tests.conftest import built_once
-from tests.integration import VLLM_EAGER
+from tests.integration import VLLM_EAGER, until
 
 TOKENS = 240
 
@@ -47,15 +46,10 @@ def _completed(vllm_url: str) -> float:
     return sum(_metric(vllm_url, "vllm:request_success_total", f'finished_reason="{r}"') for r in ("length", "stop"))
 
 
-def _settled(read, interval_s: float = 1.5, limit_s: float = 20.0) -> float:
-    """`read()` once two reads `interval_s` apart agree (or at `limit_s`)."""
-    value, deadline = read(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        time.sleep(interval_s)
-        value, previous = read(), value
-        if value == previous:
-            break
-    return value
+def _idle(vllm_url: str) -> None:
+    """Until vLLM runs nothing: its counters and its running gauge are recorded together, once per engine step, so a
+    request whose steps showed it running is counted in full once the gauge says 0."""
+    until(lambda: _metric(vllm_url, "vllm:num_requests_running") == 0, "vLLM running nothing", limit_s=60)
 
 
 def test_client_disconnect_aborts_the_generation_in_vllm(small_llm):
@@ -66,9 +60,8 @@ def test_client_disconnect_aborts_the_generation_in_vllm(small_llm):
     # the counter below sees finished requests (TOKENS of them took 60 s to 120 s beside the other test worker)
     whole = httpx.post(f"{gateway}/v1/chat/completions", json={**body, "max_tokens": 8}, timeout=600).json()
     assert whole["choices"][0]["finish_reason"] == "length"
-    # vLLM publishes its metrics about once a second, later on a loaded box: the baseline once two reads agree.
-    before = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total"))
-    completed = _settled(lambda: _completed(vllm_url))
+    _idle(vllm_url)  # the short run counted: the baseline
+    before, completed = _metric(vllm_url, "vllm:generation_tokens_total"), _completed(vllm_url)
     assert completed >= 1  # the run above (and the gateway's canary): the counter does see finished requests
     chunks = 0
     body["stream"] = True
@@ -78,10 +71,7 @@ def test_client_disconnect_aborts_the_generation_in_vllm(small_llm):
             chunks += line.startswith("data: {")
             if chunks == 2:
                 break  # leaving the block closes the connection mid-stream
-    deadline = time.monotonic() + 60  # a wait, not a speed: what is tested is that the generation stops short of TOKENS
-    while time.monotonic() < deadline and _metric(vllm_url, "vllm:num_requests_running") > 0:
-        time.sleep(0.05)
-    assert _metric(vllm_url, "vllm:num_requests_running") == 0
-    generated = _settled(lambda: _metric(vllm_url, "vllm:generation_tokens_total")) - before
-    assert _settled(lambda: _completed(vllm_url)) == completed, "the abandoned generation ran to its end"
+    _idle(vllm_url)  # a wait, not a speed: what is tested is that the generation stops short of TOKENS
+    generated = _metric(vllm_url, "vllm:generation_tokens_total") - before
+    assert _completed(vllm_url) == completed, "the abandoned generation ran to its end"
     assert 1 <= generated < TOKENS, f"vLLM generated {generated:g} of {TOKENS} tokens for a client that left after 2"
