@@ -291,17 +291,21 @@ def test_a_database_made_before_file_expiry_gets_its_columns_and_keeps_its_files
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
-def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parallel):
+def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parallel, monkeypatch):
     backend.release = concurrent.futures.Future()
     with gateway(backend, tmp_path, batch_concurrency=1, batch_parallel=parallel) as client:
+        store, scans = client.app.state.gateway.batches.store, []
+        active = store.active
+        monkeypatch.setattr(store, "active", lambda: scans.append(1) or active())  # each of the runner's scans
         long = run(client, [line("first", "wait"), line("second", "x")], wait=False)  # held by its first line
         until(lambda: backend.bodies, "the batch's first line reached the backend")
         short = run(client, [line("other", "y")], wait=False)
         if parallel == 2:  # the other key's short batch does not wait for the long one
             assert until_ended(client, short["id"])["status"] == "completed"
             assert client.get(f"/v1/batches/{long['id']}").json()["status"] == "in_progress"
-        else:  # one at a time: it waits, validating, behind the long one
-            time.sleep(1.5)
+        else:  # one at a time: it waits, validating, behind the long one, through the runner's scans after it came
+            seen = len(scans)
+            until(lambda: len(scans) >= seen + 2, "two of the runner's scans after the short batch came")
             assert client.get(f"/v1/batches/{short['id']}").json()["status"] == "validating"
         backend.release.set_result(None)
         assert until_ended(client, long["id"])["status"] == until_ended(client, short["id"])["status"] == "completed"
