@@ -12,7 +12,7 @@ from .engines import Build
 from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan
-from .services import Service, put_to_sleep, under_control
+from .services import Service, container_command, put_to_sleep
 from .spec import Deployment
 
 
@@ -43,11 +43,7 @@ def _gateway_after(engines: list[Service]) -> dict:
 def _engine(d: Deployment, s: Service, services: list[Service], triton: Service | None) -> dict:
     """A vLLM engine's service (an on-demand CPU one under its engine control), started after what it must follow."""
     svc = _image(vllm_image(d.on_gpu, s.models[0] in d.speech_models))
-    entrypoint = ["vllm", "serve"]
-    if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request, its log in the
-        # container (the control's own says why a start failed, with the log's tail)
-        entrypoint = under_control(s, "python", "/tmp/engine.log", entrypoint, host="0.0.0.0")
-    svc |= {"entrypoint": entrypoint, "command": serve_args(s.args), "volumes": [f"../models:{MODELS}:ro"],
+    svc |= {"entrypoint": container_command(s), "command": serve_args(s.args), "volumes": [f"../models:{MODELS}:ro"],
             "environment": s.env,
             # its own /dev/shm, as on Kubernetes, not the host's (ipc: host): what a killed vLLM leaves there goes
             # with its container instead of holding the box's RAM

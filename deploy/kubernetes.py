@@ -16,7 +16,7 @@ from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
                      image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
-from .services import Service, put_to_sleep, under_control
+from .services import Service, container_command, put_to_sleep
 from .spec import Deployment, encoder_metadata
 
 # The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
@@ -196,11 +196,10 @@ def _triton_container(d: Deployment, s: Service, gib: float, claim: bool, reposi
 def _engine_container(d: Deployment, s: Service, gib: float, claim: bool) -> dict:
     model = next(m for m in d.vllm_models if m.name == s.models[0])
     name = vllm_image(d.on_gpu, model.kind == SPEECH)
-    command, ports = ["vllm", "serve"], [{"name": "http", "containerPort": s.metrics_port}]
-    if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request (probed: the control)
-        command = under_control(s, "python", "/tmp/engine.log", command, host="0.0.0.0")
+    ports = [{"name": "http", "containerPort": s.metrics_port}]
+    if s.control_port is not None:  # on demand on a CPU: probed through its control, which starts it
         ports.append({"name": "control", "containerPort": s.control_port})
-    return {"name": "vllm", "image": image(d, name), "command": command, "args": serve_args(s.args),
+    return {"name": "vllm", "image": image(d, name), "command": container_command(s), "args": serve_args(s.args),
             "env": [{"name": k, "value": v} for k, v in sorted(s.env.items())], "ports": ports,
             "startupProbe": _probe("/health", s.port, 10, 60), "readinessProbe": _probe("/health", s.port, 5),
             "livenessProbe": _probe("/health", s.port), "resources": _resources(gib, claim),

@@ -48,6 +48,13 @@ def under_control(s: Service, python: str, log: str, engine: list[str], host: st
             "--engine-url", f"http://127.0.0.1:{s.metrics_port}", "--log", log, "--", *engine]
 
 
+def container_command(s: Service) -> list[str]:
+    """A vLLM engine's command in its container or pod: `vllm serve`, under its engine control where it is an on-demand
+    CPU engine (listening beyond loopback: the gateway reaches it from its own container; the engine's log in /tmp)."""
+    engine = ["vllm", "serve"]
+    return under_control(s, "python", "/tmp/engine.log", engine, host="0.0.0.0") if s.control_port is not None else engine
+
+
 @dataclass
 class Layout:
     bind: str = "127.0.0.1"  # the address servers listen on
