@@ -27,11 +27,12 @@ from pathlib import Path
 import httpx
 import platformdirs
 import psutil
+import tenacity
 import yaml
 
 from core.envs import TRITON, VLLM, env_dir
 from serve import triton_server, vllm_server
-from serve.launcher import ServerProcess
+from serve.launcher import ServerProcess, ServerStartError
 from serve.triton_server import TritonInstall, TritonNotFound
 
 from .plan import format_plan, plan
@@ -217,16 +218,18 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                     continue
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
                 host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
-                process = _process(service, run, envs, install, host)
-                try:
-                    process.start(timeout_s)
-                finally:  # recorded as soon as it runs: whatever happens next, down (or the cleanup below) finds it
-                    if process.process is not None:
-                        started.append(asdict(Running(service.name, service.kind, process.process.pid,
-                                                      _create_time(process.process.pid), process.ready_url,
-                                                      str(process.log_path), fingerprints[service.name])))
-                        state["servers"] = _in_order(services, [*live.values(), *waiting, *started])
-                        _write_state(run, state)
+                for attempt in _starts(service.name, restart, log):
+                    with attempt:
+                        process = _process(service, run, envs, install, host)
+                        try:
+                            process.start(timeout_s)
+                        finally:  # recorded as soon as it runs: down (or the cleanup below) finds it
+                            if process.process is not None:
+                                started = [*(r for r in started if r["name"] != service.name), asdict(Running(
+                                    service.name, service.kind, process.process.pid, _create_time(process.process.pid),
+                                    process.ready_url, str(process.log_path), fingerprints[service.name]))]
+                                state["servers"] = _in_order(services, [*live.values(), *waiting, *started])
+                                _write_state(run, state)
         except BaseException:
             _stop_all(started, grace_s=15, log=log)  # what this `up` started; what ran before it runs on
             state["servers"] = _in_order(services, [*live.values(), *dead])
@@ -240,6 +243,25 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}" + (
         f" ({len(started)} server(s) started, {len(live)} already running)" if live else ""))
     return run
+
+
+CRASH_STARTS = 3  # a server killed by a signal while starting (restart on-failure) is started up to this many times
+
+
+def _starts(name: str, restart: str, log) -> tenacity.Retrying:
+    """The attempts at starting one server: with restart on-failure, one that crashes while starting (Triton's python
+    backend can abort as it loads, triton-inference-server/server#8882) is started again, as Docker's and systemd's
+    on-failure policies would; one that exits with an error code (its configuration's fault) or is not ready in time
+    is not."""
+    def again(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception()
+        log(f"{name} crashed while starting (exit code {exc.returncode}); starting it again "
+            f"({state.attempt_number} of {CRASH_STARTS - 1})")
+
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(CRASH_STARTS if restart == "on-failure" else 1), wait=tenacity.wait_fixed(2),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, ServerStartError) and exc.crashed),
+        before_sleep=again, reraise=True)
 
 
 def _fingerprints(d: Deployment, p, layout: Layout, vllm_env: Path) -> dict[str, str]:

@@ -5,6 +5,7 @@ Fails fast with the tail of the process log if the process dies before it is rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -21,9 +22,16 @@ class ServerStartError(RuntimeError):
     """A server did not become ready; the message carries the end of its log (for its operator), `cause` the last
     exception its log raised in a line, with file paths cut to their last part (for an HTTP client: R15)."""
 
-    def __init__(self, message: str, cause: str = ""):
+    def __init__(self, message: str, cause: str = "", returncode: int | None = None):
         super().__init__(message)
         self.cause = cause or "it did not become ready"
+        self.returncode = returncode  # None: it was stopped for not becoming ready in time
+
+    @property
+    def crashed(self) -> bool:
+        """It was killed by a signal while starting (an abort, a segfault: the server's own fault, not its
+        configuration's), which a restart policy answers by starting it again."""
+        return self.returncode is not None and self.returncode < 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -102,9 +110,10 @@ class ServerProcess:
             while True:
                 code = self.process.poll()
                 if code is not None:
+                    self._stop_leftovers()
                     raise ServerStartError(
                         f"{self.name} exited with code {code} before it was ready; end of {self.log_path}:\n"
-                        + log_tail(self.log_path), start_cause(self.log_path) or f"it exited with code {code}"
+                        + log_tail(self.log_path), start_cause(self.log_path) or f"it exited with code {code}", code
                     )
                 try:
                     answer = client.get(self.ready_url)
@@ -120,6 +129,12 @@ class ServerProcess:
                         f"{self.log_path}:\n" + log_tail(self.log_path), f"it was not ready after {timeout_s:.0f} s"
                     )
                 time.sleep(0.25)
+
+    def _stop_leftovers(self) -> None:
+        """What a server that exited leaves of its own group (Triton's python stubs, vLLM's engine core) goes too."""
+        if self.own_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     @property
     def running(self) -> bool:

@@ -71,6 +71,7 @@ def test_it_installs_offline_and_the_stack_answers(archive):
         t.extractall(installed.parent, filter="tar")
     (installed.parent / "rtxserve-offline-box").rename(installed)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))} | OFFLINE
+    env["RTXSERVE_STATE_DIR"] = str(installed.parent / "state")  # not this machine's ~/.local/state: runs share that
     install = subprocess.run(["sh", str(installed / "install.sh")], capture_output=True, text=True, env=env, timeout=900)
     assert install.returncode == 0, install.stdout[-2000:] + install.stderr[-3000:]
     rtxserve = str(installed / ".venv" / "bin" / "rtxserve")
