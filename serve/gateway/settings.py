@@ -142,6 +142,11 @@ class GatewaySettings(BaseSettings):
     batch_dir: Path | None = Field(None, description="where the Files and Batch APIs (/v1/files, /v1/batches) keep "
                                    "uploads, outputs and their state (SQLite): a directory the gateway owns, kept "
                                    "across restarts; none: those APIs answer 404")
+    batch_store_url: str = Field("", description="the Files and Batch APIs' store shared by several gateways (a "
+                                 "box's workers, a fleet's pods): a PostgreSQL URL (postgresql+psycopg://USER:PASSWORD@"
+                                 "HOST/DB), which then keeps the files' bytes too; empty: SQLite under batch_dir")
+    batch_lease_s: float = Field(30.0, ge=2, le=3600, description="a batch whose runner (a gateway worker) has not "
+                                 "renewed its lease for this long is taken over by another runner")
     batch_max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per uploaded file (413 over it; "
                                       "max_body_bytes bounds every request too)")
     batch_max_requests: int = Field(50_000, ge=1, description="requests per batch input file (OpenAI's limit)")

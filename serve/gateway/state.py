@@ -49,5 +49,5 @@ class GatewayState:
         dispatch = Dispatcher(settings, registry, residency, rollout)
         rollout.retire = retirer(registry, residency, busy=lambda model: dispatch.busy[model])
         access = Access(settings)
-        batches = BatchRunner(settings, access, batch_endpoints or {}) if settings.batch_dir else None
+        batches = BatchRunner(settings, access, batch_endpoints or {}) if settings.batch_dir or settings.batch_store_url else None
         return cls(settings, registry, residency, rollout, dispatch, access, batches)

@@ -150,3 +150,74 @@ def test_people_go_before_a_batch_that_floods_the_model(llm_servers, keys, tmp_p
     # cancelled: every line is in one of the two files, those never sent as batch_cancelled
     assert batch.request_counts.completed + len(errors) == LINES
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+
+
+@pytest.fixture
+def postgres():
+    from tests.postgres import INSTALLED, WHY_NOT, Postgres
+
+    if not INSTALLED:
+        pytest.skip(WHY_NOT)
+    server = Postgres().start()
+    yield server
+    server.stop()
+
+
+def lines_sent(url: str) -> float:
+    """The batch lines this gateway's runner answered (rtxserve_batch_requests_total, over its status codes)."""
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(v) for v in re.findall(r"^rtxserve_batch_requests_total\{[^}]*\} ([0-9.e+]+)$", text, re.M))
+
+
+def test_two_gateways_on_postgresql_share_batches_and_one_takes_over_from_the_other_killed(llm_servers, keys,
+                                                                                           postgres, tmp_path):
+    """Two gateway processes on one PostgreSQL store (no batch_dir: the files' bytes are in the database too): a file
+    uploaded through one is read through the other, a batch made through one is cancelled through the other, and the
+    gateway running a batch, killed mid-batch, is replaced by the other once its lease lapses: every line answered once,
+    the survivor running exactly the lines that had no answer when the other died."""
+    import sqlalchemy as sa
+
+    _, vllm_url, _ = llm_servers
+    keys_file, secrets = keys
+    env = {"RTXSERVE_BATCH_STORE_URL": postgres.url, "RTXSERVE_KEYS_FILE": str(keys_file),
+           "RTXSERVE_BATCH_CONCURRENCY": str(CONCURRENCY), "RTXSERVE_BATCH_LEASE_S": "3"}
+    gateways = [start_gateway("", tmp_path / name, vllm_url=vllm_url, extra_env=env) for name in ("a", "b")]
+    try:
+        (a, url_a), (b, url_b) = gateways
+        via_a, via_b = (openai.OpenAI(base_url=f"{u}/v1", api_key=secrets["alice"], max_retries=0, timeout=60)
+                        for u in (url_a, url_b))
+        upload = via_a.files.create(file=("in.jsonl", jsonl(request_line(i) for i in range(LINES))), purpose="batch")
+        assert via_b.files.retrieve(upload.id).bytes == upload.bytes
+        assert via_b.files.content(upload.id).content == b"".join(jsonl(request_line(i) for i in range(LINES)))
+        stopped = via_a.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+        assert via_b.batches.cancel(stopped.id).status in ("cancelling", "cancelled")
+        batch = via_b.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+        store = sa.create_engine(postgres.url)
+        deadline = time.monotonic() + 120
+        while via_a.batches.retrieve(batch.id).request_counts.completed < 4:
+            assert time.monotonic() < deadline, "the batch did not start"
+            time.sleep(0.05)
+        with store.connect() as db:
+            runner = db.execute(sa.text("SELECT runner FROM batches WHERE id = :id"), {"id": batch.id}).scalar()
+        holder, survivor = (a, (b, via_b, url_b)) if f":{a.process.pid}:" in runner else (b, (a, via_a, url_a))
+        _, via, url = survivor
+        before = lines_sent(url)
+        holder.signal(signal.SIGKILL)
+        holder.process.wait(30)
+        with store.connect() as db:
+            answered = db.execute(sa.text("SELECT count(*) FROM results WHERE batch_id = :id"), {"id": batch.id}).scalar()
+        assert answered < LINES, "the batch ended before its gateway was killed: make it longer"
+        deadline = time.monotonic() + 300
+        while (batch := via.batches.retrieve(batch.id)).status not in ("completed", "failed", "cancelled"):
+            assert time.monotonic() < deadline, f"batch still {batch.status} after its gateway died"
+            time.sleep(0.2)
+        output = [json.loads(x) for x in via.files.content(batch.output_file_id).text.splitlines()]
+        taken_over = lines_sent(url) - before
+        cancelled = via.batches.retrieve(stopped.id)
+    finally:
+        for gateway, _ in gateways:
+            gateway.stop()
+    assert cancelled.status == "cancelled"
+    assert batch.status == "completed" and batch.request_counts.completed == LINES
+    assert [o["custom_id"] for o in output] == [f"line-{i}" for i in range(LINES)]  # each once, in the input's order
+    assert taken_over == LINES - answered

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from serve.gateway.access.keys_cli import main as keys_main
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Backend, ModelInfo
-from serve.gateway.batches.store import Store
+from serve.gateway.batches.store import Store, batches, results
 from serve.gateway.exceptions import BackendUnavailable, InvalidRequest
 from serve.gateway.settings import GatewaySettings
 from tests import until
@@ -208,10 +208,10 @@ def test_a_restarted_runner_runs_only_the_lines_left(backend, tmp_path):
     store = Store(tmp_path / "batches")
     batch_id = batch["id"]
     # as if the gateway died after three answers: the batch in progress, three lines answered, no output yet
-    with store._db() as db:
-        db.execute("DELETE FROM results WHERE batch_id = ? AND line > 3", (batch_id,))
-        db.execute("UPDATE batches SET status = 'in_progress', output_file_id = NULL, completed_at = NULL, "
-                   "finalizing_at = NULL WHERE id = ?", (batch_id,))
+    with store.engine.begin() as db:
+        db.execute(results.delete().where(results.c.batch_id == batch_id, results.c.line > 3))
+        db.execute(batches.update().where(batches.c.id == batch_id).values(
+            status="in_progress", output_file_id=None, completed_at=None, finalizing_at=None))
     backend.bodies.clear()
     with gateway(backend, tmp_path) as client:
         batch = until_ended(client, batch_id)

@@ -12,9 +12,10 @@ import asyncio
 import time
 from typing import Literal
 
-from fastapi import Depends, File, Form, Query, Request, UploadFile
-from fastapi.responses import FileResponse
+from fastapi import Depends, File, Form, Query, Request, Response, UploadFile
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.concurrency import iterate_in_threadpool
 
 from ..access.auth import authenticate, request_key
 from ..edge.orjson_route import gateway_router
@@ -37,7 +38,7 @@ def _runner(request: Request) -> BatchRunner:
     runner = request.app.state.gateway.batches
     if runner is None:
         raise NotFound("the Files and Batch APIs are off on this gateway: set batch_dir (RTXSERVE_BATCH_DIR) to a "
-                       "directory it keeps")
+                       "directory it keeps, or batch_store_url (RTXSERVE_BATCH_STORE_URL) to a PostgreSQL database")
     return runner
 
 
@@ -88,15 +89,14 @@ async def upload_file(request: Request, file: UploadFile = File(...),
         except ValidationError:
             raise InvalidRequest("expires_after needs anchor 'created_at' and seconds from 3600 (1 hour) to 2592000 "
                                  "(30 days)", param="expires_after") from None
-    file_id = new_id("file-")
-    path = runner.store.path(file_id)
-    size = await asyncio.to_thread(runner.store.write_file, file_id,
-                                   _chunks(file.file, runner.settings.batch_max_file_bytes))
+    file_id, store = new_id("file-"), runner.store
+    size = await asyncio.to_thread(store.write_file, file_id, _chunks(file.file, runner.settings.batch_max_file_bytes))
     try:
-        if not await batch_lines.count(path):
-            raise InvalidRequest("the file holds no JSON lines", param="file")
+        async with store.local_async(file_id) as path:
+            if not await batch_lines.count(path):
+                raise InvalidRequest("the file holds no JSON lines", param="file")
     except InvalidRequest:
-        path.unlink(missing_ok=True)
+        await asyncio.to_thread(store.discard_bytes, file_id)
         raise
     row = await asyncio.to_thread(runner.store.add_file, file_id, owner, file.filename or "upload.jsonl", purpose,
                                   size, expires_s)
@@ -119,11 +119,14 @@ async def retrieve_file(file_id: str, request: Request) -> FileObject:
 
 
 @router.get("/v1/files/{file_id}/content", response_class=FileResponse)
-async def file_content(file_id: str, request: Request) -> FileResponse:
+async def file_content(file_id: str, request: Request) -> Response:
     """The file's bytes: an upload as it was sent, or a batch's output or error lines."""
     runner = _runner(request)
     found = _file(runner, file_id, _owner(request))
-    return FileResponse(runner.store.path(file_id), media_type="application/jsonl", filename=found["filename"])
+    if runner.store.on_disk:
+        return FileResponse(runner.store.path(file_id), media_type="application/jsonl", filename=found["filename"])
+    return StreamingResponse(iterate_in_threadpool(runner.store.read_chunks(file_id)), media_type="application/jsonl",
+                             headers={"content-disposition": f'attachment; filename="{found["filename"]}"'})
 
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
@@ -150,8 +153,9 @@ async def create_batch(body: BatchCreate, request: Request) -> Batch:
     if found["purpose"] != "batch":
         raise InvalidRequest(f"file {body.input_file_id} has purpose {found['purpose']!r}, not 'batch'",
                              param="input_file_id")
-    lines, model = await batch_lines.read(runner.store.path(body.input_file_id), body.endpoint,
-                                          runner.endpoints[body.endpoint], runner.settings.batch_max_requests)
+    async with runner.store.local_async(body.input_file_id) as path:
+        lines, model = await batch_lines.read(path, body.endpoint, runner.endpoints[body.endpoint],
+                                              runner.settings.batch_max_requests)
     if key is not None and not key.allows(model):
         raise Forbidden(f"this API key may not use model {model!r}, which the file's requests name", param="model")
     request.app.state.gateway.dispatch.check_served(model)

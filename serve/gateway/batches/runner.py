@@ -8,10 +8,12 @@ per-model gates queue by priority; vLLM too, with `vllm_priority`): its key's pr
 later. A line refused for load (429 or 503) is sent again later, honouring Retry-After, until the batch expires;
 any other answer is the line's, kept in SQLite (store.py) the moment it arrives.
 
-One runner per box runs every batch: the gateway worker holding the box's runner lock (a file lock beside the
-database, let go by the OS when its process dies); the other workers try for it every POLL_S, so a worker that dies
-is replaced. It runs up to `batch_parallel` batches side by side, oldest first, each with `batch_concurrency` lines
-in flight. After a restart the runner carries on from the lines not yet answered.
+Every gateway worker has a runner; each batch is run by the one holding its lease in the store (store.py), renewed
+every POLL_S. A runner that dies (its worker, its pod) stops renewing, and after `batch_lease_s` another runner takes
+the batch over and carries on from the lines not yet answered; a runner that finds its lease taken stops that batch.
+Over every gateway of a store, at most `batch_parallel` batches run side by side, oldest first, each with
+`batch_concurrency` lines in flight. A line in flight when its runner died is sent again by the next one; its answer
+is recorded once.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Mapping
 
 import httpx
 import orjson
-from filelock import FileLock, Timeout
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_result, wait_exponential
 
@@ -54,7 +58,8 @@ class BatchRunner:
     def __init__(self, settings: GatewaySettings, access: Access, endpoints: Mapping[str, type[BaseModel]]):
         """`endpoints`: each endpoint a batch may name -> the request type its route accepts."""
         self.settings, self.access, self.endpoints = settings, access, endpoints
-        self.store = Store(settings.batch_dir)
+        self.store = Store(settings.batch_dir, settings.batch_store_url)
+        self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"  # this runner, in the leases
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -62,8 +67,9 @@ class BatchRunner:
         self._wake.set()
 
     async def read(self, batch: dict) -> list[batch_lines.Line]:
-        lines, _ = await batch_lines.read(self.store.path(batch["input_file_id"]), batch["endpoint"],
-                                          self.endpoints[batch["endpoint"]], self.settings.batch_max_requests)
+        async with self.store.local_async(batch["input_file_id"]) as path:
+            lines, _ = await batch_lines.read(path, batch["endpoint"], self.endpoints[batch["endpoint"]],
+                                              self.settings.batch_max_requests)
         return lines
 
     def caller(self, owner: str) -> ApiKey | None:
@@ -74,38 +80,36 @@ class BatchRunner:
         return dataclasses.replace(key, priority=max(key.priority, PRIORITIES["batch"])) if key else None
 
     async def run(self, app) -> None:
-        """Forever: hold the box's runner lock, and run the batches that have not ended, oldest first, up to
-        `batch_parallel` side by side."""
-        lock = FileLock(self.store.root / "runner.lock")
+        """Forever: sweep expired files, keep the leases of the batches this runner runs (stopping any another runner
+        took), and claim the oldest batches no runner holds while fewer than `batch_parallel` run in all."""
         running: dict[str, asyncio.Task] = {}
-        while True:
-            try:
-                lock.acquire(timeout=0)  # a non-blocking flock: taken or not at once
-            except Timeout:  # another worker runs the batches
-                await asyncio.sleep(POLL_S)
-                continue
-            try:
-                while True:
-                    for file_id in await asyncio.to_thread(self.store.expire_files):
-                        log.info("file %s expired: deleted", file_id)
-                    for batch_id in [b for b, task in running.items() if task.done()]:
-                        del running[batch_id]
-                    for batch_id in await asyncio.to_thread(self.store.active):
-                        if len(running) >= self.settings.batch_parallel:
-                            break
-                        if batch_id not in running:
-                            running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
-                            running[batch_id].add_done_callback(lambda _: self._wake.set())
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(POLL_S):
-                            await self._wake.wait()
-                    self._wake.clear()
-            finally:
-                for task in running.values():
-                    task.cancel()
-                await asyncio.gather(*running.values(), return_exceptions=True)
-                running.clear()
-                lock.release()
+        lease_s = self.settings.batch_lease_s
+        try:
+            while True:
+                for file_id in await asyncio.to_thread(self.store.expire_files):
+                    log.info("file %s expired: deleted", file_id)
+                for batch_id in [b for b, task in running.items() if task.done()]:
+                    del running[batch_id]
+                held = await asyncio.to_thread(self.store.renew, self.name, running, lease_s)
+                for batch_id in set(running) - held:
+                    log.warning("batch %s: another runner took it over (this one missed its lease); stopping here",
+                                batch_id)
+                    running.pop(batch_id).cancel()
+                for batch_id in await asyncio.to_thread(self.store.active):
+                    if len(running) >= self.settings.batch_parallel:
+                        break
+                    if batch_id not in running and await asyncio.to_thread(
+                            self.store.claim, batch_id, self.name, lease_s, self.settings.batch_parallel):
+                        running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
+                        running[batch_id].add_done_callback(lambda _: self._wake.set())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(POLL_S):
+                        await self._wake.wait()
+                self._wake.clear()
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
     async def _run_guarded(self, app, batch_id: str) -> None:
         try:
@@ -113,6 +117,9 @@ class BatchRunner:
         except Exception:  # a fault of ours: the batch ends failed, the others still run
             log.exception("batch %s: unexpected error", batch_id)
             await self.fail(batch_id, "internal_error", "the gateway failed running this batch; its log says why")
+        finally:  # ended (or stopped here): another runner may take what is left at once
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.release, batch_id, self.name)
 
     async def fail(self, batch_id: str, code: str, message: str, line: int | None = None) -> None:
         log.warning("batch %s failed: %s", batch_id, message)
