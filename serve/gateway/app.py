@@ -17,7 +17,7 @@ from .admin.promotions import router as promotions_router
 from .admin.router import router as admin_router
 from .backends.base import Backend
 from .backends.factory import make_backends
-from .batches.router import router as batches_router
+from .batches.router import install_store_errors, router as batches_router
 from .classify.router import HOT as CLASSIFY, router as classify_router
 from .detect.router import router as detect_router
 from .edge.admission import Admission
@@ -125,6 +125,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app = FastAPI(title="rtxserve gateway", version=__version__, lifespan=lifespan)
     app.state.gateway = state
     install_handlers(app)
+    install_store_errors(app)
     app.include_router(probes)
     app.include_router(system_router)
     app.include_router(classify_router)

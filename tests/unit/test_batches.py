@@ -7,6 +7,7 @@ tests/integration/test_batches_vllm.py."""
 import asyncio
 import concurrent.futures
 import json
+import threading
 import time
 
 import orjson
@@ -309,3 +310,34 @@ def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parall
             assert client.get(f"/v1/batches/{short['id']}").json()["status"] == "validating"
         backend.release.set_result(None)
         assert until_ended(client, long["id"])["status"] == until_ended(client, short["id"])["status"] == "completed"
+
+
+def test_a_store_that_goes_down_answers_503_and_its_batches_finish_once_it_is_back(backend, tmp_path, caplog):
+    """The database unreachable (an OperationalError from every store call, as psycopg raises with PostgreSQL down):
+    the APIs answer 503 with Retry-After, the runner outlives it, and the batch made before completes after it with
+    every line, none failed for the outage."""
+    import sqlalchemy as sa
+
+    down = threading.Event()
+    backend.release = concurrent.futures.Future()
+    with gateway(backend, tmp_path, batch_concurrency=1) as client:
+        engine = client.app.state.gateway.batches.store.engine
+
+        def refuse(conn, cursor, statement, parameters, context, executemany):
+            if down.is_set():
+                raise sa.exc.OperationalError(statement, parameters, ConnectionRefusedError("the database is down"))
+
+        sa.event.listen(engine, "before_cursor_execute", refuse)
+        batch = run(client, [line("first", "wait"), line("second", "x")], wait=False)
+        until(lambda: backend.bodies, "the batch's first line reached the backend")
+        down.set()
+        refused = client.get(f"/v1/batches/{batch['id']}")
+        assert error_of(refused, 503)["code"] == "store_unavailable" and refused.headers["retry-after"] == "5"
+        backend.release.set_result(None)  # the first line's answer cannot be recorded: the store is down
+        until(lambda: f"batch {batch['id']}: the batch store is unreachable" in caplog.text,
+              "the batch's runner met the outage")
+        down.clear()
+        done = until_ended(client, batch["id"])
+        output = content(client, done["output_file_id"])
+    assert done["status"] == "completed" and done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert [o["custom_id"] for o in output] == ["first", "second"]

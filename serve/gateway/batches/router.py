@@ -12,14 +12,15 @@ import asyncio
 import time
 from typing import Literal
 
-from fastapi import Depends, File, Form, Query, Request, Response, UploadFile
+from fastapi import Depends, FastAPI, File, Form, Query, Request, Response, UploadFile
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
 from starlette.concurrency import iterate_in_threadpool
 
 from ..access.auth import authenticate, request_key
 from ..edge.orjson_route import gateway_router
-from ..exceptions import Forbidden, GatewayError, InvalidRequest, NotFound
+from ..exceptions import Forbidden, GatewayError, InvalidRequest, NotFound, gateway_error
 from . import lines as batch_lines
 from .protocol import Batch, BatchCreate, BatchList, ExpiresAfter, FileDeleted, FileList, FileObject
 from .runner import ANONYMOUS, BatchRunner
@@ -32,6 +33,18 @@ CHUNK = 1 << 20
 
 class FileTooLarge(GatewayError):
     status, type, code = 413, "invalid_request_error", "file_too_large"
+
+
+class StoreUnavailable(GatewayError):
+    status, type, code = 503, "service_unavailable", "store_unavailable"
+
+
+def install_store_errors(app: FastAPI) -> None:
+    """The store's database unreachable: 503 with Retry-After, what a client's retry policy waits on (not a 500)."""
+    @app.exception_handler(sa_exc.OperationalError)
+    async def _store_down(request: Request, exc: sa_exc.OperationalError):
+        return gateway_error(StoreUnavailable("the Files and Batch APIs' store is unreachable; try again later",
+                                              retry_after=5), getattr(request.state, "request_id", "-"))
 
 
 def _runner(request: Request) -> BatchRunner:

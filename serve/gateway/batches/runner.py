@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import httpx
 import orjson
 from pydantic import BaseModel
+from sqlalchemy import exc as sa_exc
 from tenacity import AsyncRetrying, retry_if_result, wait_exponential
 
 from .. import metrics
@@ -52,6 +53,15 @@ def output_file_ids(batch_id: str) -> tuple[str, str]:
     same files again rather than new ones."""
     suffix = batch_id.removeprefix("batch_")
     return f"file-out-{suffix}", f"file-err-{suffix}"
+
+
+def _store_down(exc: BaseException) -> sa_exc.OperationalError | None:
+    """The store's OperationalError (its database unreachable) that `exc` is or holds (a line's worker raised it
+    inside run_batch's task group)."""
+    if isinstance(exc, sa_exc.OperationalError):
+        return exc
+    group = exc.subgroup(sa_exc.OperationalError) if isinstance(exc, BaseExceptionGroup) else None
+    return _store_down(group.exceptions[0]) if group else None
 
 
 class BatchRunner:
@@ -86,22 +96,10 @@ class BatchRunner:
         lease_s = self.settings.batch_lease_s
         try:
             while True:
-                for file_id in await asyncio.to_thread(self.store.expire_files):
-                    log.info("file %s expired: deleted", file_id)
-                for batch_id in [b for b, task in running.items() if task.done()]:
-                    del running[batch_id]
-                held = await asyncio.to_thread(self.store.renew, self.name, running, lease_s)
-                for batch_id in set(running) - held:
-                    log.warning("batch %s: another runner took it over (this one missed its lease); stopping here",
-                                batch_id)
-                    running.pop(batch_id).cancel()
-                for batch_id in await asyncio.to_thread(self.store.active):
-                    if len(running) >= self.settings.batch_parallel:
-                        break
-                    if batch_id not in running and await asyncio.to_thread(
-                            self.store.claim, batch_id, self.name, lease_s, self.settings.batch_parallel):
-                        running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
-                        running[batch_id].add_done_callback(lambda _: self._wake.set())
+                try:
+                    await self._step(app, running, lease_s)
+                except sa_exc.OperationalError as exc:  # the database is down: what runs stops at its next write
+                    log.warning("the batch store is unreachable (%s); trying again in %.0f s", exc.orig, POLL_S)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(POLL_S):
                         await self._wake.wait()
@@ -111,10 +109,34 @@ class BatchRunner:
                 task.cancel()
             await asyncio.gather(*running.values(), return_exceptions=True)
 
+    async def _step(self, app, running: dict[str, asyncio.Task], lease_s: float) -> None:
+        """One look at the store: sweep, renew, claim."""
+        for file_id in await asyncio.to_thread(self.store.expire_files):
+            log.info("file %s expired: deleted", file_id)
+        for batch_id in [b for b, task in running.items() if task.done()]:
+            del running[batch_id]
+        held = await asyncio.to_thread(self.store.renew, self.name, running, lease_s)
+        for batch_id in set(running) - held:
+            log.warning("batch %s: another runner took it over (this one missed its lease); stopping here",
+                        batch_id)
+            running.pop(batch_id).cancel()
+        for batch_id in await asyncio.to_thread(self.store.active):
+            if len(running) >= self.settings.batch_parallel:
+                break
+            if batch_id not in running and await asyncio.to_thread(
+                    self.store.claim, batch_id, self.name, lease_s, self.settings.batch_parallel):
+                running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
+                running[batch_id].add_done_callback(lambda _: self._wake.set())
+
     async def _run_guarded(self, app, batch_id: str) -> None:
         try:
             await self.run_batch(app, batch_id)
-        except Exception:  # a fault of ours: the batch ends failed, the others still run
+        except Exception as exc:
+            if _store_down(exc):  # the batch is left as it is, for a runner to take up again once the store is back
+                log.warning("batch %s: the batch store is unreachable (%s); a runner takes it up again once it is back",
+                            batch_id, _store_down(exc).orig)
+                return
+            # a fault of ours: the batch ends failed, the others still run
             log.exception("batch %s: unexpected error", batch_id)
             await self.fail(batch_id, "internal_error", "the gateway failed running this batch; its log says why")
         finally:  # ended (or stopped here): another runner may take what is left at once
