@@ -278,9 +278,9 @@ class Store:
         """Take (or keep) the batch for `runner` for `lease_s`, if it has not ended, no other runner's lease on it is
         live, and fewer than `parallel` other batches hold a live lease."""
         now = time.time()
-        others = sa.select(sa.func.count()).select_from(batches.alias("held")).where(
-            sa.literal_column("held.id") != batch_id, sa.literal_column("held.status").in_(ACTIVE),
-            sa.literal_column("held.lease_until") >= now).scalar_subquery()
+        held = batches.alias("held")
+        others = sa.select(sa.func.count()).select_from(held).where(
+            held.c.id != batch_id, held.c.status.in_(ACTIVE), held.c.lease_until >= now).scalar_subquery()
         with self.engine.begin() as db:
             if self.engine.dialect.name == "postgresql":  # claims one at a time: the count below is exact
                 db.execute(sa.select(sa.func.pg_advisory_xact_lock(0x7278_6261_7463_68)))
