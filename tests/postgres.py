@@ -19,11 +19,13 @@ WHY_NOT = "PostgreSQL is not installed (`make setup-postgres`: Debian's postgres
 
 
 class Postgres:
-    def __init__(self):
+    def __init__(self, password: str | None = None):
+        """`password`: the user rtx's, asked of every connection (SCRAM); without one, any connection is trusted."""
         self.bindir = Path(BINDIRS[-1])
         self.port = free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="rtxserve-postgres-"))  # not under pytest's root-only tmp
         self.data = self.folder / "data"
+        self.password = password
         self.url = f"postgresql+psycopg://rtx@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *argv: str) -> None:
@@ -34,7 +36,14 @@ class Postgres:
     def start(self) -> "Postgres":
         if os.geteuid() == 0:
             shutil.chown(self.folder, "postgres", "postgres")
-        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "rtx", "--auth=trust", "-E", "UTF8")
+        auth = ["--auth=trust"]
+        if self.password is not None:
+            pwfile = self.folder / "pwfile"
+            pwfile.write_text(self.password + "\n")
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = ["--auth=scram-sha-256", f"--pwfile={pwfile}"]
+        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "rtx", *auth, "-E", "UTF8")
         # fsync off: a test cluster lost with the machine is lost anyway; the socket in the cluster's own folder
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.folder / "log"),

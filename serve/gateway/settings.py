@@ -145,6 +145,9 @@ class GatewaySettings(BaseSettings):
     batch_store_url: str = Field("", description="the Files and Batch APIs' store shared by several gateways (a "
                                  "box's workers, a fleet's pods): a PostgreSQL URL (postgresql+psycopg://USER:PASSWORD@"
                                  "HOST/DB), which then keeps the files' bytes too; empty: SQLite under batch_dir")
+    batch_store_password_file: Path | None = Field(None, description="a file holding the password of batch_store_url's "
+                                                   "user (a mounted secret: compose's, Kubernetes', systemd's "
+                                                   "credential), so that the URL itself holds none")
     batch_lease_s: float = Field(30.0, ge=2, le=3600, description="a batch whose runner (a gateway worker) has not "
                                  "renewed its lease for this long is taken over by another runner")
     batch_max_file_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="bytes per uploaded file (413 over it; "
@@ -255,6 +258,25 @@ class GatewaySettings(BaseSettings):
         """Every model name the aliases and fallbacks refer to (checked against what the backends serve)."""
         return {t for a in self.aliases.values() for t in a.targets} | set(self.fallbacks) | {
             f for chain in self.fallbacks.values() for f in chain}
+
+    @model_validator(mode="after")
+    def _store_is_postgresql(self):
+        if self.batch_store_url and not self.batch_store_url.startswith("postgresql"):
+            raise ValueError(f"batch_store_url: {self.batch_store_url.split('://')[0]}:// is not PostgreSQL; give "
+                             "postgresql+psycopg://USER@HOST:PORT/DB, or batch_dir for SQLite on this host")
+        if self.batch_store_password_file and not self.batch_store_url:
+            raise ValueError("batch_store_password_file: set batch_store_url too (the server it is the password of)")
+        return self
+
+    def batch_store_password(self) -> str | None:
+        """The store's password from batch_store_password_file (its first line), or None."""
+        if self.batch_store_password_file is None:
+            return None
+        try:
+            return self.batch_store_password_file.read_text().splitlines()[0]
+        except (OSError, IndexError) as exc:
+            raise ValueError(f"batch_store_password_file {self.batch_store_password_file}: cannot read a password "
+                             f"({exc if isinstance(exc, OSError) else 'the file is empty'})") from None
 
     @model_validator(mode="after")
     def _no_open_door_off_loopback(self):

@@ -137,3 +137,33 @@ def test_gateways_opening_a_new_database_together_migrate_it_once(fresh_url, mon
     assert len(upgrades) == 4 and {current(s.engine) for s in stores} == {head()}
     with stores[0].engine.connect() as db:
         assert db.execute(sa.text("SELECT count(*) FROM alembic_version")).scalar() == 1
+
+
+def test_a_gateway_started_before_its_database_serves_and_its_batch_api_waits_for_it(tmp_path):
+    """A real gateway whose PostgreSQL (password asked, the password in a file, the URL holding none) is not up yet
+    starts and answers what needs no store; the Files API answers 503 with Retry-After, which the openai SDK reads as
+    a server error to retry, and works once the database starts."""
+    import openai
+
+    from serve.stack import start_gateway
+
+    server = Postgres(password="not-in-any-url")
+    secret = tmp_path / "store-password"
+    secret.write_text("not-in-any-url\n")
+    env = {"RTXSERVE_BATCH_STORE_URL": f"postgresql://rtx@127.0.0.1:{server.port}/postgres",
+           "RTXSERVE_BATCH_STORE_PASSWORD_FILE": str(secret)}
+    gateway, url = start_gateway("", tmp_path / "gateway", extra_env=env, wait_for="/healthz")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=30)
+    try:
+        assert client.models.list().data == []
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'), purpose="batch")
+        assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "5"
+        assert refused.value.body["code"] == "store_unavailable"
+        server.start()
+        made = client.files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'), purpose="batch")
+        assert client.files.content(made.id).content == b'{"custom_id": "a"}\n'
+    finally:
+        gateway.stop()
+        server.stop()
+    assert "not-in-any-url" not in (tmp_path / "gateway" / "gateway.log").read_text()

@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Mapping
 
@@ -68,9 +69,21 @@ class BatchRunner:
     def __init__(self, settings: GatewaySettings, access: Access, endpoints: Mapping[str, type[BaseModel]]):
         """`endpoints`: each endpoint a batch may name -> the request type its route accepts."""
         self.settings, self.access, self.endpoints = settings, access, endpoints
-        self.store = Store(settings.batch_dir, settings.batch_store_url)
+        self._password = settings.batch_store_password()  # an unreadable password file stops the start, here
+        self._store: Store | None = None
+        self._opening = threading.Lock()
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"  # this runner, in the leases
         self._wake = asyncio.Event()
+
+    @property
+    def store(self) -> Store:
+        """The store, opened (and brought to the current schema) on first use: a gateway whose database is down when it
+        starts serves everything else, and its Files and Batch APIs answer 503 until the database answers."""
+        if self._store is None:
+            with self._opening:
+                if self._store is None:
+                    self._store = Store(self.settings.batch_dir, self.settings.batch_store_url, self._password)
+        return self._store
 
     def wake(self) -> None:
         """A batch was made or cancelled in this worker: look now rather than at the next poll."""
@@ -111,7 +124,8 @@ class BatchRunner:
 
     async def _step(self, app, running: dict[str, asyncio.Task], lease_s: float) -> None:
         """One look at the store: sweep, renew, claim."""
-        for file_id in await asyncio.to_thread(self.store.expire_files):
+        store = await asyncio.to_thread(lambda: self.store)  # opened off the event loop
+        for file_id in await asyncio.to_thread(store.expire_files):
             log.info("file %s expired: deleted", file_id)
         for batch_id in [b for b, task in running.items() if task.done()]:
             del running[batch_id]

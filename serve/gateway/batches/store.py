@@ -72,10 +72,21 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-def engine_for(url: str) -> sa.Engine:
-    """An engine for the store at `url`; SQLite's connections in WAL mode, waiting up to 30 s for a writer."""
+CONNECT_TIMEOUT_S = 5
+
+
+def engine_for(url: str, password: str | None = None) -> sa.Engine:
+    """An engine for the store at `url` (as its user, with `password` where the URL holds none); SQLite's connections
+    in WAL mode, waiting up to 30 s for a writer."""
     if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8)
+        target = sa.make_url(url)
+        if target.drivername == "postgresql":  # psycopg (3), not SQLAlchemy's default psycopg2
+            target = target.set(drivername="postgresql+psycopg")
+        if password is not None:
+            target = target.set(password=password)
+        # a server that does not answer is given up on in seconds (503 to the client), not after TCP's minutes
+        return sa.create_engine(target, pool_pre_ping=True, pool_size=4, max_overflow=8,
+                                connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
     engine = sa.create_engine(url, connect_args={"timeout": 30}, poolclass=sa.pool.NullPool)
 
     @sa.event.listens_for(engine, "connect")
@@ -92,15 +103,16 @@ def _live(now: int):
 
 
 class Store:
-    def __init__(self, root: Path | None = None, url: str = ""):
-        """The store at `url` (PostgreSQL), else SQLite under `root`; `root` keeps the files' bytes for SQLite."""
+    def __init__(self, root: Path | None = None, url: str = "", password: str | None = None):
+        """The store at `url` (PostgreSQL, `password` its user's where the URL holds none), else SQLite under `root`;
+        `root` keeps the files' bytes for SQLite."""
         self.root = Path(root) if root else None
         self.on_disk = not url
         if self.on_disk:
             self.files_dir = self.root / "files"
             self.files_dir.mkdir(parents=True, exist_ok=True)
             url = f"sqlite:///{self.root / 'batches.sqlite'}"
-        self.engine = engine_for(url)
+        self.engine = engine_for(url, password)
         upgrade(self.engine, lock_file=self.root / "migrate.lock" if self.on_disk else None)
         self._insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
 
