@@ -192,7 +192,8 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
         layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
                         batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
-                        restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired))
+                        restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired),
+                        store_password=str(d.resolve(d.store.password_file)) if d.store.password_file else None)
         settings = gateway_settings(d, layout, p)
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
         fingerprints = _fingerprints(d, p, replace(layout, retired=frozenset()), envs["vllm"])

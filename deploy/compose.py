@@ -9,8 +9,9 @@ from pathlib import Path
 from serve.vllm_server import serve_args
 
 from .engines import Build
-from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE, TENSORRT_IMAGE,
-                     image_context, triton_image, vllm_image)
+from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE,
+                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, image_context, triton_image,
+                     vllm_image)
 from .plan import Plan
 from .services import Service, container_command, put_to_sleep
 from .spec import Deployment
@@ -95,15 +96,17 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
             host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
             # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
             # image's home of the gateway's user, which a new volume takes its owner from)
-            svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args],
-                   "environment": s.env | {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches",
-                                           "RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"},
+            state = {"RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"} | (
+                {} if d.store.url else {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"})  # else store.url's server
+            svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args], "environment": s.env | state,
                    "ports": [f"{host}{s.port}:{s.port}"],
                    "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
                    "depends_on": _gateway_after(engines),
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
                 svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
+            if d.store.password_file is not None:  # the file is the gateway user's (uid 1000) alone: render.py
+                svc.setdefault("secrets", []).append({"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER})
         svc["restart"] = "unless-stopped"
         svc["networks"] = ["engines", "front"] if s.kind == "gateway" else ["engines"]
         out["services"][s.name] = svc
@@ -124,6 +127,8 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
     out["volumes"] = {"gateway-state": {}}
     if d.gateway.keys_file is not None:
         out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
+    if d.store.password_file is not None:
+        out.setdefault("secrets", {})["store_password"] = {"file": f"../secrets/{STORE_PASSWORD_FILE}"}
     return out
 
 

@@ -14,7 +14,9 @@ What is checked, by target (a check that does not apply to the target is left ou
   the Prometheus Operator's API; on GPUs the DRA device class, and its ResourceSlices' GPUs and their driver;
 - serve and systemd (servers from this install): tritonserver and its python backend, and where vLLM runs outside a
   container, a C compiler and Python's headers (vLLM compiles kernels when an engine starts);
-- systemd: the keys file readable by the units' user.
+- systemd: the keys file readable by the units' user;
+- store.url (every target but Kubernetes): the PostgreSQL server answers, as its user with store.password_file's
+  password.
 """
 
 from __future__ import annotations
@@ -273,6 +275,30 @@ def check_keys(d) -> list[Check]:
                   f"the units run as rtxserve: `chown rtxserve: {path}` (or chmod a+r: it holds hashes only)")]
 
 
+def check_store(d) -> list[Check]:
+    """store.url: the PostgreSQL server answers, as its user with its password, from this machine (a check of the
+    address, the credentials and pg_hba.conf alike; Kubernetes' pods reach it from the cluster's network instead)."""
+    if not d.store.url:
+        return []
+    import sqlalchemy as sa
+
+    from serve.gateway.batches.store import engine_for
+
+    password = (d.resolve(d.store.password_file).read_text().splitlines() or [""])[0] if d.store.password_file else None
+    engine = engine_for(d.store.url, password)
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as db:
+            version = db.execute(sa.text("SHOW server_version")).scalar()
+    except sa.exc.SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return [Check("store", False, f"{where}: {reason}", "start the server, or mend store.url / store.password_file "
+                      "(the user, its password, the server's pg_hba.conf for this host)")]
+    finally:
+        engine.dispose()
+    return [Check("store", True, f"{where}: PostgreSQL {version}")]
+
+
 def _owner(path: Path) -> str:
     import pwd
 
@@ -309,7 +335,7 @@ def doctor(path: Path, target: str, at: Path | None = None, tritonserver: bool =
         checks += check_install(d, target, tritonserver)
     if target == "systemd":
         checks += check_keys(d)
-    return checks
+    return checks + check_store(d)
 
 
 def main(argv: list[str]) -> int:

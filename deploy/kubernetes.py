@@ -13,8 +13,8 @@ from serve.vllm_server import serve_args, served_task
 
 from . import monitoring
 from .engines import Build, build_script
-from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, REDIS_IMAGE, SPEECH_VLLM_IMAGE, TENSORRT_IMAGE, VLLM_IMAGE,
-                     image_context, triton_image, vllm_image)
+from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, POSTGRES_IMAGE, REDIS_IMAGE, SPEECH_VLLM_IMAGE,
+                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, VLLM_IMAGE, image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
 from .services import Service, container_command, put_to_sleep
 from .spec import Deployment, encoder_metadata
@@ -160,6 +160,8 @@ def kubernetes(d: Deployment, p: Plan, services: list[Service], builds: list[Bui
     files["gateway.yaml"] = _gateway(d, next(s for s in services if s.kind == "gateway"), gateway_replicas)
     if needs_redis(d):
         files["redis.yaml"] = _redis(d)
+    if not d.store.url:
+        files["store.yaml"] = _store(d)
     files["prometheus-rules.yaml"] = [{"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
                                        "metadata": {"name": f"rtxserve-{d.name}",
                                                     "labels": _labels("rules", d) | d.kubernetes.monitoring_labels},
@@ -274,6 +276,9 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
     if d.gateway.keys_file is not None:
         mounts.append({"name": "keys", "mountPath": str(Path(KEYS_IN_CONTAINER).parent), "readOnly": True})
         volumes.append({"name": "keys", "secret": {"secretName": "rtxserve-api-keys"}})
+    if has_store_password(d):
+        mounts.append({"name": "store", "mountPath": str(Path(STORE_PASSWORD_IN_CONTAINER).parent), "readOnly": True})
+        volumes.append({"name": "store", "secret": {"secretName": STORE_SECRET}})
     # Promotions need one state every gateway reads; each pod here has its own until the shared store: off (docs).
     env = gateway.env | {"RTXSERVE_PROMOTIONS": "false"}
     container = {"name": "gateway", "image": image(d, GATEWAY_IMAGE), "command": ["rtxserve"], "args": gateway.args,
@@ -326,6 +331,58 @@ def _redis(d: Deployment) -> list[dict]:
     return [deployment, _service(d, REDIS, REDIS, {"redis": 6379}), policy]
 
 
+STORE = "rtxserve-store"  # the Files and Batch APIs' PostgreSQL, without store.url: its StatefulSet and Service
+STORE_SECRET = "rtxserve-store"  # its password (store-password.txt, made at the first render and kept after)
+STORE_URL = f"postgresql://rtxserve@{STORE}:5432/rtxserve"
+POSTGRES_UID = 999  # the postgres image's own user
+
+
+def has_store_password(d: Deployment) -> bool:
+    """The gateway reads a store password: the StatefulSet's, or store.password_file's."""
+    return not d.store.url or d.store.password_file is not None
+
+
+def _store(d: Deployment) -> list[dict]:
+    """One PostgreSQL every gateway pod shares for the Files and Batch APIs (store.url: a server of the site's
+    instead): a StatefulSet of one, its data on a volume claim of its own that outlives the pod, its password from the
+    Secret the gateway reads too, reached only from the gateway's pods."""
+    password = str(Path("/run/secrets/postgres") / "password")
+    container = {"name": "postgres", "image": POSTGRES_IMAGE,
+                 "env": [{"name": "POSTGRES_USER", "value": "rtxserve"}, {"name": "POSTGRES_DB", "value": "rtxserve"},
+                         {"name": "POSTGRES_PASSWORD_FILE", "value": password},
+                         # a folder below the volume's root, which may hold lost+found (initdb wants an empty one)
+                         {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
+                 "ports": [{"name": "postgres", "containerPort": 5432}],
+                 "readinessProbe": {"exec": {"command": ["pg_isready", "-U", "rtxserve", "-d", "rtxserve", "-h", "127.0.0.1"]},
+                                    "periodSeconds": 5, "timeoutSeconds": 5},
+                 "livenessProbe": {"tcpSocket": {"port": 5432}, "periodSeconds": 10, "failureThreshold": 6},
+                 "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                 "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"},
+                                  {"name": "password", "mountPath": str(Path(password).parent), "readOnly": True},
+                                  {"name": "run", "mountPath": "/var/run/postgresql"}],
+                 "securityContext": _security(POSTGRES_UID) | {"runAsGroup": POSTGRES_UID}}
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": d.store.storage}}}
+    if d.kubernetes.storage_class:
+        claim["storageClassName"] = d.kubernetes.storage_class
+    statefulset = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": STORE, "labels": _labels(STORE, d)},
+        "spec": {"serviceName": STORE, "replicas": 1, "selector": {"matchLabels": _labels(STORE, d)},
+                 "template": {"metadata": {"labels": _labels(STORE, d)}, "spec": {
+                     "automountServiceAccountToken": False, "containers": [container],
+                     # the volume's files made the postgres user's group's; its socket folder, a writable emptyDir
+                     "securityContext": {"fsGroup": POSTGRES_UID},
+                     "volumes": [{"name": "password", "secret": {"secretName": STORE_SECRET, "defaultMode": 0o440}},
+                                 {"name": "run", "emptyDir": {}}]}},
+                 "volumeClaimTemplates": [{"metadata": {"name": "data", "labels": _labels(STORE, d)}, "spec": claim}]}}
+    service = _service(d, STORE, STORE, {"postgres": 5432})
+    service["spec"]["clusterIP"] = "None"  # headless: the StatefulSet's pod by name
+    policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": f"{STORE}-private"},
+              "spec": {"podSelector": {"matchLabels": _labels(STORE, d)}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": _labels("gateway", d)}}],
+                                    "ports": [{"protocol": "TCP", "port": 5432}]}]}}
+    return [statefulset, service, policy]
+
+
 def locust_job(d: Deployment, workers: int = 4) -> list[dict]:
     """A locust master and its workers as Jobs (the gateway image holds locust and the scenarios), suspended:
     set `suspend: false` on both (or `kubectl create job --from`) to run a load test in the cluster. They drive the
@@ -373,6 +430,8 @@ def kustomization(d: Deployment, files: list[str]) -> dict:
     if d.gateway.keys_file is not None:
         k["secretGenerator"] = [{"name": "rtxserve-api-keys", "files": ["api_keys.json=keys.json"]},
                                 {"name": "rtxserve-loadtest-key", "files": [f"api-key={LOADTEST_KEY_FILE}"]}]
+    if has_store_password(d):
+        k.setdefault("secretGenerator", []).append({"name": STORE_SECRET, "files": [f"password={STORE_PASSWORD_FILE}"]})
     return k
 
 

@@ -39,14 +39,16 @@ from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE,
-                     SPEECH_VLLM_DOCKERFILE, TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE,
+                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE,
+                     TRITON_DOCKERFILE,
                      VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
                      triton_cpu_requirements, triton_image_requirements)
-from .kubernetes import LOADTEST_KEY_FILE, REDIS_URI, kubernetes, kustomization, models_loader, needs_redis
+from .kubernetes import (LOADTEST_KEY_FILE, NON_ROOT_UID, REDIS_URI, STORE_URL, kubernetes, kustomization,
+                         models_loader, needs_redis)
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError
-from .systemd import TritonContainer, systemd_units
+from .systemd import TritonContainer, credential, systemd_units
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,7 +112,8 @@ def _check_readable(models: Path) -> None:
 
 def container_layout(d: Deployment, where: dict[Path, str], host_of=lambda s: s) -> Layout:
     return Layout(bind="0.0.0.0", host_of=host_of, path=lambda p: where[Path(p).resolve()],
-                  repository=f"{MODELS}/repository", gateway_config="/etc/rtxserve/gateway.yaml", gateway_host="0.0.0.0")
+                  repository=f"{MODELS}/repository", gateway_config="/etc/rtxserve/gateway.yaml", gateway_host="0.0.0.0",
+                  store_password=STORE_PASSWORD_IN_CONTAINER if d.store.password_file else None)
 
 
 def _dump(path: Path, data, header: str = "") -> None:
@@ -166,6 +169,8 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     # systemd unit runs as rtxserve): the file holds key names, scopes, quotas and SHA-256 hashes, no secret.
     os.chmod(keys_copy, 0o644)
     where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
+    if d.store.password_file:
+        _secret(d.resolve(d.store.password_file).read_text(), out / "secrets" / STORE_PASSWORD_FILE)
     files = _Files(out)
     builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
     # compose and Kubernetes run the same containers, reached by service name
@@ -209,6 +214,8 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
                                                            for card in range(d.gpus.count))}
     if needs_redis(d):  # several gateway pods: one set of quota counters
         settings["rate_limit_storage"] = REDIS_URI
+    if not d.store.url:  # several gateway pods: one Files and Batch APIs' store, the PostgreSQL rendered here
+        settings |= {"batch_store_url": STORE_URL, "batch_store_password_file": STORE_PASSWORD_IN_CONTAINER}
     namespace = f"rtxserve-{d.name}"
     manifests = kubernetes(d, p, services, builds)
     for name, docs in manifests.items():
@@ -216,11 +223,38 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("kubernetes/namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     files.dump("kubernetes/gateway-config.yaml", settings)
     _loadtest_key(d, keys, files)
+    if not d.store.url or d.store.password_file:
+        _store_password(d, files)
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
     files.dump("kubernetes/models-loader.yaml", models_loader(d),
                f"Fill the models claim (after kubectl apply -k .):\n  kubectl apply -n {namespace} -f models-loader.yaml\n"
                f"  kubectl cp ../models/. {namespace}/rtxserve-models-loader:{MODELS}\n"
                f"  kubectl delete -n {namespace} -f models-loader.yaml")
+
+
+def _secret(text: str, path: Path) -> None:
+    """A secret's file: its owner's alone, and that the gateway's (uid 1000 in its image) where rendered as root, for
+    compose, which bind-mounts a file secret as it is (systemd reads its credentials as root; kustomize makes a
+    Secret of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch(mode=0o600)
+    os.chmod(path, 0o600)
+    path.write_text(text)
+    if os.geteuid() == 0:
+        os.chown(path, NON_ROOT_UID, NON_ROOT_UID)
+
+
+def _store_password(d: Deployment, files: _Files) -> None:
+    """kubernetes/store-password.txt: store.password_file's copy, or without store.url the password of the rendered
+    PostgreSQL, made at the first render and kept by the next ones (the database keeps the one it was made with)."""
+    path = files.out / "kubernetes" / STORE_PASSWORD_FILE
+    if d.store.password_file:
+        _secret(d.resolve(d.store.password_file).read_text(), path)
+    elif not d.store.url and not path.is_file():
+        import secrets
+
+        _secret(secrets.token_urlsafe(24) + "\n", path)
+    files.written.append(path)
 
 
 def _loadtest_key(d: Deployment, keys: dict, files: _Files) -> None:
@@ -253,7 +287,8 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     host = Layout(path=lambda path: host_where[Path(path).resolve()], repository=str(at / "models" / "repository"),
                   gateway_config=str(at / "systemd" / "gateway.yaml"),
                   # the units' StateDirectory=, the rtxserve user's own
-                  batch_dir=f"{GATEWAY_STATE}/batches", rollout_file=f"{GATEWAY_STATE}/rollout.json")
+                  batch_dir=f"{GATEWAY_STATE}/batches", rollout_file=f"{GATEWAY_STATE}/rollout.json",
+                  store_password=credential(d, "gateway", "store-password") if d.store.password_file else None)
     files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
@@ -262,8 +297,9 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     # the box), run by the unit through Docker, unless the box has its own tritonserver (--tritonserver)
     container = (TritonContainer(SERVING_TRITON_IMAGE, at / "models", TENSORRT_IMAGE)
                  if d.on_gpu and d.encoders and tritonserver is None else None)
+    store_password = str(at / "secrets" / STORE_PASSWORD_FILE) if d.store.password_file else None
     for name, text in systemd_units(d, build_services(d, p, host), prefix, tritonserver, backend_directory,
-                                    build, container).items():
+                                    build, container, store_password).items():
         files.write(f"systemd/{name}", text)
 
 
@@ -302,7 +338,7 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
     """images.txt and the build contexts of the images built here: online from the index by default, offline from
     their wheels/ once `deploy bundle` fills it."""
     files.write("images.txt", "".join(f"{i}\n" for i in image_list(bool(d.encoders), bool(builds), bool(d.vllm_models),
-                                                                   needs_redis(d), d.on_gpu)))
+                                                                   needs_redis(d), d.on_gpu, not d.store.url)))
     _context(files, "gateway-image", GATEWAY_DOCKERFILE)
     source = files.out / "gateway-image" / "src"
     if source.exists():

@@ -71,7 +71,8 @@ class Ports(_Strict):
 
 
 # The gateway settings that the deployment itself decides (ports, backend addresses, workers, keys).
-_WIRED = {"host", "port", "workers", "triton_grpc_url", "vllm_url", "keys_file", "required_models"}
+_WIRED = {"host", "port", "workers", "triton_grpc_url", "vllm_url", "keys_file", "required_models", "batch_dir",
+          "batch_store_url", "batch_store_password_file"}
 
 
 class Gateway(_Strict):
@@ -89,12 +90,53 @@ class Gateway(_Strict):
         wired = sorted(set(value) & _WIRED)
         if wired:
             raise ValueError(f"{', '.join(wired)} come from the deployment itself (ports, gateway.host/workers/"
-                             "keys_file, the models), not from gateway.settings")
+                             "keys_file, store, the models), not from gateway.settings")
         try:  # model_validate: the fields alone, not this machine's RTXSERVE_* environment
             GatewaySettings.model_validate({**value, "triton_grpc_url": "", "vllm_url": ""})
         except ValidationError as exc:
             raise ValueError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
         return value
+
+
+class Store(_Strict):
+    """Where the gateways keep the Files and Batch APIs' files and state."""
+
+    url: str = Field("", description="an existing PostgreSQL server every gateway reaches, "
+                     "postgresql://USER@HOST:PORT/DATABASE (its password in password_file, never in the URL); empty: "
+                     "SQLite in the box's own state (serve up, compose, systemd), and on Kubernetes a PostgreSQL "
+                     "StatefulSet the render makes, its password made and kept in a Secret")
+    password_file: Path | None = Field(None, description="a file holding url's password (its first line): given to the "
+                                       "gateway as a secret (compose's, a systemd credential, Kubernetes'), never "
+                                       "written into a manifest")
+    storage: str = Field("10Gi", description="the rendered PostgreSQL StatefulSet's volume (Kubernetes, without url)")
+
+    @field_validator("url")
+    @classmethod
+    def _postgresql(cls, value: str) -> str:
+        if not value:
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError(f"{value!r} is not a URL; give postgresql://USER@HOST:PORT/DATABASE") from None
+        if url.get_backend_name() != "postgresql":
+            raise ValueError(f"{url.drivername}:// is not PostgreSQL; give postgresql://USER@HOST:PORT/DATABASE "
+                             "(without url: SQLite on a box)")
+        if url.password is not None:
+            raise ValueError("holds a password: put it in store.password_file (a file the render keeps out of every "
+                             "manifest) and give the URL without it")
+        if not (url.username and url.host and url.database):
+            raise ValueError("name the user, the host and the database: postgresql://USER@HOST:PORT/DATABASE")
+        return value
+
+    @model_validator(mode="after")
+    def _password_with_url(self) -> "Store":
+        if self.password_file is not None and not self.url:
+            raise ValueError("password_file: give url too (the server it is the password of)")
+        return self
 
 
 class Kubernetes(_Strict):
@@ -265,6 +307,7 @@ class Deployment(_Strict):
     ports: Ports = Field(default_factory=Ports)
     gateway: Gateway = Field(default_factory=Gateway)
     kubernetes: Kubernetes = Field(default_factory=Kubernetes)
+    store: Store = Field(default_factory=Store)
     models: list[Model] = Field(min_length=1)
     swap_room_gib: float | None = Field(None, gt=0, description="the memory the on-demand models share on each device, "
                                         "GiB (default: all that the always-resident models leave); `rtxserve plan` "
@@ -491,3 +534,5 @@ def check_artifacts(d: Deployment) -> None:
                                       "folder (no adapter_config.json)")
     if d.gateway.keys_file is not None and not d.resolve(d.gateway.keys_file).is_file():
         raise DeploymentError(f"gateway.keys_file: {d.resolve(d.gateway.keys_file)} does not exist")
+    if d.store.password_file is not None and not d.resolve(d.store.password_file).is_file():
+        raise DeploymentError(f"store.password_file: {d.resolve(d.store.password_file)} does not exist")

@@ -57,12 +57,19 @@ def _build_lines(s: Service, build_engines: str, container: TritonContainer | No
             f"ReadWritePaths={_quote(repository)}"]
 
 
+def credential(d: Deployment, service: str, name: str) -> str:
+    """Where the unit of `service` reads its credential `name` (LoadCredential=): its own folder under /run, which
+    only it can read, whatever the source file's owner and mode."""
+    return f"/run/credentials/rtxserve-{d.name}-{service}.service/{name}"
+
+
 def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
                   backend_directory: Path | None = None, build_engines: str | None = None,
-                  triton_container: TritonContainer | None = None) -> dict[str, str]:
+                  triton_container: TritonContainer | None = None, store_password: str | None = None) -> dict[str, str]:
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
     makes), and a target that starts them together. A GPU box's Triton runs from `tritonserver` (the box's own,
-    NGC's layout) or else through Docker (`triton_container`)."""
+    NGC's layout) or else through Docker (`triton_container`); the gateway reads `store_password` (a file on the box)
+    as its credential store-password."""
     from serve import vllm_server
 
     units = {}
@@ -105,6 +112,8 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         if s.control_port is not None:  # the engine's own log, beside the journal that has its control's
             lines.append("LogsDirectory=rtxserve")
+        if s.kind == "gateway" and store_password:  # read by systemd as root: the file may stay root's alone
+            lines.append(f"LoadCredential=store-password:{store_password}")
         if docker:  # the Docker socket: its group's members may run containers; a container left by a crash or a
             # power cut holds the name (`docker run --name` then fails): removed first, its absence no error
             lines += ["SupplementaryGroups=docker", f"ExecStartPre=-/usr/bin/docker rm -f rtxserve-{d.name}-triton",

@@ -13,6 +13,7 @@ import yaml
 from deploy.doctor import main
 from deploy.images import MIN_DRIVER
 from tests.plan_fixtures import write_artifacts
+from tests.postgres import INSTALLED as POSTGRES_INSTALLED, WHY_NOT as POSTGRES_WHY_NOT, Postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 # nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv,noheader,nounits, as published
@@ -165,3 +166,26 @@ def test_kubernetes_is_checked_in_the_cluster_kubectl_reaches_not_on_this_machin
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     code, lines = _doctor(capsys, tmp_path / "four-4090.yaml", "kubernetes")
     assert code == 1 and lines["kubectl"].startswith("FAIL") and "KUBECONFIG" in lines["kubectl"]
+
+
+@pytest.mark.skipif(not POSTGRES_INSTALLED, reason=POSTGRES_WHY_NOT)
+def test_the_store_is_reached_as_its_user_with_its_password_or_the_reason_is_said(tmp_path, capsys):
+    """store.url against a real PostgreSQL that asks for a password: the right one passes (the server's version said),
+    a wrong one fails with the server's own reason, the password in neither line."""
+    server = Postgres(password="right-password").start()
+    try:
+        path = _box(tmp_path, "cpu-box")
+        data = yaml.safe_load(path.read_text())
+        data["store"] = {"url": f"postgresql://rtx@127.0.0.1:{server.port}/postgres", "password_file": "db-password"}
+        path.write_text(yaml.safe_dump(data))
+        lines = {}
+        for password in ("right-password", "wrong-password"):
+            (tmp_path / "db-password").write_text(password + "\n")
+            _, found = _doctor(capsys, path, "serve")
+            lines[password] = found["store"]
+    finally:
+        server.stop()
+    assert lines["right-password"].startswith("ok") and "PostgreSQL 1" in lines["right-password"]
+    assert lines["wrong-password"].startswith("FAIL") and 'password authentication failed for user "rtx"' in \
+        lines["wrong-password"]
+    assert not any(p in line for line in lines.values() for p in ("right-password", "wrong-password"))

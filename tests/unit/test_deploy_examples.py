@@ -13,7 +13,7 @@ import yaml
 
 from core.tasks import KINDS, TASKS
 from deploy.images import image_context, image_list
-from deploy.kubernetes import REDIS, locust_job, needs_redis
+from deploy.kubernetes import REDIS, STORE, locust_job, needs_redis
 from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.render import render
 from deploy.spec import DeploymentError, load_deployment, parse_deployment
@@ -349,7 +349,8 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
             assert (out / "kubernetes" / entry.split("=", 1)[-1]).is_file(), entry
     pinned = set((out / "images.txt").read_text().split())
     for doc in manifests(out):
-        pod = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "Job") else doc["spec"] if doc["kind"] == "Pod" else None
+        pod = doc["spec"]["template"]["spec"] if doc["kind"] in ("Deployment", "StatefulSet", "Job") else \
+            doc["spec"] if doc["kind"] == "Pod" else None
         if pod is None:
             continue
         for volume in pod.get("volumes", []):
@@ -362,7 +363,7 @@ def test_what_the_pods_reference_is_generated_built_or_pinned(example, tmp_path)
             context = image_context(c["image"])
             assert c["image"] in pinned or (out / str(context) / "Dockerfile").is_file(), c["image"]
     assert pinned == set(image_list(bool(d.encoders), (out / "engines").is_dir(), bool(d.vllm_models), needs_redis(d),
-                                    d.on_gpu))
+                                    d.on_gpu, not d.store.url))
     for image in pinned:  # each FROM of the images built here is pulled as pinned
         assert image_context(image) is None
     for dockerfile in out.glob("*-image/Dockerfile"):
@@ -468,7 +469,10 @@ def test_kubernetes_settings_reach_the_manifests(tmp_path):
     assert "runtimeClassName" not in gateway["spec"]["template"]["spec"]
     monitors = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
     assert monitors and all(m["metadata"]["labels"]["prometheus"] == "main" for m in monitors)
-    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy" and doc["metadata"]["name"] != f"{REDIS}-private"]
+    (store,) = [doc for doc in docs if doc["kind"] == "StatefulSet"]
+    assert store["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "nfs"
+    policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"
+                and doc["metadata"]["name"] not in (f"{REDIS}-private", f"{STORE}-private")]
     assert policies and all(pol["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"] ==
                             {"kubernetes.io/metadata.name": "obs"} for pol in policies)
 
@@ -499,6 +503,101 @@ def test_the_gateway_pods_count_quotas_in_one_redis(tmp_path, storage):
         "app.kubernetes.io/part-of": "rtxserve"}}}]
     gateway_hpa = next(doc for doc in docs if doc["kind"] == "HorizontalPodAutoscaler")
     assert gateway_hpa["spec"]["maxReplicas"] > 1
+
+
+def _store_render(tmp_path: Path, store: dict | None) -> tuple[Path, list[dict], dict]:
+    example = next(p for p in EXAMPLES if p.stem == "cpu-box")
+    spec = yaml.safe_load(example.read_text())
+    if store is not None:
+        spec["store"] = store
+    (tmp_path / "src").mkdir(exist_ok=True)
+    (tmp_path / "src" / "db-password").write_text("pa55-in-a-file\n")
+    path = tmp_path / "src" / example.name
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    render(load_deployment(write_artifacts(path)), out, prefix=ROOT, at=Path("/srv/box"))
+    return out, manifests(out), yaml.safe_load((out / "kubernetes" / "gateway-config.yaml").read_text())
+
+
+def test_kubernetes_runs_the_batch_api_on_a_postgresql_every_gateway_pod_shares(tmp_path):
+    """Without store.url, the fleet gets a PostgreSQL StatefulSet only the gateway's pods reach; its password is made at
+    the first render, kept by the next (the database keeps the one it was made with), and reaches both sides as one
+    generated Secret; the Batch API is on. A box's targets keep SQLite in their own state."""
+    out, docs, config = _store_render(tmp_path, None)
+    assert config["batch_store_url"] == f"postgresql://rtxserve@{STORE}:5432/rtxserve"
+    (statefulset,) = [doc for doc in docs if doc["kind"] == "StatefulSet"]
+    password = out / "kubernetes" / "store-password.txt"
+    assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 32
+    kustomization = yaml.safe_load((out / "kubernetes" / "kustomization.yaml").read_text())
+    assert {"name": STORE, "files": ["password=store-password.txt"]} in kustomization["secretGenerator"]
+    gateway = next(doc for doc in docs if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "gateway")
+    for pod, container in ((gateway, "gateway"), (statefulset, "postgres")):
+        spec = pod["spec"]["template"]["spec"]
+        (volume,) = [v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == STORE]
+        (c,) = [c for c in spec["containers"] if c["name"] == container]
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+        read_at = {e["name"]: e["value"] for e in c.get("env", [])}.get("POSTGRES_PASSWORD_FILE") or \
+            config["batch_store_password_file"]
+        assert read_at == f"{mount['mountPath']}/password"
+    (policy,) = [doc for doc in docs if doc.get("metadata", {}).get("name") == f"{STORE}-private"]
+    assert policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gateway"
+    made = password.read_text()
+    render(load_deployment(tmp_path / "src" / "cpu-box.yaml"), out, prefix=ROOT, at=Path("/srv/box"))
+    assert password.read_text() == made
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    assert compose["services"]["gateway"]["environment"]["RTXSERVE_BATCH_DIR"] == "/var/lib/rtxserve/batches"
+    assert "batch_store_url" not in yaml.safe_load((out / "systemd" / "gateway.yaml").read_text())
+
+
+def test_a_site_s_postgresql_is_given_to_every_target_with_its_password_as_a_secret(tmp_path):
+    """store.url and store.password_file: every target's gateway reaches that server, the password read from a secret
+    of the target's (compose's file secret, a systemd credential, a Kubernetes Secret), in no manifest or settings
+    file; no StatefulSet is rendered."""
+    url = "postgresql://rtx@db.example.com:5432/batches"
+    out, docs, config = _store_render(tmp_path, {"url": url, "password_file": "db-password"})
+    assert not [doc for doc in docs if doc["kind"] == "StatefulSet"]
+    assert config["batch_store_url"] == url and config["batch_store_password_file"] == "/etc/rtxserve/store/password"
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    gateway = compose["services"]["gateway"]
+    assert "RTXSERVE_BATCH_DIR" not in gateway["environment"]
+    assert {"source": "store_password", "target": "/etc/rtxserve/store/password"} in gateway["secrets"]
+    assert compose["secrets"]["store_password"] == {"file": "../secrets/store-password.txt"}
+    assert yaml.safe_load((out / "gateway.yaml").read_text())["batch_store_url"] == url
+    unit = (out / "systemd" / "rtxserve-cpu-box-gateway.service").read_text()
+    assert "LoadCredential=store-password:/srv/box/secrets/store-password.txt" in unit.splitlines()
+    assert yaml.safe_load((out / "systemd" / "gateway.yaml").read_text())["batch_store_password_file"] == \
+        "/run/credentials/rtxserve-cpu-box-gateway.service/store-password"
+    for copy in (out / "secrets" / "store-password.txt", out / "kubernetes" / "store-password.txt"):
+        assert copy.read_text() == "pa55-in-a-file\n" and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    holding = [f for f in out.rglob("*") if f.is_file() and f.suffix != ".safetensors" and f.name != "store-password.txt"
+               and "pa55-in-a-file" in f.read_text(errors="ignore")]
+    assert holding == []
+
+
+def test_serve_up_gives_the_gateway_the_site_s_postgresql_and_the_password_file_where_it_is(tmp_path):
+    from deploy.services import Layout, gateway_settings
+
+    url = "postgresql://rtx@db.example.com/batches"
+    out, _, _ = _store_render(tmp_path, {"url": url, "password_file": "db-password"})
+    d = load_deployment(tmp_path / "src" / "cpu-box.yaml")
+    settings = gateway_settings(d, Layout(batch_dir=str(tmp_path / "run" / "batches"),
+                                          store_password=str(d.resolve(d.store.password_file))), plan(d))
+    assert settings["batch_store_url"] == url and "batch_dir" not in settings
+    assert Path(settings["batch_store_password_file"]).read_text() == "pa55-in-a-file\n"
+
+
+@pytest.mark.parametrize("store, error", [
+    ({"url": "postgresql://rtx:hunter2@db/b"}, "holds a password: put it in store.password_file"),
+    ({"url": "mysql://rtx@db/b"}, "mysql:// is not PostgreSQL"),
+    ({"url": "postgresql://db/b"}, "name the user, the host and the database"),
+    ({"password_file": "p"}, "password_file: give url too"),
+])
+def test_a_store_that_cannot_be_used_is_refused_with_the_field_and_the_fix(tmp_path, store, error):
+    (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "b", "store": store, "models": [
+        {"name": "m", "kind": "encoder", "path": "m"}]}))
+    with pytest.raises(DeploymentError, match=re.escape(error)) as refused:
+        load_deployment(tmp_path / "box.yaml")
+    assert "store" in str(refused.value) and "hunter2" not in str(refused.value)
 
 
 def test_the_cpu_box_and_its_gpu_render_differ_only_in_images_devices_instance_kind_and_engine_memory(tmp_path):
