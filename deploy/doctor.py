@@ -282,7 +282,7 @@ def check_store(d) -> list[Check]:
         return []
     import sqlalchemy as sa
 
-    from serve.gateway.batches.store import engine_for
+    from serve.gateway.shared.db import engine_for
 
     password = (d.resolve(d.store.password_file).read_text().splitlines() or [""])[0] if d.store.password_file else None
     engine = engine_for(d.store.url, password)

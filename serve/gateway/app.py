@@ -100,7 +100,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
                                f"(served: {', '.join(sorted(state.registry.models)) or 'none'})")
         await state.rollout.start()  # a promotion a restart interrupted: rolled back, or finished if it had switched
         loops = [asyncio.create_task(state.registry.run_health_loop()),
-                 asyncio.create_task(state.residency.run_idle_loop()),
+                 asyncio.create_task(state.residency.run()),
                  asyncio.create_task(state.rollout.run_loop()),
                  # what a promotion put in front and is loaded on demand: loaded now, not on its first request; what
                  # one retired and a server loaded anyway (it runs every entry): unloaded where it can be

@@ -135,6 +135,15 @@ class GatewaySettings(BaseSettings):
         "engine itself on a GPU, started with --enable-sleep-mode; serve/engine_control.py's server on a CPU)")
     sleep_level: Literal[1, 2] = Field(1, description="how an on-demand vLLM engine on a GPU sleeps: 1 moves its "
                                        "weights to host memory (a fast wake), 2 drops them (for a host short of memory)")
+    residency_store_url: str = Field("", description="where several gateways serving on-demand models (a box's "
+                                     "workers, a fleet's pods) agree on what is loaded, one of them deciding for all "
+                                     "(fleet/decider.py): sqlite:///FILE for one box's workers (what `serve gateway` "
+                                     "sets up with several workers), PostgreSQL for a fleet (its password: "
+                                     "batch_store_password_file); empty: batch_store_url's database where set, else "
+                                     "this gateway decides alone")
+    residency_lease_s: float = Field(5.0, ge=1, le=600, description="a residency decider (a gateway) that has not "
+                                     "renewed its lease for this long is replaced by another; a gateway whose beat is "
+                                     "this old is taken for dead (its requests no longer hold a model loaded)")
     load_timeout_s: float = Field(600.0, gt=0, le=3600, description="the longest one load of an on-demand model may "
                                   "take before it counts as failed")
     load_retry_s: float = Field(5.0, gt=0, le=3600, description="after a failed load, requests are refused (503) "
@@ -267,6 +276,11 @@ class GatewaySettings(BaseSettings):
         if self.batch_store_password_file and not self.batch_store_url:
             raise ValueError("batch_store_password_file: set batch_store_url too (the server it is the password of)")
         return self
+
+    def residency_store(self) -> tuple[str, str | None]:
+        """The database the residency decider shares (URL and password), or ("", None): this gateway decides alone."""
+        url = self.residency_store_url or self.batch_store_url
+        return url, self.batch_store_password() if url.startswith("postgresql") else None
 
     def batch_store_password(self) -> str | None:
         """The store's password from batch_store_password_file (its first line), or None."""

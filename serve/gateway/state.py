@@ -2,7 +2,8 @@
 - `registry` (fleet/registry.py): the backend replicas, what each serves and whether it is up, canaries, readiness;
 - `dispatch` (fleet/dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
-- `residency` (fleet/residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room;
+- `residency` (fleet/residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room
+  (fleet/decider.py: by one gateway for all, where several share `residency_store_url` or `batch_store_url`);
 - `rollout` (rollout/): the routes promotions changed at run time, their shadows, and the models they pinned or retired;
 - `access` (access/caller.py): the API keys and their quotas;
 - `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 from .access.caller import Access
 from .backends.base import Backend
 from .batches.runner import BatchRunner
+from .fleet.decider import Decider
 from .fleet.dispatch import Dispatcher
 from .fleet.registry import Canary, Registry
 from .fleet.residency import Residency
@@ -45,7 +47,9 @@ class GatewayState:
         """`batch_endpoints`: the routes a batch may run -> the request type each accepts."""
         registry = Registry(settings, backends, canaries)
         rollout = Rollout(settings)
-        residency = Residency(settings, registry, pinned=lambda: rollout.pinned)
+        url, password = settings.residency_store()
+        residency = (Decider(settings, registry, url, password, pinned=lambda: rollout.pinned)
+                     if url and settings.on_demand else Residency(settings, registry, pinned=lambda: rollout.pinned))
         dispatch = Dispatcher(settings, registry, residency, rollout)
         rollout.retire = retirer(registry, residency, busy=lambda model: dispatch.busy[model])
         access = Access(settings)

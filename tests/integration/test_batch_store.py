@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from serve.gateway.batches import store as store_module
-from serve.gateway.batches.migrations import current, head
+from serve.gateway.shared.migrations import current, head
 from serve.gateway.batches.store import CHUNK, Store, copy_store
 from tests.postgres import INSTALLED, WHY_NOT, Postgres
 

@@ -4,6 +4,7 @@ every gateway test applies."""
 import asyncio
 import json
 import threading
+from collections import Counter
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -80,14 +81,17 @@ class GatedTriton(FakeTriton):
         self.gate = threading.Event()
         self.gate.set()
         self.holding = 0
+        self.held: Counter[str] = Counter()  # the calls held now, by model
 
     async def classify(self, model, texts, timeout_s):
         self.holding += 1
+        self.held[model.name] += 1
         try:
             while not self.gate.is_set():
                 await asyncio.sleep(0.005)
         finally:
             self.holding -= 1
+            self.held[model.name] -= 1
         return await super().classify(model, texts, timeout_s)
 
 
@@ -188,6 +192,7 @@ class SwappingTriton(GatedTriton):
         self.loaded: set[str] = set()
         self.loads: list[str] = []
         self.unloads: list[str] = []
+        self.unloaded_under: list[int] = []  # per unload, the model's calls held at that moment (never any, we hope)
         self.load_gate = threading.Event()
         self.load_gate.set()
         self.load_fails: dict[str, Exception] = {}
@@ -211,4 +216,5 @@ class SwappingTriton(GatedTriton):
 
     async def unload(self, model):
         self.unloads.append(model)
+        self.unloaded_under.append(self.held[model])
         self.loaded.discard(model)

@@ -19,11 +19,23 @@ NAMES = ("de", "fr", "es")
 pytestmark = pytest.mark.timeout(60)  # a broken residency may leave a request waiting: fail, do not hang
 
 
+SHARED: dict[str, str] = {}  # the settings of the mode under test
+
+
+@pytest.fixture(autouse=True, params=["alone", "decider"])
+def mode(request, tmp_path, monkeypatch):
+    """Each test twice: the gateway deciding alone (residency.py), and as the decider of a shared store
+    (decider.py), which must behave the same for one gateway."""
+    if request.param == "decider":
+        monkeypatch.setitem(SHARED, "residency_store_url", f"sqlite:///{tmp_path / 'residency.sqlite'}")
+    return request.param
+
+
 def settings(room: float = 2.0, **kw) -> GatewaySettings:
     idle = kw.pop("idle_unload_s", None)
     return GatewaySettings(health_interval_s=60, on_demand={n: OnDemand(task="text-classification", gib=1.0,
                                                                          idle_unload_s=idle) for n in NAMES},
-                           swap_room_gib=room, **kw)
+                           swap_room_gib=room, **SHARED, **kw)
 
 
 @pytest.fixture
@@ -44,7 +56,8 @@ def test_nothing_on_demand_is_loaded_at_start_and_the_gateway_is_ready_and_lists
         assert client.get("/readyz").status_code == 200 and backend.loads == []
         listed = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
         assert listed["de"]["task"] == "text-classification" and listed["de"]["ready"] is False
-        assert listed["de"]["on_demand"] == {"state": "unloaded", "gib": 1.0, "in_flight": 0, "idle_unload_s": None}
+        assert listed["de"]["on_demand"] == {"state": "unloaded", "gib": 1.0, "in_flight": 0, "waiting": 0,
+                                             "idle_unload_s": None}
         assert "on_demand" not in listed["clf"]
 
 
@@ -54,7 +67,7 @@ def test_ten_concurrent_first_requests_cause_one_load(backend):
         with ThreadPoolExecutor(10) as pool:
             answers = [pool.submit(classify, client, "de") for _ in range(10)]
             residency = client.app.state.gateway.residency
-            until(lambda: residency._loads and len(residency.in_flight) == 0 and backend.loads == ["de"])
+            until(lambda: residency.waiting["de"] == 10 and backend.loads == ["de"])
             backend.load_gate.set()
             codes = [a.result().status_code for a in answers]
         assert codes == [200] * 10 and backend.loads == ["de"]
@@ -170,7 +183,8 @@ def test_a_model_back_loaded_on_its_own_counts_in_the_room_and_makes_way(backend
         assert classify(client, "de").status_code == 200
         backend.loaded.add("fr")  # back awake, no load of the gateway's
         client.portal.call(client.app.state.gateway.registry.refresh)
-        assert residency.status()["fr"]["state"] == "loaded" and residency.used_gib() == 2.0
+        until(lambda: residency.status()["fr"]["state"] == "loaded")
+        assert residency.used_gib() == 2.0
         assert classify(client, "es").status_code == 200  # room for two: one of them made way, not a third awake
         assert backend.loads == ["de", "es"] and len(backend.unloads) == 1 and len(backend.loaded) == 2
         assert classify(client, "fr" if "fr" in backend.loaded else "de").status_code == 200

@@ -6,7 +6,7 @@
   every file and batch; the files' bytes are rows of the database too (`file_chunks`), so that no volume has to be
   shared.
 
-Either is brought to the current schema on open by its alembic migrations (`migrations/`), an older SQLite store
+Either is brought to the current schema on open by the gateway's shared schema (`../shared/migrations/`), an older SQLite store
 included; two gateways opening one store at once migrate it once.
 
 A file past its `expires_at` is as absent at once, and its row and bytes are deleted by a runner's next sweep
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import orjson
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from .migrations import upgrade
+from ..shared.db import engine_for, insert_for
+from ..shared.migrations import upgrade
 
 # The states a batch passes through (OpenAI's): validating until its runner takes it, then in_progress,
 # finalizing while its files are written, and one of the ends.
@@ -72,31 +72,6 @@ def new_id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-CONNECT_TIMEOUT_S = 5
-
-
-def engine_for(url: str, password: str | None = None) -> sa.Engine:
-    """An engine for the store at `url` (as its user, with `password` where the URL holds none); SQLite's connections
-    in WAL mode, waiting up to 30 s for a writer."""
-    if not url.startswith("sqlite"):
-        target = sa.make_url(url)
-        if target.drivername == "postgresql":  # psycopg (3), not SQLAlchemy's default psycopg2
-            target = target.set(drivername="postgresql+psycopg")
-        if password is not None:
-            target = target.set(password=password)
-        # a server that does not answer is given up on in seconds (503 to the client), not after TCP's minutes
-        return sa.create_engine(target, pool_pre_ping=True, pool_size=4, max_overflow=8,
-                                connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
-    engine = sa.create_engine(url, connect_args={"timeout": 30}, poolclass=sa.pool.NullPool)
-
-    @sa.event.listens_for(engine, "connect")
-    def _wal(dbapi_connection, _record):
-        dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA synchronous=NORMAL")  # WAL: a committed answer survives the process killed
-
-    return engine
-
-
 def _live(now: int):
     """A file not expired at `now`."""
     return sa.or_(files.c.expires_at.is_(None), files.c.expires_at > now)
@@ -114,7 +89,7 @@ class Store:
             url = f"sqlite:///{self.root / 'batches.sqlite'}"
         self.engine = engine_for(url, password)
         upgrade(self.engine, lock_file=self.root / "migrate.lock" if self.on_disk else None)
-        self._insert = (postgresql if self.engine.dialect.name == "postgresql" else sqlite).insert
+        self._insert = insert_for(self.engine)
 
     # files
 

@@ -10,9 +10,8 @@ next request tries again after a backoff (`load_retry_s`, doubled per failure up
 
 It works through the backend's capability (`Backend.swaps`, `load`, `unload`): Triton's repository API in explicit
 model-control mode, and vLLM's sleep API (`/wake_up`, `/sleep`: vLLM's own on a GPU, serve/engine_control.py's on a
-CPU). An adapter loads with its engine's model (`GatewaySettings.on_demand_owner`). Each gateway worker decides for
-itself: with several workers, an unload one decides can make another's next request wait for a load (Triton still
-answers every request it already runs), which is why a deployment with on-demand models runs one worker.
+CPU). An adapter loads with its engine's model (`GatewaySettings.on_demand_owner`). This gateway decides alone; several
+gateways (a box's workers, a fleet's pods) leave the deciding to one of them (decider.py).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ class Residency:
         self.settings, self.registry, self.pinned = settings, registry, pinned
         self.models = settings.on_demand
         self.in_flight: Counter[str] = Counter()
+        self.waiting: Counter[str] = Counter()  # requests waiting for their model's load
         self.last_used: dict[str, float] = {}
         self._loads: dict[str, asyncio.Task] = {}
         self._unloading: set[str] = set()
@@ -60,18 +60,22 @@ class Residency:
 
     # ------------------------------------------------------------------------------------------- what is loaded
 
-    def loaded(self, name: str) -> bool:
-        """Served by a live replica and not being unloaded."""
+    def serving(self, name: str) -> bool:
+        """Served by a live replica, as the registry last saw the backends."""
         info = self.registry.models.get(name)
-        return info is not None and info.ready and name not in self._unloading
+        return info is not None and info.ready
+
+    def loaded(self, name: str) -> bool:
+        """Served by a live replica and not being unloaded: a request may start on it."""
+        return self.serving(name) and name not in self._unloading
 
     def resident(self) -> list[str]:
         """The on-demand models loaded now, least recently used first."""
         now = time.monotonic()
-        for name in self.models:  # one loaded before this worker saw it (at start, or by another worker): from now
-            if self.loaded(name):
-                self.last_used.setdefault(name, now)
-        return sorted((n for n in self.models if self.loaded(n)), key=lambda n: self.last_used[n])
+        here = [n for n in self.models if self.serving(n) and n not in self._unloading]
+        for name in here:  # one loaded before this worker saw it (at start, or by another worker): from now
+            self.last_used.setdefault(name, now)
+        return sorted(here, key=lambda n: self.last_used[n])
 
     def used_gib(self, leaving_out: str = "") -> float:
         """The room the loaded models and those being loaded take."""
@@ -112,7 +116,8 @@ class Residency:
             task = self._loads[name] = asyncio.create_task(self._load(name))
             task.add_done_callback(lambda t, name=name: self._load_done(name, t))
         try:
-            await asyncio.wait_for(asyncio.shield(task), self.settings.load_wait_s)
+            with self._waiting(name):
+                await asyncio.wait_for(asyncio.shield(task), self.settings.load_wait_s)
         except TimeoutError:
             metrics.LOAD_WAITS.labels(name, "timeout").inc()
             why = self._no_room.get(name) or f"is still loading after {self.settings.load_wait_s:g} s"
@@ -122,6 +127,14 @@ class Residency:
             metrics.LOAD_WAITS.labels(name, "failed").inc()
             raise
         metrics.LOAD_WAITS.labels(name, "served").inc()
+
+    @contextlib.contextmanager
+    def _waiting(self, name: str):
+        self.waiting[name] += 1
+        try:
+            yield
+        finally:
+            self.waiting[name] -= 1
 
     def _load_done(self, name: str, task: asyncio.Task) -> None:
         self._loads.pop(name, None)
@@ -174,7 +187,7 @@ class Residency:
         registry's canary), checked again each second until it answers or FIRST_ANSWER_S pass."""
         async def refreshed() -> bool:
             await self.registry.refresh()
-            return self.loaded(name)
+            return self.serving(name)
 
         return await tenacity.AsyncRetrying(stop=tenacity.stop_after_delay(FIRST_ANSWER_S), wait=tenacity.wait_fixed(1.0),
                                             retry=tenacity.retry_if_result(lambda answered: not answered),
@@ -245,7 +258,7 @@ class Residency:
 
     # ------------------------------------------------------------------------------------------- idle models
 
-    async def run_idle_loop(self) -> None:
+    async def run(self) -> None:
         """Unload each on-demand model idle for its idle_unload_s (checked a few times per the shortest of them)."""
         idle_after = [m.idle_unload_s for m in self.models.values() if m.idle_unload_s]
         if not idle_after:
@@ -275,5 +288,6 @@ class Residency:
         self.resident()
         return {n: {"state": "loading" if n in self._loads else "unloading" if n in self._unloading
                     else "loaded" if self.loaded(n) else "unloaded",
-                    "gib": m.gib, "in_flight": self.in_flight[n], "idle_unload_s": m.idle_unload_s}
+                    "gib": m.gib, "in_flight": self.in_flight[n], "waiting": self.waiting[n],
+                    "idle_unload_s": m.idle_unload_s}
                 for n, m in self.models.items()}

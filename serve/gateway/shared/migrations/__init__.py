@@ -1,4 +1,4 @@
-"""The store's schema, migrated by alembic (`versions/`): on open, every gateway brings the store to the newest
+"""The shared store's schema, migrated by alembic (`versions/`): on open, every gateway brings the store to the newest
 revision, one at a time (PostgreSQL: an advisory lock; SQLite: a file lock beside the database). A store made before
 the revisions existed (SQLite, the first releases) is taken up by the first one, which adds what it lacks."""
 
