@@ -27,6 +27,7 @@ AFFINITY = "rtxserve_affinity_total"  # counter, by outcome: preferred / spilled
 # On-demand models (serve/gateway/fleet/residency.py)
 MODEL_LOADS = "rtxserve_model_loads_total"  # counter, by model, outcome: loaded / failed
 MODEL_UNLOADS = "rtxserve_model_unloads_total"  # counter, by model, reason: idle / room
+RESIDENCY_TAKEOVERS = "rtxserve_residency_takeovers_total"  # counter: this gateway became the decider (fleet/decider.py)
 MODEL_LOAD_SECONDS = "rtxserve_model_load_duration_seconds"  # histogram, by model: from the load's start to ready
 MODEL_UNLOAD_SECONDS = "rtxserve_model_unload_duration_seconds"  # histogram, by model: until its memory is free
 MODEL_RESIDENT = "rtxserve_model_resident"  # gauge, by model: 1 while an on-demand model is loaded

@@ -65,6 +65,8 @@ PRIORITY_SHED = Counter(metric_names.PRIORITY_SHED, "Model requests refused by a
                         "priority", ("priority",))
 MODEL_LOADS = Counter(metric_names.MODEL_LOADS, "Loads of on-demand models, by outcome", ("model", "outcome"))
 MODEL_UNLOADS = Counter(metric_names.MODEL_UNLOADS, "Unloads of on-demand models: idle, or to make room", ("model", "reason"))
+RESIDENCY_TAKEOVERS = Counter(metric_names.RESIDENCY_TAKEOVERS, "Times this gateway became the one that decides what "
+                              "several gateways' on-demand models load and unload")
 MODEL_LOAD_SECONDS = Histogram(metric_names.MODEL_LOAD_SECONDS, "Seconds an on-demand model took to load and answer its "
                                "first request", ("model",), buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 MODEL_UNLOAD_SECONDS = Histogram(metric_names.MODEL_UNLOAD_SECONDS, "Seconds an on-demand model took to unload (an "

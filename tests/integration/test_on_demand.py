@@ -159,3 +159,50 @@ def test_the_on_demand_dashboard_panels_query_what_this_gateway_exposes(box):
                for s in f.samples]
     exposed = {n.removesuffix("_total").removesuffix("_bucket") for n in samples}
     assert sorted(n for n in swapping if n.removesuffix("_total") not in exposed) == []
+
+
+def test_four_gateway_workers_under_a_load_load_each_entry_once_per_need_and_never_under_a_request(
+        classifier_checkpoint, tmp_path):
+    """`workers: 4` over on-demand entries (one of them deciding for all, fleet/decider.py), a real locust load with
+    Zipf popularity over more entries than the room holds: every answer is 200 or the documented 503 (never an entry
+    gone under a request), and Triton's own log shows no entry loaded twice without an unload between (one load per
+    need, whichever worker's request needed it), nor more of them loaded at once than the room holds."""
+    import re
+
+    for name in (ALWAYS, *SWAPPED, IDLE):
+        export_text_classification(classifier_checkpoint, EntryOptions(name=name), tmp_path / "repo")
+    triton, opts = start_triton(tmp_path / "repo", tmp_path / "logs", load_models=[ALWAYS])
+    on_demand = {n: {"task": "text-classification", "gib": 1.0, "idle_unload_s": 1.0 if n == IDLE else None}
+                 for n in (*SWAPPED, IDLE)}
+    try:
+        gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", tmp_path / "logs", workers=4, extra_env={
+            "RTXSERVE_ON_DEMAND": json.dumps(on_demand), "RTXSERVE_SWAP_ROOM_GIB": "2",
+            "RTXSERVE_HEALTH_INTERVAL_S": "0.5"})
+        log = tmp_path / "logs" / "tritonserver.log"
+        start = len(log.read_text())  # what Triton loaded and unloaded before the load, at its own start
+        try:
+            spec = LoadSpec(url, scenario_options(model=",".join((*SWAPPED, IDLE)), zipf=1.0), users=8, duration_s=12,
+                            warmup_s=0)
+            s = run(spec, tmp_path / "report", log=lambda m: None).summary
+            unloads = counter(url, "rtxserve_model_unloads_total")
+            deciders = counter(url, "rtxserve_residency_takeovers_total")
+        finally:
+            gateway.stop()
+    finally:
+        triton.stop()
+    assert s.requests > 0 and set(s.error_kinds) <= {"HTTP 503"}, s.error_kinds
+    assert unloads > 0  # four entries, room for two: they swapped
+    pattern = r"successfully (loaded|unloaded) '(reviews_[a-z]+)'"
+    loaded_now = {name for what, name in re.findall(pattern, log.read_text()[:start]) if what == "loaded"} - {
+        name for what, name in re.findall(pattern, log.read_text()[:start]) if what == "unloaded"}
+    assert loaded_now == {ALWAYS}
+    events = re.findall(pattern, log.read_text()[start:])
+    for what, name in events:
+        if what == "loaded":
+            assert name not in loaded_now, f"{name} loaded twice without an unload between: {events}"
+            loaded_now.add(name)
+            assert len(loaded_now - {ALWAYS}) <= 2, f"the room for two over-committed: {loaded_now}; {events}"
+        else:
+            loaded_now.discard(name)
+    assert sum(what == "loaded" for what, _ in events) > len(SWAPPED)  # reloads after unloads: the test saw swaps
+    assert deciders == 1  # one worker decided throughout

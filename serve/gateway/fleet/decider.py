@@ -249,6 +249,7 @@ class Decider(Residency):
         """Made the decider: what the backends serve now is what is loaded, but for what the last decider left
         mid-way (finished by _decide)."""
         log.info("this gateway (%s) now decides what is loaded", self.name)
+        metrics.RESIDENCY_TAKEOVERS.inc()
         await self.registry.refresh()
         for name in self.models:
             state = self.decisions.get(name, {}).get("state")
