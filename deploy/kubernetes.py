@@ -280,6 +280,7 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
         mounts.append({"name": "store", "mountPath": str(Path(STORE_PASSWORD_IN_CONTAINER).parent), "readOnly": True})
         volumes.append({"name": "store", "secret": {"secretName": STORE_SECRET}})
     # Promotions need one state every gateway reads; each pod here has its own until the shared store: off (docs).
+    # On-demand models are decided by one pod for all, over the PostgreSQL the Batch API keeps (fleet/decider.py).
     env = gateway.env | {"RTXSERVE_PROMOTIONS": "false"}
     container = {"name": "gateway", "image": image(d, GATEWAY_IMAGE), "command": ["rtxserve"], "args": gateway.args,
                  "env": [{"name": k, "value": v} for k, v in sorted(env.items())],
@@ -288,13 +289,8 @@ def _gateway(d: Deployment, gateway: Service, replicas: int) -> list[dict]:
                  "resources": {"requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
                  "volumeMounts": mounts}
     container["securityContext"] = _security(NON_ROOT_UID)
-    # One gateway decides what is loaded where models load on demand: pods deciding each for itself over-committed the
-    # swap room, and one pod's idle timer unloaded what another streamed from. Then one pod, not autoscaled, replaced
-    # rather than rolled (a surge pod would be a second decider), until residency has a shared decider.
-    pod = _pod(d, "gateway", 1 if d.on_demand else replicas, [container], volumes=volumes)
-    if d.on_demand:
-        pod["spec"]["strategy"] = {"type": "Recreate"}
-    autoscaler = [] if d.on_demand else [
+    pod = _pod(d, "gateway", replicas, [container], volumes=volumes)
+    autoscaler = [
         {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "gateway"},
          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"},
                   "minReplicas": replicas, "maxReplicas": max(10, replicas),

@@ -581,8 +581,8 @@ def format_plan(p: Plan) -> str:
     if p.on_demand:
         where = "each GPU" if p.on_gpu else "the box"
         lines += ["", f"on demand (loaded when asked for, the least recently used unloaded to make room): a swap room of "
-                  f"{p.swap_room_gib:.2f} GiB on {where}; one gateway decides what is loaded (one worker, and on "
-                  "Kubernetes one gateway pod, not autoscaled)"]
+                  f"{p.swap_room_gib:.2f} GiB on {where}; one gateway decides what is loaded for every worker and "
+                  "pod (fleet/decider.py)"]
         for name, gib in p.on_demand.items():
             lines.append(f"  {name:<28} {gib:>7.2f} GiB" + ("" if gib <= p.swap_room_gib else "  DOES NOT FIT the room"))
         lines.append(f"  warm together: {', '.join(p.warm_together) or 'none'}" + (

@@ -347,9 +347,6 @@ class Deployment(_Strict):
                 raise ValueError(f"models.{m.name}: its engines would have the same names as those of {names[name]} "
                                  f"({name}); rename one of them")
             names[name] = m.name
-        if self.on_demand and self.gateway.workers > 1:
-            raise ValueError(f"gateway.workers: {self.gateway.workers}, but each worker would decide for itself what "
-                             "is loaded; a box with on-demand models runs one gateway worker")
         ports: dict[int, str] = {}
         for port, what in self.port_list():
             if port in ports:

@@ -45,8 +45,6 @@ def boxes(tmp_path_factory):
      "models[0].replicas: 2 engines need 2 GPUs (one engine per GPU); the box has 1"),
     ({"models": [{"name": "enc", "kind": "encoder", "path": "e", "idle_unload_s": 60}]},
      "models[0]: idle_unload_s: applies to resident: on-demand models"),
-    ({"gateway": {"workers": 2}, "models": [{"name": "enc", "kind": "encoder", "path": "e", "resident": "on-demand"}]},
-     "gateway.workers: 2, but each worker would decide for itself what is loaded"),
 ])
 def test_each_error_names_its_field(change, message):
     with pytest.raises(DeploymentError) as err:

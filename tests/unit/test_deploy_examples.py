@@ -749,10 +749,12 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     engine = next(c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == "vllm-0")
     assert _mib(engine["resources"]["requests"]["memory"]) >= asleep * 1024
     assert f"variant-a                       {awake:.2f} awake, {asleep:>7.2f} asleep" in format_plan(p)
+    # several gateway pods, autoscaled: one of them decides for all, over the PostgreSQL they share
     gateway = {doc["kind"]: doc for doc in manifests(out) if doc.get("metadata", {}).get("name") == "gateway"}
-    assert gateway["Deployment"]["spec"]["replicas"] == 1 and "HorizontalPodAutoscaler" not in gateway  # one decider
-    assert gateway["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}  # no surge pod deciding beside it
-    assert "one gateway decides what is loaded" in format_plan(p)
+    assert gateway["Deployment"]["spec"]["replicas"] > 1 and "HorizontalPodAutoscaler" in gateway
+    config = yaml.safe_load((out / "kubernetes" / "gateway-config.yaml").read_text())
+    assert config["batch_store_url"].startswith("postgresql://") and config["on_demand"]
+    assert "one gateway decides what is loaded for every worker and pod" in format_plan(p)
     level_2 = load_deployment(path)
     level_2.gateway.settings["sleep_level"] = 2  # the weights dropped asleep: only the pools stay on the host
     assert plan(level_2).engine_host_gib["variant-a"][1] == pytest.approx(awake + e.parts["runtime"]
