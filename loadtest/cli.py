@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     y = sub.add_parser("replay", parents=[scenario_parser()],
                        help="send a recorded trace's requests at its arrival times (open loop) and compare the two")
     _load_arguments(y)
-    y.add_argument("trace_file", type=Path, metavar="TRACE", help="the gateway's trace (a trace-*.jsonl of its "
-                   "trace_dir), a Mooncake trace or vLLM's timed trace (JSONL)")
+    y.add_argument("trace_file", type=Path, metavar="TRACE", help="the gateway's trace (its trace_dir, one "
+                   "trace-*.jsonl of it, or a folder of several gateways' trace_dirs, replayed as one), a Mooncake trace "
+                   "or vLLM's timed trace (JSONL)")
     y.add_argument("--out", type=Path, default=None, help="report folder (default reports/replay-<time>)")
     y.set_defaults(warmup=0.0, scenario="replay", arrival="trace")
     p = sub.add_parser("report", help="recompute the report from a run folder's raw samples")

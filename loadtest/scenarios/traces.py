@@ -118,8 +118,9 @@ def read_trace(path: Path, fmt: str = "auto", *, model: str = "", mapping: dict[
         raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}")
     if speed <= 0 or block_tokens < 0:
         raise ValueError("--speed must be > 0 and --block-tokens >= 0")
-    if path.is_dir():  # a gateway's trace_dir: each worker's file and its rotated ones, merged in arrival order
-        files = sorted(p for p in path.iterdir() if p.name.startswith("trace-") and ".jsonl" in p.name)
+    if path.is_dir():  # a gateway's trace_dir: each worker's file and its rotated ones, merged in arrival order; or a
+        # fleet's, each gateway's trace_dir in a folder of its own (`kubectl cp` from each pod), merged as one
+        files = sorted(p for p in path.rglob("trace-*") if ".jsonl" in p.name and p.is_file())
         if not files:
             raise ValueError(f"{path} holds no trace-*.jsonl files (the gateway's trace_dir)")
         fmt = "rtxserve" if fmt == "auto" else fmt

@@ -191,3 +191,32 @@ def test_a_replay_ends_when_its_last_request_is_answered_not_at_a_clock(slow_cla
     result = run(spec, tmp_path / "out", **quiet)
     assert result.summary.errors == 0 and result.summary.requests == 8
     assert result.summary.replay["replayed"]["per_api"] == {"classify": 8}
+
+
+def test_the_traces_of_four_gateway_workers_and_of_a_fleet_s_gateways_replay_as_one(stack, tmp_path):
+    """Four real gateway workers each write their own trace file (named by host and process, so that pods sharing a
+    volume do not collide); the trace_dir reads as one trace with every request, in arrival order, and so does a
+    folder holding each gateway's trace_dir (as `kubectl cp` gathers a fleet's)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    gateway, url = start_gateway(stack.triton_grpc_url, tmp_path / "logs", workers=4,
+                                 extra_env={"RTXSERVE_TRACE_DIR": str(tmp_path / "trace")})
+    try:
+        def classify(i: int) -> int:  # a connection each: the workers share them out
+            with httpx.Client(timeout=30) as client:
+                return client.post(f"{url}/v1/classify", json={"model": MODEL, "input": "x" * (i + 1)}).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            assert list(pool.map(classify, range(40))) == [200] * 40
+        trace = await_trace(tmp_path / "trace", 40)
+    finally:
+        gateway.stop()
+    files = sorted((tmp_path / "trace").glob("trace-*.jsonl"))
+    assert files and all(f.name.count("-") >= 2 for f in files)  # trace-HOST-PID.jsonl
+    assert sorted(r.chars for r in trace.requests) == list(range(1, 41))
+    assert [r.at for r in trace.requests] == sorted(r.at for r in trace.requests)
+    fleet = tmp_path / "fleet"  # each file as if from a pod of its own
+    for i, f in enumerate(files):
+        (fleet / f"gateway-{i}").mkdir(parents=True)
+        shutil.copy(f, fleet / f"gateway-{i}" / f.name)
+    assert [(r.at, r.chars) for r in read_trace(fleet).requests] == [(r.at, r.chars) for r in trace.requests]

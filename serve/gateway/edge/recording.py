@@ -9,7 +9,8 @@ two requests that share their first blocks share their first ids), for encoders 
 (`input_hash`: a repeated input repeats it). Never text, images or audio. Batch lines are
 marked `batch`.
 
-Each gateway worker writes its own file (`trace-PID.jsonl`), rotated by size (`trace_max_bytes`, `trace_backups`
+Each gateway worker writes its own file (`trace-HOST-PID.jsonl`: on a volume several pods share, their files do not
+collide, a container's PID being 1 in each), rotated by size (`trace_max_bytes`, `trace_backups`
 kept) by logging's RotatingFileHandler, in batches (TraceWriter): a record per line through a logging queue cost
 B1 +0.07 to +0.1 CPU-ms a request (the record, and the writer thread's turns on the GIL); in batches, +0.03.
 """
@@ -20,6 +21,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import socket
 import time
 from contextvars import ContextVar
 from logging.handlers import RotatingFileHandler
@@ -80,8 +82,8 @@ class TraceWriter:
 
     def __init__(self, directory: Path, max_bytes: int, backups: int):
         directory.mkdir(parents=True, exist_ok=True)
-        self.handler = RotatingFileHandler(directory / f"trace-{os.getpid()}.jsonl", maxBytes=max_bytes,
-                                           backupCount=backups, encoding="utf-8")
+        name = f"trace-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self.handler = RotatingFileHandler(directory / name, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
         self.handler.setFormatter(logging.Formatter("%(message)s"))
         self.pending: list[str] = []
 
