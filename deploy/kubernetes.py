@@ -14,7 +14,8 @@ from serve.vllm_server import serve_args, served_task
 from . import monitoring
 from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, POSTGRES_IMAGE, REDIS_IMAGE, SPEECH_VLLM_IMAGE,
-                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, VLLM_IMAGE, image_context, triton_image, vllm_image)
+                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, VLLM_IMAGE, image_context,
+                     triton_image, vllm_image)
 from .plan import Plan, server_host_gib
 from .services import Service, container_command, put_to_sleep
 from .spec import Deployment, encoder_metadata
@@ -349,8 +350,8 @@ def _store(d: Deployment) -> list[dict]:
                          # a folder below the volume's root, which may hold lost+found (initdb wants an empty one)
                          {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}],
                  "ports": [{"name": "postgres", "containerPort": 5432}],
-                 "readinessProbe": {"exec": {"command": ["pg_isready", "-U", "rtxserve", "-d", "rtxserve", "-h", "127.0.0.1"]},
-                                    "periodSeconds": 5, "timeoutSeconds": 5},
+                 "readinessProbe": {"exec": {"command": ["pg_isready", "-U", "rtxserve", "-d", "rtxserve",
+                                                         "-h", "127.0.0.1"]}, "periodSeconds": 5, "timeoutSeconds": 5},
                  "livenessProbe": {"tcpSocket": {"port": 5432}, "periodSeconds": 10, "failureThreshold": 6},
                  "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
                  "volumeMounts": [{"name": "data", "mountPath": "/var/lib/postgresql/data"},

@@ -39,12 +39,11 @@ from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE,
-                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, TRITON_CPU_DOCKERFILE,
-                     TRITON_DOCKERFILE,
-                     VLLM_CPU_DOCKERFILE, image_list, speech_image_requirements, triton_cpu_launcher,
-                     triton_cpu_requirements, triton_image_requirements)
-from .kubernetes import (LOADTEST_KEY_FILE, NON_ROOT_UID, REDIS_URI, STORE_URL, kubernetes, kustomization,
-                         models_loader, needs_redis)
+                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE,
+                     TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
+                     speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
+from .kubernetes import (LOADTEST_KEY_FILE, NON_ROOT_UID, REDIS_URI, STORE_URL, has_store_password, kubernetes,
+                         kustomization, models_loader, needs_redis)
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
 from .spec import Deployment, DeploymentError
@@ -223,7 +222,7 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
     files.dump("kubernetes/namespace.yaml", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     files.dump("kubernetes/gateway-config.yaml", settings)
     _loadtest_key(d, keys, files)
-    if not d.store.url or d.store.password_file:
+    if has_store_password(d):
         _store_password(d, files)
     files.dump("kubernetes/kustomization.yaml", kustomization(d, list(manifests)))
     files.dump("kubernetes/models-loader.yaml", models_loader(d),

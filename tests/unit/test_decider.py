@@ -87,7 +87,8 @@ def test_a_model_another_gateway_runs_a_request_on_is_not_unloaded_for_room(back
     """Room for one, held by the other gateway's request: the load waits its bound and answers 503 saying why."""
     with ThreadPoolExecutor(2) as pool, gateways(backend, tmp_path, room=1.0, load_wait_s=1.0) as clients:
         deciding, other = decider_first(clients)
-        assert classify(other, "de").status_code == 200
+        # loaded for the other gateway within the short wait, or answered 503 while it loads (a busy machine)
+        until(lambda: classify(other, "de").status_code == 200, "de loaded for the other gateway")
         backend.gate.clear()
         held = pool.submit(classify, other, "de")
         until(lambda: backend.holding == 1, "the other gateway's request on de")
@@ -104,7 +105,8 @@ def test_a_model_another_gateway_runs_a_request_on_is_not_unloaded_for_room(back
 def test_an_idle_unload_waits_for_another_gateway_s_request_and_happens_once_it_ends(backend, tmp_path):
     with ThreadPoolExecutor(1) as pool, gateways(backend, tmp_path, idle_unload_s=0.5) as clients:
         deciding, other = decider_first(clients)
-        assert classify(other, "de").status_code == 200
+        # loaded for the other gateway within the short wait, or answered 503 while it loads (a busy machine)
+        until(lambda: classify(other, "de").status_code == 200, "de loaded for the other gateway")
         backend.gate.clear()
         held = pool.submit(classify, other, "de")
         until(lambda: backend.holding == 1, "the request held on de")

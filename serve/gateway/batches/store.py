@@ -6,8 +6,8 @@
   every file and batch; the files' bytes are rows of the database too (`file_chunks`), so that no volume has to be
   shared.
 
-Either is brought to the current schema on open by the gateway's shared schema (`../shared/migrations/`), an older SQLite store
-included; two gateways opening one store at once migrate it once.
+Either is brought to the current schema on open (the gateway's shared migrations, `../shared/migrations/`), an older
+SQLite store included; two gateways opening one store at once migrate it once.
 
 A file past its `expires_at` is as absent at once, and its row and bytes are deleted by a runner's next sweep
 (`expire_files`), unless a batch that has not ended reads it (then after that batch).

@@ -116,8 +116,8 @@ class Decider(Residency):
             if time.monotonic() >= deadline:
                 metrics.LOAD_WAITS.labels(name, "timeout").inc()
                 why = decision.get("why") if decision.get("state") in (LOADING, UNLOADED) else None
-                raise BackendUnavailable(f"model {name!r} {why or f'is still loading after {self.settings.load_wait_s:g} s'}"
-                                         "; retry shortly", retry_after=self.settings.load_wait_s)
+                why = why or f"is still loading after {self.settings.load_wait_s:g} s"
+                raise BackendUnavailable(f"model {name!r} {why}; retry shortly", retry_after=self.settings.load_wait_s)
             await asyncio.sleep(WAIT_S)
 
     def _failed_now(self, name: str) -> float:
@@ -146,7 +146,7 @@ class Decider(Residency):
     # ------------------------------------------------------------------------------------------- the beat
 
     async def run(self) -> None:
-        """Forever: beat, and decide while this gateway holds the lease. On a clean stop, its row and lease go at once."""
+        """Forever: beat, and decide while this gateway holds the lease. On a clean stop its row and lease go at once."""
         self._wake = asyncio.Event()
         try:
             while True:
