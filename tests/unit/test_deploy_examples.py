@@ -515,7 +515,7 @@ def _store_render(tmp_path: Path, store: dict | None) -> tuple[Path, list[dict],
     path = tmp_path / "src" / example.name
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "out"
-    render(load_deployment(write_artifacts(path)), out, prefix=ROOT, at=Path("/srv/box"))
+    render(load_deployment(write_artifacts(path)), out, prefix=Path("/srv/box"), at=Path("/srv/box"))  # not under /tmp
     return out, manifests(out), yaml.safe_load((out / "kubernetes" / "gateway-config.yaml").read_text())
 
 
@@ -542,7 +542,7 @@ def test_kubernetes_runs_the_batch_api_on_a_postgresql_every_gateway_pod_shares(
     (policy,) = [doc for doc in docs if doc.get("metadata", {}).get("name") == f"{STORE}-private"]
     assert policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "gateway"
     made = password.read_text()
-    render(load_deployment(tmp_path / "src" / "cpu-box.yaml"), out, prefix=ROOT, at=Path("/srv/box"))
+    render(load_deployment(tmp_path / "src" / "cpu-box.yaml"), out, prefix=Path("/srv/box"), at=Path("/srv/box"))
     assert password.read_text() == made
     compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
     assert compose["services"]["gateway"]["environment"]["RTXSERVE_BATCH_DIR"] == "/var/lib/rtxserve/batches"
