@@ -27,12 +27,11 @@ from pathlib import Path
 import httpx
 import platformdirs
 import psutil
-import tenacity
 import yaml
 
 from core.envs import TRITON, VLLM, env_dir
 from serve import triton_server, vllm_server
-from serve.launcher import ServerProcess, ServerStartError
+from serve.launcher import CRASH_STARTS, ServerProcess, crash_restarts
 from serve.triton_server import TritonInstall, TritonNotFound
 
 from .plan import format_plan, plan
@@ -219,7 +218,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                     continue
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
                 host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
-                for attempt in _starts(service.name, restart, log):
+                for attempt in crash_restarts(service.name, log, CRASH_STARTS if restart == "on-failure" else 1):
                     with attempt:
                         process = _process(service, run, envs, install, host)
                         try:
@@ -244,25 +243,6 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}" + (
         f" ({len(started)} server(s) started, {len(live)} already running)" if live else ""))
     return run
-
-
-CRASH_STARTS = 3  # a server killed by a signal while starting (restart on-failure) is started up to this many times
-
-
-def _starts(name: str, restart: str, log) -> tenacity.Retrying:
-    """The attempts at starting one server: with restart on-failure, one that crashes while starting (Triton's python
-    backend can abort as it loads, triton-inference-server/server#8882) is started again, as Docker's and systemd's
-    on-failure policies would; one that exits with an error code (its configuration's fault) or is not ready in time
-    is not."""
-    def again(state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception()
-        log(f"{name} crashed while starting (exit code {exc.returncode}); starting it again "
-            f"({state.attempt_number} of {CRASH_STARTS - 1})")
-
-    return tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(CRASH_STARTS if restart == "on-failure" else 1), wait=tenacity.wait_fixed(2),
-        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, ServerStartError) and exc.crashed),
-        before_sleep=again, reraise=True)
 
 
 def _fingerprints(d: Deployment, p, layout: Layout, vllm_env: Path) -> dict[str, str]:

@@ -34,6 +34,27 @@ class ServerStartError(RuntimeError):
         return self.returncode is not None and self.returncode < 0
 
 
+CRASH_STARTS = 3  # a server killed by a signal while starting is started up to this many times
+
+
+def crash_restarts(name: str, log=lambda message: None, starts: int = CRASH_STARTS):
+    """The attempts at starting one server (tenacity's): one that crashes while starting (Triton's python backend can
+    abort as it loads, triton-inference-server/server#8882) is started again, as Docker's and systemd's on-failure
+    policies would, up to `starts` starts; one that exits with an error code (its configuration's fault) or is not
+    ready in time is not."""
+    import tenacity
+
+    def again(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception()
+        log(f"{name} crashed while starting (exit code {exc.returncode}); starting it again "
+            f"({state.attempt_number} of {starts - 1})")
+
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(starts), wait=tenacity.wait_fixed(2),
+        retry=tenacity.retry_if_exception(lambda exc: isinstance(exc, ServerStartError) and exc.crashed),
+        before_sleep=again, reraise=True)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

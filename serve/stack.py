@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .launcher import ServerProcess, free_port
+from .launcher import ServerProcess, crash_restarts, free_port
 from .triton_server import DEFAULT_ENV, TritonInstall, TritonOptions, triton_command
 
 
@@ -43,9 +43,13 @@ def start_triton(repository: Path, log_dir: Path, triton_env: Path = DEFAULT_ENV
     opts = TritonOptions(repository=repository, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                          load_models=load_models, extra_args=list(extra_args))
     argv, env = triton_command(TritonInstall.from_env(triton_env), opts)
-    server = ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
-                           ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready")
-    return server.start(timeout_s), opts
+    # started again where it crashes as it loads (triton-inference-server/server#8882), as a box's restart policy does
+    for attempt in crash_restarts("tritonserver", log=print):
+        with attempt:
+            server = ServerProcess("tritonserver", argv, env=env, log_path=log_dir / "tritonserver.log",
+                                   ready_url=f"http://127.0.0.1:{opts.http_port}/v2/health/ready")
+            server.start(timeout_s)
+    return server, opts
 
 
 def start_vllm(opts, log_dir: Path, vllm_env: Path | None = None, timeout_s: float = 300,

@@ -1,4 +1,4 @@
-"""How `serve up` starts one server (deploy/box.py `_starts`, serve/launcher.py): a real child process that aborts
+"""How `serve up` starts one server (serve/launcher.py `crash_restarts`, as deploy/box.py and serve/stack.py use it): a real child process that aborts
 while starting, as Triton's python backend sometimes does as it loads (triton-inference-server/server#8882), is
 started again under the on-failure restart policy, and leaves nothing of its process group behind; a server that
 exits with an error code, or a box started with restart no, gets no second start."""
@@ -10,8 +10,7 @@ import psutil
 import pytest
 import tenacity
 
-from deploy.box import _starts
-from serve.launcher import ServerProcess, ServerStartError, free_port
+from serve.launcher import CRASH_STARTS, ServerProcess, ServerStartError, crash_restarts, free_port
 
 SERVER = textwrap.dedent("""
     import http.server, os, subprocess, sys
@@ -26,7 +25,7 @@ SERVER = textwrap.dedent("""
 def _start(tmp_path, restart: str, first: str, logged: list[str]) -> ServerProcess:
     (tmp_path / "server.py").write_text(SERVER)
     port = free_port()
-    for attempt in _starts("triton", restart, logged.append):
+    for attempt in crash_restarts("triton", logged.append, CRASH_STARTS if restart == "on-failure" else 1):
         with attempt:
             process = ServerProcess("triton", [sys.executable, str(tmp_path / "server.py"), str(port),
                                                str(tmp_path / "marker"), first],
