@@ -32,11 +32,13 @@ from . import streams as b1s
 from .profile import cpu_seconds, run_queue_seconds
 from .proxy import nginx_version, path_table, plain_proxy
 from .record import Benchmark, Files, Progress
+from .relay import python_relay
 
 log = logging.getLogger("rtxserve.bench")
 MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
+RELAY = "python relay"  # the least a Python front door does (bench/relay.py): the floor of any gateway in Python
 PLOT = "b1.png"
 PROFILE_PLOT = "b1-profile.png"
 FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, *map(b1s.plot_name, b1s.LAYOUTS)))
@@ -113,7 +115,8 @@ def _idle_pct(before, after) -> float:
 
 async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, duration_s: float, concurrency: int,
                    progress) -> dict:
-    """`urls`: direct (Triton's HTTP), proxy and gateway; `pids`: the processes whose CPU is counted per request."""
+    """`urls`: direct (Triton's HTTP), proxy, the Python relay and the gateway(s); `pids`: the processes whose CPU is
+    counted per request."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
         direct_body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [TEXT]}]}
@@ -125,10 +128,12 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
 
         overheads: list[float] = []
         targets = {"direct": triton(urls["direct"]), "proxy": triton(urls["proxy"]),
-                   "gateway": _classify(client, urls["gateway"], overheads),
+                   RELAY: _classify(client, urls[RELAY]), "gateway": _classify(client, urls["gateway"], overheads),
                    **({"gateway traced": _classify(client, urls["gateway traced"])} if "gateway traced" in urls else {})}
-        for request in targets.values():  # warm up every path (connections, Triton instances)
-            await closed_loop(request, concurrency, 2.0)
+        for name, request in targets.items():  # warm up every path (connections, Triton instances)
+            latencies, errors, _ = await closed_loop(request, concurrency, 2.0)
+            if not latencies:
+                raise RuntimeError(f"B1: {name} answered none of {errors} requests (its log says why)")
         per_round: dict[str, list[dict]] = {name: [] for name in targets}
         samples: dict[str, list[float]] = {name: [] for name in targets}
         names = list(targets)
@@ -203,8 +208,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
     out.mkdir(parents=True, exist_ok=True)
     with classifier_triton(progress) as (grpc, triton_http), tempfile.TemporaryDirectory() as tmp, \
             plain_proxy(triton_http.removeprefix("http://"), Path(tmp), "/v2/health/ready") as (proxy, proxy_pid), \
-            contextlib.ExitStack() as gateways:
-        urls, pids = {"direct": triton_http, "proxy": proxy}, {"proxy": proxy_pid}
+            python_relay(grpc, Path(tmp)) as (relay, relay_pid), contextlib.ExitStack() as gateways:
+        urls, pids = {"direct": triton_http, "proxy": proxy, RELAY: relay}, {"proxy": proxy_pid, RELAY: relay_pid}
         # the gateway, and beside it one that records its traffic (trace_dir): what the trace costs, side by side
         for name, env in (("gateway", {}), ("gateway traced", {"RTXSERVE_TRACE_DIR": str(Path(tmp) / "trace")})):
             gateway, urls[name] = start_gateway(grpc, Path(tmp) / name.replace(" ", "-"), workers=workers,
@@ -243,6 +248,11 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
         level["qps_ratio"] = round(m["gateway"]["qps"] / m["direct"]["qps"], 3)
         level["p50_added_ms"] = round(m["gateway"]["p50_ms"] - m["direct"]["p50_ms"], 3)
         level["proxy_p50_added_ms"] = round(m["proxy"]["p50_ms"] - m["direct"]["p50_ms"], 3)
+        # the same figures for the Python relay: what any front door in Python reaches on this box
+        level["relay"] = {"qps_vs_proxy": round(m[RELAY]["qps"] / m["proxy"]["qps"], 3),
+                          "p50_added_ms": round(m[RELAY]["p50_ms"] - m["direct"]["p50_ms"], 3),
+                          "cpu_ms_per_request": m[RELAY]["cpu_ms_per_request"]}
+        level["qps_vs_relay"] = round(m["gateway"]["qps"] / m[RELAY]["qps"], 3)
         level["trace_cpu_ms_added"] = round(m["gateway traced"]["cpu_ms_per_request"] - m["gateway"]["cpu_ms_per_request"], 3)
         level["trace_qps_ratio"] = round(m["gateway traced"]["qps"] / m["gateway"]["qps"], 3)
         level["trace_p99_ratio"] = round(m["gateway traced"]["p99_ms"] / m["gateway"]["p99_ms"], 3)
@@ -288,10 +298,20 @@ def markdown(result: dict) -> str:
               "call): what is left of the P50 added is the sockets, the HTTP server and the event loop's queue."]
     if "verdict" in result:
         top = result["levels"][-1]
-        lines += ["", f"| target ({top['concurrency']} in flight; proxy: nginx on the same box) | measured | verdict |",
-                  "|---|---|---|"]
-        lines += [f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} |"
-                  for key, op, value in TARGETS]
+        relay = top.get("relay")
+        lines += ["", f"| target ({top['concurrency']} in flight; proxy: nginx on the same box) | measured | verdict | "
+                  "the Python relay |", "|---|---|---|---|"]
+        for key, op, value in TARGETS:
+            floor = f"{relay[key]} ({'meets' if b1s.met(relay[key], op, value) else 'misses'} it)" if relay else "–"
+            lines.append(f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} | "
+                         f"{floor} |")
+        if relay:
+            held = ", ".join(f"{level['qps_vs_relay']}x at {level['concurrency']}" for level in result["levels"])
+            lines += ["", "The Python relay (bench/relay.py) is the least a front door in Python does: uvicorn as the "
+                      "gateway runs it, the body read as JSON, the gateway's one gRPC call to Triton, a JSON answer; no "
+                      "keys, checks, metrics or routing. Where it misses a target, no change to the gateway's own code "
+                      f"meets it on this box: only a front door outside Python would. The gateway's QPS / the relay's: "
+                      f"{held} in flight."]
     if all("trace_qps_ratio" in level for level in result["levels"]):
         lines += ["", "The trace (trace_dir on, a gateway beside the other): what recording every request costs.", "",
                   "| in flight | QPS traced / untraced | P99 traced / untraced | CPU-ms / request added |",
@@ -321,7 +341,7 @@ def _plot(levels: list[dict], path: Path) -> None:
     for ax, level in zip(axes[0], levels):
         latency_cdf(ax, [(f"{name} (P99 {level['medians'][name]['p99_ms']:.1f} ms, {level['medians'][name]['qps']:.0f} QPS)",
                           level["samples"][name], colour)
-                         for name, colour in zip(level["medians"], ("tab:blue", "tab:green", "tab:orange", "tab:red"))])
+                         for name, colour in zip(level["medians"], ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:red"))])
         ax.set_title(f"B1, {level['concurrency']} in flight: latency distribution")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
