@@ -1,4 +1,4 @@
-"""B10: cache-aware routing against least-busy, on two vLLM replicas, with a multi-turn chat workload.
+"""B10: cache-aware routing against least-busy, on two and three vLLM replicas, with a multi-turn chat workload.
 
 Each conversation opens with a document of its own (about 1,000 characters) under a short system prompt that all
 share, as a chat over an uploaded file or a long agent transcript does: what a later turn can find cached is mostly
@@ -7,15 +7,16 @@ the answer and types (`think_s`, 2 s on average, exponential), and every convers
 back, a conversation's next turn found the replica its last turn had just left as the least busy, so least busy kept
 conversations in place by accident (hit rate 0.76 against affinity's 0.80 on scarce caches, 2026-11-26).
 
-Two CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of both, one
+CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of them all, one
 with `affinity` (prefix scoring against the tokens in flight, serve/gateway/fleet/prefix.py) and one without (least busy).
-Two rows: caches ample (vLLM's CPU default, which holds every conversation), then scarce: each engine's KV cache
-holds about half of the live conversations (`--num-gpu-blocks-override`, sized from a whole conversation's tokens as
-the engine counts them), more than one engine holds, which is where routing by prefix can pay (targets: hit rate
->= 2x least busy's, later turns' TTFT P50 <= 0.8x and P99 <= 1.1x). Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
+Rows: caches ample (vLLM's CPU default, which holds every conversation) on two engines, then scarce on two and on three
+engines: each engine's KV cache holds about half of the live conversations (`--num-gpu-blocks-override`, sized from a
+whole conversation's tokens as the engine counts them), more than one engine holds, which is where routing by prefix
+can pay (targets: hit rate >= 2x least busy's, later turns' TTFT P50 <= 0.8x and P99 <= 1.1x). With two engines least
+busy sends a next turn back to its conversation's engine about half the time by chance; with three, a third. Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
 runs both gateways in turn (the first one alternating), each with system prompts and documents of its own, so that no
 run finds another's prefixes cached. Figures per mode: vLLM's prefix-cache hit rate over the run (hit tokens / queried
-tokens, summed over both engines' /metrics), TTFT P50 / P90 of the later turns (those that could hit) and P50 of the
+tokens, summed over the engines' /metrics), TTFT P50 / P90 of the later turns (those that could hit) and P50 of the
 first.
 """
 
@@ -107,7 +108,6 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
             "requests": len(ttfts), "seconds": round(seconds, 2)}
 
 
-CACHES = ("ample", "scarce")
 BLOCK_TOKENS = 128  # vLLM's CPU block, set explicitly so that the scarce cache's size is known in tokens
 # The scarce row's targets (issue 42): affinity over least busy
 TARGETS = {"hit_rate": (">=", 2.0), "ttft_p50_ms": ("<=", 0.8), "ttft_p99_ms": ("<=", 1.1)}
@@ -128,10 +128,10 @@ def _conversation_tokens(engine: str, turns: int) -> int:
     return int(answer["count"]) + 16
 
 
-def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversations: int, turns: int, concurrency: int,
-         think_s: float, progress) -> tuple[dict, list[str]]:
-    """Both modes on two fresh engines (`blocks`: each one's KV cache in blocks; None: vLLM's default): the figures
-    of each run, and the engines' URLs while they run (for sizing)."""
+def _row(model: Path, out: Path, blocks: int | None, replicas: int, *, rounds: int, conversations: int, turns: int,
+         concurrency: int, think_s: float, progress) -> dict:
+    """Both modes on `replicas` fresh engines (`blocks`: each one's KV cache in blocks; None: vLLM's default): the
+    figures of each run."""
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import VLLMOptions
 
@@ -139,10 +139,10 @@ def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversatio
     extra = ["--block-size", str(BLOCK_TOKENS)] + (["--num-gpu-blocks-override", str(blocks)] if blocks else [])
     with contextlib.ExitStack() as stack:
         engines = []
-        for core in ("0", "1"):  # one engine's worker on each core
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = core
+        for i in range(replicas):  # the engines' workers spread over the cores
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(i % (os.cpu_count() or 1))
             server, url = start_vllm(VLLMOptions(model=model, served_name=SERVED, max_model_len=2048, extra_args=extra),
-                                     out / f"vllm-{core}-{blocks or 'default'}", timeout_s=900)
+                                     out / f"vllm-{replicas}x-{i}-{blocks or 'default'}", timeout_s=900)
             stack.callback(server.stop)
             engines.append(url)
         os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
@@ -159,33 +159,38 @@ def _row(model: Path, out: Path, blocks: int | None, *, rounds: int, conversatio
                                                conversations=conversations, turns=turns, concurrency=concurrency,
                                                think_s=think_s))
                 figures[mode].append(result)
-                progress(f"B10 ({'caches of ' + str(blocks) + ' blocks' if blocks else 'ample caches'}) round "
+                progress(f"B10 ({replicas} engines, {'caches of ' + str(blocks) + ' blocks' if blocks else 'ample caches'}) round "
                          f"{r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, later turns' TTFT "
                          f"P50 {result['ttft_p50_ms']:.1f} ms")
     medians = {m: {k: round(statistics.median(f[k] for f in runs), 4) for k in runs[0]} for m, runs in figures.items()}
-    return {"blocks": blocks, "conversation_tokens": tokens, "medians": medians, "runs": figures}, engines
+    return {"caches": "scarce" if blocks else "ample", "replicas": replicas, "blocks": blocks,
+            "conversation_tokens": tokens, "medians": medians, "runs": figures}
+
+
+def _judged(row: dict) -> dict:
+    """A scarce row with affinity's figures over least busy's, and the verdict on each target."""
+    m = row["medians"]
+    ratios = {k: round(m["affinity"][k] / m["least busy"][k], 3) if m["least busy"][k] else None for k in TARGETS}
+    return {**row, "ratios": ratios, "verdict": {k: ratios[k] is not None and (ratios[k] >= v if op == ">=" else
+                                                                              ratios[k] <= v)
+                                                 for k, (op, v) in TARGETS.items()}}
 
 
 def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, concurrency: int = 16,
-        think_s: float = 2.0, progress=print) -> dict:
+        think_s: float = 2.0, replicas: tuple[int, ...] = (2, 3), progress=print) -> dict:
+    """The ample row on the first of `replicas` engines, then a scarce row on each."""
     from fixture_models.llm import write_llm
 
     model = write_llm(out / "tiny-llama", max_length=2048)
     kwargs = dict(rounds=rounds, conversations=conversations, turns=turns, concurrency=concurrency, think_s=think_s,
                   progress=progress)
-    ample, _ = _row(model, out, None, **kwargs)
+    ample = _row(model, out, None, replicas[0], **kwargs)
     # each engine holds about half of the conversations running at once
     blocks = math.ceil(concurrency / 2 * ample["conversation_tokens"] / BLOCK_TOKENS)
-    scarce, _ = _row(model, out, blocks, **kwargs)
-    rows = {"ample": ample, "scarce": scarce}
-    m = scarce["medians"]
-    ratios = {k: round(m["affinity"][k] / m["least busy"][k], 3) if m["least busy"][k] else None for k in TARGETS}
-    result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), two vLLM CPU engines", "rounds": rounds,
+    rows = [ample] + [_judged(_row(model, out, blocks, n, **kwargs)) for n in replicas]
+    result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), vLLM CPU engines", "rounds": rounds,
               "conversations": conversations, "turns": turns, "concurrency": concurrency, "think_s": think_s,
-              "rows": rows,
-              "scarce_ratios": ratios,
-              "verdict": {k: ratios[k] is not None and (ratios[k] >= v if op == ">=" else ratios[k] <= v)
-                          for k, (op, v) in TARGETS.items()}}
+              "rows": rows}
     (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out / PLOT)
     (out / FILES.page).write_text(markdown(result))
@@ -198,34 +203,36 @@ def markdown(result: dict) -> str:
              f"on average, each opening with its own document under a shared system prompt; median of {result['rounds']} alternating rounds)", "", f"![hit rate and TTFT per mode]({PLOT})",
              "", "| caches | routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P99 ms, later turns | "
              "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|---|"]
-    for caches, row in result["rows"].items():
+    for row in result["rows"]:
         size = (f"{row['blocks']} blocks of {BLOCK_TOKENS} tokens" if row["blocks"] else "vLLM's default")
         for mode, m in row["medians"].items():
-            lines.append(f"| {caches} ({size}) | {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | {m['ttft_p99_ms']} | "
-                         f"{m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
-    tokens = result["rows"]["scarce"]["conversation_tokens"]
+            lines.append(f"| {_name(row)} ({size}) | {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | "
+                         f"{m['ttft_p99_ms']} | {m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
+    judged = [row for row in result["rows"] if "ratios" in row]
     lines += ["", f"Scarce: each engine's cache holds {result['concurrency'] // 2} of the {result['concurrency']} "
-              f"conversations running at once ({tokens} tokens each at their last turn).", "",
-              "| target (scarce caches, affinity / least busy) | measured | verdict |", "|---|---|---|"]
+              f"conversations running at once ({judged[0]['conversation_tokens']} tokens each at their last turn).", "",
+              "| target (scarce caches, affinity / least busy) | " + " | ".join(_name(row) for row in judged) + " |",
+              "|---|" + "---|" * len(judged)]
     for key, (op, value) in TARGETS.items():
-        ratio = result["scarce_ratios"][key]
-        verdict = "met" if result["verdict"][key] else "**missed**"
-        lines.append(f"| {key} {op} {value}x | {ratio if ratio is not None else '-'}x | {verdict} |")
-    lines += ["", "Why the hit rate's ratio stays under 2x with two replicas (reasoning, not a measurement): least busy "
-              "sends a conversation's next turn to the replica of its last one about half the time (two replicas "
-              "equally busy are picked in turn), and that replica saw as many other turns in between as it would under "
-              "affinity, so the turn mostly hits as it would there; least busy's hit rate falls towards half "
-              "affinity's, not below, and a 2x target needs three replicas or more."]
+        cells = [f"{row['ratios'][key] if row['ratios'][key] is not None else '-'}x "
+                 f"({'met' if row['verdict'][key] else '**missed**'})" for row in judged]
+        lines.append(f"| {key} {op} {value}x | " + " | ".join(cells) + " |")
+    lines += ["", "Least busy sends a conversation's next turn back to the engine that served its last one by chance: "
+              "about half the time on two engines, a third on three; affinity always does. The more engines, the less "
+              "least busy finds cached and the more affinity's routing buys."]
     return "\n".join(lines) + "\n"
+
+
+def _name(row: dict) -> str:
+    return f"{row['caches']}, {row['replicas']} engines"
 
 
 def plot(result: dict, path: Path) -> Path:
     from loadtest.plots import pyplot, save
 
     plt = pyplot()
-    fig, axes = plt.subplots(len(CACHES), 2, figsize=(10, 7), squeeze=False)
-    for row_axes, caches in zip(axes, CACHES):
-        row = result["rows"][caches]
+    fig, axes = plt.subplots(len(result["rows"]), 2, figsize=(10, 3.4 * len(result["rows"])), squeeze=False)
+    for row_axes, row in zip(axes, result["rows"]):
         for ax, key, label in ((row_axes[0], "hit_rate", "prefix-cache hit rate"),
                                (row_axes[1], "ttft_p50_ms", "TTFT P50, later turns (ms)")):
             for i, mode in enumerate(MODES):
@@ -234,8 +241,9 @@ def plot(result: dict, path: Path) -> Path:
                            zorder=3)
             ax.set_xticks(range(len(MODES)), MODES)
             ax.set_ylabel(label)
-            ax.set_title(f"{caches} caches" + (f" ({row['blocks']} blocks)" if row["blocks"] else ""), fontsize=9)
-    return save(fig, path, "B10: affinity vs least busy on two vLLM replicas (bars: median; dots: rounds)")
+            ax.set_title(f"{row['caches']} caches" + (f" ({row['blocks']} blocks)" if row["blocks"] else "")
+                         + f", {row['replicas']} engines", fontsize=9)
+    return save(fig, path, "B10: affinity vs least busy on vLLM replicas (bars: median; dots: rounds)")
 
 
 # --- `rtxserve bench affinity` --------------------------------------------------------------------------------
@@ -246,21 +254,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=16, help="conversations at a time")
     parser.add_argument("--think", type=float, default=2.0, help="mean seconds between a conversation's turns")
+    parser.add_argument("--replicas", default="2,3", help="vLLM engines of the scarce rows, comma-separated (the ample "
+                        "row runs on the first)")
     parser.add_argument("--out", type=Path, help="folder (default reports/bench-affinity-<time>)")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
-    if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2 or args.think < 0:
-        return "need --rounds, --conversations and --concurrency >= 1, --turns >= 2 and --think >= 0"
+    try:
+        replicas = _replicas(args)
+    except ValueError:
+        return "--replicas: use numbers separated by commas"
+    if min(args.rounds, args.conversations, args.concurrency) < 1 or args.turns < 2 or args.think < 0 \
+            or not replicas or min(replicas) < 2:
+        return ("need --rounds, --conversations and --concurrency >= 1, --turns >= 2, --think >= 0 and --replicas of "
+                "2 or more")
     return None
 
 
 def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
     return run(out, rounds=args.rounds, conversations=args.conversations, turns=args.turns,
-               concurrency=args.concurrency, think_s=args.think, progress=progress)
+               concurrency=args.concurrency, think_s=args.think, replicas=_replicas(args), progress=progress)
+
+
+def _replicas(args: argparse.Namespace) -> tuple[int, ...]:
+    return tuple(int(n) for n in args.replicas.split(",") if n.strip())
 
 
 BENCHMARK = Benchmark(
     name="affinity", id="B10", title="cache-aware routing",
-    help="B10: cache-aware routing vs least busy on two vLLM replicas, multi-turn chats",
+    help="B10: cache-aware routing vs least busy on two and three vLLM replicas, multi-turn chats",
     add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)

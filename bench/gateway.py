@@ -32,13 +32,13 @@ from . import streams as b1s
 from .profile import cpu_seconds, run_queue_seconds
 from .proxy import nginx_version, path_table, plain_proxy
 from .record import Benchmark, Files, Progress
+from .relay import NAME as RELAY
 from .relay import python_relay
 
 log = logging.getLogger("rtxserve.bench")
 MODEL = "bench_clf"
 TEXT = "the package arrived on tuesday and it works perfectly"
 PERCENTILES = (50, 90, 99, 99.9)
-RELAY = "python relay"  # the least a Python front door does (bench/relay.py): the floor of any gateway in Python
 PLOT = "b1.png"
 PROFILE_PLOT = "b1-profile.png"
 FILES = Files("bench-gateway.json", "bench-gateway.md", plots=(PLOT, PROFILE_PLOT, *map(b1s.plot_name, b1s.LAYOUTS)))

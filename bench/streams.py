@@ -1,7 +1,8 @@
 """B1s (shared BENCH.md): what the gateway costs a stream, against the floor of a plain reverse proxy.
 
 One vLLM server on the fixture Llama; `vllm bench serve` (random-token prompts, `ignore_eos`, streamed
-completions) calls it directly, through nginx (bench/proxy.py), through the gateway and, where `make setup-bench`
+completions) calls it directly, through nginx (bench/proxy.py), through the Python relay (bench/relay.py: the least a
+Python front door does, the floor of any gateway in Python), through the gateway and, where `make setup-bench`
 installed it, through LiteLLM's proxy (the peer), in rotating order over several rounds at each concurrency. Each
 figure is the median over rounds: TTFT and inter-token latency P50 / P99 as `vllm bench serve` measures them, output
 tokens/s as the engine counts them over its run.
@@ -29,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from .proxy import LITELLM, path_table
+from .relay import NAME as RELAY
 
 FIGURES = {"ttft_p50_ms": "median_ttft_ms", "ttft_p99_ms": "p99_ttft_ms", "itl_p50_ms": "median_itl_ms",
            "itl_p99_ms": "p99_itl_ms", "failed": "failed"}  # and output_tokens_s: the engine's count (_engine_tokens)
@@ -57,6 +59,7 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
     from .accuracy import RandomWorkload, vllm_bench_serve
     from .profile import cpu_seconds
     from .proxy import litellm_proxy, plain_proxy
+    from .relay import python_relay
 
     model = write_llm(out / "tiny-llama")  # a fast backend: what the gateway adds shows most
     progress(f"starting vLLM, the gateway and nginx for {model}")
@@ -70,8 +73,9 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
         stack.callback(gateway.stop)
         proxy, proxy_pid = stack.enter_context(plain_proxy(direct.removeprefix("http://"), Path(stack.enter_context(
             tempfile.TemporaryDirectory())), "/v1/models"))
-        urls = {"direct": direct, "proxy": proxy, "gateway": via_gateway}
-        pids = {"proxy": proxy_pid, "gateway": gateway.process.pid}  # the front ends whose CPU is counted
+        relay, relay_pid = stack.enter_context(python_relay(direct, out, "/v1/models", app="passthrough"))
+        urls = {"direct": direct, "proxy": proxy, RELAY: relay, "gateway": via_gateway}
+        pids = {"proxy": proxy_pid, RELAY: relay_pid, "gateway": gateway.process.pid}  # the front ends whose CPU is counted
         if LITELLM.exists():
             urls["litellm"], pids["litellm"] = stack.enter_context(litellm_proxy(direct, SERVED, out / "litellm"))
         paths = tuple(urls)
@@ -99,7 +103,12 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                            **{f"ttft_p50_over_{p}_ms": round(medians["gateway"]["ttft_p50_ms"] - medians[p]["ttft_p50_ms"], 2)
                               for p in ("proxy", "litellm") if p in medians},
                            **{f"tokens_s_vs_{p}": round(medians["gateway"]["output_tokens_s"] / medians[p]["output_tokens_s"], 3)
-                              for p in ("proxy", "litellm") if p in medians}})
+                              for p in ("proxy", "litellm") if p in medians},
+                           # the same against nginx for the Python relay: what any front door in Python reaches here
+                           "relay": {"ttft_p50_over_proxy_ms": round(medians[RELAY]["ttft_p50_ms"]
+                                                                     - medians["proxy"]["ttft_p50_ms"], 2),
+                                     "tokens_s_vs_proxy": round(medians[RELAY]["output_tokens_s"]
+                                                                / medians["proxy"]["output_tokens_s"], 3)}})
         profiled = {}
         if profile_s:
             progress(f"profiling the gateway's streams at {max(concurrency)} concurrent for {profile_s:g} s (py-spy)")
@@ -194,10 +203,18 @@ def markdown(result: dict) -> str:
               else "LiteLLM's proxy was not measured: `make setup-bench` installs it in .envs/litellm."]
     if result.get("verdict"):
         top = result["levels"][-1]
+        relay = top.get("relay", {})
         lines += ["", f"| target ({top['concurrency']} concurrent, gateway against nginx (proxy) and LiteLLM) | measured | "
-                  "verdict |", "|---|---|---|"]
-        lines += [f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} |"
-                  for key, op, value in TARGETS[result["layout"]] if key in result["verdict"]]
+                  "verdict | the Python relay |", "|---|---|---|---|"]
+        for key, op, value in TARGETS[result["layout"]]:
+            if key in result["verdict"]:
+                floor = (f"{relay[key]} ({'meets' if met(relay[key], op, value) else 'misses'} it)" if key in relay
+                         else "–")
+                lines.append(f"| {key} {op} {value:g} | {top[key]} | "
+                             f"{'met' if result['verdict'][key] else '**missed**'} | {floor} |")
+        if relay:
+            lines += ["", "The Python relay (bench/relay.py's passthrough): uvicorn as the gateway runs it, each request "
+                      "sent on with the gateway's client (aiohttp) and its answer relayed chunk by chunk, nothing parsed."]
     profiled = result.get("profile", {})
     if "parts" in profiled:
         from . import profile
@@ -219,7 +236,7 @@ def plot(result: dict, path: Path) -> Path:
     for ax, figure, label in ((axes[0], "ttft_p50_ms", "TTFT P50, ms"), (axes[1], "output_tokens_s", "output tokens/s")):
         paths = list(levels[0]["medians"])
         width = 0.8 / len(paths)
-        for i, (p, colour) in enumerate(zip(paths, ("tab:blue", "tab:green", "tab:orange", "tab:purple"))):
+        for i, (p, colour) in enumerate(zip(paths, ("tab:blue", "tab:green", "tab:purple", "tab:orange", "tab:red"))):
             xs = [j + (i - (len(paths) - 1) / 2) * width for j in range(len(levels))]
             ax.bar(xs, [lv["medians"][p][figure] for lv in levels], width=width, color=colour, alpha=0.75, label=p)
             for x, lv in zip(xs, levels):
@@ -227,5 +244,5 @@ def plot(result: dict, path: Path) -> Path:
         ax.set_xticks(range(len(levels)), [f"{lv['concurrency']} concurrent" for lv in levels])
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    return save(fig, path, "B1s: streams direct, through nginx, the gateway and LiteLLM where measured (bars: median; "
-                           "dots: rounds)")
+    return save(fig, path, "B1s: streams direct, through nginx, a Python relay, the gateway and LiteLLM where measured "
+                           "(bars: median; dots: rounds)")
