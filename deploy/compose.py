@@ -10,7 +10,7 @@ from serve.vllm_server import serve_args
 
 from .engines import Build
 from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE,
-                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, image_context, triton_image,
+                     STORE_PASSWORD_COPY, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, image_context, triton_image,
                      vllm_image)
 from .plan import Plan
 from .services import Service, container_command, put_to_sleep
@@ -105,7 +105,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                    "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
             if d.gateway.keys_file is not None:
                 svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
-            if d.store.password_file is not None:  # the file is the gateway user's (uid 1000) alone: render.py
+            if d.store.password_file is not None:  # mounted readable for the gateway's user (uid 1000): render.py
                 svc.setdefault("secrets", []).append({"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER})
         svc["restart"] = "unless-stopped"
         svc["networks"] = ["engines", "front"] if s.kind == "gateway" else ["engines"]
@@ -128,7 +128,7 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
     if d.gateway.keys_file is not None:
         out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
     if d.store.password_file is not None:
-        out.setdefault("secrets", {})["store_password"] = {"file": f"../secrets/{STORE_PASSWORD_FILE}"}
+        out.setdefault("secrets", {})["store_password"] = {"file": f"../secrets/{STORE_PASSWORD_COPY}"}
     return out
 
 

@@ -38,7 +38,8 @@ TRITON_CPU_PYTHON = "3.11"  # BASE_IMAGE's
 MODELS = "/models"  # where every container finds the staged artifacts
 KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
 STORE_PASSWORD_IN_CONTAINER = "/etc/rtxserve/store/password"  # store.password_file (or the made one), as a secret
-STORE_PASSWORD_FILE = "store-password.txt"  # its copy in the rendered secrets/ (and kubernetes/, for kustomize)
+STORE_PASSWORD_FILE = "store-password.txt"  # its copy in kubernetes/, for kustomize
+STORE_PASSWORD_COPY = f"store/{STORE_PASSWORD_FILE}"  # and under the rendered secrets/, for compose and systemd
 
 
 def _requirements(path: Path) -> list[Requirement]:

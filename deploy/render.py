@@ -39,10 +39,10 @@ from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE,
-                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE,
+                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_COPY, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE,
                      TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
                      speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
-from .kubernetes import (LOADTEST_KEY_FILE, NON_ROOT_UID, REDIS_URI, STORE_URL, has_store_password, kubernetes,
+from .kubernetes import (LOADTEST_KEY_FILE, REDIS_URI, STORE_URL, has_store_password, kubernetes,
                          kustomization, models_loader, needs_redis)
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
@@ -169,7 +169,7 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     os.chmod(keys_copy, 0o644)
     where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
     if d.store.password_file:
-        _secret(d.resolve(d.store.password_file).read_text(), out / "secrets" / STORE_PASSWORD_FILE)
+        _mounted_secret(d.resolve(d.store.password_file).read_text(), out / "secrets" / STORE_PASSWORD_COPY)
     files = _Files(out)
     builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
     # compose and Kubernetes run the same containers, reached by service name
@@ -215,6 +215,8 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
         settings["rate_limit_storage"] = REDIS_URI
     if not d.store.url:  # several gateway pods: one Files and Batch APIs' store, the PostgreSQL rendered here
         settings |= {"batch_store_url": STORE_URL, "batch_store_password_file": STORE_PASSWORD_IN_CONTAINER}
+    if d.on_demand:  # the pods share the backends' Services: one of them decides what is loaded, over the same store
+        settings["residency_store_url"] = settings["batch_store_url"]
     namespace = f"rtxserve-{d.name}"
     manifests = kubernetes(d, p, services, builds)
     for name, docs in manifests.items():
@@ -232,15 +234,22 @@ def _kubernetes(d: Deployment, p: Plan, services: list[Service], settings: dict,
 
 
 def _secret(text: str, path: Path) -> None:
-    """A secret's file: its owner's alone, and that the gateway's (uid 1000 in its image) where rendered as root, for
-    compose, which bind-mounts a file secret as it is (systemd reads its credentials as root; kustomize makes a
-    Secret of it)."""
+    """A secret's file, its owner's alone (kustomize, run by the renderer, makes a Kubernetes Secret of it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=0o600)
     os.chmod(path, 0o600)
     path.write_text(text)
-    if os.geteuid() == 0:
-        os.chown(path, NON_ROOT_UID, NON_ROOT_UID)
+
+
+def _mounted_secret(text: str, path: Path) -> None:
+    """A secret a container mounts or a unit loads: in a folder its renderer's alone (0700), the file itself readable
+    (0644). Compose bind-mounts a file secret with the file's own owner and mode, so the gateway's user (uid 1000 in
+    its image) must be able to read it however the box was rendered; the Docker daemon and systemd (LoadCredential=)
+    reach it through the folder as root, and nobody else on the host does."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    path.write_text(text)
+    os.chmod(path, 0o644)
 
 
 def _store_password(d: Deployment, files: _Files) -> None:
@@ -296,7 +305,7 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     # the box), run by the unit through Docker, unless the box has its own tritonserver (--tritonserver)
     container = (TritonContainer(SERVING_TRITON_IMAGE, at / "models", TENSORRT_IMAGE)
                  if d.on_gpu and d.encoders and tritonserver is None else None)
-    store_password = str(at / "secrets" / STORE_PASSWORD_FILE) if d.store.password_file else None
+    store_password = str(at / "secrets" / STORE_PASSWORD_COPY) if d.store.password_file else None
     for name, text in systemd_units(d, build_services(d, p, host), prefix, tritonserver, backend_directory,
                                     build, container, store_password).items():
         files.write(f"systemd/{name}", text)

@@ -118,7 +118,7 @@ def _gateway(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
     if settings.workers > 1 and not settings.rollout_file:  # one promotion state for all workers (until a restart)
         os.environ["RTXSERVE_ROLLOUT_FILE"] = str(Path(tempfile.mkdtemp(prefix="rtxserve-rollout-")) / "rollout.json")
-    if settings.workers > 1 and settings.on_demand and not settings.residency_store()[0]:  # one decides what is loaded
+    if settings.workers > 1 and settings.on_demand and not settings.residency_store_url:  # one decides what is loaded
         path = Path(tempfile.mkdtemp(prefix="rtxserve-residency-")) / "residency.sqlite"
         os.environ["RTXSERVE_RESIDENCY_STORE_URL"] = f"sqlite:///{path}"
     if settings.workers > 1 and not settings.rate_limit_storage:  # quotas counted once for all workers

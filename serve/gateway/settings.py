@@ -138,9 +138,10 @@ class GatewaySettings(BaseSettings):
     residency_store_url: str = Field("", description="where several gateways serving on-demand models (a box's "
                                      "workers, a fleet's pods) agree on what is loaded, one of them deciding for all "
                                      "(fleet/decider.py): sqlite:///FILE for one box's workers (what `serve gateway` "
-                                     "sets up with several workers), PostgreSQL for a fleet (its password: "
-                                     "batch_store_password_file); empty: batch_store_url's database where set, else "
-                                     "this gateway decides alone")
+                                     "sets up with several workers), PostgreSQL for a fleet whose gateways share their "
+                                     "backends (its password: batch_store_password_file); empty: this gateway decides "
+                                     "alone. Never a database that gateways with backends of their own share: each "
+                                     "decider loads on its own backends only")
     residency_lease_s: float = Field(5.0, ge=1, le=600, description="a residency decider (a gateway) that has not "
                                      "renewed its lease for this long is replaced by another; a gateway whose beat is "
                                      "this old is taken for dead (its requests no longer hold a model loaded)")
@@ -273,13 +274,15 @@ class GatewaySettings(BaseSettings):
         if self.batch_store_url and not self.batch_store_url.startswith("postgresql"):
             raise ValueError(f"batch_store_url: {self.batch_store_url.split('://')[0]}:// is not PostgreSQL; give "
                              "postgresql+psycopg://USER@HOST:PORT/DB, or batch_dir for SQLite on this host")
-        if self.batch_store_password_file and not self.batch_store_url:
-            raise ValueError("batch_store_password_file: set batch_store_url too (the server it is the password of)")
+        if self.batch_store_password_file and not (self.batch_store_url or
+                                                   self.residency_store_url.startswith("postgresql")):
+            raise ValueError("batch_store_password_file: set batch_store_url or a PostgreSQL residency_store_url too "
+                             "(the server it is the password of)")
         return self
 
     def residency_store(self) -> tuple[str, str | None]:
         """The database the residency decider shares (URL and password), or ("", None): this gateway decides alone."""
-        url = self.residency_store_url or self.batch_store_url
+        url = self.residency_store_url
         return url, self.batch_store_password() if url.startswith("postgresql") else None
 
     def batch_store_password(self) -> str | None:

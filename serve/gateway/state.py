@@ -3,7 +3,7 @@
 - `dispatch` (fleet/dispatch.py): the model a request names (aliases, fallbacks), the replica that takes it, per-model
   gates, retries and breakers;
 - `residency` (fleet/residency.py): the on-demand models, loaded when asked for and unloaded when idle or to make room
-  (fleet/decider.py: by one gateway for all, where several share `residency_store_url` or `batch_store_url`);
+  (fleet/decider.py: by one gateway for all, where several share `residency_store_url`);
 - `rollout` (rollout/): the routes promotions changed at run time, their shadows, and the models they pinned or retired;
 - `access` (access/caller.py): the API keys and their quotas;
 - `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`

@@ -295,7 +295,7 @@ def test_a_database_made_before_file_expiry_gets_its_columns_and_keeps_its_files
 def test_batches_run_side_by_side_up_to_batch_parallel(backend, tmp_path, parallel, monkeypatch):
     backend.release = concurrent.futures.Future()
     with gateway(backend, tmp_path, batch_concurrency=1, batch_parallel=parallel) as client:
-        store, scans = client.app.state.gateway.batches.store, []
+        store, scans = client.portal.call(client.app.state.gateway.batches.open), []
         active = store.active
         monkeypatch.setattr(store, "active", lambda: scans.append(1) or active())  # each of the runner's scans
         long = run(client, [line("first", "wait"), line("second", "x")], wait=False)  # held by its first line
@@ -321,7 +321,7 @@ def test_a_store_that_goes_down_answers_503_and_its_batches_finish_once_it_is_ba
     down = threading.Event()
     backend.release = concurrent.futures.Future()
     with gateway(backend, tmp_path, batch_concurrency=1) as client:
-        engine = client.app.state.gateway.batches.store.engine
+        engine = client.portal.call(client.app.state.gateway.batches.open).engine
 
         def refuse(conn, cursor, statement, parameters, context, executemany):
             if down.is_set():

@@ -525,6 +525,7 @@ def test_kubernetes_runs_the_batch_api_on_a_postgresql_every_gateway_pod_shares(
     generated Secret; the Batch API is on. A box's targets keep SQLite in their own state."""
     out, docs, config = _store_render(tmp_path, None)
     assert config["batch_store_url"] == f"postgresql://rtxserve@{STORE}:5432/rtxserve"
+    assert "residency_store_url" not in config  # no on-demand models here: nothing to decide
     (statefulset,) = [doc for doc in docs if doc["kind"] == "StatefulSet"]
     password = out / "kubernetes" / "store-password.txt"
     assert stat.S_IMODE(password.stat().st_mode) == 0o600 and len(password.read_text().strip()) >= 32
@@ -561,14 +562,18 @@ def test_a_site_s_postgresql_is_given_to_every_target_with_its_password_as_a_sec
     gateway = compose["services"]["gateway"]
     assert "RTXSERVE_BATCH_DIR" not in gateway["environment"]
     assert {"source": "store_password", "target": "/etc/rtxserve/store/password"} in gateway["secrets"]
-    assert compose["secrets"]["store_password"] == {"file": "../secrets/store-password.txt"}
+    assert compose["secrets"]["store_password"] == {"file": "../secrets/store/store-password.txt"}
     assert yaml.safe_load((out / "gateway.yaml").read_text())["batch_store_url"] == url
     unit = (out / "systemd" / "rtxserve-cpu-box-gateway.service").read_text()
-    assert "LoadCredential=store-password:/srv/box/secrets/store-password.txt" in unit.splitlines()
+    assert "LoadCredential=store-password:/srv/box/secrets/store/store-password.txt" in unit.splitlines()
     assert yaml.safe_load((out / "systemd" / "gateway.yaml").read_text())["batch_store_password_file"] == \
         "/run/credentials/rtxserve-cpu-box-gateway.service/store-password"
-    for copy in (out / "secrets" / "store-password.txt", out / "kubernetes" / "store-password.txt"):
-        assert copy.read_text() == "pa55-in-a-file\n" and stat.S_IMODE(copy.stat().st_mode) == 0o600
+    # compose mounts its copy with the file's own mode, for the gateway's user (uid 1000): readable, in a folder the
+    # renderer's alone; kustomize reads the Kubernetes copy as the renderer
+    mounted, kustomized = out / "secrets" / "store" / "store-password.txt", out / "kubernetes" / "store-password.txt"
+    assert mounted.read_text() == kustomized.read_text() == "pa55-in-a-file\n"
+    assert stat.S_IMODE(mounted.stat().st_mode) == 0o644 and stat.S_IMODE(mounted.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(kustomized.stat().st_mode) == 0o600
     holding = [f for f in out.rglob("*") if f.is_file() and f.suffix != ".safetensors" and f.name != "store-password.txt"
                and "pa55-in-a-file" in f.read_text(errors="ignore")]
     assert holding == []
@@ -754,6 +759,7 @@ def test_two_8b_variants_on_one_4090_take_turns_asleep(tmp_path):
     assert gateway["Deployment"]["spec"]["replicas"] > 1 and "HorizontalPodAutoscaler" in gateway
     config = yaml.safe_load((out / "kubernetes" / "gateway-config.yaml").read_text())
     assert config["batch_store_url"].startswith("postgresql://") and config["on_demand"]
+    assert config["residency_store_url"] == config["batch_store_url"]  # set, not implied: the pods share the engines
     assert "one gateway decides what is loaded for every worker and pod" in format_plan(p)
     level_2 = load_deployment(path)
     level_2.gateway.settings["sleep_level"] = 2  # the weights dropped asleep: only the pools stay on the host

@@ -164,6 +164,14 @@ def test_the_room_setting_must_hold_each_model():
         GatewaySettings(on_demand={"de": OnDemand(task="text-classification", gib=3)}, swap_room_gib=2)
 
 
+def test_gateways_sharing_the_batch_api_s_database_do_not_share_a_decider_unless_told():
+    """Two boxes, each with its own engines, may share the Batch API's PostgreSQL: a decider on one would load on its
+    own backends only, so residency is shared only where residency_store_url says so."""
+    url = "postgresql://rtx@db.example.com/rtxserve"
+    assert GatewaySettings(batch_store_url=url).residency_store() == ("", None)
+    assert GatewaySettings(batch_store_url=url, residency_store_url=url).residency_store() == (url, None)
+
+
 def test_loads_of_two_models_that_fit_together_overlap(backend):
     """A slow load (an engine's start) does not hold up another model's (a classifier's), room permitting."""
     with client_for(backend, room=2.0) as client, ThreadPoolExecutor(2) as pool:

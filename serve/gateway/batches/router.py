@@ -47,11 +47,13 @@ def install_store_errors(app: FastAPI) -> None:
                                               retry_after=5), getattr(request.state, "request_id", "-"))
 
 
-def _runner(request: Request) -> BatchRunner:
+async def _runner(request: Request) -> BatchRunner:
+    """The gateway's batch runner, its store open (off the event loop; 503 while its database does not answer)."""
     runner = request.app.state.gateway.batches
     if runner is None:
         raise NotFound("the Files and Batch APIs are off on this gateway: set batch_dir (RTXSERVE_BATCH_DIR) to a "
                        "directory it keeps, or batch_store_url (RTXSERVE_BATCH_STORE_URL) to a PostgreSQL database")
+    await runner.open()
     return runner
 
 
@@ -60,15 +62,15 @@ def _owner(request: Request) -> str:
     return key.name if key is not None else ANONYMOUS
 
 
-def _file(runner: BatchRunner, file_id: str, owner: str) -> dict:
-    found = runner.store.file(file_id, owner)
+async def _file(runner: BatchRunner, file_id: str, owner: str) -> dict:
+    found = await asyncio.to_thread(runner.store.file, file_id, owner)
     if found is None:
         raise NotFound(f"no file {file_id!r}", param="file_id")
     return found
 
 
-def _batch(runner: BatchRunner, batch_id: str, owner: str) -> Batch:
-    found = runner.store.batch(batch_id, owner)
+async def _batch(runner: BatchRunner, batch_id: str, owner: str) -> Batch:
+    found = await asyncio.to_thread(runner.store.batch, batch_id, owner)
     if found is None:
         raise NotFound(f"no batch {batch_id!r}", param="batch_id")
     return Batch.model_validate(found)
@@ -91,7 +93,7 @@ async def upload_file(request: Request, file: UploadFile = File(...),
     """Upload a JSONL file of batch requests (`purpose="batch"`), up to `batch_max_file_bytes`. Each line must be a
     JSON object; the lines are checked against their endpoint when a batch is made from the file. `expires_after`
     (the SDK sends it as the form fields expires_after[anchor] and expires_after[seconds]) says when it is deleted."""
-    runner, owner = _runner(request), _owner(request)
+    runner, owner = await _runner(request), _owner(request)
     if purpose != "batch":
         raise InvalidRequest(f"purpose {purpose[:40]!r} is not taken here; upload batch input with purpose 'batch'",
                              param="purpose")
@@ -119,7 +121,7 @@ async def upload_file(request: Request, file: UploadFile = File(...),
 @router.get("/v1/files", response_model=FileList)
 async def list_files(request: Request, purpose: str | None = None, limit: int = Query(10_000, ge=1, le=10_000),
                      after: str | None = None, order: Literal["asc", "desc"] = "desc") -> FileList:
-    runner = _runner(request)
+    runner = await _runner(request)
     rows = await asyncio.to_thread(runner.store.files, _owner(request), purpose, after, limit, order == "desc")
     data = [FileObject.model_validate(r) for r in rows[:limit]]
     return FileList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
@@ -128,14 +130,14 @@ async def list_files(request: Request, purpose: str | None = None, limit: int = 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)
 async def retrieve_file(file_id: str, request: Request) -> FileObject:
-    return FileObject.model_validate(_file(_runner(request), file_id, _owner(request)))
+    return FileObject.model_validate(await _file(await _runner(request), file_id, _owner(request)))
 
 
 @router.get("/v1/files/{file_id}/content", response_class=FileResponse)
 async def file_content(file_id: str, request: Request) -> Response:
     """The file's bytes: an upload as it was sent, or a batch's output or error lines."""
-    runner = _runner(request)
-    found = _file(runner, file_id, _owner(request))
+    runner = await _runner(request)
+    found = await _file(runner, file_id, _owner(request))
     if runner.store.on_disk:
         return FileResponse(runner.store.path(file_id), media_type="application/jsonl", filename=found["filename"])
     return StreamingResponse(iterate_in_threadpool(runner.store.read_chunks(file_id)), media_type="application/jsonl",
@@ -144,7 +146,7 @@ async def file_content(file_id: str, request: Request) -> Response:
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
 async def delete_file(file_id: str, request: Request) -> FileDeleted:
-    runner = _runner(request)
+    runner = await _runner(request)
     try:
         deleted = await asyncio.to_thread(runner.store.delete_file, file_id, _owner(request))
     except ValueError as exc:
@@ -158,11 +160,11 @@ async def delete_file(file_id: str, request: Request) -> FileDeleted:
 async def create_batch(body: BatchCreate, request: Request) -> Batch:
     """Run every request of an uploaded file at batch priority. The file is checked whole first: a bad line refuses
     the batch (400 naming the line), and nothing runs."""
-    runner, owner, key = _runner(request), _owner(request), request_key(request)
+    runner, owner, key = await _runner(request), _owner(request), request_key(request)
     if body.endpoint not in runner.endpoints:
         raise InvalidRequest(f"endpoint {body.endpoint[:100]!r} cannot run in a batch; these can: "
                              f"{', '.join(runner.endpoints)}", param="endpoint")
-    found = _file(runner, body.input_file_id, owner)
+    found = await _file(runner, body.input_file_id, owner)
     if found["purpose"] != "batch":
         raise InvalidRequest(f"file {body.input_file_id} has purpose {found['purpose']!r}, not 'batch'",
                              param="input_file_id")
@@ -180,12 +182,12 @@ async def create_batch(body: BatchCreate, request: Request) -> Batch:
         "metadata": body.metadata, "created_at": now, "expires_at": now + COMPLETION_WINDOW_S,
         "output_expires_s": body.output_expires_after.seconds if body.output_expires_after else None})
     runner.wake()
-    return _batch(runner, batch_id, owner)
+    return await _batch(runner, batch_id, owner)
 
 
 @router.get("/v1/batches", response_model=BatchList)
 async def list_batches(request: Request, limit: int = Query(20, ge=1, le=100), after: str | None = None) -> BatchList:
-    runner = _runner(request)
+    runner = await _runner(request)
     rows = await asyncio.to_thread(runner.store.batches, _owner(request), after, limit)
     data = [Batch.model_validate(r) for r in rows[:limit]]
     return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
@@ -194,19 +196,19 @@ async def list_batches(request: Request, limit: int = Query(20, ge=1, le=100), a
 
 @router.get("/v1/batches/{batch_id}", response_model=Batch)
 async def retrieve_batch(batch_id: str, request: Request) -> Batch:
-    return _batch(_runner(request), batch_id, _owner(request))
+    return await _batch(await _runner(request), batch_id, _owner(request))
 
 
 @router.post("/v1/batches/{batch_id}/cancel", response_model=Batch)
 async def cancel_batch(batch_id: str, request: Request) -> Batch:
     """Stop sending the batch's requests: it is `cancelling` while those in flight finish, then `cancelled`, its
     files holding what ran (and, in the error file, each request that did not, as `batch_cancelled`)."""
-    runner, owner = _runner(request), _owner(request)
-    batch = _batch(runner, batch_id, owner)
+    runner, owner = await _runner(request), _owner(request)
+    batch = await _batch(runner, batch_id, owner)
     if not await asyncio.to_thread(runner.store.set_status, batch_id, "cancelling",
                                    only_from=("validating", "in_progress")):
         if batch.status not in ("cancelling", "cancelled"):
             raise InvalidRequest(f"batch {batch_id} is {batch.status}: only a batch that has not ended can be cancelled",
                                  param="batch_id")
     runner.wake()
-    return _batch(runner, batch_id, owner)
+    return await _batch(runner, batch_id, owner)

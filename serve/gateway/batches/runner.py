@@ -25,7 +25,6 @@ import logging
 import os
 import secrets
 import socket
-import threading
 import time
 from collections.abc import Mapping
 
@@ -71,18 +70,35 @@ class BatchRunner:
         self.settings, self.access, self.endpoints = settings, access, endpoints
         self._password = settings.batch_store_password()  # an unreadable password file stops the start, here
         self._store: Store | None = None
-        self._opening = threading.Lock()
+        self._opening = asyncio.Lock()
+        self._failed: tuple[float, sa_exc.OperationalError] | None = None  # the last failed open: until when it stands
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"  # this runner, in the leases
         self._wake = asyncio.Event()
 
     @property
     def store(self) -> Store:
-        """The store, opened (and brought to the current schema) on first use: a gateway whose database is down when it
-        starts serves everything else, and its Files and Batch APIs answer 503 until the database answers."""
+        """The store, once open() has opened it (the routes and the runner's loop open it before anything else)."""
         if self._store is None:
-            with self._opening:
-                if self._store is None:
-                    self._store = Store(self.settings.batch_dir, self.settings.batch_store_url, self._password)
+            raise RuntimeError("the batch store is used before it was opened")
+        return self._store
+
+    async def open(self) -> Store:
+        """The store, opened (and brought to the current schema) on first use, off the event loop: a gateway whose
+        database is down when it starts serves everything else, and its Files and Batch APIs answer 503 until the
+        database answers. A failed open stands for POLL_S: the requests meanwhile are answered at once, not each after
+        a connect timeout of its own."""
+        if self._store is not None:
+            return self._store
+        async with self._opening:
+            if self._store is None:
+                if self._failed is not None and time.monotonic() < self._failed[0]:
+                    raise self._failed[1]
+                try:
+                    self._store = await asyncio.to_thread(Store, self.settings.batch_dir, self.settings.batch_store_url,
+                                                          self._password)
+                except sa_exc.OperationalError as exc:
+                    self._failed = (time.monotonic() + POLL_S, exc)
+                    raise
         return self._store
 
     def wake(self) -> None:
@@ -113,6 +129,8 @@ class BatchRunner:
                     await self._step(app, running, lease_s)
                 except sa_exc.OperationalError as exc:  # the database is down: what runs stops at its next write
                     log.warning("the batch store is unreachable (%s); trying again in %.0f s", exc.orig, POLL_S)
+                except Exception:  # anything else (a migration the database refused): logged, and tried again
+                    log.exception("the batch runner's look at the store failed; trying again in %.0f s", POLL_S)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(POLL_S):
                         await self._wake.wait()
@@ -124,21 +142,21 @@ class BatchRunner:
 
     async def _step(self, app, running: dict[str, asyncio.Task], lease_s: float) -> None:
         """One look at the store: sweep, renew, claim."""
-        store = await asyncio.to_thread(lambda: self.store)  # opened off the event loop
+        store = await self.open()
         for file_id in await asyncio.to_thread(store.expire_files):
             log.info("file %s expired: deleted", file_id)
         for batch_id in [b for b, task in running.items() if task.done()]:
             del running[batch_id]
-        held = await asyncio.to_thread(self.store.renew, self.name, running, lease_s)
+        held = await asyncio.to_thread(store.renew, self.name, running, lease_s)
         for batch_id in set(running) - held:
             log.warning("batch %s: another runner took it over (this one missed its lease); stopping here",
                         batch_id)
             running.pop(batch_id).cancel()
-        for batch_id in await asyncio.to_thread(self.store.active):
+        for batch_id in await asyncio.to_thread(store.active):
             if len(running) >= self.settings.batch_parallel:
                 break
             if batch_id not in running and await asyncio.to_thread(
-                    self.store.claim, batch_id, self.name, lease_s, self.settings.batch_parallel):
+                    store.claim, batch_id, self.name, lease_s, self.settings.batch_parallel):
                 running[batch_id] = asyncio.create_task(self._run_guarded(app, batch_id))
                 running[batch_id].add_done_callback(lambda _: self._wake.set())
 
@@ -146,9 +164,9 @@ class BatchRunner:
         try:
             await self.run_batch(app, batch_id)
         except Exception as exc:
-            if _store_down(exc):  # the batch is left as it is, for a runner to take up again once the store is back
+            if down := _store_down(exc):  # the batch is left as it is, for a runner to take up again once it is back
                 log.warning("batch %s: the batch store is unreachable (%s); a runner takes it up again once it is back",
-                            batch_id, _store_down(exc).orig)
+                            batch_id, down.orig)
                 return
             # a fault of ours: the batch ends failed, the others still run
             log.exception("batch %s: unexpected error", batch_id)

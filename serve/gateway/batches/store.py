@@ -88,7 +88,11 @@ class Store:
             self.files_dir.mkdir(parents=True, exist_ok=True)
             url = f"sqlite:///{self.root / 'batches.sqlite'}"
         self.engine = engine_for(url, password)
-        upgrade(self.engine, lock_file=self.root / "migrate.lock" if self.on_disk else None)
+        try:
+            upgrade(self.engine)
+        except BaseException:  # its database does not answer: no connection pool is left behind
+            self.engine.dispose()
+            raise
         self._insert = insert_for(self.engine)
 
     # files

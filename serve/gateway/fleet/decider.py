@@ -6,15 +6,21 @@ SQLite for one box's workers, PostgreSQL for a fleet) and one of them decides fo
 - **the decider** holds a lease in the database, renewed every BEAT_S; a decider that stops renewing (its process or
   pod died) is replaced by another gateway once its lease is `residency_lease_s` old; one that stops cleanly hands
   over at once. Only the decider loads and unloads.
+  Every decision is written in the transaction that checks (and locks) the decider's lease: a decider that lost its
+  lease writes nothing more, stops what it had under way, and two never write side by side. Leases compare the
+  gateways' own clocks (kept by NTP across hosts).
 - **every gateway beats** every BEAT_S, the decider included: it reads the decisions (each model's state, with an
-  epoch that grows with every decision), then writes its row: the models its requests wait for (`wanted`), its
-  requests in flight and last use per model, and the newest epoch it has read (`seen`). A gateway whose row is
-  `residency_lease_s` old is taken for dead.
+  epoch that grows with every decision), then writes its row: the models its requests wait for (`wanted`), those a
+  promotion retired through it (`retired`), its requests in flight and last use per model, and the newest epoch it
+  has read (`seen`). A gateway whose row is `residency_lease_s` old is taken for dead, so a gateway whose own beats
+  have failed that long starts no request on an on-demand model (the decider may unload it under them) until its
+  beats succeed again.
 - **a request** for a model the decisions do not say is loaded (and its replicas serve) waits, up to `load_wait_s`,
   for the decider to load it; then 503 with Retry-After while the load goes on. A load that failed answers 503 until
   its backoff ends, as residency.py does.
 - **the decider** loads what any gateway wants, making room from the least recently used models that no live
-  gateway runs a request on; it unloads a model idle for its `idle_unload_s` on every gateway.
+  gateway runs a request on; it unloads a model idle for its `idle_unload_s` on every gateway, and one a promotion
+  retired (through any gateway) once nothing runs on it and nobody asks for it.
 - **an unload is announced first**: the model's state becomes `unloading` with a new epoch; a gateway that has read it
   starts no request on the model (they wait as for a model not loaded). The decider unloads only once every live
   gateway has read it and has nothing in flight on it: a stream is never cut. An idle unload is called off when a
@@ -34,8 +40,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from pathlib import Path
-
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
@@ -59,9 +63,13 @@ decisions = sa.Table("residency", metadata, sa.Column("model", sa.Text, primary_
                      sa.Column("retry_at", sa.Float))
 gateways = sa.Table("gateways", metadata, sa.Column("name", sa.Text, primary_key=True), sa.Column("beat_at", sa.Float),
                     sa.Column("seen", sa.BigInteger), sa.Column("in_flight", sa.JSON), sa.Column("last_used", sa.JSON),
-                    sa.Column("wanted", sa.JSON))
+                    sa.Column("wanted", sa.JSON), sa.Column("retired", sa.JSON))
 leases = sa.Table("leases", metadata, sa.Column("name", sa.Text, primary_key=True), sa.Column("holder", sa.Text),
                   sa.Column("until", sa.Float))
+
+
+class LostLease(Exception):
+    """This gateway no longer holds the decider's lease: what it was doing is another's now."""
 
 
 class Decider(Residency):
@@ -69,11 +77,11 @@ class Decider(Residency):
                  pinned: Callable[[], frozenset[str]] = lambda: frozenset()):
         super().__init__(settings, registry, pinned)
         self.engine = engine_for(url, password)
-        self._lock_file = Path(url.removeprefix("sqlite:///") + ".lock") if url.startswith("sqlite") else None
         self.name = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"  # this gateway, in the rows
         self.decisions: dict[str, dict] = {}  # each model's decision, as this gateway last read it
         self._until = 0.0  # this gateway decides until then (time.monotonic), its lease as last renewed
-        self._wanted: dict[str, float] = {}  # the models this gateway's requests wait for -> since when
+        self._beat_ok = float("-inf")  # when this gateway's row was last written (time.monotonic)
+        self._retired: set[str] = set()  # what a promotion retired through this gateway, until it is unloaded
         self._live: list[dict] = []  # every live gateway's row, as the decider last read them
         self._work: dict[str, asyncio.Task] = {}  # the decider's loads and unloads under way, by model
         self._draining: set[str] = set()
@@ -85,9 +93,15 @@ class Decider(Residency):
     def deciding(self) -> bool:
         return time.monotonic() < self._until
 
+    @property
+    def beating(self) -> bool:
+        """This gateway's row is fresh: the decider counts its requests (else it may take it for dead)."""
+        return time.monotonic() - self._beat_ok < self.settings.residency_lease_s
+
     def loaded(self, name: str) -> bool:
-        """The decider says it is loaded and this gateway's registry sees a replica serve it."""
-        return super().loaded(name) and self.decisions.get(name, {}).get("state") == LOADED
+        """The decider says it is loaded, this gateway's registry sees a replica serve it, and the decider counts this
+        gateway's requests on it."""
+        return super().loaded(name) and self.decisions.get(name, {}).get("state") == LOADED and self.beating
 
     # ------------------------------------------------------------------------------------------- requests
 
@@ -96,11 +110,11 @@ class Decider(Residency):
         if name not in self.models or self.loaded(name):
             return
         self._refuse_if_failed(name)
-        self._wanted.setdefault(name, time.time())
-        if self._wake is not None:
-            self._wake.set()  # beat now: the decider hears of it sooner
+        self._retired.discard(name)  # asked for again
         deadline = time.monotonic() + self.settings.load_wait_s
-        with self._waiting(name):
+        with self._waiting(name):  # what the beat says this gateway wants
+            if self._wake is not None:
+                self._wake.set()  # beat now: the decider hears of it sooner
             await self._wait(name, deadline)
         metrics.LOAD_WAITS.labels(name, "served").inc()
 
@@ -116,6 +130,8 @@ class Decider(Residency):
             if time.monotonic() >= deadline:
                 metrics.LOAD_WAITS.labels(name, "timeout").inc()
                 why = decision.get("why") if decision.get("state") in (LOADING, UNLOADED) else None
+                if not self.beating:
+                    why = "waits for the residency store, which this gateway cannot reach"
                 why = why or f"is still loading after {self.settings.load_wait_s:g} s"
                 raise BackendUnavailable(f"model {name!r} {why}; retry shortly", retry_after=self.settings.load_wait_s)
             await asyncio.sleep(WAIT_S)
@@ -132,11 +148,13 @@ class Decider(Residency):
             raise BackendUnavailable(f"model {name!r} could not be loaded ({self.decisions[name].get('why')}); the next "
                                      f"try is in {left:.1f} s", retry_after=left)
 
-    async def unload(self, name: str, reason: str) -> None:
-        """Unload `name` (a promotion retired it): the decider does, once no gateway runs a request on it; the others
-        leave it to the decider."""
-        if self.deciding and self.serving(name) and name not in self._draining:
-            await self._drain(name, reason, idle=False)
+    async def unload(self, name: str, reason: str) -> str:
+        """`name` was retired (a promotion): the beats say so until it is unloaded, which the decider does once no
+        gateway runs a request on it and none asks for it (tried again at each beat while one does)."""
+        self._retired.add(name)
+        if self._wake is not None:
+            self._wake.set()
+        return "left to the gateway deciding what is loaded, which unloads it once no gateway runs a request on it"
 
     def status(self) -> dict:
         return {n: {"state": self.decisions.get(n, {}).get("state", UNLOADED), "gib": m.gib,
@@ -152,6 +170,8 @@ class Decider(Residency):
             while True:
                 try:
                     await self._beat()
+                except LostLease:  # a decision found the lease gone: the next beat stops the rest
+                    pass
                 except sa_exc.OperationalError as exc:  # the database is down: decisions wait for it
                     log.warning("the residency store is unreachable (%s); trying again in %.1f s", exc.orig, BEAT_S)
                 except Exception:  # the loop must survive anything
@@ -161,35 +181,52 @@ class Decider(Residency):
                         await self._wake.wait()
                 self._wake.clear()
         finally:
-            for task in self._work.values():
-                task.cancel()
-            await asyncio.gather(*self._work.values(), return_exceptions=True)
+            await self._stop_work()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self._leave)
 
+    async def _stop_work(self) -> None:
+        """Stop the loads and unloads under way (the lease is lost, or the gateway stops): the next decider finishes
+        them."""
+        tasks = list(self._work.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _beat(self) -> None:
         if not self._schema:
-            await asyncio.to_thread(upgrade, self.engine, self._lock_file)
+            await asyncio.to_thread(upgrade, self.engine)
             self._schema = True
         self.decisions, seen = await asyncio.to_thread(self._read)
-        for name in [n for n in self._wanted if self.loaded(n) or self._failed_now(n)]:
-            del self._wanted[name]
+        self._retired -= {n for n in self._retired if self.decisions.get(n, {}).get("state") in (UNLOADED, FAILED, None)}
         # what this gateway's requests hold, counted after the decisions were read: any request started from here on
         # has seen them
-        now, mono = time.time(), time.monotonic()
-        row = {"name": self.name, "beat_at": now, "seen": seen,
-               "in_flight": {n: c for n, c in self.in_flight.items() if c > 0},
-               "last_used": {n: now - (mono - t) for n, t in self.last_used.items()}, "wanted": dict(self._wanted)}
+        mono = time.monotonic()
+        row = {"name": self.name, "beat_at": time.time(), "seen": seen, **self._own_row()}
         was = self.deciding
-        if await asyncio.to_thread(self._publish, row):
+        taken = await asyncio.to_thread(self._publish, row)
+        self._beat_ok = mono
+        if taken:
             self._until = mono + self.settings.residency_lease_s
-        elif was:
-            log.warning("this gateway no longer decides what is loaded: another took the lease")
-            self._until = 0.0
-        if self.deciding:
-            if not was:
-                await self._take_over()
-            await self._decide()
+        elif self.deciding:
+            self._lost()
+        if not self.deciding:
+            await self._stop_work()  # what it had under way is the next decider's (nothing when it had none)
+            return
+        if not was:
+            await self._take_over()
+        await self._decide()
+
+    def _lost(self) -> None:
+        log.warning("this gateway no longer decides what is loaded: another took the lease")
+        self._until = 0.0
+
+    def _own_row(self) -> dict:
+        """What this gateway's requests want and hold, and what was retired through it."""
+        now, mono = time.time(), time.monotonic()
+        return {"wanted": sorted(n for n, c in self.waiting.items() if c > 0), "retired": sorted(self._retired),
+                "in_flight": {n: c for n, c in self.in_flight.items() if c > 0},
+                "last_used": {n: now - (mono - t) for n, t in self.last_used.items()}}
 
     def _read(self) -> tuple[dict[str, dict], int]:
         with self.engine.connect() as db:
@@ -202,25 +239,21 @@ class Decider(Residency):
         with self.engine.begin() as db:
             db.execute(insert(gateways).values(**row).on_conflict_do_update(
                 index_elements=["name"], set_={k: v for k, v in row.items() if k != "name"}))
+            db.execute(gateways.delete().where(gateways.c.beat_at < now - 60 * self.settings.residency_lease_s))
             db.execute(insert(leases).values(name=LEASE, holder=self.name, until=until).on_conflict_do_nothing())
             taken = db.execute(leases.update().where(leases.c.name == LEASE, sa.or_(
                 leases.c.holder == self.name, leases.c.until < now)).values(holder=self.name, until=until))
             return taken.rowcount == 1
 
     def _live_rows(self) -> list[dict]:
-        with self.engine.begin() as db:
-            now = time.time()
-            db.execute(gateways.delete().where(gateways.c.beat_at < now - 60 * self.settings.residency_lease_s))
+        with self.engine.connect() as db:
             return [dict(r._mapping) for r in db.execute(sa.select(gateways).where(
-                gateways.c.beat_at >= now - self.settings.residency_lease_s, gateways.c.name != self.name))]
+                gateways.c.beat_at >= time.time() - self.settings.residency_lease_s, gateways.c.name != self.name))]
 
     async def _gateways(self) -> list[dict]:
         """Every live gateway's row, read now; this gateway's own as it stands (it follows its decisions at once)."""
         others = await asyncio.to_thread(self._live_rows)
-        now, mono = time.time(), time.monotonic()
-        return [*others, {"name": self.name, "seen": float("inf"), "wanted": dict(self._wanted),
-                          "in_flight": {n: c for n, c in self.in_flight.items() if c > 0},
-                          "last_used": {n: now - (mono - t) for n, t in self.last_used.items()}}]
+        return [*others, {"name": self.name, "seen": float("inf"), **self._own_row()}]
 
     def _leave(self) -> None:
         with self.engine.begin() as db:
@@ -228,8 +261,13 @@ class Decider(Residency):
             db.execute(leases.delete().where(leases.c.name == LEASE, leases.c.holder == self.name))
 
     def _write(self, name: str, state: str, why: str | None, retry_at: float | None) -> dict:
-        """Record a decision under the next epoch."""
+        """Record a decision under the next epoch, in the transaction that finds this gateway's lease held and locks it
+        (a gateway taking it over waits for the lock): LostLease where it is not."""
         with self.engine.begin() as db:
+            held = db.execute(leases.update().where(leases.c.name == LEASE, leases.c.holder == self.name,
+                                                    leases.c.until >= time.time()).values(holder=self.name))
+            if held.rowcount != 1:
+                raise LostLease(name)
             epoch = (db.execute(sa.select(sa.func.max(decisions.c.epoch))).scalar() or 0) + 1
             row = {"model": name, "state": state, "epoch": epoch, "changed_at": time.time(), "why": why,
                    "retry_at": retry_at}
@@ -239,30 +277,29 @@ class Decider(Residency):
 
     async def _decided(self, name: str, state: str, why: str | None = None, retry_at: float | None = None) -> int:
         """Record a decision; this gateway follows it at once (the others at their next beat). Its epoch."""
-        row = await asyncio.to_thread(self._write, name, state, why, retry_at)
+        try:
+            row = await asyncio.to_thread(self._write, name, state, why, retry_at)
+        except LostLease:
+            if self.deciding:
+                self._lost()
+            raise
         self.decisions[name] = row
         return row["epoch"]
 
     # ------------------------------------------------------------------------------------------- deciding
 
     async def _take_over(self) -> None:
-        """Made the decider: what the backends serve now is what is loaded, but for what the last decider left
-        mid-way (finished by _decide)."""
+        """Made the decider: the decisions and the backends read again, as they are now (the last decider's last
+        writes included); _decide then records what the backends serve and finishes what was left mid-way."""
         log.info("this gateway (%s) now decides what is loaded", self.name)
         metrics.RESIDENCY_TAKEOVERS.inc()
+        self.decisions, _ = await asyncio.to_thread(self._read)
         await self.registry.refresh()
-        for name in self.models:
-            state = self.decisions.get(name, {}).get("state")
-            if state in (LOADING, UNLOADING):
-                continue
-            if self.serving(name) and state != LOADED:
-                await self._decided(name, LOADED)
-            elif not self.serving(name) and state == LOADED:
-                await self._decided(name, UNLOADED)
 
     async def _decide(self) -> None:
         self._live = await self._gateways()
         wanted = {n for g in self._live for n in g["wanted"]}
+        retired = {n for g in self._live for n in g.get("retired") or ()} - wanted
         busy, last = self._busy(), self._last_used()
         now, pinned = time.time(), self.pinned()
         for name, model in self.models.items():
@@ -278,6 +315,8 @@ class Decider(Residency):
                 await self._decided(name, UNLOADED)
             elif state in (LOADING, UNLOADING) and name not in wanted:  # left mid-way by a decider that died
                 self._start(name, self._drain(name, "left by the last decider", idle=False))
+            elif state == LOADED and name in retired and busy[name] <= 0:
+                self._start(name, self._drain(name, "retired", idle=False))
             elif state == LOADED and model.idle_unload_s and busy[name] <= 0 and name not in pinned and \
                     now - max(last.get(name, 0.0), decision.get("changed_at") or 0.0) >= model.idle_unload_s:
                 self._start(name, self._drain(name, "idle", idle=True))
@@ -300,7 +339,9 @@ class Decider(Residency):
 
         def done(t: asyncio.Task) -> None:
             self._work.pop(name, None)
-            if not t.cancelled() and t.exception() is not None:
+            if t.cancelled() or isinstance(t.exception(), LostLease):
+                log.info("deciding on %s stopped: the next decider finishes it", name)
+            elif t.exception() is not None:
                 log.error("deciding on %s failed", name, exc_info=t.exception())
 
         task.add_done_callback(done)

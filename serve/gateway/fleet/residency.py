@@ -228,8 +228,8 @@ class Residency:
             finally:
                 self._no_room.pop(name, None)
 
-    async def unload(self, name: str, reason: str) -> None:
-        """Unload `name` (an on-demand model) once its requests here have ended, as room-making does."""
+    async def unload(self, name: str, reason: str) -> str:
+        """Unload `name` (an on-demand model) once its requests here have ended, as room-making does: what was done."""
         async with self._one_at_a_time():
             deadline = time.monotonic() + self.settings.load_wait_s
             while self.in_flight[name] > 0 and time.monotonic() < deadline:
@@ -238,6 +238,7 @@ class Residency:
                     await asyncio.wait_for(self._released.wait(), max(0.0, deadline - time.monotonic()))
             if self.loaded(name):
                 await self._unload(name, reason)
+        return "unloaded (on demand)"
 
     async def _unload(self, name: str, reason: str) -> None:
         self._unloading.add(name)  # at once: no request starts on it from here

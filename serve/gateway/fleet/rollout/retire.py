@@ -31,8 +31,7 @@ def retirer(registry: Registry, residency: Residency,
             await asyncio.sleep(0.1)
         owner = registry.settings.on_demand_owner(name)
         if owner == name:
-            await residency.unload(name, "retired")
-            return "unloaded (on demand)"
+            return await residency.unload(name, "retired")
         info = registry.models.get(name)
         if info is None or not info.ready:
             return "was not loaded"

@@ -34,11 +34,13 @@ def current(engine: sa.Engine) -> str | None:
         return MigrationContext.configure(db).get_current_revision()
 
 
-def upgrade(engine: sa.Engine, lock_file: Path | None = None) -> None:
+def upgrade(engine: sa.Engine) -> None:
     """Bring the store to the newest revision (nothing to do when it is there)."""
     if current(engine) == head():
         return
-    with FileLock(lock_file, timeout=120) if lock_file else contextlib.nullcontext(), engine.begin() as db:
+    on_disk = engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:")
+    lock = FileLock(f"{engine.url.database}.migrate.lock", timeout=120) if on_disk else contextlib.nullcontext()
+    with lock, engine.begin() as db:
         if engine.dialect.name == "postgresql":
             db.execute(sa.select(sa.func.pg_advisory_xact_lock(LOCK_KEY)))
         command.upgrade(_config(db), "head")
