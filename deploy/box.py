@@ -31,7 +31,7 @@ import yaml
 
 from core.envs import TRITON, VLLM, env_dir
 from serve import triton_server, vllm_server
-from serve.launcher import CRASH_STARTS, ServerProcess, crash_restarts
+from serve.launcher import ServerProcess, crash_restarts, starts_under
 from serve.triton_server import TritonInstall, TritonNotFound
 
 from .plan import format_plan, plan
@@ -218,7 +218,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                     continue
                 log(f"starting {service.name} on port {service.port} (log: {run / 'logs' / (service.name + '.log')})")
                 host = _ready_host(d.gateway.host) if service.kind == "gateway" else "127.0.0.1"
-                for attempt in crash_restarts(service.name, log, CRASH_STARTS if restart == "on-failure" else 1):
+                for attempt in crash_restarts(service.name, log, starts_under(restart)):
                     with attempt:
                         process = _process(service, run, envs, install, host)
                         try:

@@ -282,9 +282,13 @@ def check_store(d) -> list[Check]:
         return []
     import sqlalchemy as sa
 
+    from serve.gateway.settings import read_password
     from serve.gateway.shared.db import engine_for
 
-    password = (d.resolve(d.store.password_file).read_text().splitlines() or [""])[0] if d.store.password_file else None
+    try:
+        password = read_password(d.resolve(d.store.password_file)) if d.store.password_file else None
+    except ValueError as exc:
+        return [Check("store", False, f"store.password_file {exc}", "write the password on the file's first line")]
     engine = engine_for(d.store.url, password)
     where = engine.url.render_as_string(hide_password=True)
     try:

@@ -37,6 +37,11 @@ class ServerStartError(RuntimeError):
 CRASH_STARTS = 3  # a server killed by a signal while starting is started up to this many times
 
 
+def starts_under(restart: str) -> int:
+    """How many starts a server's `restart` policy gives it (the deployment file's: on-failure, or none)."""
+    return CRASH_STARTS if restart == "on-failure" else 1
+
+
 def crash_restarts(name: str, log=lambda message: None, starts: int = CRASH_STARTS):
     """The attempts at starting one server (tenacity's): one that crashes while starting (Triton's python backend can
     abort as it loads, triton-inference-server/server#8882) is started again, as Docker's and systemd's on-failure

@@ -14,6 +14,16 @@ from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, Setting
 from core import contract
 
 
+def read_password(path: Path) -> str:
+    """A password file's first line (a mounted secret, a systemd credential); ValueError naming the file where it
+    cannot be read or is empty."""
+    try:
+        return path.read_text().splitlines()[0]
+    except (OSError, IndexError) as exc:
+        raise ValueError(f"{path}: cannot read a password ({exc if isinstance(exc, OSError) else 'the file is empty'})"
+                         ) from None
+
+
 class Alias(BaseModel):
     """A model name that sends each request to one of its targets, by weight (a canary: 90 / 10)."""
 
@@ -290,10 +300,9 @@ class GatewaySettings(BaseSettings):
         if self.batch_store_password_file is None:
             return None
         try:
-            return self.batch_store_password_file.read_text().splitlines()[0]
-        except (OSError, IndexError) as exc:
-            raise ValueError(f"batch_store_password_file {self.batch_store_password_file}: cannot read a password "
-                             f"({exc if isinstance(exc, OSError) else 'the file is empty'})") from None
+            return read_password(self.batch_store_password_file)
+        except ValueError as exc:
+            raise ValueError(f"batch_store_password_file {exc}") from None
 
     @model_validator(mode="after")
     def _no_open_door_off_loopback(self):

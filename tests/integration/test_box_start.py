@@ -10,7 +10,7 @@ import psutil
 import pytest
 import tenacity
 
-from serve.launcher import CRASH_STARTS, ServerProcess, ServerStartError, crash_restarts, free_port
+from serve.launcher import ServerProcess, ServerStartError, crash_restarts, free_port, starts_under
 
 SERVER = textwrap.dedent("""
     import http.server, os, subprocess, sys
@@ -25,7 +25,7 @@ SERVER = textwrap.dedent("""
 def _start(tmp_path, restart: str, first: str, logged: list[str]) -> ServerProcess:
     (tmp_path / "server.py").write_text(SERVER)
     port = free_port()
-    for attempt in crash_restarts("triton", logged.append, CRASH_STARTS if restart == "on-failure" else 1):
+    for attempt in crash_restarts("triton", logged.append, starts_under(restart)):
         with attempt:
             process = ServerProcess("triton", [sys.executable, str(tmp_path / "server.py"), str(port),
                                                str(tmp_path / "marker"), first],
