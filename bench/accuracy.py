@@ -132,10 +132,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
               "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "settings": {"prompts": prompts, "concurrency": concurrency, "input_len": input_len,
                            "output_len": output_len, "rounds": rounds, "ignore_eos": True, "stream": True}}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def plot(result: dict, path: Path) -> Path:

@@ -64,10 +64,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16
               "qps_rounds": qps, "qps_median": medians}
     for key, (a, b, target, what) in TARGETS.items():
         result[key] = {"what": what, "ratio": medians[a] / medians[b], "target": target, "a": a, "b": b}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def plot(result: dict, path: Path) -> Path:

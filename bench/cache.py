@@ -150,10 +150,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: int
               "concurrency": concurrency, "repeats": repeats, "hit_rates": hit_rates, **measured,
               "qps_ratio": round(measured[MEASURED]["qps"] / measured[BASELINE]["qps"], 3),
               "triton_qps_ratio": round(measured["triton-cache"]["qps"] / measured[BASELINE]["qps"], 3)}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def markdown(result: dict) -> str:

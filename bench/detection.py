@@ -13,7 +13,6 @@ Targets: ONNX Runtime FP32 >= 1.3x eager, INT8 >= 2x with an mAP@0.5 drop <= 0.0
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -108,10 +107,7 @@ def run(out: Path, *, rounds: int = 3, iterations: int = 10, threads: int | None
         "targets": TARGETS, "versions": {"torch (Ultralytics' environment)": torch_version, "onnxruntime": ort.__version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    (out / FILES.page).write_text(markdown(result))
-    plot(result, out / PLOT)
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def markdown(result: dict) -> str:

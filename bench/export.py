@@ -10,7 +10,6 @@ sentences for each form. The ONNX forms are made by the export pipeline itself (
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -131,10 +130,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
         "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__, "transformers": transformers.__version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    (out / FILES.page).write_text(markdown(result))
-    plot(result, out / PLOT)
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def markdown(result: dict) -> str:

@@ -216,10 +216,7 @@ def run(out: Path, *, batch: int = 1000, users: int = 2, think_s: float = 0.25, 
     result = {"bench": "B14", "model": "fixture Llama (tiny), one vLLM CPU engine", "machine": machine(), **opts,
               "rows": rows, "frontier": frontier,
               "verdict": {k: _met(rows[MEASURED][k], op, v) for k, (op, v) in TARGETS.items()}}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def _met(value, op: str, target: float) -> bool:

@@ -187,10 +187,7 @@ def run(out: Path, *, rate: float = 20.0, chat_rate: float = 4.0, steady_s: floa
                                                      progress=progress)
     result = {"bench": "B15", "cpu": machine(), "rate": rate, "chat_rate": chat_rate, "steady_s": steady_s,
               "step_s": step_s, "target_p99": TARGET_P99, "runs": results}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def markdown(result: dict) -> str:

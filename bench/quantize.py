@@ -102,10 +102,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 6.0, max_tokens: int 
                          "tokens_per_s": {str(n): statistics.median(v) for n, v in f["tokens_per_s"].items()},
                          "rounds": {str(n): v for n, v in f["tokens_per_s"].items()}}
                   for name, f in forms.items()}}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    plot(result, out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, plot)
 
 
 def markdown(result: dict) -> str:

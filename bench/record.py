@@ -32,6 +32,18 @@ class Files:
     def __iter__(self) -> Iterator[str]:
         return iter((self.json, self.page, *self.plots))
 
+    def save(self, out: Path, result: dict, markdown: Callable[[dict], str],
+             plot: Callable[[dict, Path], object] | None = None) -> dict:
+        """Write a run's figures (`result`, as JSON), its plot (`plot(result, out / the first plot's name)`) and its
+        page: every benchmark's last step. Its figures, returned."""
+        import json
+
+        (out / self.json).write_text(json.dumps(result, indent=2) + "\n")
+        if plot is not None:
+            plot(result, out / self.plots[0])
+        (out / self.page).write_text(markdown(result))
+        return result
+
 
 @dataclass(frozen=True)
 class Benchmark:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import re
 import shutil
 from pathlib import Path
@@ -120,10 +119,7 @@ def run(out: Path, *, rate: float = 2.0, duration_s: float = 60.0, system_words:
               "fidelity": fidelity, "capacity": capacity,
               "verdict": {k: _met(fidelity[k], op, v) for k, (op, v) in TARGETS.items()}
               | {"confirmed": confirms.get("confirm-0.9x") is True and confirms.get("confirm-1.1x") is False}}
-    (out / FILES.json).write_text(json.dumps(result, indent=2) + "\n")
-    shutil.copy(out / "replayed" / "replay.png", out / PLOT)
-    (out / FILES.page).write_text(markdown(result))
-    return result
+    return FILES.save(out, result, markdown, lambda _, path: shutil.copy(out / "replayed" / "replay.png", path))
 
 
 def markdown(result: dict) -> str:

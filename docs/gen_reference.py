@@ -8,7 +8,8 @@ that they cannot drift from it and are never committed:
 - reference/deploy-examples.md and reference/model-repository.md: the annotated example deployments and the
   repository layout, as the repository holds them;
 - benchmarks/results.md: BENCHMARKS.md as `make bench` last wrote it, with its figures;
-- benchmarks/index.md: the page as written, its table of benchmarks filled from bench/registry.py.
+- benchmarks/index.md: the page as written, its table of benchmarks filled from bench/registry.py;
+- design.md: the page as written, its package map filled from each package's own docstring.
 
 Each command builds its parser inside its own `main`, so the parser is caught where it is used: `parse_args` is
 replaced, for the time of one call, by a stand-in that hands the parser back instead of parsing. Nothing a command
@@ -416,6 +417,30 @@ def benchmarks_index() -> str:
     return page.replace(TABLE, "\n".join(rows))
 
 
+MAP = "<!-- the package map, written here by docs/gen_reference.py from each package's own docstring -->"
+MAP_ROOTS = ("core", "export", "serve", "loadtest", "deploy", "rtxserve", "bench", "fixture_models")  # ground floor first
+
+
+def design_page() -> str:
+    """docs/design.md with its package map: every package and room (three folders deep at most, migrations left out),
+    its lines of Python and the first paragraph of its own docstring ("–" where it has none)."""
+    import ast
+
+    page = (ROOT / "docs" / "design.md").read_text()
+    if MAP not in page:
+        raise ValueError(f"docs/design.md lost the line {MAP}")
+    rows = ["| package | lines | what it holds (its docstring) |", "|---|---|---|"]
+    for root in MAP_ROOTS:
+        for init in sorted((ROOT / root).rglob("__init__.py")):
+            folder = init.parent.relative_to(ROOT)
+            if len(folder.parts) > 3 or "migrations" in folder.parts:
+                continue
+            doc = (ast.get_docstring(ast.parse(init.read_text())) or "").split("\n\n")[0]
+            lines = sum(len(p.read_text().splitlines()) for p in (ROOT / folder).rglob("*.py"))
+            rows.append(f"| `{folder.as_posix()}/` | {lines:,} | {cell(doc) if doc else '–'} |")
+    return page.replace(MAP, "\n".join(rows))
+
+
 PAGES = {
     "reference/cli.md": cli_page,
     "reference/gateway-settings.md": settings_page,
@@ -425,6 +450,7 @@ PAGES = {
     "reference/model-repository.md": model_repository_page,
     "benchmarks/results.md": benchmark_results,
     "benchmarks/index.md": benchmarks_index,
+    "design.md": design_page,
 }
 
 for page, write in PAGES.items():

@@ -1,4 +1,7 @@
-"""LLMs for vLLM (`rtxserve export llm`). One way down, no module importing one above it:
+"""LLMs for vLLM (`rtxserve export llm`): full fine-tunes and LoRA / QLoRA adapters packaged (or merged) for vLLM,
+trainers' checkpoints converted, quantised variants made, each checked against the model it came from.
+
+One way down, no module importing one above it:
 
     llm.py             the entry, export_llm: the paths checked, then one of the two below
     quantize.py        the full-precision model quantised with llm-compressor, in llm-compressor's own environment

@@ -1,0 +1,2 @@
+"""What locust runs: the locustfile, one call per API (apis.py), the workloads and their options, stages, the replay of
+recorded traces (traces.py) and the raw-sample recorder every report is made from."""

@@ -1,0 +1,1 @@
+"""`/v1/ner`: token classification (named entities) by a Triton entry, aggregated as transformers' pipeline does."""

@@ -1,0 +1,1 @@
+"""OpenAI's audio API over vLLM's Whisper engines: transcriptions and translations."""
