@@ -142,7 +142,7 @@ def test_gateways_opening_a_new_database_together_migrate_it_once(fresh_url, mon
 def test_a_gateway_started_before_its_database_serves_and_its_batch_api_waits_for_it(tmp_path):
     """A real gateway whose PostgreSQL (password asked, the password in a file, the URL holding none) is not up yet
     starts and answers what needs no store; the Files API answers 503 with Retry-After, which the openai SDK reads as
-    a server error to retry, and works once the database starts."""
+    a server error to retry, and works once the database starts (the SDK retrying as it does)."""
     import openai
 
     from serve.stack import start_gateway
@@ -161,7 +161,9 @@ def test_a_gateway_started_before_its_database_serves_and_its_batch_api_waits_fo
         assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "5"
         assert refused.value.body["code"] == "store_unavailable"
         server.start()
-        made = client.files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'), purpose="batch")
+        # the SDK's own retries, which wait the Retry-After (a failed open stands for a second after it failed)
+        made = client.with_options(max_retries=2).files.create(file=("in.jsonl", b'{"custom_id": "a"}\n'),
+                                                               purpose="batch")
         assert client.files.content(made.id).content == b'{"custom_id": "a"}\n'
     finally:
         gateway.stop()
