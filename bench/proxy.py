@@ -72,6 +72,16 @@ def nginx_version() -> str:
 
 
 @contextlib.contextmanager
+def running(server, port: int, timeout_s: float) -> Iterator[tuple[str, int]]:
+    """`server` (serve.launcher.ServerProcess, listening on `port`) started: (its URL, its pid), stopped on exit."""
+    server.start(timeout_s)
+    try:
+        yield f"http://127.0.0.1:{port}", server.process.pid
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
 def plain_proxy(upstream: str, work: Path, ready_path: str) -> Iterator[tuple[str, int]]:
     """nginx proxying to `upstream` (host:port): (its URL, its master's pid), stopped on exit. It counts as
     started once `ready_path` answers 200 through it."""
@@ -85,11 +95,8 @@ def plain_proxy(upstream: str, work: Path, ready_path: str) -> Iterator[tuple[st
     (work / "nginx.conf").write_text(CONFIG.format(prefix=work, upstream=upstream, port=port))
     server = ServerProcess("nginx", [binary, "-p", str(work), "-c", str(work / "nginx.conf"), "-g", "daemon off;"],
                            log_path=work / "nginx.log", ready_url=f"http://127.0.0.1:{port}{ready_path}")
-    server.start(30)
-    try:
-        yield f"http://127.0.0.1:{port}", server.process.pid
-    finally:
-        server.stop()
+    with running(server, port, 30) as started:
+        yield started
 
 
 LITELLM_CONFIG = """model_list:
@@ -128,8 +135,5 @@ def litellm_proxy(upstream: str, served: str, work: Path) -> Iterator[tuple[str,
     server = ServerProcess("litellm", [str(LITELLM), "--config", str(work / "litellm.yaml"), "--host", "127.0.0.1",
                                        "--port", str(port), "--num_workers", "1"], env=env, log_path=work / "litellm.log",
                            ready_url=f"http://127.0.0.1:{port}/health/liveliness")
-    server.start(120)
-    try:
-        yield f"http://127.0.0.1:{port}", server.process.pid
-    finally:
-        server.stop()
+    with running(server, port, 120) as started:
+        yield started

@@ -105,14 +105,13 @@ def python_relay(upstream: str, work: Path, ready_path: str = "/", app: str = "a
     pid), stopped on exit; started once `ready_path` answers 200 through it."""
     from serve.launcher import ServerProcess, free_port
 
+    from .proxy import running
+
     port = free_port()
     server = ServerProcess(
         "python relay", [sys.executable, "-m", "uvicorn", f"bench.relay:{app}", "--port", str(port), "--log-level",
                          "warning", "--no-access-log", "--loop", "uvloop", "--http", "httptools"],
         env={**os.environ, UPSTREAM_ENV: upstream}, cwd=Path(__file__).resolve().parents[1],
         log_path=work / "relay.log", ready_url=f"http://127.0.0.1:{port}{ready_path}")
-    server.start(60)
-    try:
-        yield f"http://127.0.0.1:{port}", server.process.pid
-    finally:
-        server.stop()
+    with running(server, port, 60) as started:
+        yield started
