@@ -198,7 +198,7 @@ class Decider(Residency):
             await asyncio.to_thread(upgrade, self.engine)
             self._schema = True
         self.decisions, seen = await asyncio.to_thread(self._read)
-        self._retired -= {n for n in self._retired if self.decisions.get(n, {}).get("state") in (UNLOADED, FAILED, None)}
+        self._retired -= {n for n in self._retired if self.decisions.get(n, {}).get("state") in (UNLOADED, FAILED)}
         # what this gateway's requests hold, counted after the decisions were read: any request started from here on
         # has seen them
         mono = time.monotonic()
