@@ -298,14 +298,9 @@ def markdown(result: dict) -> str:
               "call): what is left of the P50 added is the sockets, the HTTP server and the event loop's queue."]
     if "verdict" in result:
         top = result["levels"][-1]
-        relay = top.get("relay")
-        lines += ["", f"| target ({top['concurrency']} in flight; proxy: nginx on the same box) | measured | verdict | "
-                  "the Python relay |", "|---|---|---|---|"]
-        for key, op, value in TARGETS:
-            floor = f"{relay[key]} ({'meets' if b1s.met(relay[key], op, value) else 'misses'} it)" if relay else "–"
-            lines.append(f"| {key} {op} {value:g} | {top[key]} | {'met' if result['verdict'][key] else '**missed**'} | "
-                         f"{floor} |")
-        if relay:
+        lines += b1s.verdict_table(f"{top['concurrency']} in flight; proxy: nginx on the same box", TARGETS, top,
+                                   result["verdict"])
+        if "relay" in top:
             held = ", ".join(f"{level['qps_vs_relay']}x at {level['concurrency']}" for level in result["levels"])
             lines += ["", "The Python relay (bench/relay.py) is the least a front door in Python does: uvicorn as the "
                       "gateway runs it, the body read as JSON, the gateway's one gRPC call to Triton, a JSON answer; no "

@@ -169,6 +169,18 @@ def met(value: float, op: str, target: float) -> bool:
     return {">=": value >= target, "<=": value <= target, ">": value > target, "<": value < target}[op]
 
 
+def verdict_table(title: str, targets, top: dict, verdict: dict) -> list[str]:
+    """B1's and B1s's targets (`targets`: (figure, op, value)) as a table: each one measured at the top level `top`,
+    its verdict, and the Python relay's figure (top["relay"], where measured) against the same target."""
+    relay = top.get("relay", {})
+    lines = ["", f"| target ({title}) | measured | verdict | the Python relay |", "|---|---|---|---|"]
+    for key, op, value in targets:
+        if key in verdict:
+            floor = f"{relay[key]} ({'meets' if met(relay[key], op, value) else 'misses'} it)" if key in relay else "–"
+            lines.append(f"| {key} {op} {value:g} | {top[key]} | {'met' if verdict[key] else '**missed**'} | {floor} |")
+    return lines
+
+
 def _engine_tokens(vllm_url: str) -> float:
     """The tokens vLLM has generated so far, by its own counter. A path's tokens/s is counted by the engine, not by the
     client: `vllm bench serve` reads the usage a front end reports, and LiteLLM's proxy reports its own count of the
@@ -203,16 +215,9 @@ def markdown(result: dict) -> str:
               else "LiteLLM's proxy was not measured: `make setup-bench` installs it in .envs/litellm."]
     if result.get("verdict"):
         top = result["levels"][-1]
-        relay = top.get("relay", {})
-        lines += ["", f"| target ({top['concurrency']} concurrent, gateway against nginx (proxy) and LiteLLM) | measured | "
-                  "verdict | the Python relay |", "|---|---|---|---|"]
-        for key, op, value in TARGETS[result["layout"]]:
-            if key in result["verdict"]:
-                floor = (f"{relay[key]} ({'meets' if met(relay[key], op, value) else 'misses'} it)" if key in relay
-                         else "–")
-                lines.append(f"| {key} {op} {value:g} | {top[key]} | "
-                             f"{'met' if result['verdict'][key] else '**missed**'} | {floor} |")
-        if relay:
+        lines += verdict_table(f"{top['concurrency']} concurrent, gateway against nginx (proxy) and LiteLLM",
+                               TARGETS[result["layout"]], top, result["verdict"])
+        if "relay" in top:
             lines += ["", "The Python relay (bench/relay.py's passthrough): uvicorn as the gateway runs it, each request "
                       "sent on with the gateway's client (aiohttp) and its answer relayed chunk by chunk, nothing parsed."]
     profiled = result.get("profile", {})
