@@ -155,7 +155,8 @@ def test_a_killed_backend_fails_fast_loses_nothing_and_recovers_without_a_gatewa
 
 def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(servers, tmp_path):
     _, opts, _, _ = servers
-    gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", tmp_path, extra_env={"RTXSERVE_DRAIN_S": "2"})
+    # a drain long enough that the probe and the request after it fall inside it on a busy box (2 s once did not)
+    gateway, url = start_gateway(f"127.0.0.1:{opts.grpc_port}", tmp_path, extra_env={"RTXSERVE_DRAIN_S": "8"})
     results, stop = [], False
 
     def load():
@@ -165,12 +166,14 @@ def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(serve
 
     with cf.ThreadPoolExecutor(3) as pool:
         runs = [pool.submit(load) for _ in range(3)]
-        until(lambda: len(results) >= 10, "requests served before SIGTERM")
-        gateway.signal(signal.SIGTERM)
-        until(lambda: httpx.get(f"{url}/readyz").status_code == 503, "not ready after SIGTERM", 2.0)  # a balancer's probe
-        assert classify(httpx.Client(), url)[0] == 200  # not ready, still serving: the drain, not the stop
-        stop = True  # ...which stops sending; what was in flight must still finish
-        for run in runs:
+        try:
+            until(lambda: len(results) >= 10, "requests served before SIGTERM")
+            gateway.signal(signal.SIGTERM)
+            until(lambda: httpx.get(f"{url}/readyz").status_code == 503, "not ready after SIGTERM", 2.0)  # a probe
+            assert classify(httpx.Client(), url)[0] == 200  # not ready, still serving: the drain, not the stop
+        finally:
+            stop = True  # ...which stops sending (a failed check too: the loads must not outlive the test)
+        for run in runs:  # what was in flight must still finish
             run.result()
         exit_code = gateway.process.wait(30)
     assert exit_code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled once it has shut down
