@@ -10,6 +10,7 @@ systemd units or Kubernetes Deployments.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,7 +157,8 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
     model and adapters are checked (serve.vllm_server.check_vllm: their configs and shapes) on the way; `vllm_env` is
     the vLLM install that will run them on this host (None: elsewhere, e.g. a container)."""
     from serve.triton_server import TritonOptions, triton_args
-    from serve.vllm_server import VLLMConfigError, check_vllm, runtime_lora_env, serving_dtype, vllm_args
+    from serve.vllm_server import (VLLMConfigError, box_layout_env, check_vllm, runtime_lora_env, serving_dtype,
+                                   vllm_args)
 
     services = []
     if d.encoders:
@@ -180,6 +182,8 @@ def build_services(d: Deployment, p: Plan, layout: Layout = Layout(), *, vllm_en
         env = ({"VLLM_CPU_KVCACHE_SPACE": f"{m.kv_cache_gib:g}"} if not d.on_gpu else {}) | runtime_lora_env(adapters)
         if m.name in p.cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = p.cpu_binds[m.name]
+        if not d.on_gpu:
+            env |= box_layout_env(len(os.sched_getaffinity(0)), m.name in p.cpu_binds)
         if d.on_gpu and m.resident == "on-demand":
             env["VLLM_SERVER_DEV_MODE"] = "1"  # mounts /sleep, /wake_up and /is_sleeping
         control = control_port(port) if m.resident == "on-demand" and not d.on_gpu else None

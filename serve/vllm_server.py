@@ -283,6 +283,19 @@ def vllm_command(opts: VLLMOptions, env_dir: Path = DEFAULT_ENV) -> tuple[list[s
 # worker computes, the engine core waits for it on shared memory, spinning with sched_yield: a core's worth of CPU that
 # on a 2-core box the API server, the front ends and the clients are left to share (bench/streams.py).
 TWO_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Up to this many cores a CPU box runs each engine as two processes. Measured on 2 cores (bench/streams.py, B1s):
+# behind the gateway, three processes (the spinning engine core holding one core of two) put 16 streams' TTFT P50 at
+# 67-951 ms from round to round and the streams arrived in bursts; two processes held 35-42 ms. vLLM reserves the
+# spinning core on every CPU box; on larger ones it is a smaller share and the worker's pinned threads (which need
+# the third process) gain more: not measured here, so left as vLLM does it.
+SMALL_BOX_CORES = 4
+
+
+def box_layout_env(cores: int, bound: bool) -> dict[str, str]:
+    """What a CPU box with `cores` gives one vLLM engine's environment for its process layout: TWO_PROCESSES on a
+    small box, unless the engine is `bound` to cores of its own (VLLM_CPU_OMP_THREADS_BIND, which only vLLM's worker
+    process applies)."""
+    return dict(TWO_PROCESSES) if cores <= SMALL_BOX_CORES and not bound else {}
 
 
 def runtime_lora_env(adapters: list[Adapter]) -> dict[str, str]:

@@ -2,6 +2,7 @@
 planning stand-ins of real-sized models (tests/plan_fixtures.py: real headers and configs, no weights)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -489,6 +490,33 @@ def test_a_cpu_box_with_two_llm_variants_and_room_for_one_wakes_them_through_the
     # each always-resident engine its slice of the cores, the variants one they take turns in; one core: no binding
     assert cpu_binds(d, [0, 1, 2, 3]) == {"always": "0-1", "variant-a": "2-3", "variant-b": "2-3"}
     assert cpu_binds(d, [0]) == {}
+
+
+def test_a_small_cpu_box_runs_each_unbound_engine_as_two_processes(tmp_path, monkeypatch):
+    """Up to SMALL_BOX_CORES cores an engine runs with the model in its engine core (no worker process beside an engine
+    core spinning on a core of its own); one bound to cores of its own keeps vLLM's worker, which applies the binding;
+    a bigger box is left as vLLM runs it."""
+    from serve.vllm_server import SMALL_BOX_CORES, TWO_PROCESSES
+    from tests.plan_fixtures import TINY_LLAMA
+
+    for name in ("a", "b"):
+        write_llama(tmp_path / name, TINY_LLAMA)
+    models = [{"name": n, "kind": "llm", "path": n, "kv_cache_gib": 1} for n in ("a", "b")]
+    path = tmp_path / "box.yaml"
+
+    def engines(cores: int, count: int = 1) -> dict[str, dict[str, str]]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+        path.write_text(yaml.safe_dump({"name": "box", "gpus": {"count": 0}, "models": models[:count]}))
+        d = load_deployment(path)
+        return {s.name: s.env for s in build_services(d, plan(d)) if s.kind == "vllm"}
+
+    layout = TWO_PROCESSES.items()
+    assert all(layout <= env.items() for env in engines(2).values())
+    assert all(layout <= env.items() for env in engines(SMALL_BOX_CORES).values())
+    assert not any(layout & env.items() for env in engines(SMALL_BOX_CORES + 1).values())
+    bound = engines(4, count=2)  # two always-resident engines on 4 cores: two cores each, bound
+    assert [env["VLLM_CPU_OMP_THREADS_BIND"] for env in bound.values()] == ["0-1", "2-3"]
+    assert not any(layout & env.items() for env in bound.values())
 
 
 def test_what_a_promotion_retired_is_not_loaded_at_the_next_start(tmp_path):

