@@ -199,7 +199,7 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 
 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
-        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, stream_layouts: tuple[str, ...] = ("core", "served"),
+        streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, stream_layouts: tuple[str, ...] | None = None,
         profile_s: float = 10.0, progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies, in each of vLLM's
     `stream_layouts`: bench/streams.py)."""
@@ -237,7 +237,7 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
     if streams:
         result["streams"] = [b1s.run(out / f"streams-{layout}", rounds=rounds, concurrency=streams,
                                      prompts=stream_prompts, layout=layout, profile_s=profile_s, progress=progress)
-                             for layout in stream_layouts]
+                             for layout in stream_layouts or b1s.default_layouts()]
         for layouts in result["streams"]:
             b1s.plot(layouts, out / b1s.plot_name(layouts["layout"]))
     for level in result["levels"]:
@@ -298,8 +298,7 @@ def markdown(result: dict) -> str:
               "call): what is left of the P50 added is the sockets, the HTTP server and the event loop's queue."]
     if "verdict" in result:
         top = result["levels"][-1]
-        lines += b1s.verdict_table(f"{top['concurrency']} in flight; proxy: nginx on the same box", TARGETS, top,
-                                   result["verdict"])
+        lines += b1s.verdict_table(f"{top['concurrency']} in flight; proxy: nginx on the same box", TARGETS, top)
         if "relay" in top:
             held = ", ".join(f"{level['qps_vs_relay']}x at {level['concurrency']}" for level in result["levels"])
             lines += ["", "The Python relay (bench/relay.py) is the least a front door in Python does: uvicorn as the "
@@ -354,9 +353,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", default="4,16",
                         help="B1s: concurrent streams per level, comma-separated ('' skips it)")
     parser.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
-    parser.add_argument("--stream-layouts", default=",".join(b1s.LAYOUTS),
-                        help="B1s: vLLM's layouts, comma-separated: 'core' (the model in the engine core) and 'served' "
-                             "(as serve up runs it); bench/streams.py says why both")
+    parser.add_argument("--stream-layouts", default=",".join(b1s.default_layouts()),
+                        help="B1s: vLLM's layouts, comma-separated: 'core' (the model in the engine core: two "
+                             "processes) and 'three' (vLLM's own default on a CPU); default: 'core', and the layout "
+                             "`serve up` runs on this box where that is another (bench/streams.py)")
     parser.add_argument("--profile-seconds", type=float, default=10.0,
                         help="after the rounds, where the gateway's CPU goes at the highest --concurrency, sampled by "
                              "py-spy for this long (0 skips it)")
