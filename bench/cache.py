@@ -80,7 +80,7 @@ def _stack(work: Path, progress):
     from deploy.plan import plan
     from deploy.repository import assemble_repository, response_cache_args
     from deploy.services import Layout, gateway_settings
-    from deploy.spec import load_deployment
+    from deploy.load import load_deployment
     from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
     from export.triton.entry import EntryOptions

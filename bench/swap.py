@@ -46,7 +46,7 @@ def _zipf(models: tuple[str, ...], api: str, share: float) -> list[str]:
 def write_box(work: Path, progress: Progress) -> Path:
     """The fixtures, exported, and the deployment file naming them (the swap room: two classifiers and one engine)."""
     from deploy.plan import plan
-    from deploy.spec import load_deployment
+    from deploy.load import load_deployment
     from export.encoders.encoder import export_text_classification
     from export.triton.entry import EntryOptions
     from fixture_models.llm import write_llm
@@ -99,7 +99,7 @@ def _gateway_figures(url: str) -> dict:
 def run(out: Path, *, duration_s: float = 120.0, rate: float = 1.0, progress=log.info) -> dict:
     from core.machine import machine
     from deploy.box import down, up
-    from deploy.spec import load_deployment
+    from deploy.load import load_deployment
     from loadtest.runner import LoadSpec, run as load_run, scenario_options
 
     out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,9 @@ from core.contract import padded_lora_rank
 from serve.lora_runtime import RuntimeLoraError, load_everywhere, unload_everywhere
 from serve.vllm_server import VLLMConfigError, check_adapter_base, read_adapter
 
-from .spec import Deployment, DeploymentError, LLMModel, SpeechModel, load_deployment
+from .spec import Deployment, DeploymentError, LLMModel, SpeechModel
+
+from .load import load_deployment
 
 def _served_names(d: Deployment) -> dict[str, str]:
     """Every name a client may call -> the deployment entry serving it."""

@@ -21,11 +21,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import httpx
-import platformdirs
 import psutil
 import yaml
 
@@ -37,46 +35,9 @@ from serve.triton_server import TritonInstall, TritonNotFound
 from .plan import format_plan, plan
 from .repository import assemble_repository
 from .services import Layout, Service, build_services, gateway_settings, under_control
+from .box_state import (RESTARTS_FILE, ROLLOUT_FILE, Running, create_time, keeper_alive, members, promoted, read_state,
+                        run_dir, write_state)
 from .spec import Deployment, DeploymentError
-
-STATE_DIR_ENV = "RTXSERVE_STATE_DIR"
-
-
-def state_dir() -> Path:
-    """Where `serve up` keeps each deployment's run folder: one per-user place whatever the working directory,
-    so that `status` and `down` from another terminal find what runs. RTXSERVE_STATE_DIR, else the XDG state
-    directory ($XDG_STATE_HOME/rtxserve, by default ~/.local/state/rtxserve)."""
-    if os.environ.get(STATE_DIR_ENV):
-        return Path(os.environ[STATE_DIR_ENV]).expanduser()
-    return platformdirs.user_state_path("rtxserve")
-
-
-@dataclass
-class Running:
-    name: str
-    kind: str
-    pid: int
-    started: float  # the process's create time: a pid reused by another program is not ours
-    url: str  # its readiness URL
-    log: str
-    fingerprint: str = ""  # what it was started as (_fingerprints); "" in a state file written before it was recorded
-
-
-def run_dir(name: str, root: Path | None = None) -> Path:
-    return Path(root or state_dir()) / name
-
-
-def running(root: Path | None = None) -> list[Path]:
-    """The run folders under `root` (default: the state directory) of deployments with a server still alive."""
-    root = Path(root or state_dir())
-    runs = sorted(p.parent for p in root.glob("*/state.json")) if root.is_dir() else []
-    out = []
-    for run in runs:
-        with contextlib.suppress(DeploymentError):
-            if any(_members(r) for r in read_state(run)["servers"]):
-                out.append(run)
-    return out
-
 
 def _holder_pid(port: int) -> int | None:
     try:
@@ -197,7 +158,7 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
         fingerprints = _fingerprints(d, p, replace(layout, retired=frozenset()), envs["vllm"])
         live = _running_as_planned(recorded, fingerprints, log) if recorded else {}
-        check_ports(d, frozenset(m.pid for r in live.values() for m in _members(r)))
+        check_ports(d, frozenset(m.pid for r in live.values() for m in members(r)))
         if d.encoders and not any(s.kind == "triton" and s.name in live for s in services):
             assemble_repository(d, p, run / "model_repository")
         if "gateway" not in live:
@@ -226,20 +187,20 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
                         finally:  # recorded as soon as it runs: down (or the cleanup below) finds it
                             if process.process is not None:
                                 started = [*(r for r in started if r["name"] != service.name), asdict(Running(
-                                    service.name, service.kind, process.process.pid, _create_time(process.process.pid),
+                                    service.name, service.kind, process.process.pid, create_time(process.process.pid),
                                     process.ready_url, str(process.log_path), fingerprints[service.name]))]
                                 state["servers"] = _in_order(services, [*live.values(), *waiting, *started])
-                                _write_state(run, state)
+                                write_state(run, state)
         except BaseException:
             _stop_all(started, grace_s=15, log=log)  # what this `up` started; what ran before it runs on
             state["servers"] = _in_order(services, [*live.values(), *dead])
-            _write_state(run, state) if state["servers"] else (run / "state.json").unlink(missing_ok=True)
+            write_state(run, state) if state["servers"] else (run / "state.json").unlink(missing_ok=True)
             raise
         if restart == "on-failure" and d.file is not None:
             state["keeper"] = _start_keeper(run, state.get("keeper"), log)
         elif state.get("keeper"):
             _stop_keeper(state, log)
-        _write_state(run, state)
+        write_state(run, state)
     log(f"{d.name} is up: gateway http://{d.gateway.host}:{d.ports.gateway}" + (
         f" ({len(started)} server(s) started, {len(live)} already running)" if live else ""))
     return run
@@ -264,10 +225,10 @@ def _running_as_planned(recorded: dict, fingerprints: dict[str, str], log) -> di
     planned it (changed since): `serve down` first, or restore the file."""
     live, changed = {}, []
     for r in recorded["servers"]:
-        members = _members(r)
-        if not members:
+        processes = members(r)
+        if not processes:
             continue
-        if not any(p.pid == r["pid"] for p in members):
+        if not any(p.pid == r["pid"] for p in processes):
             log(f"{r['name']}: its main process is gone; stopping what is left of it")
             _stop_all([r], grace_s=15, log=log)
         elif r["name"] not in fingerprints or r.get("fingerprint", "") not in ("", fingerprints[r["name"]]):
@@ -301,65 +262,6 @@ def _check_cpu(d: Deployment) -> None:
                               f"CPU has neither (vLLM refuses it at start): use kv_cache_dtype auto here")
 
 
-def _write_state(run: Path, state: dict) -> None:
-    tmp = run / ".state.json.new"
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, run / "state.json")
-
-
-def read_state(run: Path) -> dict:
-    try:
-        state = json.loads((Path(run) / "state.json").read_text())
-        [(r["name"], r["pid"], r["started"], r["url"]) for r in state["servers"]]  # noqa: B018 - the fields we read
-        return state
-    except FileNotFoundError:
-        raise DeploymentError(f"nothing runs from {run} (no state.json): `rtxserve serve up DEPLOYMENT` starts it") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DeploymentError(f"{Path(run) / 'state.json'} is damaged ({type(exc).__name__}: {exc}); the servers it "
-                              "named may still run: find them with `ps -o pid,pgid,args`") from None
-
-
-def process_group(pgid: int) -> list[psutil.Process]:
-    """The live processes of a process group (each server leads its own: start_new_session)."""
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return out
-
-
-def _members(r: dict) -> list[psutil.Process]:
-    """A recorded server's processes: its group, started no earlier than it (a reused pgid is not ours). The
-    leader may be gone while its children (vLLM's engine core, Triton's stubs) still hold memory."""
-    out = []
-    for p in process_group(r["pid"]):
-        try:
-            if p.create_time() >= r["started"]:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
-ROLLOUT_FILE = "rollout.json"
-RESTARTS_FILE = "restarts.json"  # the keeper's count of each server's restarts (deploy/keeper.py)
-
-
-def keeper_alive(keeper: dict | None) -> psutil.Process | None:
-    """The box's keeper process, where the one recorded still runs (a reused pid is not it)."""
-    if not keeper:
-        return None
-    try:
-        process = psutil.Process(keeper["pid"])
-        return process if abs(process.create_time() - keeper["started"]) < 1 and process.is_running() \
-            and process.status() != psutil.STATUS_ZOMBIE else None
-    except psutil.Error:
-        return None
-
-
 def _start_keeper(run: Path, recorded: dict | None, log) -> dict:
     """The keeper of the box that runs from `run` (deploy/keeper.py): the one recorded where it still runs, else a new
     one."""
@@ -387,78 +289,21 @@ def _stop_keeper(state: dict, log) -> None:
     state["keeper"] = None
 
 
-def restarts(run: Path) -> dict[str, dict]:
-    """What the keeper counted of each server: restarts, failures, its last error and next try."""
-    try:
-        return json.loads((Path(run) / RESTARTS_FILE).read_text()).get("servers", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def promoted(run: Path):
-    """What promotions changed on the box that runs from `run` (serve/gateway/fleet/rollout/store.py's snapshot): its routes,
-    the models they retired (left out at the next `up`) and the promotions running."""
-    from serve.gateway.fleet.rollout.store import RolloutError, RolloutStore
-
-    try:
-        return RolloutStore(run / ROLLOUT_FILE).read()
-    except RolloutError as exc:
-        raise DeploymentError(str(exc)) from None
-
-
-def status(run: Path) -> list[dict]:
-    """Each server of the run: name, kind, pid, whether its process lives, what its readiness URL says, and (the
-    gateway) the residency of each on-demand model."""
-    out = []
-    counted = restarts(run)
-    with httpx.Client(timeout=2.0) as client:
-        for r in read_state(run)["servers"]:
-            members = _members(r)
-            alive = any(p.pid == r["pid"] for p in members)
-            ready, on_demand = "-", {}
-            if alive:
-                try:
-                    answer = client.get(r["url"])
-                    ready = str(answer.status_code)
-                    if r["kind"] == "gateway":  # its /readyz says which on-demand models are loaded
-                        on_demand = answer.json().get("on_demand") or {}
-                except (httpx.HTTPError, ValueError) as exc:
-                    ready = ready if ready != "-" else type(exc).__name__
-            rss = sum(_rss(p) for p in members)
-            out.append({**r, "alive": alive, "ready": ready, "processes": len(members), "rss_gib": rss / 1024**3,
-                        "on_demand": on_demand, "restarts": counted.get(r["name"], {}).get("restarts", 0)})
-    return out
-
-
-def _create_time(pid: int) -> float:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:  # it died already: anything of its group is younger than now
-        return time.time() - 1
-
-
-def _rss(p: psutil.Process) -> int:
-    try:
-        return p.memory_info().rss
-    except psutil.Error:
-        return 0
-
-
 def _stop_all(servers: list[dict], *, grace_s: float, log) -> None:
     for r in reversed(servers):  # the gateway stops taking requests before its backends go
-        members = _members(r)
-        if not members:
+        processes = members(r)
+        if not processes:
             log(f"{r['name']}: not running")
             continue
-        log(f"stopping {r['name']} (pid {r['pid']}, {len(members)} process(es))")
+        log(f"stopping {r['name']} (pid {r['pid']}, {len(processes)} process(es))")
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in members:  # the whole group, even when its leader is gone
+            for p in processes:  # the whole group, even when its leader is gone
                 with contextlib.suppress(psutil.Error):
                     p.send_signal(sig)
-            _, members = psutil.wait_procs(members, timeout=grace_s if sig == signal.SIGTERM else 10)
-            if not members:
+            _, processes = psutil.wait_procs(processes, timeout=grace_s if sig == signal.SIGTERM else 10)
+            if not processes:
                 break
-            log(f"{r['name']}: {len(members)} process(es) still there after {sig.name}")
+            log(f"{r['name']}: {len(processes)} process(es) still there after {sig.name}")
 
 
 def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
@@ -469,7 +314,7 @@ def down(run: Path, *, grace_s: float = 30, log=print) -> list[str]:
     with _locked(run, state["name"]):
         state = read_state(run)  # as the keeper left it
         _stop_all(state["servers"], grace_s=grace_s, log=log)
-        left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in _members(r)]
+        left = [f"{r['name']} pid {p.pid}" for r in state["servers"] for p in members(r)]
         if not left:
             (run / "state.json").unlink(missing_ok=True)
         for region in triton_server.remove_orphaned_regions():

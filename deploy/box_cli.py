@@ -10,8 +10,11 @@ from pathlib import Path
 from core.envs import TRITON, VLLM, env_dir
 from serve.launcher import ServerStartError
 
-from .box import RESTART_POLICIES, down, keeper_alive, promoted, read_state, restarts, run_dir, running, state_dir, status, up
-from .spec import DeploymentError, load_deployment
+from .box import RESTART_POLICIES, down, up
+
+from .box_state import keeper_alive, promoted, read_state, restarts, run_dir, running, state_dir, status
+from .spec import DeploymentError
+from .load import load_deployment
 
 
 def _up(args) -> int:

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .box import read_state, run_dir
-from .spec import Deployment, DeploymentError, EncoderModel, LLMModel, load_deployment
+from .box_state import read_state, run_dir
+from .spec import Deployment, DeploymentError, EncoderModel, LLMModel
+from .load import load_deployment
 
 
 @dataclass(frozen=True)

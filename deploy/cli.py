@@ -20,7 +20,8 @@ def plan_main(argv: list[str]) -> int:
                         help="where `serve up` keeps its runs (default: its per-user state directory)")
     args = parser.parse_args(argv)
     from .plan import format_plan, plan
-    from .spec import DeploymentError, load_deployment
+    from .spec import DeploymentError
+    from .load import load_deployment
 
     try:
         deployment = load_deployment(args.deployment)
@@ -30,7 +31,7 @@ def plan_main(argv: list[str]) -> int:
         return 2
     print(json.dumps(p.to_json(), indent=2) if args.json else format_plan(p))
     if args.measure:
-        from deploy.box import run_dir
+        from deploy.box_state import run_dir
 
         from .measure import format_measured, measure
 
@@ -92,7 +93,8 @@ def main(argv: list[str]) -> int:
     b.add_argument("--wheels-cache", type=Path, default=Path(".rtxserve/wheels"), help="wheels kept between bundles")
     args = parser.parse_args(argv)
     from .render import render
-    from .spec import DeploymentError, load_deployment
+    from .spec import DeploymentError
+    from .load import load_deployment
 
     if args.command == "bundle":
         import subprocess

@@ -315,7 +315,8 @@ def _owner(path: Path) -> str:
 def doctor(path: Path, target: str, at: Path | None = None, tritonserver: bool = False) -> list[Check]:
     from .plan import plan
     from .render import private_files
-    from .spec import DeploymentError, load_deployment
+    from .spec import DeploymentError
+    from .load import load_deployment
 
     try:
         d = load_deployment(path)

@@ -33,7 +33,9 @@ from core.contract import SPEECH_RECOGNITION, TEXT_GENERATION
 from core.entry_metadata import EntryMetadata
 from core.tasks import DIFFUSION, ENCODER, SPEECH
 
-from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel, encoder_metadata
+from .spec import Deployment, DeploymentError, DiffusionModel, EncoderModel, LLMModel
+
+from .load import encoder_metadata
 
 GIB = 1024**3
 TRITON_PROCESS_GIB = 0.75  # tritonserver on one GPU: CUDA context, cuBLAS/cuDNN handles, the CUDA memory pool

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import tenacity
 
-from .box import RESTARTS_FILE, BoxBusy, _members, read_state, restarts, up
-from .spec import DeploymentError, load_deployment
+from .box import BoxBusy, up
+
+from .box_state import RESTARTS_FILE, members, read_state, restarts
+from .spec import DeploymentError
+from .load import load_deployment
 
 INTERVAL_S = 2.0
 RESET_AFTER_S = 600.0  # a server that ran this long since its last restart starts its backoff again
@@ -57,7 +60,7 @@ class Keeper:
             self.log(f"another keeper is recorded (pid {recorded['pid']}): this one ends")
             return False
         now = time.time()
-        dead = {r["name"] for r in state["servers"] if not any(p.pid == r["pid"] for p in _members(r))}
+        dead = {r["name"] for r in state["servers"] if not any(p.pid == r["pid"] for p in members(r))}
         for name in dead - set(self.due):
             counted = self.counts.get(name, {})
             if now - counted.get("last_restart", 0) >= RESET_AFTER_S:

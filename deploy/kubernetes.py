@@ -18,7 +18,8 @@ from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, POSTGRES_IMAGE, R
                      triton_image, vllm_image)
 from .plan import Plan, server_host_gib
 from .services import Service, container_command, put_to_sleep
-from .spec import Deployment, encoder_metadata
+from .spec import Deployment
+from .load import encoder_metadata
 
 # The API version the manifests are validated against: resource.k8s.io/v1 (Dynamic Resource Allocation) is GA from 1.34,
 # native sidecars (init containers with restartPolicy Always) from 1.33

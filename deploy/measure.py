@@ -65,7 +65,7 @@ def planned_by_server(p: Plan) -> dict[tuple[int, str], float]:
 
 
 def measure(p: Plan, run: Path, usage: dict[int, dict[int, int]] | None = None) -> list[Measured]:
-    from deploy.box import process_group, read_state
+    from deploy.box_state import process_group, read_state
 
     usage = gpu_memory_by_pid() if usage is None else usage
     owner = {}

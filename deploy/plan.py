@@ -34,7 +34,8 @@ from .estimates import (
     estimate_encoder,
     estimate_llm,
 )
-from .spec import Deployment, DiffusionModel, EncoderModel, LLMModel, check_artifacts
+from .spec import Deployment, DiffusionModel, EncoderModel, LLMModel
+from .load import check_artifacts
 
 
 @dataclass

@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     from export.triton.entry import EntryOptions
     from loadtest.report import headline
     from loadtest.runner import LoadSpec, run, scenario_options
-    from deploy.spec import DeploymentError, load_deployment
+    from deploy.spec import DeploymentError
+    from deploy.load import load_deployment
     from deploy.box import down, up
     from serve.launcher import ServerStartError, free_port
 

@@ -18,7 +18,7 @@ import yaml
 
 from deploy.compose import compose_project
 from deploy.render import render
-from deploy.spec import load_deployment
+from deploy.load import load_deployment
 from serve.launcher import free_port
 
 from .conftest import KEY, run, site_files, write_cpu_box

@@ -20,7 +20,7 @@ import yaml
 from deploy.compose import compose_project
 from deploy.plan import plan
 from deploy.render import render
-from deploy.spec import load_deployment
+from deploy.load import load_deployment
 from serve.launcher import free_port
 
 from .conftest import KEY, run, site_files

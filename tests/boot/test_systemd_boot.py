@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from deploy.bundle import bundle
-from deploy.spec import load_deployment
+from deploy.load import load_deployment
 from serve.launcher import free_port
 
 from .conftest import DEBIAN_MIRROR, KEY, run, write_cpu_box

@@ -8,7 +8,8 @@ import socket
 import pytest
 
 from deploy.plan import GIB, plan
-from deploy.spec import DeploymentError, load_deployment, parse_deployment
+from deploy.spec import DeploymentError
+from deploy.load import load_deployment, parse_deployment
 from tests.plan_fixtures import write_boxes
 
 
@@ -80,7 +81,9 @@ def test_down_stops_a_servers_group_even_when_its_leader_died(tmp_path):
 
     import psutil
 
-    from deploy.box import down, status
+    from deploy.box import down
+
+    from deploy.box_state import status
 
     leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(120)"],

@@ -20,7 +20,8 @@ import yaml
 from deploy.images import TRITON_IMAGE
 from deploy.kubernetes import KUBERNETES_VERSION
 from deploy.render import render
-from deploy.spec import DeploymentError, load_deployment, parse_deployment
+from deploy.spec import DeploymentError
+from deploy.load import load_deployment, parse_deployment
 from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from tests.plan_fixtures import write_boxes
 

@@ -145,7 +145,7 @@ def test_the_on_demand_dashboard_panels_query_what_this_gateway_exposes(box):
     """The gateway dashboard of a box with on-demand models: each metric its panels query is one this gateway
     serves, once it has loaded and unloaded (the other panels are checked in test_deploy_render)."""
     from deploy.monitoring import dashboards
-    from deploy.spec import parse_deployment
+    from deploy.load import parse_deployment
 
     url, _ = box
     for model in (*SWAPPED, SWAPPED[0]):  # three entries through a room for two: loads, an unload, waits

@@ -10,7 +10,7 @@ import pytest
 
 from core.machine import cpu_flags
 from deploy.plan import GIB, plan
-from deploy.spec import parse_deployment
+from deploy.load import parse_deployment
 from export.llm.llm import LLMOptions, export_llm
 from tests.integration import VLLM_EAGER
 

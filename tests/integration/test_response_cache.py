@@ -14,7 +14,8 @@ from deploy.monitoring import dashboards, queried_metrics
 from deploy.plan import plan
 from deploy.repository import assemble_repository, response_cache_args
 from deploy.services import Layout, gateway_settings
-from deploy.spec import DeploymentError, load_deployment
+from deploy.spec import DeploymentError
+from deploy.load import load_deployment
 from serve.stack import start_gateway, start_triton
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from fixture_models.speech import SPEECH_RATE, SPEECH_SENTENCES, WINDOW_S, write_whisper
 from export.speech.whisper import export_speech, pipeline_transcripts
-from deploy.spec import parse_deployment
+from deploy.load import parse_deployment
 from serve.launcher import free_port
 from tests.integration import VLLM_EAGER, routes_not_through_the_gateway
 

@@ -11,7 +11,8 @@ import yaml
 
 from deploy.plan import GIB, format_plan, plan
 from deploy.services import Layout, build_services, gateway_settings
-from deploy.spec import DeploymentError, check_artifacts, load_deployment, parse_deployment
+from deploy.spec import DeploymentError
+from deploy.load import check_artifacts, load_deployment, parse_deployment
 from tests.plan_fixtures import TINY_WHISPER, WHISPER_LARGE_V3, write_boxes, write_entry, write_llama, write_whisper
 
 BASE = {"name": "box", "gpus": {"count": 1},
@@ -523,7 +524,7 @@ def test_what_a_promotion_retired_is_not_loaded_at_the_next_start(tmp_path):
     """`serve up` reads the models promotions retired from the box's rollout file (deploy/box.py): Triton runs under
     explicit model control loading the others, and a retired adapter is left out of its engine; status says what
     promotions moved."""
-    from deploy.box import ROLLOUT_FILE
+    from deploy.box_state import ROLLOUT_FILE
     from deploy.box_cli import _promotions
     from deploy.services import Layout, build_services
     from serve.gateway.fleet.rollout.store import RolloutStore, Snapshot

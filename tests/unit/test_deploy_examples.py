@@ -17,7 +17,8 @@ from deploy.images import image_context, image_list
 from deploy.kubernetes import REDIS, STORE, locust_job, needs_redis
 from deploy.plan import VLLM_CONTEXT_GIB, format_plan, plan
 from deploy.render import render
-from deploy.spec import DeploymentError, load_deployment, parse_deployment
+from deploy.spec import DeploymentError
+from deploy.load import load_deployment, parse_deployment
 from serve.entry_config import entry_models, read_batching, read_config
 from tests.plan_fixtures import (TINY_LLAMA, TINY_WHISPER, write_artifacts, write_diffusion_entry, write_entry,
                                  write_llama, write_whisper)

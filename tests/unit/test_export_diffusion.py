@@ -72,7 +72,7 @@ def test_the_entry_holds_the_pipeline_the_lora_and_the_defaults(pipeline, tmp_pa
 
 def test_a_deployment_plans_the_pipeline_at_its_resolution(pipeline, tmp_path):
     from deploy.plan import plan
-    from deploy.spec import parse_deployment
+    from deploy.load import parse_deployment
 
     pipe, lora = pipeline
     export_diffusion(pipe, EntryOptions(name="sd"), tmp_path / "repo", lora_path=lora)

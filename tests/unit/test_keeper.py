@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from deploy import keeper as keeper_module
-from deploy.box import RESTARTS_FILE, BoxBusy
+from deploy.box import BoxBusy
+from deploy.box_state import RESTARTS_FILE
 from deploy.keeper import Keeper, backoff_s
 from serve.launcher import ServerStartError
 
@@ -29,7 +30,7 @@ def box(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(keeper_module, "load_deployment", lambda path: path)
     monkeypatch.setattr(keeper_module, "up", lambda d, **kw: calls.append(kw["only"]))
-    monkeypatch.setattr(keeper_module, "_members", lambda r: [SimpleNamespace(pid=r["pid"])] if r["pid"] == 101 else [])
+    monkeypatch.setattr(keeper_module, "members", lambda r: [SimpleNamespace(pid=r["pid"])] if r["pid"] == 101 else [])
     return tmp_path, calls
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from deploy.render import render
-from deploy.spec import load_deployment
+from deploy.load import load_deployment
 from tests.plan_fixtures import write_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
