@@ -234,17 +234,9 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
             served = work / "model_nms.onnx"
             (scratch / "model_nms.onnx").rename(served)
             (work / "model.onnx").unlink()
-        settings = graph_nms or {"iou": PREDICT_DEFAULTS["iou"], "max_det": PREDICT_DEFAULTS["max_det"]}
         steps("checking the served answers against Ultralytics' predict (conf %g%s)", PARITY_CONF,
               ", NMS in the graph" if graph_nms else "")
-        parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
-        parity["served"] = {**compare_detections(
-            served_detections(served, images, letterbox, PARITY_CONF, settings["iou"], settings["max_det"],
-                              graph_nms=graph_nms is not None),
-            [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]], PARITY_CONF,
-            _defaults(result["args"], graph_nms)["conf"]),
-            "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
-        gate_served(parity["served"], options.precision, options.allow_drift)
+        parity = _served_parity(served, images, letterbox, result, reports, options)
         labels = [result["names"][str(i)] for i in range(len(result["names"]))]
         defaults = _defaults(result["args"], graph_nms)
         metadata = _metadata(weights, entry, options, result, parity, defaults, letterbox)
@@ -266,6 +258,23 @@ def export_yolo(weights: Path, entry: EntryOptions, repo: Path, options) -> tupl
         written = repository.commit(repo, models, work, options.force)
     steps("done: %s", ", ".join(p.name for p in written))
     return written, parity, steps.seconds
+
+
+def _served_parity(served: Path, images: list[np.ndarray], letterbox: dict, result: dict, reports: dict,
+                   options) -> dict:
+    """The entry's parity: the last variant's graph report (all of them under "variants") and the served steps'
+    detections against Ultralytics' predict at PARITY_CONF, gated (a breach raises) before anything is written."""
+    graph_nms = result["graph_nms"]
+    settings = graph_nms or {"iou": PREDICT_DEFAULTS["iou"], "max_det": PREDICT_DEFAULTS["max_det"]}
+    parity = {**list(reports.values())[-1], "variant": list(reports)[-1], "variants": reports}
+    parity["served"] = {**compare_detections(
+        served_detections(served, images, letterbox, PARITY_CONF, settings["iou"], settings["max_det"],
+                          graph_nms=graph_nms is not None),
+        [[(row[4], int(row[5]), row[:4]) for row in rows] for rows in result["predictions"]], PARITY_CONF,
+        _defaults(result["args"], graph_nms)["conf"]),
+        "reference": f"Ultralytics {result['versions']['ultralytics']} model.predict", "threshold": PARITY_CONF}
+    gate_served(parity["served"], options.precision, options.allow_drift)
+    return parity
 
 
 def _reference(weights: Path, eval_set: Path | None, items: list | None, samples: list[bytes], result: dict,
