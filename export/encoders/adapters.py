@@ -111,6 +111,38 @@ def _processor_folder(adapter_dir: Path, base: Path, task: str) -> Path:
     return source
 
 
+def _head_tensors(adapter: AdapterInfo) -> dict[str, tuple[str, list[int]]]:
+    """The adapter's saved head tensors (modules_to_save), by the base's parameter name: (its key, its shape). An
+    adapter without a single LoRA tensor is refused."""
+    head = {}
+    for key, shape in adapter.shapes.items():
+        if ".lora_" not in key and "trainable_tokens" not in key:
+            # (lora_embedding_A/B, DoRA magnitudes and trainable-token deltas are left to peft's own load)
+            name = _SAVED_COPY.sub(".", key.removeprefix(_PREFIX))
+            head[name] = (key, shape)
+    if not any(lora.LORA_KEY.match(key) for key in adapter.shapes):
+        raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
+    return head
+
+
+def _num_labels(adapter: AdapterInfo, head: dict, label_dims: dict, base_labels: int, base_config: dict,
+                base_path: Path, task: str) -> int:
+    """The label count of the merged model: the saved head's (its tensors must agree), else the base's, which must
+    then have a trained head of the task (a *ForX architecture), not one that would load random."""
+    counts = {head[n][1][d] for n, d in label_dims.items() if n in head and len(head[n][1]) > d}
+    if len(counts) > 1:
+        raise ExportError(f"the head tensors saved in {adapter.weights} disagree on the number of labels "
+                          f"({sorted(counts)})")
+    if label_dims and not any(n in head for n in label_dims):
+        suffix = ENCODER_TASKS[task].arch_suffix
+        if not any(isinstance(a, str) and a.endswith(suffix) for a in base_config.get("architectures") or []):
+            raise ExportError(f"adapter {adapter.path} saves no {task} head and base {base_path} is not a "
+                              f"*{suffix} model, so the head would be random; train the adapter with "
+                              "modules_to_save=['classifier'] (or the head's name), or pass the fine-tuned base "
+                              "with --base")
+    return counts.pop() if counts else base_labels
+
+
 def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None) -> EncoderAdapter:
     """Check a LoRA adapter folder for `task` against its base; no weights are loaded.
 
@@ -153,27 +185,8 @@ def resolve_adapter(path: str | Path, task: str, base: str | Path | None = None)
     label_dims = {n: next(i for i, (a, b) in enumerate(zip(s, params_plus[n])) if a != b)
                   for n, s in params.items() if s != params_plus.get(n, s)}
 
-    head = {}
-    for key, shape in adapter.shapes.items():
-        if ".lora_" not in key and "trainable_tokens" not in key:
-            # (lora_embedding_A/B, DoRA magnitudes and trainable-token deltas are left to peft's own load)
-            name = _SAVED_COPY.sub(".", key.removeprefix(_PREFIX))
-            head[name] = (key, shape)
-    if not any(lora.LORA_KEY.match(key) for key in adapter.shapes):
-        raise ExportError(f"{adapter.weights} holds no LoRA tensors (no *.lora_A/lora_B.weight)")
-
-    counts = {head[n][1][d] for n, d in label_dims.items() if n in head and len(head[n][1]) > d}
-    if len(counts) > 1:
-        raise ExportError(f"the head tensors saved in {adapter.weights} disagree on the number of labels "
-                          f"({sorted(counts)})")
-    num_labels = counts.pop() if counts else base_labels
-    if label_dims and not any(n in head for n in label_dims):
-        suffix = ENCODER_TASKS[task].arch_suffix
-        if not any(isinstance(a, str) and a.endswith(suffix) for a in base_config.get("architectures") or []):
-            raise ExportError(f"adapter {adapter.path} saves no {task} head and base {base_path} is not a "
-                              f"*{suffix} model, so the head would be random; train the adapter with "
-                              "modules_to_save=['classifier'] (or the head's name), or pass the fine-tuned base "
-                              "with --base")
+    head = _head_tensors(adapter)
+    num_labels = _num_labels(adapter, head, label_dims, base_labels, base_config, base_path, task)
     if num_labels != base_labels:
         arch, params, layers = _meta_model(auto_class, config, num_labels)
 
