@@ -171,10 +171,10 @@ def already_quantized(config: dict) -> str | None:
     return str(found.get("quant_method") or found.get("format") or "unnamed") if isinstance(found, dict) else None
 
 
-def export_quantized(source: Path, out: Path, options: LLMOptions) -> LLMExport:
-    """`export_llm` with `options.quantize`: the full-precision model (as export_llm makes it), quantised."""
-    from transformers import AutoTokenizer
-
+def _checked_layout(source: Path, options: LLMOptions) -> str:
+    """The checkpoint's layout (export.trainers.runs), once the request is checked before any work: the scheme, its
+    data files (each exists and holds JSON records), and a Hugging Face checkpoint neither quantised already nor a
+    vision-language model."""
     scheme = options.quantize
     if scheme not in SCHEMES:
         raise ExportError(f"unknown quantisation scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
@@ -193,6 +193,15 @@ def export_quantized(source: Path, out: Path, options: LLMOptions) -> LLMExport:
         if inspect_llm(source, options.chat_template).vision:  # and the weights, the tokenizer: checked here
             raise ExportError(f"{source} is a vision-language model; quantising one is not supported yet (export it "
                               "without --quantize)")
+    return layout
+
+
+def export_quantized(source: Path, out: Path, options: LLMOptions) -> LLMExport:
+    """`export_llm` with `options.quantize`: the full-precision model (as export_llm makes it), quantised."""
+    from transformers import AutoTokenizer
+
+    scheme = options.quantize
+    layout = _checked_layout(source, options)
     python = tool_python(LLMCOMPRESSOR, "setup-quantize", "quantisation with llm-compressor")
     steps = Steps(2 + (layout != "hf"), log)
     with work_dir(out) as work:
