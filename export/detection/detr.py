@@ -88,7 +88,7 @@ def detections_parity(model_path: Path, checkpoint: Path, inputs) -> dict:
     code) against transformers' object-detection pipeline on the sample images."""
     import json
 
-    from ..tensorrt.plan import session as served_session
+    from ..tensorrt.runtime import session as served_session
     from ..triton.python_models.detection_postprocess.detections import detr_detections, top_k_detections
     from ..triton.python_models.image_preprocess.imaging import decode
 

@@ -143,7 +143,7 @@ def _refuse_end_to_end(onnx_path: Path, weights: Path) -> None:
 
 def _forward(path: Path):
     """images [batch, 3, H, W] -> output0, by the served model at `path` (a graph in ONNX Runtime, or a plan)."""
-    from ..tensorrt.plan import session
+    from ..tensorrt.runtime import session
 
     run = session(path).run
     return lambda pixels: run(["output0"], {"images": pixels})[0]

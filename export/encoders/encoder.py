@@ -355,7 +355,7 @@ class _Check:
 
     def __call__(self, path: Path, what: str, *, lossy: bool) -> dict:
         from .. import variants
-        from ..tensorrt.plan import session
+        from ..tensorrt.runtime import session
 
         self.steps("validating %s against PyTorch on %d %s", what, len(self.inputs.samples), self.inputs.what)
         report = _validate(self.reference, session(path), self.cases, self.options.atol, self.outputs)

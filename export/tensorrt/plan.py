@@ -3,12 +3,12 @@
 Builds run only on a machine with an NVIDIA GPU and the `tensorrt` package (10.x). A plan loads only in
 the TensorRT version that built it, on GPUs of the compute capability it was built for: both go in the
 model's `tensorrt.json` and config parameters, where `rtxserve serve triton` checks them before start.
-TensorRT 10 keeps ONNX INT64 inputs as INT64, so the tokenizer model's INT64 tensors feed the plan as is.
+TensorRT 10 keeps ONNX INT64 inputs as INT64, so the tokenizer model's INT64 tensors feed the plan as is. Running
+a built plan for parity checks is runtime.py's.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -33,7 +33,7 @@ MIN_MAJOR = 10
 Shape = tuple[int, ...]
 _TRITON_TYPES = {"FLOAT": "TYPE_FP32", "HALF": "TYPE_FP16", "INT8": "TYPE_INT8", "UINT8": "TYPE_UINT8",
                  "INT32": "TYPE_INT32", "INT64": "TYPE_INT64", "BOOL": "TYPE_BOOL"}
-_NUMPY_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
+NUMPY_TYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "UINT8": np.uint8, "INT32": np.int32,
                 "INT64": np.int64, "BOOL": np.bool_}
 
 
@@ -122,7 +122,7 @@ class Profile:
         return {"batch": r(self.batch), "sequence": r(self.seq)} | ({"image_side": r(self.side)} if self.side else {})
 
 
-def _import_tensorrt():
+def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError as exc:
@@ -154,14 +154,14 @@ def _gpu() -> tuple[str, str]:
     return torch.cuda.get_device_name(0), f"{major}.{minor}"
 
 
-def _dtype_name(trt, dtype) -> str:
+def dtype_name(trt, dtype) -> str:
     for name in _TRITON_TYPES:
         if getattr(trt.DataType, name, None) == dtype:
             return name
     raise ExportError(f"TensorRT data type {dtype} has no Triton equivalent")
 
 
-def _logger(trt, errors: list[str]):
+def tensorrt_logger(trt, errors: list[str]):
     class Logger(trt.ILogger):
         """TensorRT's messages into our log; errors kept for the exception message."""
 
@@ -295,23 +295,16 @@ def build_plan(
                           "line; --calibration-images DIR for vision models), or build fp16")
     shapes = profile.shapes(inputs)
     fixed = _calibration_shapes(calibration_feeds, list(inputs), shapes) if precision == "int8" else {}
-    trt = _import_tensorrt()
+    trt = import_tensorrt()
     gpu, capability = _gpu()
     _check_precision(trt, precision)
     errors: list[str] = []
-    logger = _logger(trt, errors)
+    logger = tensorrt_logger(trt, errors)
     builder = trt.Builder(logger)
     network, dtypes = _parse(trt, builder, logger, errors, onnx_path, inputs)
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
-    trt_profile = builder.create_optimization_profile()
-    for name, (low, opt, high) in shapes.items():
-        trt_profile.set_shape(name, low, opt, high)
-    config.add_optimization_profile(trt_profile)
-    if precision in ("fp16", "int8"):
-        config.set_flag(trt.BuilderFlag.FP16)  # INT8 builds keep FP16 for layers without a faster INT8 kernel
+    config = _builder_config(trt, builder, shapes, precision, workspace_gb)
     # A local keeps the calibrator's Python object alive for as long as TensorRT calls into it.
-    calibrator = (_calibrate(trt, builder, config, fixed, calibration_feeds, {n: _NUMPY_TYPES[dtypes[n]] for n in inputs},
+    calibrator = (_calibrate(trt, builder, config, fixed, calibration_feeds, {n: NUMPY_TYPES[dtypes[n]] for n in inputs},
                              calibration_cache) if precision == "int8" else None)
     monitor = _progress_monitor(trt)
     if monitor is not None:
@@ -331,6 +324,19 @@ def build_plan(
         "inputs": {n: _TRITON_TYPES[d] for n, d in dtypes.items()},
         "calibration_batches": len(calibration_feeds) if precision == "int8" else 0,
     }
+
+
+def _builder_config(trt, builder, shapes: dict[str, tuple[Shape, Shape, Shape]], precision: str, workspace_gb: float):
+    """The build's config: the workspace limit, the one optimisation profile, and FP16 for fp16 and int8 builds."""
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gb * (1 << 30)))
+    trt_profile = builder.create_optimization_profile()
+    for name, (low, opt, high) in shapes.items():
+        trt_profile.set_shape(name, low, opt, high)
+    config.add_optimization_profile(trt_profile)
+    if precision in ("fp16", "int8"):
+        config.set_flag(trt.BuilderFlag.FP16)  # INT8 builds keep FP16 for layers without a faster INT8 kernel
+    return config
 
 
 def _check_precision(trt, precision: str) -> None:
@@ -353,7 +359,7 @@ def _parse(trt, builder, logger, errors: list[str], onnx_path: Path, inputs: Map
     graph_inputs = {network.get_input(i).name: network.get_input(i) for i in range(network.num_inputs)}
     if set(graph_inputs) != set(inputs):
         raise ExportError(f"the ONNX graph's inputs {sorted(graph_inputs)} differ from the entry's {sorted(inputs)}")
-    return network, {name: _dtype_name(trt, t.dtype) for name, t in graph_inputs.items()}
+    return network, {name: dtype_name(trt, t.dtype) for name, t in graph_inputs.items()}
 
 
 def _calibrate(trt, builder, config, fixed: dict[str, Shape], feeds: list[dict[str, np.ndarray]], dtypes: dict,
@@ -383,69 +389,6 @@ def _build(builder, network, config, plan_path: Path, errors: list[str]) -> floa
         f.write(serialized)
     log.info("built %s in %.1fs (%.1f MB)", plan_path.name, seconds, plan_path.stat().st_size / 1e6)
     return seconds
-
-
-@functools.lru_cache(maxsize=2)
-def _engine(path: str, mtime: float):
-    """(tensorrt, error list, logger, runtime, engine) of a plan file, loaded once per file version: a parity
-    check runs many cases. The logger and runtime are kept because they must outlive the engine."""
-    trt = _import_tensorrt()
-    errors: list[str] = []
-    logger = _logger(trt, errors)
-    runtime = trt.Runtime(logger)
-    engine = runtime.deserialize_cuda_engine(Path(path).read_bytes())
-    if engine is None:
-        raise ExportError(f"TensorRT {trt.__version__} cannot load {path}: {'; '.join(errors) or 'unknown error'}")
-    return trt, errors, logger, runtime, engine
-
-
-def run_plan(plan_path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a plan on GPU 0 (for parity checks against ONNX Runtime / PyTorch): name -> output array."""
-    import torch
-
-    trt, errors, _, _, engine = _engine(str(plan_path), Path(plan_path).stat().st_mtime)
-    context = engine.create_execution_context()
-    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    kept, outputs = [], {}
-    for name in names:
-        if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-            dtype = _NUMPY_TYPES[_dtype_name(trt, engine.get_tensor_dtype(name))]
-            tensor = torch.from_numpy(np.ascontiguousarray(feeds[name], dtype=dtype)).cuda()
-            context.set_input_shape(name, tuple(tensor.shape))
-            context.set_tensor_address(name, int(tensor.data_ptr()))
-            kept.append(tensor)
-    for name in names:
-        if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT:
-            dtype = _NUMPY_TYPES[_dtype_name(trt, engine.get_tensor_dtype(name))]
-            tensor = torch.from_numpy(np.empty(tuple(context.get_tensor_shape(name)), dtype=dtype)).cuda()
-            context.set_tensor_address(name, int(tensor.data_ptr()))
-            outputs[name] = tensor
-    stream = torch.cuda.current_stream()
-    if not context.execute_async_v3(stream.cuda_stream):
-        raise ExportError(f"TensorRT failed to run {plan_path}: {'; '.join(errors) or 'unknown error'}")
-    stream.synchronize()
-    return {name: t.cpu().numpy() for name, t in outputs.items()}
-
-
-class PlanSession:
-    """ONNX Runtime's `session.run(names, feeds)` over a TensorRT plan: a plan checked as a graph is."""
-
-    def __init__(self, plan: Path):
-        self.plan = plan
-
-    def run(self, names: Sequence[str] | None, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        outputs = run_plan(self.plan, feeds)
-        return [outputs[n].astype(np.float32) for n in (names or outputs)]
-
-
-def session(path: Path):
-    """What runs the served model file at `path` for a parity check, as ONNX Runtime's `session.run(names, feeds)`:
-    TensorRT on GPU 0 for a plan (model.plan), else ONNX Runtime on the CPU."""
-    if Path(path).suffix == ".plan":
-        return PlanSession(Path(path))
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 def tensorrt_model(opts: EntryOptions, plan_path: Path, inputs: Mapping[str, Shape | None] | Sequence[str],

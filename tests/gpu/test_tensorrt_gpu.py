@@ -10,7 +10,8 @@ trt = pytest.importorskip("tensorrt")
 torch = pytest.importorskip("torch")
 
 from export import onnx_export  # noqa: E402
-from export.tensorrt.plan import Profile, build_plan, run_plan, tensorrt_model  # noqa: E402
+from export.tensorrt.plan import Profile, build_plan, tensorrt_model  # noqa: E402
+from export.tensorrt.runtime import run_plan  # noqa: E402
 from export.triton.model_config import TensorSpec  # noqa: E402
 from export.triton.entry import EntryOptions  # noqa: E402
 from serve.tensorrt_check import check_plans, detect_compute_capability  # noqa: E402

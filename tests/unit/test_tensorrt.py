@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from export.tensorrt import plan as trt_export
+from export.tensorrt import plan as trt_export, runtime as trt_runtime
 from export.exceptions import ExportError
 from export.tensorrt.plan import Profile, build_plan, tensorrt_model
 from export.triton.model_config import TensorSpec
@@ -350,7 +350,7 @@ def _fake_tensorrt(monkeypatch, built: dict, input_type: str):
         return dict(zip([o.name for o in session.get_outputs()], session.run(None, dict(feeds))))
 
     monkeypatch.setattr(trt_export, "build_plan", fake_build)
-    monkeypatch.setattr(trt_export, "run_plan", fake_run)
+    monkeypatch.setattr(trt_runtime, "run_plan", fake_run)
 
 
 def _plan_served_as_the_graph_was(parity: dict, model_dir, precision: str):
