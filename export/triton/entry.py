@@ -358,6 +358,23 @@ class DetrOutputs:
     top_k: int | None = None
 
 
+def _detector_outputs(labels: list[str], defaults: dict, detr: DetrOutputs | None,
+                      letterbox: dict | None) -> tuple[tuple[TensorSpec, ...], dict]:
+    """The detector graph's outputs and the postprocess's decoder parameters that read them: a DETR's logits and
+    boxes per query, a YOLO's output0 (its anchors follow the letterboxed size), or the boxes its graph's NMS kept."""
+    if letterbox is None:
+        # A fixed count of queries: the CPU model step cuts outputs whose first dim is -1 to the input's sequence length.
+        raw = (TensorSpec("logits", "TYPE_FP32", (detr.queries, len(labels) + (detr.top_k is None))),
+               TensorSpec("pred_boxes", "TYPE_FP32", (detr.queries, 4)))
+        return raw, {"decoder": "detr"} if detr.top_k is None else {"decoder": "top_k", "top_k": str(detr.top_k)}
+    if "graph_nms" in defaults:  # Ultralytics' graph with NMS in it: images -> output0, the kept boxes
+        return ((TensorSpec("output0", "TYPE_FP32", (defaults["graph_nms"]["max_det"], 6)),),
+                {"decoder": "yolo_nms", "letterbox": json.dumps(letterbox)})
+    # Ultralytics' graph: images -> output0
+    return ((TensorSpec("output0", "TYPE_FP32", (4 + len(labels), -1)),),
+            {"decoder": "yolo", "letterbox": json.dumps(letterbox)})
+
+
 def detection_entry(
     opts: EntryOptions,
     *,
@@ -383,17 +400,7 @@ def detection_entry(
     pixels = TensorSpec("pixel_values", "TYPE_FP32", pixel_shape)
     size = TensorSpec("image_size", "TYPE_INT64", (2,))
     options = TensorSpec("OPTIONS", "TYPE_FP32", (3,))
-    if letterbox is None:
-        # A fixed count of queries: the CPU model step cuts outputs whose first dim is -1 to the input's sequence length.
-        raw = (TensorSpec("logits", "TYPE_FP32", (detr.queries, len(labels) + (detr.top_k is None))),
-               TensorSpec("pred_boxes", "TYPE_FP32", (detr.queries, 4)))
-        decoder = {"decoder": "detr"} if detr.top_k is None else {"decoder": "top_k", "top_k": str(detr.top_k)}
-    elif "graph_nms" in defaults:  # Ultralytics' graph with NMS in it: images -> output0, the kept boxes
-        raw = (TensorSpec("output0", "TYPE_FP32", (defaults["graph_nms"]["max_det"], 6)),)
-        decoder = {"decoder": "yolo_nms", "letterbox": json.dumps(letterbox)}
-    else:  # Ultralytics' graph: images -> output0
-        raw = (TensorSpec("output0", "TYPE_FP32", (4 + len(labels), -1)),)
-        decoder = {"decoder": "yolo", "letterbox": json.dumps(letterbox)}
+    raw, decoder = _detector_outputs(labels, defaults, detr, letterbox)
     graph_input = TensorSpec("pixel_values" if letterbox is None else "images", "TYPE_FP32", pixel_shape)
     detections = TensorSpec("DETECTIONS", "TYPE_FP32", (-1, 6))
     preprocess = ModelConfig(
