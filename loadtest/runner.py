@@ -265,13 +265,7 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     """
     from .server_metrics import Scraper
 
-    spec.check()
-    check_target(spec)
-    if spec.replaying and not spec.options["calibration"]:
-        from .scenarios.traces import calibrate
-
-        spec = copy.deepcopy(spec)
-        spec.options["calibration"] = json.dumps(calibrate(spec.host, _auth(spec.options), spec.trace))
+    spec = _checked(spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     command = spec.locust_argv(out_dir)
     shown = " ".join(a if a != spec.options.get("api_key") else "***" for a in command)
@@ -282,32 +276,11 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     urls = [f"{spec.host.rstrip('/')}/metrics"] if spec.scrape_host else []
     scraper = Scraper([*urls, *spec.scrape], out_dir / "server_metrics.csv", headers=_auth(spec.options)).start()
     started = time.monotonic()
-    progress = _Progress(out_dir / "locust_stats.csv")
-    history = _Progress(out_dir / "locust_stats_history.csv", last=True)
-    stopped = ""
     try:
         with open(out_dir / "locust.log", "wb") as locust_log:
             process = subprocess.Popen(command, stdout=locust_log, stderr=subprocess.STDOUT, start_new_session=True)
             cpu = _CpuWatch(process.pid)
-            try:
-                next_line = progress_every_s
-                while process.poll() is None:
-                    try:
-                        process.wait(0.5)
-                    except subprocess.TimeoutExpired:
-                        cpu.sample()
-                        elapsed = time.monotonic() - started
-                        if stop_early is not None and not stopped and (row := history.row()) \
-                                and (stopped := stop_early(row)):
-                            log(f"  stopping early: {stopped}")
-                            os.killpg(process.pid, signal.SIGTERM)  # locust's graceful end: what it has is written
-                        if elapsed >= next_line:
-                            requests, failures = progress()
-                            log(f"  {min(elapsed, spec.duration):4.0f}/{spec.duration:g}s  {requests} requests, {failures} failed")
-                            next_line += progress_every_s
-            except KeyboardInterrupt:
-                _stop_group(process)  # locust and its workers: nothing is left running
-                raise
+            stopped = _follow(process, cpu, spec, out_dir, started, progress_every_s, log, stop_early)
     finally:
         scraper.stop()
     wall = time.monotonic() - started
@@ -336,6 +309,48 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     report = write_report(summary, samples, out_dir, title, scrape_errors=scraper.errors)
     log(f"done: {headline(summary)}")
     return RunResult(summary, report, out_dir)
+
+
+def _checked(spec: LoadSpec) -> LoadSpec:
+    """`spec`, checked (and its target) before any load; a replay without calibration gets one measured on the
+    target now (on a copy: the caller's spec is left as it was)."""
+    spec.check()
+    check_target(spec)
+    if spec.replaying and not spec.options["calibration"]:
+        from .scenarios.traces import calibrate
+
+        spec = copy.deepcopy(spec)
+        spec.options["calibration"] = json.dumps(calibrate(spec.host, _auth(spec.options), spec.trace))
+    return spec
+
+
+def _follow(process: subprocess.Popen, cpu: _CpuWatch, spec: LoadSpec, out_dir: Path, started: float,
+            progress_every_s: float, log, stop_early) -> str:
+    """Wait for locust to end, sampling its CPU, logging progress every `progress_every_s` and asking `stop_early`
+    (see run); returns why it was stopped early ('' if it was not). Ctrl-C stops locust and its workers first."""
+    progress = _Progress(out_dir / "locust_stats.csv")
+    history = _Progress(out_dir / "locust_stats_history.csv", last=True)
+    stopped = ""
+    try:
+        next_line = progress_every_s
+        while process.poll() is None:
+            try:
+                process.wait(0.5)
+            except subprocess.TimeoutExpired:
+                cpu.sample()
+                elapsed = time.monotonic() - started
+                if stop_early is not None and not stopped and (row := history.row()) \
+                        and (stopped := stop_early(row)):
+                    log(f"  stopping early: {stopped}")
+                    os.killpg(process.pid, signal.SIGTERM)  # locust's graceful end: what it has is written
+                if elapsed >= next_line:
+                    requests, failures = progress()
+                    log(f"  {min(elapsed, spec.duration):4.0f}/{spec.duration:g}s  {requests} requests, {failures} failed")
+                    next_line += progress_every_s
+    except KeyboardInterrupt:
+        _stop_group(process)  # locust and its workers: nothing is left running
+        raise
+    return stopped
 
 
 def _stop_group(process: subprocess.Popen) -> None:
