@@ -19,6 +19,18 @@ WORKLOADS = ("builtin", "random", "file")
 def add_options(parser):
     """Add the options to `parser` (locust's, through events.init_command_line_parser, or an argparse one)."""
     group = parser.add_argument_group("rtxserve", "what each request sends and how requests arrive")
+    _request_options(group)
+    _workload_options(group)
+    _arrival_options(group)
+    group.add_argument("--api-key", default="", help="the gateway key, sent as Authorization: Bearer")
+    group.add_argument("--seed", type=int, default=0, help="workload and arrival seed (each process adds its index)")
+    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as failed")
+    group.add_argument("--samples-out", default="", help="CSV of raw per-request samples (written by the master)")
+    _replay_options(parser)
+
+
+def _request_options(group) -> None:
+    """What each request asks for: the API (scenario), its model(s), and its inputs per request."""
     group.add_argument("--scenario", choices=SCENARIOS, default="classify",
                        help="API under load: classify (texts), image (classify images), ner, embeddings, chat, "
                             "completions, images (generations), mix (--mix), or replay (--trace)")
@@ -40,6 +52,11 @@ def add_options(parser):
     group.add_argument("--audio-dir", default="", help="transcribe / translate: a folder of .wav / .flac / .ogg / .mp3 "
                        "files to upload (`rtxserve fixtures whisper` writes some in whisper/audio)")
     group.add_argument("--language", default="", help="transcribe: the language sent (default: none, the model detects it)")
+
+
+def _workload_options(group) -> None:
+    """What the requests hold: the texts, images or prompts (built in, random tokens, or a dataset), their lengths, a
+    chat's turns, and the generation settings sent."""
     group.add_argument("--workload", choices=WORKLOADS, default="builtin",
                        help="builtin texts, images and word prompts; random token prompts (needs --tokenizer); "
                             "or --dataset")
@@ -62,6 +79,10 @@ def add_options(parser):
     group.add_argument("--ignore-eos", default="auto", choices=("auto", "on", "off"),
                        help="send ignore_eos (auto: with the random workload, as vllm bench serve does)")
     group.add_argument("--temperature", type=float, default=None, help="sent when given")
+
+
+def _arrival_options(group) -> None:
+    """How requests arrive: a closed loop of users or open-loop arrivals at a rate, a ramp, and Retry-After honoured."""
     group.add_argument("--arrival", choices=ARRIVALS, default="closed",
                        help="closed: users send again as soon as answered; poisson / gamma: open-loop arrivals at --rate")
     group.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second, all processes together")
@@ -73,10 +94,10 @@ def add_options(parser):
                        help="a ramp: each stage's length and its users (closed) or rate (open loop)")
     group.add_argument("--honour-retry-after", action="store_true",
                        help="after a 429 / 503 with Retry-After, a closed-loop user waits that long, as the openai SDK does")
-    group.add_argument("--api-key", default="", help="the gateway key, sent as Authorization: Bearer")
-    group.add_argument("--seed", type=int, default=0, help="workload and arrival seed (each process adds its index)")
-    group.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request counts as failed")
-    group.add_argument("--samples-out", default="", help="CSV of raw per-request samples (written by the master)")
+
+
+def _replay_options(parser) -> None:
+    """--scenario replay's group: the trace, how fast and against which models it is replayed."""
     replay = parser.add_argument_group("replay", "--scenario replay: a recorded trace's arrivals and sizes (loadtest/replay.py)")
     replay.add_argument("--trace", default="", help="the trace: the gateway's (trace_dir), Mooncake's or vLLM's timed trace")
     replay.add_argument("--trace-format", default="auto", choices=("auto", "rtxserve", "mooncake", "vllm"),
