@@ -1,9 +1,5 @@
-"""One call per gateway API, each checking its answer: a wrong answer (fewer results than inputs, no
-tokens, a stream cut short) is a failure with the reason, not a success.
-
-Streams are read line by line as they arrive and timed the way `vllm bench serve` times them: time to
-first token (TTFT) is the first event that carries choices, the inter-token gaps (ITL) are between
-successive such events, output tokens come from the usage event. The request's latency is the whole
+"""One call per gateway API, each checking its answer (answers.py): a wrong answer (fewer results than inputs, no
+tokens, a stream cut short) is a failure with the reason, not a success. A streamed request's latency is the whole
 answer, replacing locust's own time (with stream=True that stops at the response headers).
 """
 
@@ -19,6 +15,7 @@ from pathlib import Path
 from core.tasks import ENCODER, TASKS, TEXT_GENERATION, TEXT_RANKING, routes_by_scenario
 
 from . import traces, workloads
+from .answers import WrongAnswer, answered_by, check_encoded, failed_status, read_stream, whole_answer
 from .options import parse_mix, word_range
 
 # scenario -> the gateway route it calls (core/tasks.py)
@@ -29,10 +26,6 @@ IMAGES_API = routes_by_scenario("diffusion")["images"]
 SPEECH_APIS = routes_by_scenario("speech")
 # The encoder scenarios that send images (image, detect; a folder as --dataset), from the registry.
 IMAGE_APIS = {s for t in TASKS.values() if t.kind == ENCODER and t.inputs == "image" for s in t.loadtest}
-
-
-class WrongAnswer(Exception):
-    """The answer came but is not a whole, valid one; the message is what the report counts."""
 
 
 @dataclass
@@ -182,14 +175,6 @@ def _retry_after(user, response) -> float:
         return 1.0
 
 
-def _failed_status(response) -> bool:
-    if response.status_code == 200:
-        return False
-    if response.status_code:  # 0: no answer at all; locust records the connection error itself
-        response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
-    return True
-
-
 def _encode(user, api: str, model: str, rng: random.Random, context: dict, inputs: list | None = None) -> float:
     load = user.load
     n = load.options.batch if inputs is None else len(inputs)
@@ -199,13 +184,13 @@ def _encode(user, api: str, model: str, rng: random.Random, context: dict, input
         context["images"] = n
     with user.client.post(ENCODER_APIS[api], json={"model": model, "input": inputs}, name=api, headers=load.headers,
                           catch_response=True, context=context) as response:
-        if _failed_status(response):
+        if failed_status(response):
             return _retry_after(user, response)
         try:
             answer = response.json()
             data = answer.get("data")
-            _check_encoded(api, data, n)
-            _answered_by(response, answer)
+            check_encoded(api, data, n)
+            answered_by(response, answer)
             if api == "detect":
                 found = sum(len(d["detections"]) for d in data)
                 response.request_meta["context"]["detections"] = found  # locust copied `context` into the request
@@ -224,7 +209,7 @@ def _rank(user, api: str, model: str, rng: random.Random, context: dict) -> floa
         {"model": model, "queries": query, "documents": documents}
     with user.client.post(RANK_APIS[api], json=body, name=api, headers=load.headers, catch_response=True,
                           context=context) as response:
-        if _failed_status(response):
+        if failed_status(response):
             return _retry_after(user, response)
         try:
             answer = response.json()
@@ -233,7 +218,7 @@ def _rank(user, api: str, model: str, rng: random.Random, context: dict) -> floa
                 raise WrongAnswer(f"expected {n} scores, got {len(results) if isinstance(results, list) else results!r}")
             if not all(isinstance(r.get("relevance_score" if api == "rerank" else "score"), (int, float)) for r in results):
                 raise WrongAnswer("a result has no score")
-            _answered_by(response, answer)
+            answered_by(response, answer)
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
@@ -257,7 +242,7 @@ def _images(user, model: str, rng: random.Random, context: dict) -> float:
     context["images"] = n
     with user.client.post(IMAGES_API, json=body, name="images", headers=load.headers, catch_response=True,
                           context=context) as response:
-        if _failed_status(response):
+        if failed_status(response):
             return _retry_after(user, response)
         try:
             data = response.json().get("data")
@@ -285,7 +270,7 @@ def _speech(user, api: str, model: str, rng: random.Random, context: dict) -> fl
     context["audio_s"] = audio.seconds
     with user.client.post(SPEECH_APIS[api], data=body, name=api, headers={**load.headers, "Content-Type": content_type},
                           catch_response=True, context=context) as response:
-        if _failed_status(response):
+        if failed_status(response):
             return _retry_after(user, response)
         try:
             if not isinstance(response.json().get("text"), str):
@@ -293,21 +278,6 @@ def _speech(user, api: str, model: str, rng: random.Random, context: dict) -> fl
         except (WrongAnswer, ValueError, AttributeError) as exc:
             response.failure(f"wrong answer: {exc}")
     return 0.0
-
-
-def _check_encoded(api: str, data, n: int) -> None:
-    if not isinstance(data, list) or len(data) != n:
-        raise WrongAnswer(f"expected {n} results, got {len(data) if isinstance(data, list) else type(data).__name__}")
-    if api in ("classify", "image") and not all(isinstance(d.get("label"), str) for d in data):
-        raise WrongAnswer("a result has no label")
-    if api == "ner" and not all(isinstance(d.get("entities"), list) for d in data):
-        raise WrongAnswer("a result has no entity list")
-    if api == "detect" and not all(isinstance(d.get("detections"), list) for d in data):
-        raise WrongAnswer("a result has no detection list")
-    if api == "embeddings":
-        sizes = {len(d.get("embedding") or ()) for d in data}
-        if len(sizes) != 1 or 0 in sizes:
-            raise WrongAnswer(f"embeddings of sizes {sorted(sizes)}")
 
 
 def data_url(image: bytes) -> str:
@@ -384,7 +354,7 @@ def _generate(user, api: str, model: str, rng: random.Random, context: dict,
     started = time.perf_counter()
     with user.client.post(GENERATION_APIS[api], json=body, name=api, headers=headers, stream=stream,
                           catch_response=True, context=context) as response:
-        if _failed_status(response):
+        if failed_status(response):
             return _retry_after(user, response)
         try:
             if stream:
@@ -392,7 +362,7 @@ def _generate(user, api: str, model: str, rng: random.Random, context: dict,
                 # for n bytes and batch the tokens).
                 figures = read_stream(iter(lambda: response._response.readline(b"\n"), b""), started)
             else:
-                figures = _whole_answer(response.json())
+                figures = whole_answer(response.json())
             if load.ignore_eos and figures["output_tokens"] != body["max_tokens"]:
                 raise WrongAnswer(f"ignore_eos: expected {body['max_tokens']} tokens, got {figures['output_tokens']}")
             if messages is not None and load.options.turns > 1:  # the answer joins the history the next turn sends
@@ -407,62 +377,3 @@ def _generate(user, api: str, model: str, rng: random.Random, context: dict,
         finally:
             response.request_meta["response_time"] = (time.perf_counter() - started) * 1000
     return 0.0
-
-
-def _whole_answer(answer: dict) -> dict:
-    usage = answer.get("usage") or {}
-    tokens = usage.get("completion_tokens")
-    if not answer.get("choices") or not tokens:
-        raise WrongAnswer("no choices or no completion tokens")
-    choice = answer["choices"][0]
-    text = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-    return {"output_tokens": tokens, "prompt_tokens": usage.get("prompt_tokens"), "model": answer.get("model"),
-            "text": text or ""}
-
-
-def _answered_by(response, answer: dict) -> None:
-    """The model the answer names: behind an alias, the target that answered (the report splits by it)."""
-    if isinstance(answer.get("model"), str):
-        response.request_meta["context"]["model"] = answer["model"]  # locust copied `context` into the request
-
-
-def read_stream(lines, started: float) -> dict:
-    """Streaming figures of one SSE answer from its lines as they arrive; `started` is the send time
-    (perf_counter). Raises WrongAnswer on an error event, an unparsable event, no [DONE] or no tokens."""
-    token_times, usage, model, text = [], {}, None, []
-    for line in lines:
-        arrived = time.perf_counter()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            break
-        try:
-            chunk = json.loads(payload)
-        except json.JSONDecodeError:
-            raise WrongAnswer(f"unparsable event {payload[:80]!r}") from None
-        if not isinstance(chunk, dict):
-            raise WrongAnswer(f"event is not a JSON object: {payload[:80]!r}")
-        if "error" in chunk:
-            error = chunk["error"]
-            raise WrongAnswer(f"stream error: {error.get('message') if isinstance(error, dict) else error}")
-        if chunk.get("choices"):
-            token_times.append(arrived)
-            model = model or chunk.get("model")
-            choice = chunk["choices"][0]
-            text.append((choice.get("delta") or {}).get("content") or choice.get("text") or "")
-        elif chunk.get("usage"):
-            usage = chunk["usage"]
-    else:
-        raise WrongAnswer("stream cut: no [DONE]")
-    tokens = usage.get("completion_tokens", len(token_times))
-    if not tokens or not token_times:
-        raise WrongAnswer("no output tokens")
-    return {
-        "ttft_ms": (token_times[0] - started) * 1000,
-        "itl_ms": [(b - a) * 1000 for a, b in zip(token_times, token_times[1:])],
-        "output_tokens": tokens,
-        "prompt_tokens": usage.get("prompt_tokens"),
-        "model": model,
-        "text": "".join(text),
-    }

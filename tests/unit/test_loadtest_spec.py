@@ -7,7 +7,8 @@ import pytest
 
 from loadtest.runner import LoadSpec, scenario_argv, scenario_options
 from loadtest.scenarios import workloads
-from loadtest.scenarios.apis import Load, read_stream, WrongAnswer
+from loadtest.scenarios.answers import WrongAnswer, read_stream
+from loadtest.scenarios.apis import Load
 from loadtest.scenarios.options import parse_mix, parse_pairs
 from loadtest.sweep import knee, over_saturated, step_values
 
@@ -142,16 +143,16 @@ def test_knee_and_step_values():
 
 
 def test_a_wrong_answer_is_a_failure_that_says_why():
-    from loadtest.scenarios.apis import _check_encoded
+    from loadtest.scenarios.answers import check_encoded
 
-    _check_encoded("classify", [{"label": "pos"}, {"label": "neg"}], 2)
+    check_encoded("classify", [{"label": "pos"}, {"label": "neg"}], 2)
     for api, data, message in (("classify", [{"label": "pos"}], "expected 2 results, got 1"),
                                ("classify", [{"label": 3}, {"label": "x"}], "no label"),
                                ("ner", [{"entities": []}, {}], "no entity list"),
                                ("embeddings", [{"embedding": [0.1, 0.2]}, {"embedding": [0.1]}], "sizes \\[1, 2\\]"),
                                ("classify", None, "got NoneType")):
         with pytest.raises(WrongAnswer, match=message):
-            _check_encoded(api, data, 2)
+            check_encoded(api, data, 2)
 
 
 def test_a_fractional_duration_becomes_whole_seconds_for_locust():
