@@ -156,9 +156,41 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         devices = [Device(f"GPU {i}", d.gpus.memory_gib) for i in range(d.gpus.count)]
     else:
         devices = [Device("CPU", round(host_memory_gib(), 1))]
+    engines, utilization, shares = _place_engines(d, estimates, devices)
+    if d.encoders:
+        runtime = TRITON_PROCESS_GIB if d.on_gpu else CPU_TRITON_GIB
+        for dev in devices:
+            dev.placements.append(Placement("tritonserver", "runtime", 1, runtime))
+    instances = {m.name: (1 if m.instances == "auto" else m.instances) for m in d.encoders}
+    always = [m for m in d.encoders if m.resident == "always"]
+    for m in always:
+        for dev in devices:
+            dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
+    on_demand = {m.name: instances[m.name] * estimates[m.name].gib if isinstance(m, EncoderModel)
+                 else shares[m.name] - (VLLM_CONTEXT_GIB if d.on_gpu else 0.0) for m in d.on_demand}
+    if on_demand:  # the largest is held free while "auto" instances grow; the room is settled after
+        for dev in devices:
+            dev.placements.append(Placement("on-demand entries", "swap room", 1, max(on_demand.values())))
+    fits = all(dev.free_gib >= 0 for dev in devices)
+    if fits:
+        _grow_auto_instances(d, always, estimates, devices, instances)
+    room, warm = _swap_room(d, devices, on_demand)
+    fits = fits and all(dev.free_gib >= 0 for dev in devices)
+    more, kv_room = _room_left(d, always, estimates, devices, engines, fits)
+    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more,
+                fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm,
+                {} if d.on_gpu else cpu_binds(d, sorted(os.sched_getaffinity(0))),
+                {m.name: _engine_host_gib(d, m, estimates[m.name]) for m in d.vllm_models} if d.on_gpu else {})
+
+
+def _place_engines(d: Deployment, estimates: dict[str, Estimate],
+                   devices: list[Device]) -> tuple[dict[str, list[int]], dict[str, float], dict[str, float]]:
+    """Each LLM's vLLM engines on the devices, the largest model first: (llm -> the device of each replica, llm -> its
+    engines' share of a GPU, llm -> what each engine holds awake, its CUDA context included). An on-demand engine
+    holds only its CUDA context while asleep; the rest of its share is in the swap room."""
     engines: dict[str, list[int]] = {}
     utilization: dict[str, float] = {}
-    shares: dict[str, float] = {}  # vLLM engine -> what it holds awake, its CUDA context included
+    shares: dict[str, float] = {}
     for m in sorted(d.vllm_models, key=lambda m: -estimates[m.name].gib):
         e = estimates[m.name]
         share = e.gib
@@ -178,23 +210,15 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
             elif d.on_gpu:  # asleep, an engine keeps its CUDA context; awake, the rest of its share is in the swap room
                 devices[i].placements.append(Placement(m.name, "engine asleep", 1, VLLM_CONTEXT_GIB))
         shares[m.name] = share
-    if d.encoders:
-        runtime = TRITON_PROCESS_GIB if d.on_gpu else CPU_TRITON_GIB
-        for dev in devices:
-            dev.placements.append(Placement("tritonserver", "runtime", 1, runtime))
-    instances = {m.name: (1 if m.instances == "auto" else m.instances) for m in d.encoders}
-    always = [m for m in d.encoders if m.resident == "always"]
-    for m in always:
-        for dev in devices:
-            dev.placements.append(Placement(m.name, "instances", instances[m.name], estimates[m.name].gib))
-    on_demand = {m.name: instances[m.name] * estimates[m.name].gib if isinstance(m, EncoderModel)
-                 else shares[m.name] - (VLLM_CONTEXT_GIB if d.on_gpu else 0.0) for m in d.on_demand}
-    if on_demand:  # the largest is held free while "auto" instances grow; the room is settled after
-        for dev in devices:
-            dev.placements.append(Placement("on-demand entries", "swap room", 1, max(on_demand.values())))
-    fits = all(dev.free_gib >= 0 for dev in devices)
+    return engines, utilization, shares
+
+
+def _grow_auto_instances(d: Deployment, always: list[EncoderModel], estimates: dict[str, Estimate],
+                         devices: list[Device], instances: dict[str, int]) -> None:
+    """Round robin on a GPU box: one more instance of each "auto" encoder while it fits on every device (at most 64),
+    in `instances` and the devices' placements."""
     auto = [m for m in always if m.instances == "auto"] if d.on_gpu else []
-    while fits and auto:  # round robin: one more instance of each auto model while it fits everywhere
+    while auto:
         grown = []
         for m in auto:
             gib = estimates[m.name].gib
@@ -204,8 +228,12 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
                     next(p for p in dev.placements if p.model == m.name).count += 1
                 grown.append(m)
         auto = grown
-    room, warm = _swap_room(d, devices, on_demand)
-    fits = fits and all(dev.free_gib >= 0 for dev in devices)
+
+
+def _room_left(d: Deployment, always: list[EncoderModel], estimates: dict[str, Estimate], devices: list[Device],
+               engines: dict[str, list[int]], fits: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """What the packed devices leave room for: (model -> how many more instances or engines of the always-resident
+    models fit, GPU engine -> the KV cache tokens its GPU's free memory and its share would hold)."""
     more = {}
     for m in always:
         gib = estimates[m.name].gib
@@ -219,10 +247,7 @@ def plan(d: Deployment, *, check: bool = True) -> Plan:
         free = min(devices[i].free_gib for i in engines[m.name])  # each replica's GPU, after everything placed
         share = next(p.gib_each for p in devices[engines[m.name][0]].placements if p.model == m.name)
         kv_room[m.name] = max(0, int((free + share - (e.gib - e.parts["kv_cache"])) * GIB // e.kv_bytes_per_token))
-    return Plan(d.name, d.on_gpu, devices, estimates, instances, engines, utilization, more,
-                fits and (not on_demand or max(on_demand.values()) <= room), kv_room, on_demand, room, warm,
-                {} if d.on_gpu else cpu_binds(d, sorted(os.sched_getaffinity(0))),
-                {m.name: _engine_host_gib(d, m, estimates[m.name]) for m in d.vllm_models} if d.on_gpu else {})
+    return more, kv_room
 
 
 def cpu_binds(d: Deployment, cores: list[int]) -> dict[str, str]:
