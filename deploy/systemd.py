@@ -63,6 +63,50 @@ def credential(d: Deployment, service: str, name: str) -> str:
     return f"/run/credentials/rtxserve-{d.name}-{service}.service/{name}"
 
 
+def _command(d: Deployment, s: Service, prefix: Path, tritonserver: Path | None, backend_directory: Path | None,
+             container: TritonContainer | None) -> tuple[list[str], dict[str, str]]:
+    """What the unit of `s` runs and its environment, from the install at `prefix` (a GPU engine on its GPU by
+    nvidia-smi's index; an on-demand CPU engine under its control), caches in systemd's directories for the user."""
+    from serve import vllm_server
+
+    if s.kind == "triton":
+        argv, env = _triton_command(d, s, prefix, tritonserver, backend_directory, container)
+    elif s.kind == "vllm":
+        argv = vllm_server.install_argv(env_under(prefix, VLLM), s.args)
+        env = vllm_server.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
+        if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request
+            argv = under_control(s, str(prefix / ".venv" / "bin" / "python"),
+                                 f"/var/log/rtxserve/{d.name}-{s.name}-engine.log", argv)
+        if s.gpu is not None:  # nvidia-smi's index (the plan's): CUDA counts fastest first unless told otherwise
+            env |= {"CUDA_VISIBLE_DEVICES": str(s.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    else:
+        argv, env = [str(prefix / ".venv" / "bin" / "rtxserve"), *s.args], dict(s.env)
+    # caches (vLLM's compiled kernels, the python backend's) go to directories systemd makes for the user
+    return argv, env | {"HOME": "/var/lib/rtxserve", "XDG_CACHE_HOME": "/var/cache/rtxserve"}
+
+
+def _unit_section(d: Deployment, s: Service, services: list[Service], target: str, docker: bool) -> list[str]:
+    """The [Unit] section of `s`'s unit: part of the box's `target`, after (and wanting) the units it needs up first."""
+    engines = [f"rtxserve-{d.name}-{e.name}.service" for e in services if e.kind != "gateway"]
+    triton_units = [f"rtxserve-{d.name}-{e.name}.service" for e in services if e.kind == "triton"]
+    # The gateway starts once every engine answers ready; a vLLM engine once Triton has loaded (it takes its
+    # planned share of the memory free when it starts, and refuses to start on less).
+    needs = engines if s.kind == "gateway" else triton_units + [  # and the engines before it on its card
+        f"rtxserve-{d.name}-{e.name}.service" for e in services[:services.index(s)]
+        if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu] if s.kind == "vllm" else []
+    # Triton in a container needs the Docker Engine up first, after a reboot too (units start together otherwise)
+    after = ["network-online.target", *(["docker.service"] if docker else []), *needs]
+    lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
+             f"After={' '.join(after)}", "Wants=network-online.target", f"PartOf={target}"]
+    if docker:
+        lines.append("Requires=docker.service")
+    if needs:  # Wants, not Requires: with Requires, systemd restarts the gateway whenever an engine's unit restarts
+        # (booted, a Triton killed and started again by Restart= took the gateway and every stream on it down too);
+        # the gateway rides out an engine's absence itself (its breakers, /readyz), and vLLM runs on without Triton
+        lines.append(f"Wants={' '.join(needs)}")
+    return lines
+
+
 def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
                   backend_directory: Path | None = None, build_engines: str | None = None,
                   triton_container: TritonContainer | None = None, store_password: str | None = None) -> dict[str, str]:
@@ -70,44 +114,13 @@ def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonse
     makes), and a target that starts them together. A GPU box's Triton runs from `tritonserver` (the box's own,
     NGC's layout) or else through Docker (`triton_container`); the gateway reads `store_password` (a file on the box)
     as its credential store-password."""
-    from serve import vllm_server
-
     units = {}
     target = f"rtxserve-{d.name}.target"
-    engines = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind != "gateway"]
-    triton_units = [f"rtxserve-{d.name}-{s.name}.service" for s in services if s.kind == "triton"]
     for s in services:
         docker = s.kind == "triton" and triton_container is not None
-        if s.kind == "triton":
-            argv, env = _triton_command(d, s, prefix, tritonserver, backend_directory, triton_container)
-        elif s.kind == "vllm":
-            argv = vllm_server.install_argv(env_under(prefix, VLLM), s.args)
-            env = vllm_server.install_env(env_under(prefix, VLLM), base={"PATH": "/usr/bin:/bin"}) | s.env
-            if s.control_port is not None:  # on demand on a CPU: its control starts it at the first request
-                argv = under_control(s, str(prefix / ".venv" / "bin" / "python"),
-                                     f"/var/log/rtxserve/{d.name}-{s.name}-engine.log", argv)
-            if s.gpu is not None:  # nvidia-smi's index (the plan's): CUDA counts fastest first unless told otherwise
-                env |= {"CUDA_VISIBLE_DEVICES": str(s.gpu), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        else:
-            argv, env = [str(prefix / ".venv" / "bin" / "rtxserve"), *s.args], dict(s.env)
-        # caches (vLLM's compiled kernels, the python backend's) go to directories systemd makes for the user
-        env |= {"HOME": "/var/lib/rtxserve", "XDG_CACHE_HOME": "/var/cache/rtxserve"}
+        argv, env = _command(d, s, prefix, tritonserver, backend_directory, triton_container)
         name = f"rtxserve-{d.name}-{s.name}.service"
-        # The gateway starts once every engine answers ready; a vLLM engine once Triton has loaded (it takes its
-        # planned share of the memory free when it starts, and refuses to start on less).
-        needs = engines if s.kind == "gateway" else triton_units + [  # and the engines before it on its card
-            f"rtxserve-{d.name}-{e.name}.service" for e in services[:services.index(s)]
-            if e.kind == "vllm" and e.gpu is not None and e.gpu == s.gpu] if s.kind == "vllm" else []
-        # Triton in a container needs the Docker Engine up first, after a reboot too (units start together otherwise)
-        after = ["network-online.target", *(["docker.service"] if docker else []), *needs]
-        lines = ["[Unit]", f"Description=rtxserve {d.name}: {s.name} ({s.kind})",
-                 f"After={' '.join(after)}", "Wants=network-online.target", f"PartOf={target}"]
-        if docker:
-            lines.append("Requires=docker.service")
-        if needs:  # Wants, not Requires: with Requires, systemd restarts the gateway whenever an engine's unit restarts
-            # (booted, a Triton killed and started again by Restart= took the gateway and every stream on it down too);
-            # the gateway rides out an engine's absence itself (its breakers, /readyz), and vLLM runs on without Triton
-            lines.append(f"Wants={' '.join(needs)}")
+        lines = _unit_section(d, s, services, target, docker)
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         if s.control_port is not None:  # the engine's own log, beside the journal that has its control's
