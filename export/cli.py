@@ -264,7 +264,8 @@ def main(argv: list[str]) -> int:
             queue_timeout_us=args.queue_timeout_us, gpus=gpus,
         )
         texts = _lines(args.sample_texts)
-        from .encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+        from .encoders.encoder import EncoderOptions, export_encoder
+        from .encoders.tensorrt_plan import TensorRTOptions
         from .encoders.inputs import read_sample_images
 
         images = read_sample_images(args.sample_images) if args.sample_images else None

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import platform
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,23 +30,12 @@ from ..triton import repository
 from ..triton.entry import EntryOptions
 from .inputs import SAMPLE_TEXTS, ImageInputs, TextInputs
 from .task_specs import ENCODER_TASKS, Checkpoint, inspect_checkpoint
+from .tensorrt_plan import TensorRTOptions, build_entry_plan
 
 if TYPE_CHECKING:
     from .adapters import EncoderAdapter
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TensorRTOptions:
-    """Build a TensorRT plan (GPU only) instead of serving the ONNX graph; `precision` of the export
-    chooses fp32 / fp16 / int8 (INT8 calibrates on `calibration`: texts, or encoded images)."""
-
-    batch: str | None = None  # MIN,OPT,MAX (default 1,B,B with B the max batch size)
-    seq: str | None = None  # MIN,OPT,MAX tokens (default 1,L,L with L the max length)
-    workspace_gb: float = 4.0
-    calibration: list | None = None
-    calibration_batch: int = 8
 
 
 @dataclass
@@ -330,7 +319,7 @@ def _export_variants(model, reference, inputs, spec, source: _Source, options: E
         reports["optimized"] = check(served, "the fused graph", lossy=False)
     plan_info = None
     if options.tensorrt is not None:
-        plan_info = _build_plan(steps, served, work, inputs, entry, options.precision, options.tensorrt)
+        plan_info = build_entry_plan(steps, served, work, inputs, entry, options.precision, options.tensorrt)
         served = work / "model.plan"
         reports[f"tensorrt-{options.precision}"] = check(served, f"the TensorRT {options.precision} plan",
                                                      lossy=options.precision != "fp32")
@@ -390,28 +379,6 @@ def _record(source: _Source, options: EncoderOptions, entry: EntryOptions, repor
     if plan_info is not None:
         metadata["tensorrt"] = plan_info
     return parity, metadata
-
-
-def _build_plan(steps, onnx_path: Path, work: Path, inputs, opts: EntryOptions, precision: str,
-                trt: TensorRTOptions) -> dict:
-    from ..tensorrt.plan import Profile, build_plan
-
-    text = isinstance(inputs, TextInputs)
-    try:
-        profile = Profile.parse(trt.batch, trt.seq, max_batch_size=opts.max_batch_size,
-                                max_length=inputs.max_length if text else None)
-    except ValueError as exc:
-        raise ExportError(str(exc)) from exc
-    if not text:  # images whose size follows them (DETR's resize): each side's range too
-        profile = replace(profile, side=inputs.plan_side())
-    if text and profile.seq[2] != inputs.max_length:
-        # On GPUs the tokenizer pads every text to the max length: the plan must take that length.
-        raise ExportError(f"--trt-seq max {profile.seq[2]} must equal the entry's max length {inputs.max_length} "
-                          f"(GPU entries pad to it); pass --max-length {profile.seq[2]} to serve shorter texts")
-    feeds = inputs.calibration(trt.calibration, trt.calibration_batch) if precision == "int8" else None
-    steps("building the TensorRT %s plan (profile %s; this takes minutes)", precision, profile.to_dict())
-    return build_plan(onnx_path, work / "model.plan", inputs=inputs.plan_inputs(), profile=profile, precision=precision,
-                      calibration_feeds=feeds, workspace_gb=trt.workspace_gb)
 
 
 def export_text_classification(checkpoint: str | Path, opts: EntryOptions, repo: Path,

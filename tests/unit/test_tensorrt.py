@@ -249,7 +249,8 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
                                                                                     monkeypatch):
     """The export's TensorRT wiring, with the GPU parts faked: the 'plan' is the ONNX graph run by ONNX
     Runtime, so the parity figures must come out exact and the entry must be a tensorrt_plan model."""
-    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.encoders.tensorrt_plan import TensorRTOptions
 
     built = {}
     _fake_tensorrt(monkeypatch, built, "TYPE_INT64")
@@ -269,7 +270,8 @@ def test_export_with_tensorrt_writes_a_plan_entry_validated_like_the_onnx_varian
 
 
 def test_export_with_tensorrt_checks_its_flags_before_any_work(classifier_checkpoint, tmp_path):
-    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.encoders.tensorrt_plan import TensorRTOptions
     from export.exceptions import ExportError
 
     cases = [
@@ -367,7 +369,8 @@ def _plan_served_as_the_graph_was(parity: dict, model_dir, precision: str):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_graph_was(tmp_path, monkeypatch, precision):
     import export.detection.yolo as yolo
-    from export.encoders.encoder import EncoderOptions, TensorRTOptions
+    from export.encoders.encoder import EncoderOptions
+    from export.encoders.tensorrt_plan import TensorRTOptions
     from tests.integration import png
 
     built = {}
@@ -406,7 +409,8 @@ def test_a_yolo_plan_takes_every_letterbox_and_is_checked_and_served_as_the_grap
 ])
 def test_a_yolo_plan_that_cannot_be_built_is_refused_before_any_work(tmp_path, monkeypatch, entry, options, message):
     import export.detection.yolo as yolo
-    from export.encoders.encoder import EncoderOptions, TensorRTOptions
+    from export.encoders.encoder import EncoderOptions
+    from export.encoders.tensorrt_plan import TensorRTOptions
 
     monkeypatch.setattr(yolo, "run_ultralytics", _TinyYolo())
     nms = options.pop("nms", False)
@@ -428,7 +432,8 @@ def detr_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_a_detr_plan_takes_every_size_its_resize_makes_and_is_checked_and_served_as_the_graph_was(
         detr_checkpoint, tmp_path, monkeypatch, precision):
-    from export.encoders.encoder import EncoderOptions, TensorRTOptions, export_encoder
+    from export.encoders.encoder import EncoderOptions, export_encoder
+    from export.encoders.tensorrt_plan import TensorRTOptions
     from export.triton.python_models.image_preprocess.imaging import Preprocess, ResizedAway
     from export.vision import sample_images
     from fixture_models.detection import probe_images
