@@ -28,7 +28,7 @@ from .edge.recording import TraceMiddleware, TraceWriter
 from .embeddings.router import HOT as EMBEDDINGS, router as embeddings_router
 from .exceptions import GatewayError, install_handlers
 from .generate.protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
-from .generate.router import router as generate_router
+from .generate.router import HOT as GENERATE, router as generate_router
 from .image_generation.router import router as images_router
 from .metrics import MetricsMiddleware
 from .ner.router import HOT as NER, router as ner_router
@@ -126,31 +126,31 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
     app.state.gateway = state
     install_handlers(app)
     install_store_errors(app)
-    app.include_router(probes)
-    app.include_router(system_router)
-    app.include_router(classify_router)
-    app.include_router(generate_router)
-    app.include_router(embeddings_router)
-    app.include_router(ner_router)
-    app.include_router(images_router)
-    app.include_router(detect_router)
-    app.include_router(speech_router)
-    app.include_router(rank_router)
-    app.include_router(admin_router)
-    app.include_router(promotions_router)
-    app.include_router(batches_router)
-    hot = [CLASSIFY, EMBEDDINGS, NER]
-    app.add_middleware(HotRoutes, routes=hot, state=state,  # innermost: inside admission, the door and the metrics
-                       documented={r.path: r for router in (classify_router, embeddings_router, ner_router)
-                                   for r in router.routes})
+    for router in ROUTERS:
+        app.include_router(router)
+    _install_middlewares(app, state, trace)
+    if settings.otlp_endpoint:
+        from .edge.otel import install_tracing
+
+        install_tracing(app, settings.otlp_endpoint)
+    return app
+
+
+ROUTERS = (probes, system_router, classify_router, generate_router, embeddings_router, ner_router, images_router,
+           detect_router, speech_router, rank_router, admin_router, promotions_router, batches_router)
+# The hot routes (edge/hotpath.py) and the routers that document them
+HOT = ((CLASSIFY, classify_router), (EMBEDDINGS, embeddings_router), (NER, ner_router),
+       *((route, generate_router) for route in GENERATE))
+
+
+def _install_middlewares(app: FastAPI, state: GatewayState, trace: TraceWriter | None) -> None:
+    """Each added outside the ones before it: the hot routes innermost, the metrics outermost."""
+    settings = state.settings
+    app.add_middleware(HotRoutes, routes=[route for route, _ in HOT], state=state,  # inside admission, the door, metrics
+                       documented={r.path: r for route, router in HOT for r in router.routes if r.path == route.path})
     app.add_middleware(Admission, max_concurrency=settings.max_concurrency, max_queue=settings.max_queue,
                        queue_timeout_s=settings.queue_timeout_s, access=state.access)
     app.add_middleware(FrontDoor, max_header_bytes=settings.max_header_bytes, max_body_bytes=settings.max_body_bytes)
     if trace is not None:  # outside the door and the gate: their refusals are traffic too
         app.add_middleware(TraceMiddleware, writer=trace)
     app.add_middleware(MetricsMiddleware)  # outermost: every answer is counted, refusals at the door too
-    if settings.otlp_endpoint:
-        from .edge.otel import install_tracing
-
-        install_tracing(app, settings.otlp_endpoint)
-    return app

@@ -360,3 +360,79 @@ def test_agent_apis_are_bounded_as_chat_is(client, backend):
     r = client.post("/v1/responses", json={"model": "llm", "input": [{"type": "function_call_output", "call_id": "c1",
                                                                        "output": "sunny"}]})
     assert r.status_code == 200 and backend.bodies[-1]["max_output_tokens"] == 100  # left out: the bound is sent
+
+
+def _event_stream(events, leave_after: bytes | None = None):
+    """EventStream over `events` in a task of its own: (the messages it sent, the task); the client leaves once
+    `leave_after` was sent."""
+    import asyncio
+
+    from serve.gateway.edge.event_stream import EventStream
+
+    sent, left = [], asyncio.Event()
+
+    async def receive():
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+        if leave_after is not None and message.get("body") == leave_after:
+            left.set()
+
+    return sent, asyncio.ensure_future(EventStream(events)({"type": "http"}, receive, send))
+
+
+def test_an_event_stream_closes_its_events_the_moment_the_client_leaves():
+    """Left while the stream waits for its next token: the events are closed there (the upstream closed: vLLM aborts
+    the generation), nothing more is sent, and the request's task ends normally (not cancelled)."""
+    import asyncio
+
+    closed = []
+
+    async def events():
+        try:
+            yield b"data: 1\n\n"
+            await asyncio.sleep(3600)  # a token that never comes
+            yield b"data: 2\n\n"
+        finally:
+            closed.append(True)
+
+    async def run():
+        sent, task = _event_stream(events(), leave_after=b"data: 1\n\n")
+        await asyncio.wait_for(task, 5)
+        return sent, task
+
+    sent, task = asyncio.run(run())
+    assert closed == [True] and not task.cancelled()
+    assert sent[0]["type"] == "http.response.start" and [m["body"] for m in sent[1:]] == [b"data: 1\n\n"]
+
+
+def test_an_event_stream_ends_its_answer_and_is_cancelled_by_others_as_any_task():
+    """Run to its end: every event, then the answer's end; cancelled by someone else than its client (the server
+    shutting down): the cancellation goes on up, the events closed on the way."""
+    import asyncio
+
+    closed = []
+
+    async def events(wait: float):
+        try:
+            for i in range(3):
+                await asyncio.sleep(wait)
+                yield b"data: %d\n\n" % i
+        finally:
+            closed.append(wait)
+
+    async def run():
+        sent, task = _event_stream(events(0))
+        await asyncio.wait_for(task, 5)
+        _, stopped = _event_stream(events(3600))
+        await asyncio.sleep(0.05)
+        stopped.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stopped
+        return sent
+
+    sent = asyncio.run(run())
+    assert [m.get("body") for m in sent[1:]] == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert sent[-1]["more_body"] is False and closed == [0, 3600]

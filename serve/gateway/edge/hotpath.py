@@ -1,9 +1,10 @@
-"""The hot routes (classify, embeddings, NER) as lean ASGI handlers, in front of FastAPI's routing.
+"""The hot routes (classify, embeddings, NER, chat and text completions) as lean ASGI handlers, in front of FastAPI's
+routing.
 
 A request there does what its FastAPI route does, in the same order and with the same answers: the body decoded
 with orjson (422 saying why it is not JSON), the key checked (401), the body validated once against the route's
 pydantic model (422), the key's scope and quota (403, 429), then the task's own serving function; its answer
-encoded once by pydantic's serializer. What it leaves out is the framework's per-request machinery: dependency
+encoded once by pydantic's serializer (a completion: relayed as vLLM sent it, or streamed). What it leaves out is the framework's per-request machinery: dependency
 solving, a second validation of the response, Starlette's routing and exception middlewares (benchmark B1 in
 ../shared/BENCH.md measures what that costs). A body that does not say it is JSON goes to the FastAPI route, as do
 every other route and method; the FastAPI routes stay the documented API (OpenAPI) of the same paths.
@@ -29,8 +30,11 @@ from .recording import note_inputs
 class HotRoute:
     path: str
     request: type[BaseModel]
-    serve: Callable[..., Awaitable[BaseModel]]  # (GatewayState, request) -> response
+    serve: Callable[..., Awaitable[BaseModel]] | None = None  # (GatewayState, request) -> response
     exclude_none: bool = False
+    # or (GatewayState, request, its key, its headers) -> the answer whole: a route that needs the caller and its
+    # headers, and answers in a form of its own (generation: vLLM's answer as it came, or its stream)
+    answer: Callable[..., Awaitable[Response]] | None = None
 
 
 def _is_json(content_type: bytes | None) -> bool:
@@ -81,9 +85,12 @@ class HotRoutes:
             request = route.request.model_validate(data)
         except ValidationError as exc:
             raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
-        note_inputs(request.input)
+        if route.answer is None:
+            note_inputs(request.input)
         await admit_key(self.state, key, request.model, state)
         state["api_key"] = key
+        if route.answer is not None:
+            return await route.answer(self.state, request, key, headers)
         response = await route.serve(self.state, request)
         return Response(response.__pydantic_serializer__.to_json(response, exclude_none=route.exclude_none),
                         media_type="application/json")

@@ -1,8 +1,10 @@
 import orjson
 from fastapi import Depends, Request, Response
-from fastapi.responses import StreamingResponse
 
 from ..access.auth import admit, authenticate, request_key
+from ..access.keys import ApiKey
+from ..edge.event_stream import EventStream
+from ..edge.hotpath import HotRoute
 from ..edge.orjson_route import gateway_router
 from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest, MessagesRequest,
                        ResponsesRequest, TokenizeRequest)
@@ -11,13 +13,29 @@ from .serving import count_tokens, generate, relay_agent_api, tokenize
 router = gateway_router(tags=["openai"], dependencies=[Depends(authenticate)])
 
 
+async def answer(state, path: str, body: ChatCompletionRequest | CompletionRequest, key: ApiKey | None,
+                 session: str | None) -> Response:
+    """A completion, admitted: vLLM's answer relayed as is, or its stream. `session`: the x-session-id header."""
+    result = await generate(state, path, body, key, session)
+    if body.stream:
+        return EventStream(result)
+    return Response(orjson.dumps(result), media_type="application/json")
+
+
 async def _answer(request: Request, path: str, body):
     await admit(request, body.model)
-    result = await generate(request.app.state.gateway, path, body, request_key(request),
-                            request.headers.get("x-session-id"))
-    if body.stream:
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return Response(orjson.dumps(result), media_type="application/json")  # vLLM's answer, relayed as is
+    return await answer(request.app.state.gateway, path, body, request_key(request), request.headers.get("x-session-id"))
+
+
+def _hot(path: str, request: type[ChatCompletionRequest | CompletionRequest]) -> HotRoute:
+    async def hot_answer(state, body, key: ApiKey | None, headers: dict[bytes, bytes]) -> Response:
+        return await answer(state, path, body, key, headers[b"x-session-id"].decode("latin-1")
+                            if b"x-session-id" in headers else None)
+
+    return HotRoute(path, request, answer=hot_answer)
+
+
+HOT = [_hot("/v1/chat/completions", ChatCompletionRequest), _hot("/v1/completions", CompletionRequest)]
 
 
 @router.post("/v1/chat/completions")
@@ -36,7 +54,7 @@ async def _relay_agent_api(request: Request, path: str, body: ResponsesRequest |
     await admit(request, body.model)
     result = await relay_agent_api(request.app.state.gateway, path, body, request_key(request))
     if body.stream:
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return EventStream(result)
     return Response(orjson.dumps(result), media_type="application/json")
 
 
