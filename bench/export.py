@@ -109,15 +109,7 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
             cosines[name] = {"mean": float(cos.mean()), "min": float(cos.min())}
     cosines["pytorch eager"] = {"mean": 1.0, "min": 1.0}
 
-    for call in calls.values():  # warm-up
-        median_ms(call, 5)
-    order = list(calls)
-    per_round: dict[str, list[float]] = {n: [] for n in order}
-    for r in range(rounds):
-        rotated = order[r % len(order):] + order[: r % len(order)]
-        for name in rotated:
-            per_round[name].append(median_ms(calls[name], iterations))
-        progress(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {per_round[n][-1]:.2f} ms" for n in order))
+    per_round = _timed(calls, rounds, iterations, progress)
     medians = {n: statistics.median(v) for n, v in per_round.items()}
     eager_ms = medians["pytorch eager"]
     result = {
@@ -131,6 +123,19 @@ def run(model_dir: Path | None, out: Path, *, rounds: int = 5, iterations: int =
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return FILES.save(out, result, markdown, plot)
+
+
+def _timed(calls: dict, rounds: int, iterations: int, progress) -> dict[str, list[float]]:
+    """Each call's median time (ms) over `iterations`, per round, after a warm-up; each call first in turn."""
+    for call in calls.values():
+        median_ms(call, 5)
+    order = list(calls)
+    per_round: dict[str, list[float]] = {n: [] for n in order}
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[: r % len(order)]:
+            per_round[name].append(median_ms(calls[name], iterations))
+        progress(f"  round {r + 1}/{rounds}: " + ", ".join(f"{n} {per_round[n][-1]:.2f} ms" for n in order))
+    return per_round
 
 
 def markdown(result: dict) -> str:

@@ -120,17 +120,7 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                             (cpu_seconds(pids[path]) - cpu_before) * 1e6 / max(tokens, 1))
                     progress(f"streams, {c} concurrent, round {r + 1}/{rounds}, {path}: TTFT P50 "
                              f"{result['median_ttft_ms']:.1f} ms, {figures[path]['output_tokens_s'][-1]:.0f} tokens/s")
-            medians = {p: {k: round(statistics.median(v), 2) for k, v in f.items()} for p, f in figures.items()}
-            levels.append({"concurrency": c, "medians": medians, "rounds": figures,
-                           **{f"ttft_p50_over_{p}_ms": round(medians["gateway"]["ttft_p50_ms"] - medians[p]["ttft_p50_ms"], 2)
-                              for p in ("proxy", "litellm") if p in medians},
-                           **{f"tokens_s_vs_{p}": round(medians["gateway"]["output_tokens_s"] / medians[p]["output_tokens_s"], 3)
-                              for p in ("proxy", "litellm") if p in medians},
-                           # the same against nginx for the Python relay: what any front door in Python reaches here
-                           "relay": {"ttft_p50_over_proxy_ms": round(medians[RELAY]["ttft_p50_ms"]
-                                                                     - medians["proxy"]["ttft_p50_ms"], 2),
-                                     "tokens_s_vs_proxy": round(medians[RELAY]["output_tokens_s"]
-                                                                / medians["proxy"]["output_tokens_s"], 3)}})
+            levels.append(_level(c, figures))
         profiled = {}
         if profile_s:
             progress(f"profiling the gateway's streams at {max(concurrency)} concurrent for {profile_s:g} s (py-spy)")
@@ -141,15 +131,33 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
                 profiled = {"error": str(exc)}
     from .proxy import litellm_version
 
-    top = levels[-1]
+    return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", **_judged(layout, levels[-1]), "rounds": rounds,
+            "prompts": prompts, "input_len": input_len, "output_len": output_len, "litellm": litellm_version(), "levels": levels, **({"profile": profiled} if profiled else {})}
+
+
+def _level(concurrency: int, figures: dict[str, dict[str, list[float]]]) -> dict:
+    """One concurrency's figures: each path's medians over the rounds, the rounds, and the gateway against nginx and
+    LiteLLM (where measured), the Python relay against nginx."""
+    medians = {p: {k: round(statistics.median(v), 2) for k, v in f.items()} for p, f in figures.items()}
+    gateway = medians["gateway"]
+    return {"concurrency": concurrency, "medians": medians, "rounds": figures,
+            **{f"ttft_p50_over_{p}_ms": round(gateway["ttft_p50_ms"] - medians[p]["ttft_p50_ms"], 2)
+               for p in ("proxy", "litellm") if p in medians},
+            **{f"tokens_s_vs_{p}": round(gateway["output_tokens_s"] / medians[p]["output_tokens_s"], 3)
+               for p in ("proxy", "litellm") if p in medians},
+            # the same against nginx for the Python relay: what any front door in Python reaches here
+            "relay": {"ttft_p50_over_proxy_ms": round(medians[RELAY]["ttft_p50_ms"] - medians["proxy"]["ttft_p50_ms"], 2),
+                      "tokens_s_vs_proxy": round(medians[RELAY]["output_tokens_s"]
+                                                 / medians["proxy"]["output_tokens_s"], 3)}}
+
+
+def _judged(layout: str, top: dict) -> dict:
+    """The layout, as the page names it, and its targets judged at the highest concurrency (`top`)."""
     judged = [target for target in targets(layout) if target[0] in top]
-    verdict = {target_name(*target): met(top[target[0]], *target[1:]) for target in judged}
     served = f", as `serve up` runs it on this box ({len(os.sched_getaffinity(0))} cores)" \
         if layout == served_layout() else ""
-    return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", "layout": layout,
-            "vllm_layout": LAYOUTS[layout] + served, "targets": judged,
-            "rounds": rounds, "prompts": prompts, "input_len": input_len, "output_len": output_len,
-            "litellm": litellm_version(), "levels": levels, "verdict": verdict, **({"profile": profiled} if profiled else {})}
+    return {"layout": layout, "vllm_layout": LAYOUTS[layout] + served, "targets": judged,
+            "verdict": {target_name(*target): met(top[target[0]], *target[1:]) for target in judged}}
 
 
 def _profile(url: str, pid: int, concurrency: int, output_len: int, seconds: float, raw: Path) -> dict:
