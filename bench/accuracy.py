@@ -92,7 +92,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
     """Start vLLM on the fixture Llama (or use `url` serving `model_dir`'s model), run B6, write JSON + Markdown."""
     from contextlib import ExitStack
 
-    from loadtest.pages import versions
+    from loadtest.report.pages import versions
 
     out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -136,7 +136,7 @@ def run(out: Path, *, url: str = "", model_dir: Path | None = None, served_name:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))

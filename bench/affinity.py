@@ -230,7 +230,7 @@ def _name(row: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, axes = plt.subplots(len(result["rows"]), 2, figsize=(10, 3.4 * len(result["rows"])), squeeze=False)

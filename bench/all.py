@@ -31,7 +31,7 @@ def previous_sections(page: Path) -> dict[str, str]:
 
 def _measure(benchmark: Benchmark, folder: Path, log) -> dict:
     """Run it as `rtxserve bench NAME --out FOLDER` does: its exit code, minutes, when and at which commit."""
-    from loadtest.pages import versions
+    from loadtest.report.pages import versions
 
     started = time.monotonic()
     try:
@@ -74,7 +74,7 @@ def run(out: Path, only: list[str] | None = None, log=print) -> Path:
     """Run every benchmark `make bench` takes (or those `only` names: _asked; the others keep
     their last pages from `out`, or else their sections of the current BENCHMARKS.md), then write BENCHMARKS.md with
     the plots copied next to it into bench/figures/."""
-    from loadtest.pages import versions
+    from loadtest.report.pages import versions
 
     FIGURES.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16
     from export.encoders.encoder import export_text_classification
     from fixture_models.text import write_text_classifier
     from export.triton.entry import EntryOptions
-    from loadtest.pages import versions
+    from loadtest.report.pages import versions
     from loadtest.runner import LoadSpec, scenario_options
     from rtxserve.tune import TritonTarget, evaluate
 
@@ -68,7 +68,7 @@ def run(out: Path, *, rounds: int = 3, duration_s: float = 12.0, users: int = 16
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -197,7 +197,7 @@ def _bound(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, (ax, spent) = plt.subplots(1, 2, figsize=(11, 4.2))

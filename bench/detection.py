@@ -130,7 +130,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4.5))

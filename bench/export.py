@@ -167,7 +167,7 @@ def latency_bars(ax, result: dict) -> None:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     fig, ax = pyplot().subplots(figsize=(8, 4.5))
     latency_bars(ax, result)

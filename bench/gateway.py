@@ -328,7 +328,7 @@ def markdown(result: dict) -> str:
 
 
 def _plot(levels: list[dict], path: Path) -> None:
-    from loadtest.plots import latency_cdf, pyplot
+    from loadtest.report.plots import latency_cdf, pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(levels), figsize=(6 * len(levels), 4.2), squeeze=False)

@@ -227,7 +227,7 @@ def g3(url: str, model: str, out: Path, *, slo_ttft_ms: float = 500.0, start_rat
 # --- report -----------------------------------------------------------------------------------
 
 def plot_b4(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     levels = sorted(result["rounds"], key=int)

@@ -253,7 +253,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, (ttft, rps, edge) = plt.subplots(1, 3, figsize=(17, 4.6))

@@ -147,7 +147,7 @@ def markdown(summary: dict, what: str, cpu_ms: float | None = None) -> list[str]
 
 
 def plot(summary: dict, path: Path, title: str) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(summary["parts"]) + 1.4))

@@ -107,7 +107,7 @@ def _adapters(work: Path, progress: Progress):
 def _promote_under_load(url: str, key: str, load_options: dict, promote_args: list[str], *, steady_s: float,
                         tail_s: float, folder: Path, progress: Progress) -> dict:
     """A locust open loop for steady_s, the promotion, then tail_s; the promotion's report and the load's samples."""
-    from loadtest.report import load_samples
+    from loadtest.report.report import load_samples
     from loadtest.runner import LoadSpec, run
 
     stop = threading.Event()
@@ -216,7 +216,7 @@ failed, no stream cut; each step's P99 <= {result['target_p99']}x the steady str
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     runs = result["runs"]

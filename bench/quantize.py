@@ -138,7 +138,7 @@ model, measure with your own data (`--calibration`, `--eval`).
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     names = list(result["forms"])

@@ -69,7 +69,7 @@ def _p(values, q: float) -> float:
 
 
 def _r3_run(url: str, users: int, honour: bool, duration_s: float, out: Path) -> dict:
-    from loadtest.report import load_samples
+    from loadtest.report.report import load_samples
     from loadtest.runner import LoadSpec, run as locust_run, scenario_options
 
     spec = LoadSpec(url, scenario_options(model=MODEL, honour_retry_after=honour), users=users, duration_s=duration_s,
@@ -277,7 +277,7 @@ def markdown(result: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
-    from loadtest.plots import latency_cdf, pyplot
+    from loadtest.report.plots import latency_cdf, pyplot
 
     plt = pyplot()
     fig, (left, right, faults_ax) = plt.subplots(1, 3, figsize=(17, 4.2))

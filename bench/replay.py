@@ -61,10 +61,10 @@ def run(out: Path, *, rate: float = 2.0, duration_s: float = 60.0, system_words:
     from core.machine import machine
     from fixture_models.llm import write_llm
     from loadtest.capacity import search
-    from loadtest.report import load_samples
+    from loadtest.report.report import load_samples
     from loadtest.runner import LoadSpec, run as load
     from loadtest.runner import scenario_options
-    from loadtest.scenarios.traces import await_trace
+    from loadtest.scenarios.replayer import await_trace
     from serve.stack import start_gateway, start_vllm
     from serve.vllm_server import TWO_PROCESSES, VLLMOptions
 

@@ -101,7 +101,7 @@ together; per request, its audio over its latency (P50).
 
 
 def plot(result: dict, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))

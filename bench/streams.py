@@ -275,7 +275,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> Path:
     """Per concurrency: TTFT P50 and output tokens/s of each path, the rounds as dots."""
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     levels = result["levels"]

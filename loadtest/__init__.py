@@ -1,4 +1,4 @@
-"""Load tests against the gateway over HTTP (locust) and the reports made from their raw samples.
+"""Load tests against the gateway over HTTP (locust: scenarios/) and the reports made from their raw samples (report/).
 
 Talks to the gateway over HTTP only; imports nothing from serve/.
 """

@@ -173,7 +173,7 @@ def _headline(spec: LoadSpec, low: float | None, high: float | None, steps: list
 
 def plot(steps: list[dict], low: float | None, slo: dict, path: Path, title: str) -> Path:
     """The search path (each step's rate, held or missed, in order) beside P99 against the rate."""
-    from .plots import pyplot, save
+    from .report.plots import pyplot, save
 
     plt = pyplot()
     fig, (path_ax, p99_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -201,7 +201,7 @@ def plot(steps: list[dict], low: float | None, slo: dict, path: Path, title: str
 
 
 def _write(out: Path, spec: LoadSpec, steps: list[dict], low, high, boxes, line: str) -> Path:
-    from .pages import versions, write_html
+    from .report.pages import versions, write_html
 
     slo = parse_slo(spec.slo)
     (out / "capacity.json").write_text(json.dumps({"answer_rps": low, "missed_at_rps": high, "boxes": boxes,

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
         if args.command == "report":
             return _report(args)
         if args.command == "compare":
-            from .compare import compare, compare_models
+            from .report.compare import compare, compare_models
 
             if args.after is not None:
                 if args.models:
@@ -174,10 +174,10 @@ def _replayed(figures: dict) -> str:
 
 
 def _report(args) -> int:
-    from .pages import write_report
+    from .report.pages import write_report
     from core.slo import parse_slo
 
-    from .report import headline, load_samples, summarize
+    from .report.report import headline, load_samples, summarize
 
     path = args.folder / "samples.csv"
     if not path.exists():

@@ -22,8 +22,8 @@ import httpx
 from core.machine import machine
 from core.slo import parse_slo
 
-from .pages import write_report
-from .report import Summary, headline, load_samples, summarize
+from .report.pages import write_report
+from .report.report import Summary, headline, load_samples, summarize
 from .scenarios.apis import Load
 from .scenarios.options import add_options, parse_pairs
 
@@ -84,8 +84,8 @@ class LoadSpec:
 
     @functools.cached_property
     def trace(self):
-        """--scenario replay: the trace (loadtest.scenarios.traces.Trace), read and checked once."""
-        from .scenarios.traces import from_options
+        """--scenario replay: the trace (loadtest.scenarios.replayer.Trace), read and checked once."""
+        from .scenarios.replayer import from_options
 
         return from_options(argparse.Namespace(**self.options))
 
@@ -297,7 +297,7 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
     summary = summarize(samples, spec.warmup_s, settings, parse_slo(spec.slo))
     if spec.replaying:
         from . import server_metrics
-        from .replay import compare
+        from .report.replayed import compare
 
         scraped = out_dir / "server_metrics.csv"
         figures = server_metrics.summary(server_metrics.derive(server_metrics.load(scraped), float(samples.start.min())),
@@ -317,7 +317,7 @@ def _checked(spec: LoadSpec) -> LoadSpec:
     spec.check()
     check_target(spec)
     if spec.replaying and not spec.options["calibration"]:
-        from .scenarios.traces import calibrate
+        from .scenarios.replayer import calibrate
 
         spec = copy.deepcopy(spec)
         spec.options["calibration"] = json.dumps(calibrate(spec.host, _auth(spec.options), spec.trace))

@@ -3,7 +3,7 @@
 The client sees one latency; the servers know where it went. `Scraper` polls the gateway's, Triton's
 and vLLM's `/metrics` (and the GPUs, where there are any) while the load runs and appends the raw
 samples to a CSV. `derive` turns counters into per-interval rates and means on the client's time axis, and
-`summary` gives the "where time goes" table; loadtest/plots.py's `plot_servers` draws them.
+`summary` gives the "where time goes" table; loadtest/report/plots.py's `plot_servers` draws them.
 """
 
 from __future__ import annotations

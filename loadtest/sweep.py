@@ -22,7 +22,7 @@ import numpy as np
 
 from core.slo import parse_slo
 
-from .report import MAX_ERROR_FRACTION
+from .report.report import MAX_ERROR_FRACTION
 from .runner import LoadSpec, run
 
 
@@ -185,7 +185,7 @@ def headline(result: dict, unit: str, steps: list[dict]) -> str:
 
 
 def plot(steps: list[dict], result: dict, path: Path, title: str, unit: str) -> Path:
-    from .plots import pyplot, save
+    from .report.plots import pyplot, save
 
     plt = pyplot()
     fig, (ax_l, ax_g) = plt.subplots(1, 2, figsize=(13, 4.8))
@@ -223,7 +223,7 @@ def plot(steps: list[dict], result: dict, path: Path, title: str, unit: str) -> 
 
 
 def write(out: Path, spec: LoadSpec, steps: list[dict], result: dict, notes: list[str], unit: str) -> Path:
-    from .pages import versions, write_html
+    from .report.pages import versions, write_html
 
     (out / "sweep.json").write_text(json.dumps({"steps": steps, "verdict": result, "notes": notes,
                                                 "settings": spec.settings(), "versions": versions()}, indent=2, default=str))

@@ -61,7 +61,7 @@ def _export(work: Path, name: str, instances: int) -> tuple[Path, Path, Path]:
 
 def _print_results(result, chat) -> bool:
     """The two load tests' headlines and reports on stdout; whether both ran without an error (and chat streamed)."""
-    from loadtest.report import headline
+    from loadtest.report.report import headline
 
     stream = chat.summary.streaming
     print()

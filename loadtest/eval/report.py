@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..pages import markdown_table, write_html
-from ..plots import pyplot
+from ..report.pages import markdown_table, write_html
+from ..report.plots import pyplot
 from .run import EvalResult
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.tasks import ENCODER, TASKS, TEXT_GENERATION, TEXT_RANKING, routes_by_scenario
 
-from . import traces, workloads
+from . import replayer, workloads
 from .answers import WrongAnswer, answered_by, check_encoded, failed_status, read_stream, whole_answer
 from .options import parse_mix, word_range
 
@@ -42,11 +42,11 @@ class Load:
     prompts: list[workloads.Prompt] = field(default_factory=list)
     headers: dict = field(default_factory=dict)
     system_prompt: str = ""  # chat: what every conversation opens with (--system-prompt-words)
-    trace: traces.Trace | None = None  # --scenario replay: the trace whose requests are sent
-    calibration: dict = field(default_factory=dict)  # --scenario replay: how the target reads its words (traces.py)
+    trace: replayer.Trace | None = None  # --scenario replay: the trace whose requests are sent
+    calibration: dict = field(default_factory=dict)  # --scenario replay: how the target reads its words (replayer.py)
 
     @classmethod
-    def from_options(cls, options, index: int = 0, trace: traces.Trace | None = None) -> "Load":
+    def from_options(cls, options, index: int = 0, trace: replayer.Trace | None = None) -> "Load":
         """`trace`: --scenario replay's, where it was read already (else it is read here)."""
         load = cls(options)
         if options.api_key:
@@ -54,7 +54,7 @@ class Load:
         if options.scenario == "replay":
             if options.arrival != "trace":
                 raise ValueError("--scenario replay sends at the trace's arrival times: --arrival trace")
-            load.trace = trace or traces.from_options(options)
+            load.trace = trace or replayer.from_options(options)
             load.calibration = json.loads(options.calibration) if options.calibration else {}
             load.entries = sorted({(r.api, r.model) for r in load.trace.requests})
             if {api for api, _ in load.entries} & IMAGE_APIS:
@@ -151,17 +151,17 @@ def call(user, api: str, model: str, rng: random.Random, context: dict | None = 
 
 
 def replay(user, index: int, request, loop: int, context: dict) -> None:
-    """The trace's `index`-th request (a traces.Request) in its `loop`-th pass, its input synthesised at its recorded
+    """The trace's `index`-th request (a replayer.Request) in its `loop`-th pass, its input synthesised at its recorded
     size."""
     if request.api in GENERATION_APIS:
         calibration = user.load.calibration.get(f"{request.api} {request.model}") or {}
-        text = traces.prompt(request, user.load.trace.block_tokens, index, traces.Calibration(**calibration), loop)
+        text = replayer.prompt(request, user.load.trace.block_tokens, index, replayer.Calibration(**calibration), loop)
         _generate(user, request.api, request.model, random.Random(index), context,
                   workloads.Prompt([{"role": "user", "content": text}], max_tokens=request.output_tokens))
     else:
-        rng = random.Random(traces.seed(request, index, loop))
+        rng = random.Random(replayer.seed(request, index, loop))
         inputs = [{"image": i} for i in rng.choices(user.load.images, k=request.items)] if request.api in IMAGE_APIS \
-            else traces.texts(request, index, loop)
+            else replayer.texts(request, index, loop)
         _encode(user, request.api, request.model, rng, context, inputs)
 
 

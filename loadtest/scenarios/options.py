@@ -98,7 +98,8 @@ def _arrival_options(group) -> None:
 
 def _replay_options(parser) -> None:
     """--scenario replay's group: the trace, how fast and against which models it is replayed."""
-    replay = parser.add_argument_group("replay", "--scenario replay: a recorded trace's arrivals and sizes (loadtest/replay.py)")
+    replay = parser.add_argument_group(
+        "replay", "--scenario replay: a recorded trace's arrivals and sizes (loadtest/scenarios/replayer.py)")
     replay.add_argument("--trace", default="", help="the trace: the gateway's (trace_dir), Mooncake's or vLLM's timed trace")
     replay.add_argument("--trace-format", default="auto", choices=("auto", "rtxserve", "mooncake", "vllm"),
                         help="auto: the gateway's when its lines have a route, else Mooncake's (timestamps in ms)")

@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 from loadtest.eval.report import write as write_eval
-from loadtest.pages import markdown_table, write_html
-from loadtest.plots import pyplot
+from loadtest.report.pages import markdown_table, write_html
+from loadtest.report.plots import pyplot
 
 from .driver import Outcome
 

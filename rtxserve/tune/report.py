@@ -26,7 +26,7 @@ def describe_load(options: dict, search: Search) -> str:
 
 
 def _plot(result: TuneResult, by: str, path: Path) -> Path:
-    from loadtest.plots import pyplot, save
+    from loadtest.report.plots import pyplot, save
 
     plt = pyplot()
     trials = result.trials
@@ -62,8 +62,8 @@ def _row(t: Trial, by: str) -> str:
 
 
 def write_report(result: TuneResult, target, search: Search, out: Path, load: str) -> None:
-    from loadtest.pages import versions, write_html
-    from loadtest.report import MAX_ERROR_FRACTION
+    from loadtest.report.pages import versions, write_html
+    from loadtest.report.report import MAX_ERROR_FRACTION
 
     by = search.measure
     _plot(result, by, out / "tune.png")

@@ -163,7 +163,7 @@ def _held(trial: Trial, found, work: Path, log) -> Trial:
 
 def _loaded(trial: Trial, result, work: Path, log) -> Trial:
     """One run's figures as the trial's."""
-    from loadtest.report import MAX_ERROR_FRACTION
+    from loadtest.report.report import MAX_ERROR_FRACTION
 
     s = result.summary
     trial.goodput_rps, trial.qps, trial.p99_ms = s.goodput.get("goodput_rps", 0.0), s.qps, s.latency_ms.get("p99")

@@ -219,7 +219,7 @@ def test_overload_from_locust_is_shed_with_503_and_retry_after_and_nothing_else_
     SDK does, are still served. R3's timing targets (shed in < 50 ms, goodput >= 80 % of peak, admitted P99 <= 2x)
     are measured by `rtxserve bench reliability`, interleaved: on this shared 2-core box they moved with whatever
     else ran (a CI run's shed P50 read 53 ms beside the other test worker)."""
-    from loadtest.report import load_samples
+    from loadtest.report.report import load_samples
     from loadtest.runner import LoadSpec, scenario_options
     from loadtest.runner import run as locust_run
 

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from loadtest.report import load_samples
+from loadtest.report.report import load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
 from loadtest.sweep import sweep
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from loadtest.report import headline, load_samples
+from loadtest.report.report import headline, load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
 from serve.stack import start_gateway
 

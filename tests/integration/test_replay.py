@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from loadtest.scenarios.traces import await_trace, read_trace
-from loadtest.report import load_samples
+from loadtest.report.report import load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
+from loadtest.scenarios.replayer import await_trace, read_trace
 from serve.stack import start_gateway
 
 from .conftest import MODEL

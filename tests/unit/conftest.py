@@ -26,7 +26,7 @@ def in_process_only(monkeypatch):
         monkeypatch.setattr(socket.socket, name, refuse(f"called socket.{name}"))
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse("started a process"))
     # the commit a report records comes from `git rev-parse` (a process): a fixed one here
-    monkeypatch.setattr("loadtest.pages._git_commit", lambda: "0000000")
+    monkeypatch.setattr("loadtest.report.pages._git_commit", lambda: "0000000")
 
 
 @pytest.fixture(autouse=True)

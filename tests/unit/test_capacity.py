@@ -5,7 +5,7 @@ early stop."""
 import pytest
 
 import loadtest.capacity as capacity
-from loadtest.report import Summary
+from loadtest.report.report import Summary
 from loadtest.runner import LoadSpec, RunResult, scenario_options
 
 

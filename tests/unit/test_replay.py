@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from loadtest.replay import compare
-from loadtest.scenarios.traces import Calibration, parse_mapping, prompt, read_trace, texts
-from loadtest.report import Samples
+from loadtest.report.replayed import compare
+from loadtest.report.report import Samples
+from loadtest.scenarios.replayer import Calibration, parse_mapping, prompt, read_trace, texts
 
 
 def _write(path, lines):
@@ -119,7 +119,7 @@ def test_a_repeated_input_is_sent_again_as_the_same_and_its_share_counted(tmp_pa
 
 
 def test_calibration_finds_the_words_the_target_reads_as_one_token_and_blocks_become_exact():
-    from loadtest.scenarios.traces import Calibration, Request, fit_calibration, prompt
+    from loadtest.scenarios.replayer import Calibration, Request, fit_calibration, prompt
     from loadtest.scenarios.workloads import WORDS
 
     two = {"questions", "refunds", "shipping", "compatible", "tuesday"}  # words of two tokens each for this "target"

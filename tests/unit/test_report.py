@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from loadtest.pages import write_report
+from loadtest.report.pages import write_report
 from core.slo import parse_slo
-from loadtest.report import Samples, headline, load_samples, meets_slo, summarize
+from loadtest.report.report import Samples, headline, load_samples, meets_slo, summarize
 
 HEADER = "end,name,latency_ms,ok,error,ttft_ms,output_tokens,prompt_tokens,itl_ms,wait_ms\n"
 
@@ -187,7 +187,7 @@ def test_a_mixed_run_reads_per_api_in_the_headline_the_page_and_the_plot(tmp_pat
 
 
 def test_compare_puts_every_figure_of_two_runs_side_by_side(tmp_path):
-    from loadtest.compare import compare
+    from loadtest.report.compare import compare
 
     for name, latency in (("before", 20.0), ("after", 10.0)):
         samples = _samples([latency] * 200)
@@ -205,8 +205,8 @@ def test_compare_puts_every_figure_of_two_runs_side_by_side(tmp_path):
 def test_one_run_answered_by_two_models_is_split_and_compared_by_model(tmp_path):
     """Behind an alias each answer names its target: the report splits by it (failed requests name none and stay in
     the whole run's errors) and `compare` sets the two side by side from the one run."""
-    from loadtest.compare import compare_models
-    from loadtest.report import load_samples
+    from loadtest.report.compare import compare_models
+    from loadtest.report.report import load_samples
 
     latency = {"v1": 20.0, "v2": 10.0}
     rows = [(f"{1000 + 0.01 * i:.6f}", "v1" if i % 4 else "v2", i % 10 != 9) for i in range(400)]

@@ -3,7 +3,7 @@
 import numpy as np
 
 from loadtest import server_metrics as sm
-from loadtest.plots import PANELS, panel_lines, plot_servers as plot
+from loadtest.report.plots import PANELS, panel_lines, plot_servers as plot
 from loadtest.server_metrics import Row, derive, summary
 
 T0 = 1_700_000_000.0
@@ -238,7 +238,7 @@ def test_plot_of_client_figures_only_still_draws(tmp_path):
 
 
 def test_the_report_splits_the_gateways_time_into_its_own_and_its_backends():
-    from loadtest.pages import _split
+    from loadtest.report.pages import _split
 
     figures = {"gateway request time": {"mean": 20.0, "max": 30.0, "unit": "ms/request"},
                "gateway overhead": {"mean": 1.5, "max": 2.0, "unit": "ms/request"}}

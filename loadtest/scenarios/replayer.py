@@ -1,5 +1,5 @@
 """Traces to replay (`rtxserve loadtest replay TRACE`): read, checked line by line, and turned into requests
-(here, where locust's processes read them; loadtest/replay.py compares a replay with its trace).
+(here, where locust's processes read them; loadtest/report/replayed.py compares a replay with its trace).
 
 Three formats, one JSON object per line:
 - **rtxserve**: the gateway's own trace (`trace_dir`, serve/gateway/edge/recording.py): `t` in Unix seconds, the route, the

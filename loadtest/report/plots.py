@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .report import Samples, Summary, measured, pooled_gaps
-from .server_metrics import Series
+from ..server_metrics import Series
 
 
 def pyplot():

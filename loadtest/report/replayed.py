@@ -1,6 +1,6 @@
 """A replay beside its trace (`rtxserve loadtest replay`): the arrivals, sizes, latency and cache hits recorded and
 replayed, for the report's "Recorded vs replayed" section and its plot. The trace itself is read by
-loadtest/scenarios/traces.py."""
+loadtest/scenarios/replayer.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .scenarios.traces import GENERATION, Request, Trace
+from ..scenarios.replayer import GENERATION, Request, Trace
 
 
 def _ideal_prefix_hits(requests: list[Request]) -> float | None:

@@ -128,7 +128,7 @@ class Summary:
     by_name: dict = field(default_factory=dict)  # per API of a mixed run: requests, errors, qps, latency
     by_model: dict = field(default_factory=dict)  # the same per model that answered, where more than one did (an alias)
     late_arrivals: dict = field(default_factory=dict)  # open loop: requests that left late (load generator or cap)
-    replay: dict = field(default_factory=dict)  # a replayed trace: recorded vs replayed (loadtest/replay.py compare)
+    replay: dict = field(default_factory=dict)  # a replayed trace: recorded vs replayed (replayed.py's compare)
     images: dict = field(default_factory=dict)  # image generation: images/s and per-image latency; see _images
     speech: dict = field(default_factory=dict)  # speech to text: audio seconds per second; see _speech
 

@@ -151,7 +151,7 @@ def _warnings(summary: Summary) -> list[str]:
 
 def _server_section(out_dir: Path, samples: Samples, summary: Summary, title: str, errors: dict) -> str:
     """The servers' side of the run, from the /metrics scraped during it; empty when nothing was scraped."""
-    from . import server_metrics
+    from .. import server_metrics
 
     path = out_dir / "server_metrics.csv"
     failed = "".join(f"\n- {url}: {message}" for url, message in (errors or {}).items())
@@ -241,7 +241,7 @@ def versions() -> dict:
 
 def _swaps(out_dir: Path, samples: Samples) -> list:
     """The on-demand models' loads and unloads the gateway counted during the run (none without a scrape)."""
-    from . import server_metrics
+    from .. import server_metrics
 
     path = out_dir / "server_metrics.csv"
     if not path.exists() or not len(samples.end):
@@ -304,10 +304,10 @@ Raw samples: `samples.csv`; every figure: `report.json`, `summary.csv`; the locu
 def _replay_section(summary: Summary, samples: Samples, out_dir: Path, title: str) -> str:
     if not summary.replay:
         return ""
-    from . import replay
+    from . import replayed
 
-    replay.plot(summary.replay, samples, out_dir / "replay.png", title)
-    return replay.section(summary.replay)
+    replayed.plot(summary.replay, samples, out_dir / "replay.png", title)
+    return replayed.section(summary.replay)
 
 
 def _show(value) -> str:
