@@ -8,7 +8,6 @@ import io
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
@@ -94,30 +93,28 @@ def test_a_key_over_its_quota_is_refused_and_the_others_are_not(keyed):
     assert others == [200] * 200
 
 
-def raw_request(url: str, head: bytes, body: bytes = b"") -> tuple[int, float]:
+def raw_request(url: str, head: bytes, body: bytes = b"") -> int:
+    """The status of one request sent as these bytes; socket.timeout where no answer comes within 10 s."""
     host, port = url.removeprefix("http://").split(":")
-    start = time.perf_counter()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head + body)
-        status = int(sock.recv(65536).split(b" ", 2)[1])
-    return status, time.perf_counter() - start
+        return int(sock.recv(65536).split(b" ", 2)[1])
 
 
-def test_oversized_bodies_and_headers_are_refused_fast_without_being_read(keyed):
+def test_oversized_bodies_and_headers_are_refused_without_being_read(keyed):
+    """What is refused, and that it is refused unread (how fast is a benchmark's to measure, not a test's)."""
     url, secrets, _ = keyed
     auth = f"Authorization: Bearer {secrets['ops']}\r\n".encode()
-    # 200 MB declared, none of it sent: refused before the body is read
+    # 200 MB declared, none of it sent: an answer at all says the body was not waited for (it never comes)
     head = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth + \
         b"Content-Length: 200000000\r\n\r\n"
-    status, seconds = raw_request(url, head)
-    assert status == 413 and seconds < 0.1, seconds
+    assert raw_request(url, head) == 413
     chunked = b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth + \
         b"Transfer-Encoding: chunked\r\n\r\n"
     chunk = b"x" * 65536
     body = (f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n") * 20 + b"0\r\n\r\n"  # 1.3 MB over a 1 MB cap
-    assert raw_request(url, chunked, body)[0] == 413
-    status, seconds = raw_request(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Big: " + b"y" * 100_000 + b"\r\n\r\n")
-    assert status == 431 and seconds < 0.1
+    assert raw_request(url, chunked, body) == 413
+    assert raw_request(url, b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + auth + b"X-Big: " + b"y" * 100_000 + b"\r\n\r\n") == 431
 
 
 BAD_BODIES = [
