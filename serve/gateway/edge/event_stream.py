@@ -11,7 +11,6 @@ waiting for its next token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 from starlette.responses import Response
@@ -38,17 +37,15 @@ class EventStream(Response):
         try:
             async for chunk in self.events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            watcher.cancel()  # before the answer's end, which the client may read and leave after
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone.is_set():
                 raise
             task.uncancel()  # the client left: the stream is over, nothing to answer
-            return
         finally:
             watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
             await _closed(self.events)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _closed(events: AsyncIterator[bytes]) -> None:
