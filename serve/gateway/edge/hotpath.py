@@ -1,13 +1,14 @@
 """The hot routes (classify, embeddings, NER, chat and text completions) as lean ASGI handlers, in front of FastAPI's
 routing.
 
-A request there does what its FastAPI route does, in the same order and with the same answers: the body decoded
-with orjson (422 saying why it is not JSON), the key checked (401), the body validated once against the route's
-pydantic model (422), the key's scope and quota (403, 429), then the task's own serving function; its answer
-encoded once by pydantic's serializer (a completion: relayed as vLLM sent it, or streamed). What it leaves out is the framework's per-request machinery: dependency
-solving, a second validation of the response, Starlette's routing and exception middlewares (benchmark B1 in
-../shared/BENCH.md measures what that costs). A body that does not say it is JSON goes to the FastAPI route, as do
-every other route and method; the FastAPI routes stay the documented API (OpenAPI) of the same paths.
+A request there does what its FastAPI route does, in the same order and with the same answers: the body decoded with
+orjson (422 saying why it is not JSON), the key checked (401), the body validated once against the route's pydantic
+model (422), the key's scope and quota (403, 429), then the task's own serving function; its answer encoded once by
+pydantic's serializer (a completion: relayed as vLLM sent it, or streamed). What it leaves out is the framework's
+per-request machinery: dependency solving, a second validation of the response, Starlette's routing and exception
+middlewares (benchmark B1 in ../shared/BENCH.md measures what that costs). A body that does not say it is JSON goes
+to the FastAPI route, as do every other route and method; the FastAPI routes stay the documented API (OpenAPI) of
+the same paths.
 """
 
 from __future__ import annotations
