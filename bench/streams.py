@@ -132,7 +132,8 @@ def run(out: Path, *, rounds: int = 3, concurrency: tuple[int, ...] = (4, 16), p
     from .proxy import litellm_version
 
     return {"bench": "B1s", "model": "fixture Llama (tiny), vLLM CPU", **_judged(layout, levels[-1]), "rounds": rounds,
-            "prompts": prompts, "input_len": input_len, "output_len": output_len, "litellm": litellm_version(), "levels": levels, **({"profile": profiled} if profiled else {})}
+            "prompts": prompts, "input_len": input_len, "output_len": output_len, "litellm": litellm_version(),
+            "levels": levels, **({"profile": profiled} if profiled else {})}
 
 
 def _level(concurrency: int, figures: dict[str, dict[str, list[float]]]) -> dict:
