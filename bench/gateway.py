@@ -163,21 +163,27 @@ async def _measure(urls: dict[str, str], pids: dict[str, int], *, rounds: int, d
     return {"concurrency": concurrency, "medians": medians, "rounds": per_round, "samples": samples}
 
 
+def export_classifier(work: Path, progress) -> Path:
+    """The fixture classifier (2 instances) written and exported under `work`: its Triton model repository."""
+    from export.encoders.encoder import export_text_classification
+    from export.triton.entry import EntryOptions
+    from fixture_models.text import write_text_classifier
+
+    progress("writing and exporting the fixture classifier")
+    export_text_classification(write_text_classifier(work / "ckpt"), EntryOptions(name=MODEL, instances=2),
+                               work / "repo")
+    return work / "repo"
+
+
 @contextlib.contextmanager
 def classifier_triton(progress) -> Iterator[tuple[str, str]]:
     """The fixture classifier (2 instances) in a real tritonserver: (its gRPC address, its HTTP URL); stopped on
     exit."""
-    from export.encoders.encoder import export_text_classification
-    from fixture_models.text import write_text_classifier
-    from export.triton.entry import EntryOptions
     from serve.stack import start_triton
 
     with tempfile.TemporaryDirectory(prefix="rtxserve-bench-") as tmp:
         work = Path(tmp)
-        progress("writing and exporting the fixture classifier")
-        export_text_classification(write_text_classifier(work / "ckpt"), EntryOptions(name=MODEL, instances=2),
-                                   work / "repo")
-        triton, opts = start_triton(work / "repo", work / "logs")
+        triton, opts = start_triton(export_classifier(work, progress), work / "logs")
         try:
             yield f"127.0.0.1:{opts.grpc_port}", f"http://127.0.0.1:{opts.http_port}"
         finally:

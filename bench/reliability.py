@@ -14,6 +14,11 @@ the other key never refused.
   the exact part: the 504s come before the backend is woken, the probes while the requests still hang.
 - R1, a killed backend (SIGKILL under load, once, at the end): how fast new requests are refused once its replica is
   known down (target: P99 < 200 ms). The test asserts that each is a 503 with Retry-After saying the replica is down.
+- R5, oversized requests (a body over the cap declared or chunked, a 100 kB header, JSON 3,000 deep): how fast each is
+  refused (target: P99 < 100 ms). test_gateway_front_door.py asserts the status and that the body was never read.
+- R11, a model that dies while its server still calls it ready (a second Triton's Python stubs killed): how long until
+  the gateway's /readyz says that replica is not ready, in health intervals (target: <= 2).
+  test_gateway_faults.py asserts that it is noticed and that nothing more is sent there.
 
 Rounds interleave the runs (A, B, A, B, ...); the verdict takes the median of the per-round ratios.
 """
@@ -34,6 +39,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from core.machine import machine
+
+from .faults import (DEADLINE_S, R1_REFUSAL_P99_MAX_MS, R2_PROBE_P99_MAX_MS, R5_REFUSAL_P99_MAX_MS, R11_MAX_INTERVALS,
+                     faults, percentile, r11)
 from .gateway import MODEL, TEXT, classifier_stack
 from .record import Benchmark, Files, Progress
 
@@ -43,10 +52,9 @@ R3_GOODPUT_MIN = 0.8
 R3_P99_MAX = 2.0
 R3_SHED_P99_MAX_MS = 50.0
 R14_P99_MAX = 1.2
-DEADLINE_S = 1.5
-R2_PROBE_P99_MAX_MS = 100.0
-R1_REFUSAL_P99_MAX_MS = 200.0
 PLOT = "reliability.png"
+TITLE = ("R3 / R14 / R2 / R1 / R5 / R11: overload, per-key limits, a hung and a killed backend, oversized requests, a "
+         "dead model behind a ready server")
 FILES = Files("reliability.json", "reliability.md", plots=(PLOT,))
 
 # One key over its quota, from a process of its own (its refusals cost the gateway CPU, not this client's GIL).
@@ -64,10 +72,6 @@ print(" ".join(map(str, codes)))
 """
 
 
-def _p(values, q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else float("nan")
-
-
 def _r3_run(url: str, users: int, honour: bool, duration_s: float, out: Path) -> dict:
     from loadtest.report.report import load_samples
     from loadtest.runner import LoadSpec, run as locust_run, scenario_options
@@ -79,8 +83,8 @@ def _r3_run(url: str, users: int, honour: bool, duration_s: float, out: Path) ->
     steady = samples.end >= samples.end.min() + 2
     seconds = float(np.ptp(samples.end[steady])) or 1.0
     ok, refused = samples.latency_ms[steady & samples.ok], samples.latency_ms[steady & ~samples.ok]
-    return {"qps": len(ok) / seconds, "p99_ms": _p(ok, 99), "refused_per_s": len(refused) / seconds,
-            "refused_p50_ms": _p(refused, 50), "refused_p99_ms": _p(refused, 99), "latencies": ok.tolist()}
+    return {"qps": len(ok) / seconds, "p99_ms": percentile(ok, 99), "refused_per_s": len(refused) / seconds,
+            "refused_p50_ms": percentile(refused, 50), "refused_p99_ms": percentile(refused, 99), "latencies": ok.tolist()}
 
 
 def r3(out: Path, *, rounds: int, duration_s: float, progress) -> dict:
@@ -139,144 +143,100 @@ def r14(out: Path, *, rounds: int, requests: int, progress) -> dict:
             finally:
                 hammer.terminate()
                 hammer.wait(30)
-            per_round.append({"alone_p50_ms": _p(alone, 50), "alone_p99_ms": _p(alone, 99),
-                              "beside_p50_ms": _p(beside, 50), "beside_p99_ms": _p(beside, 99),
-                              "p99_ratio": _p(beside, 99) / _p(alone, 99), "alone": alone, "beside": beside})
+            per_round.append({"alone_p50_ms": percentile(alone, 50), "alone_p99_ms": percentile(alone, 99),
+                              "beside_p50_ms": percentile(beside, 50), "beside_p99_ms": percentile(beside, 99),
+                              "p99_ratio": percentile(beside, 99) / percentile(alone, 99), "alone": alone, "beside": beside})
             progress(f"R14 round {i + 1}/{rounds}: other key P99 {per_round[-1]['beside_p99_ms']:.1f} ms beside the "
                      f"hammer vs {per_round[-1]['alone_p99_ms']:.1f} ms alone")
     return {"rounds": per_round, "p99_ratio": statistics.median(r["p99_ratio"] for r in per_round)}
 
 
-def _triton_pid(http_url: str) -> int:
-    """The tritonserver listening on `http_url`'s port (the stack owns the process; the faults are signals to it)."""
-    import psutil
-
-    port = int(http_url.rsplit(":", 1)[1])
-    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == "LISTEN")
-
-
-def _timed_get(client: httpx.Client, url: str) -> float:
-    started = time.perf_counter()
-    if client.get(url).status_code >= 500 and not url.endswith("/readyz"):
-        raise RuntimeError(f"{url} failed while the backend was stopped: R2 is broken, not slow")
-    return (time.perf_counter() - started) * 1000
+def judge(result: dict) -> dict[str, bool]:
+    """Each target's verdict on a run's figures."""
+    r3_, f = result["r3"], result["faults"]
+    return {"R3 goodput": r3_["goodput"] >= R3_GOODPUT_MIN, "R3 admitted P99": r3_["p99_ratio"] <= R3_P99_MAX,
+            "R3 shed P99": r3_["shed_p99_ms"] < R3_SHED_P99_MAX_MS,
+            "R14 other key P99": result["r14"]["p99_ratio"] <= R14_P99_MAX,
+            "R2 504 at the deadline": 0.9 * DEADLINE_S <= f["answered_min_s"] and f["answered_max_s"] <= 1.1 * DEADLINE_S,
+            "R2 probes P99": f["probe_p99_ms"] < R2_PROBE_P99_MAX_MS,
+            "R1 refusals P99": f["refusal_p99_ms"] < R1_REFUSAL_P99_MAX_MS,
+            "R5 oversized P99": f["oversized_p99_ms"] < R5_REFUSAL_P99_MAX_MS,
+            "R11 noticed": result["r11"]["noticed_max_intervals"] <= R11_MAX_INTERVALS}
 
 
-def faults(*, rounds: int, progress) -> dict:
-    """R2 each round (hang, measure, wake), then R1 once (the kill ends the stack's Triton)."""
-    import concurrent.futures as cf
-    import os
-    import signal
-
-    env = {"RTXSERVE_REQUEST_TIMEOUT_S": str(DEADLINE_S), "RTXSERVE_HEALTH_INTERVAL_S": "0.5"}
-    body = {"model": MODEL, "input": TEXT}
-    r2_rounds, refusals = [], []
-    with classifier_stack(1, progress, gateway_env=env) as (url, triton_url, _), httpx.Client(timeout=30) as client:
-        def classify() -> tuple[int, float]:
-            started = time.perf_counter()
-            code = client.post(f"{url}/v1/classify", json=body).status_code
-            return code, (time.perf_counter() - started) * 1000
-
-        pid = _triton_pid(triton_url)
-        [classify() for _ in range(20)]  # warm
-        for i in range(rounds):
-            os.kill(pid, signal.SIGSTOP)
-            try:
-                with cf.ThreadPoolExecutor(3) as pool:
-                    hung = [pool.submit(classify) for _ in range(3)]
-                    probes = [_timed_get(client, f"{url}{path}") for _ in range(20)
-                              for path in ("/healthz", "/metrics", "/readyz") if not all(f.done() for f in hung)]
-                    answers = [f.result() for f in hung]
-            finally:
-                os.kill(pid, signal.SIGCONT)
-            if {code for code, _ in answers} != {504}:
-                raise RuntimeError(f"a hung backend's requests got {answers}, not 504s: R2 is broken, not slow")
-            while classify()[0] != 200:
-                time.sleep(0.1)
-            r2_rounds.append({"probe_p99_ms": _p(probes, 99), "probes": probes,
-                              "answered_s": [ms / 1000 for _, ms in answers]})
-            progress(f"R2 round {i + 1}/{rounds}: 504s at {', '.join(f'{ms / 1000:.2f}' for _, ms in answers)} s "
-                     f"(deadline {DEADLINE_S:g} s), probes P99 {r2_rounds[-1]['probe_p99_ms']:.1f} ms")
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        while time.monotonic() < killed + 1.5:  # the health loop marks the replica down
-            classify()
-        while len(refusals) < 200:
-            code, ms = classify()
-            if code != 503:
-                raise RuntimeError(f"a request to a killed backend got {code}, not 503: R1 is broken, not slow")
-            refusals.append(ms)
-    progress(f"R1: {len(refusals)} refusals after the kill, P99 {_p(refusals, 99):.1f} ms")
-    answered = [s for r in r2_rounds for s in r["answered_s"]]
-    return {"deadline_s": DEADLINE_S, "rounds": r2_rounds, "probe_p99_ms": statistics.median(r["probe_p99_ms"] for r in r2_rounds),
-            "answered_min_s": min(answered), "answered_max_s": max(answered),
-            "refusal_p50_ms": _p(refusals, 50), "refusal_p99_ms": _p(refusals, 99), "refusals": refusals}
-
-
-def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int = 400, progress=log.info) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"bench": "R3 / R14 / R2 / R1", "model": "fixture BERT classifier (2 instances) behind one gateway worker",
-              "rounds": rounds, "duration_s": duration_s, "requests": requests,
-              "r3": r3(out / "r3", rounds=rounds, duration_s=duration_s, progress=progress),
-              "r14": r14(out / "r14", rounds=rounds, requests=requests, progress=progress),
-              "faults": faults(rounds=rounds, progress=progress)}
-    f = result["faults"]
-    result["verdict"] = {"R3 goodput": result["r3"]["goodput"] >= R3_GOODPUT_MIN,
-                         "R3 admitted P99": result["r3"]["p99_ratio"] <= R3_P99_MAX,
-                         "R3 shed P99": result["r3"]["shed_p99_ms"] < R3_SHED_P99_MAX_MS,
-                         "R14 other key P99": result["r14"]["p99_ratio"] <= R14_P99_MAX,
-                         "R2 504 at the deadline": 0.9 * DEADLINE_S <= f["answered_min_s"]
-                         and f["answered_max_s"] <= 1.1 * DEADLINE_S,
-                         "R2 probes P99": f["probe_p99_ms"] < R2_PROBE_P99_MAX_MS,
-                         "R1 refusals P99": f["refusal_p99_ms"] < R1_REFUSAL_P99_MAX_MS}
-    _plot(result, out / PLOT)
+def _saved(result: dict) -> dict:
+    """The result as its JSON keeps it: the figures, not the raw latencies (those are in the plot)."""
     saved = json.loads(json.dumps(result))
     saved["faults"].pop("refusals")
+    saved["faults"].pop("oversized")
     for r in saved["faults"]["rounds"]:
         r.pop("probes")
-    for part in ("r3", "r14"):  # the raw latencies are in the plot; the JSON keeps the figures
+    for part in ("r3", "r14"):
         for r in saved[part]["rounds"]:
             for key in ("alone", "beside"):
                 r.pop(key, None)
             for key in ("capacity", "backoff"):
                 if key in r:
                     r[key].pop("latencies", None)
-    (out / FILES.json).write_text(json.dumps(saved, indent=2))
+    return saved
+
+
+def run(out: Path, *, rounds: int = 3, duration_s: float = 10.0, requests: int = 400, progress=log.info) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"bench": "R3 / R14 / R2 / R1 / R5 / R11",
+              "model": "fixture BERT classifier (2 instances) behind one gateway worker",
+              "rounds": rounds, "duration_s": duration_s, "requests": requests, "cpu": machine(),
+              "r3": r3(out / "r3", rounds=rounds, duration_s=duration_s, progress=progress),
+              "r14": r14(out / "r14", rounds=rounds, requests=requests, progress=progress),
+              "faults": faults(rounds=rounds, progress=progress), "r11": r11(rounds=rounds, progress=progress)}
+    result["verdict"] = judge(result)
+    plot(result, out / PLOT)
+    (out / FILES.json).write_text(json.dumps(_saved(result), indent=2))
     (out / FILES.page).write_text(markdown(result))
     return result
 
 
+def _targets(result: dict) -> list[tuple[str, str, str]]:
+    """(target, measured, verdict key) for each of the page's targets."""
+    r3_, r14_, f, r11_ = result["r3"], result["r14"], result["faults"], result["r11"]
+    slowest = max(f["oversized_max_ms"], key=f["oversized_max_ms"].get)
+    return [
+        (f"R3 goodput of users that honour Retry-After at 4x capacity >= {R3_GOODPUT_MIN} x peak",
+         f"{r3_['goodput']:.2f}", "R3 goodput"),
+        (f"R3 admitted P99 <= {R3_P99_MAX:g} x P99 at capacity", f"{r3_['p99_ratio']:.2f}", "R3 admitted P99"),
+        (f"R3 the excess shed (503 + Retry-After): P99 < {R3_SHED_P99_MAX_MS:g} ms", f"{r3_['shed_p99_ms']:.1f} ms",
+         "R3 shed P99"),
+        (f"R14 other key's P99 beside a key over its quota <= {R14_P99_MAX:g} x alone", f"{r14_['p99_ratio']:.2f}",
+         "R14 other key P99"),
+        (f"R2 a hung backend's 504 at the deadline ({f['deadline_s']:g} s) +-10 %",
+         f"{f['answered_min_s']:.2f} to {f['answered_max_s']:.2f} s", "R2 504 at the deadline"),
+        (f"R2 probes' P99 while it hangs < {R2_PROBE_P99_MAX_MS:g} ms", f"{f['probe_p99_ms']:.1f} ms", "R2 probes P99"),
+        (f"R1 refusals' P99 once a killed backend is known down < {R1_REFUSAL_P99_MAX_MS:g} ms",
+         f"{f['refusal_p99_ms']:.1f} ms", "R1 refusals P99"),
+        (f"R5 oversized requests refused: P99 < {R5_REFUSAL_P99_MAX_MS:g} ms",
+         f"{f['oversized_p99_ms']:.1f} ms (slowest: {slowest}, {f['oversized_max_ms'][slowest]:.1f} ms)",
+         "R5 oversized P99"),
+        (f"R11 a dead model behind a ready server noticed within {R11_MAX_INTERVALS:g} health intervals "
+         f"({r11_['interval_s']:g} s)", f"{max(r11_['noticed_s']):.2f} s ({r11_['noticed_max_intervals']:.2f})",
+         "R11 noticed")]
+
+
 def markdown(result: dict) -> str:
-    r3_, r14_, f = result["r3"], result["r14"], result["faults"]
+    r3_, r14_ = result["r3"], result["r14"]
     ok = lambda passed: "met" if passed else "**missed**"  # noqa: E731
-    verdict = result["verdict"]
-    lines = [f"# R3 / R14 / R2 / R1: overload, per-key limits, a hung and a killed backend ({result['model']}, median "
-             f"of {result['rounds']} interleaved rounds)", "", f"![R3, R14, R2 and R1]({PLOT})", "",
-             "| target | measured | verdict |", "|---|---|---|",
-             f"| R3 goodput of users that honour Retry-After at 4x capacity >= {R3_GOODPUT_MIN} x peak | "
-             f"{r3_['goodput']:.2f} | {ok(verdict['R3 goodput'])} |",
-             f"| R3 admitted P99 <= {R3_P99_MAX:g} x P99 at capacity | {r3_['p99_ratio']:.2f} | "
-             f"{ok(verdict['R3 admitted P99'])} |",
-             f"| R3 the excess shed (503 + Retry-After): P99 < {R3_SHED_P99_MAX_MS:g} ms | {r3_['shed_p99_ms']:.1f} ms | "
-             f"{ok(verdict['R3 shed P99'])} |",
-             f"| R14 other key's P99 beside a key over its quota <= {R14_P99_MAX:g} x alone | {r14_['p99_ratio']:.2f} | "
-             f"{ok(verdict['R14 other key P99'])} |",
-             f"| R2 a hung backend's 504 at the deadline ({f['deadline_s']:g} s) +-10 % | "
-             f"{f['answered_min_s']:.2f} to {f['answered_max_s']:.2f} s | {ok(verdict['R2 504 at the deadline'])} |",
-             f"| R2 probes' P99 while it hangs < {R2_PROBE_P99_MAX_MS:g} ms | {f['probe_p99_ms']:.1f} ms | "
-             f"{ok(verdict['R2 probes P99'])} |",
-             f"| R1 refusals' P99 once a killed backend is known down < {R1_REFUSAL_P99_MAX_MS:g} ms | "
-             f"{f['refusal_p99_ms']:.1f} ms | {ok(verdict['R1 refusals P99'])} |", "",
-             "| round | R3 QPS at capacity | R3 QPS admitted at 4x | R3 P99 ms capacity / 4x | R14 P99 ms alone / beside |",
-             "|---|---|---|---|---|"]
-    for i, (a, b) in enumerate(zip(r3_["rounds"], r14_["rounds"]), 1):
+    lines = [f"# {TITLE} ({result['model']}, median of {result['rounds']} interleaved rounds; CPU: {result['cpu']})", "",
+             f"![{result['bench']}]({PLOT})", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += [f"| {target} | {measured} | {ok(result['verdict'][key])} |" for target, measured, key in _targets(result)]
+    lines += ["", "| round | R3 QPS at capacity | R3 QPS admitted at 4x | R3 P99 ms capacity / 4x | "
+              "R14 P99 ms alone / beside | R11 noticed s |", "|---|---|---|---|---|---|"]
+    for i, (a, b, noticed) in enumerate(zip(r3_["rounds"], r14_["rounds"], result["r11"]["noticed_s"]), 1):
         lines.append(f"| {i} | {a['capacity']['qps']:.0f} | {a['backoff']['qps']:.0f} | "
                      f"{a['capacity']['p99_ms']:.1f} / {a['backoff']['p99_ms']:.1f} | "
-                     f"{b['alone_p99_ms']:.1f} / {b['beside_p99_ms']:.1f} |")
+                     f"{b['alone_p99_ms']:.1f} / {b['beside_p99_ms']:.1f} | {noticed:.2f} |")
     return "\n".join(lines) + "\n"
 
 
-def _plot(result: dict, path: Path) -> None:
+def plot(result: dict, path: Path) -> Path:
     from loadtest.report.plots import latency_cdf, pyplot
 
     plt = pyplot()
@@ -296,21 +256,27 @@ def _plot(result: dict, path: Path) -> None:
     for name, colour in (("alone", "tab:blue"), ("beside", "tab:red")):
         values = np.concatenate([r[name] for r in result["r14"]["rounds"]])
         lines.append((f"other key {name if name == 'alone' else 'beside a key over its quota'} "
-                      f"(P99 {_p(values, 99):.1f} ms)", values, colour))
+                      f"(P99 {percentile(values, 99):.1f} ms)", values, colour))
     latency_cdf(right, lines)
     right.set_title(f"R14: P99 ratio {result['r14']['p99_ratio']:.2f} (target <= {R14_P99_MAX:g})")
     f = result["faults"]
     latency_cdf(faults_ax, [
         (f"R2 probes while the backend hangs (P99 {f['probe_p99_ms']:.1f} ms)",
          np.concatenate([r["probes"] for r in f["rounds"]]), "tab:green"),
-        (f"R1 refusals after the kill (P99 {f['refusal_p99_ms']:.1f} ms)", f["refusals"], "tab:purple")])
+        (f"R1 refusals after the kill (P99 {f['refusal_p99_ms']:.1f} ms)", f["refusals"], "tab:purple"),
+        (f"R5 oversized requests refused (P99 {f['oversized_p99_ms']:.1f} ms)",
+         np.concatenate(list(f["oversized"].values())), "tab:brown")])
     faults_ax.axvline(R2_PROBE_P99_MAX_MS, color="tab:green", ls="--", lw=0.8)
     faults_ax.axvline(R1_REFUSAL_P99_MAX_MS, color="tab:purple", ls="--", lw=0.8)
-    faults_ax.set_title(f"R2 / R1: 504s at {f['answered_min_s']:.2f}-{f['answered_max_s']:.2f} s "
-                        f"(deadline {f['deadline_s']:g} s)")
+    faults_ax.axvline(R5_REFUSAL_P99_MAX_MS, color="tab:brown", ls="--", lw=0.8)
+    noticed = ", ".join(f"{s_:.1f}" for s_ in result["r11"]["noticed_s"])
+    faults_ax.set_title(f"R2 / R1 / R5: 504s at {f['answered_min_s']:.2f}-{f['answered_max_s']:.2f} s (deadline "
+                        f"{f['deadline_s']:g} s)\nR11: a dead model noticed after {noticed} s "
+                        f"(interval {result['r11']['interval_s']:g} s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
 
 # --- `rtxserve bench reliability` -----------------------------------------------------------------------------
