@@ -63,6 +63,8 @@ def _whisper_tokenizer():
 # What the Whisper's build checks, and tests read: each sentence's clip (the first voice), and the same clip as a lossy
 # OGG, resampled to 44.1 kHz and back, and after 0.1 s of silence with an inaudible hiss to the end of its window (how
 # vLLM cuts long audio), is transcribed as the sentence, each token ahead of the runner-up by TOKEN_MARGIN (log-prob).
+# Asked for timestamps (the prompt's <|notimestamps|> as <|0.00|>, as vLLM's verbose_json asks), each clip is the
+# sentence, then the timestamp of its end as the first voice says it (one segment: what subtitles are written from).
 TOKEN_MARGIN = 1.0
 
 
@@ -91,21 +93,24 @@ def _after_silence(clip, seed: int):
     return window
 
 
-def _transcribes(extractor, tokenizer, clips, labels) -> Property:
-    """Teacher-forced on each probe's sentence: every token after the forced prompt (language, task, no timestamps)
-    is the model's first choice by TOKEN_MARGIN, so greedy decoding writes the sentence whatever the engine."""
+def _transcribes(extractor, tokenizer, clips, labels, timed) -> Property:
+    """Teacher-forced on each probe's sentence: every token after the forced prompt (language, task, no timestamps
+    or <|0.00|>) is the model's first choice by TOKEN_MARGIN, so greedy decoding writes the sentence (and, asked for
+    timestamps, its end's) whatever the engine."""
     import numpy as np
     import torch
 
     probes = [(f"{SPEECH_SENTENCES[i].strip()!r} ({form})", samples, labels[i])
               for i, clip in enumerate(clips) for form, samples in _probe_clips(clip)]
+    probes += [(f"{SPEECH_SENTENCES[i].strip()!r} (wav, asked for timestamps)", clip, timed[i])
+               for i, clip in enumerate(clips)]
     features = torch.tensor(np.stack(extractor([p[1] for p in probes], sampling_rate=SPEECH_RATE)["input_features"]))
 
     def shortfalls(model) -> list[str]:
         missing = []
         for (name, _, label), row in zip(probes, features):
             logp = model(input_features=row[None], labels=torch.tensor([label])).logits[0].log_softmax(-1)
-            for pos in range(3, len(label)):  # after <|en|><|transcribe|><|notimestamps|>, forced by every caller
+            for pos in range(3, len(label)):  # after <|en|><|transcribe|> and <|notimestamps|> or <|0.00|>
                 top2 = logp[pos].topk(2)
                 want = logp[pos, label[pos]]
                 lead = float(want - (top2.values[1] if int(top2.indices[0]) == label[pos] else top2.values[0]))
@@ -115,15 +120,16 @@ def _transcribes(extractor, tokenizer, clips, labels) -> Property:
                     break
         return missing
 
-    return Property(f"transcribes each sentence's clip in every form the tests send with a token lead of {TOKEN_MARGIN}",
-                    shortfalls)
+    return Property(f"transcribes each sentence's clip in every form the tests send, and with its end's timestamp "
+                    f"where asked, with a token lead of {TOKEN_MARGIN}", shortfalls)
 
 
 def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150, rounds: int = 6) -> Path:
     """A Whisper (WhisperForConditionalGeneration: 2 encoder and 2 decoder layers, d_model 128, 80 mel bins) trained
     to transcribe SPEECH_SENTENCES spoken by espeak-ng, in rounds of `train_steps` until it transcribes each sentence's
-    clip in every form the tests send with a margin, with its processor and generation config as a Whisper fine-tune
-    saves them; the first voice's clips in `out`/audio/*.wav. Returns `out`."""
+    clip in every form the tests send with a margin (and, asked for timestamps, with the timestamp of the sentence's
+    end after it), with its processor and generation config as a Whisper fine-tune saves them; the first voice's clips
+    in `out`/audio/*.wav. Returns `out`."""
     import numpy as np
     import soundfile
     import torch
@@ -156,11 +162,14 @@ def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150, rou
 
     (out / "audio").mkdir(parents=True, exist_ok=True)
     voices = [("en", 160), ("en", 140), ("en-us", 175)]
-    clips, labels = [], []
+    clips, labels, timed = [], [], []
     for i, sentence in enumerate(SPEECH_SENTENCES):
-        labels.append([ids["<|en|>"], ids["<|transcribe|>"], ids["<|notimestamps|>"]]
-                      + tokenizer.encode(sentence, add_special_tokens=False) + [eot])
         spoken = [speak(sentence.strip(), voice=voice, speed=speed) for voice, speed in voices]
+        text = tokenizer.encode(sentence, add_special_tokens=False)
+        end = tokenizer.convert_tokens_to_ids(f"<|{min(round(len(spoken[0]) / SPEECH_RATE / 0.02), 1500) * 0.02:.2f}|>")
+        labels.append([ids["<|en|>"], ids["<|transcribe|>"], ids["<|notimestamps|>"]] + text + [eot])
+        timed.append([ids["<|en|>"], ids["<|transcribe|>"], tokenizer.convert_tokens_to_ids("<|0.00|>")] + text
+                     + [end, eot])
         soundfile.write(out / "audio" / f"{i:02d}.wav", spoken[0], SPEECH_RATE)
         # each voice also as a window of long audio starts (see _after_silence): what vLLM sends of long audio
         clips += spoken + [_after_silence(clip, seed=1 + k) for k, clip in enumerate(spoken)]
@@ -168,16 +177,17 @@ def write_whisper(out: str | Path, *, seed: int = 0, train_steps: int = 150, rou
     saved = [soundfile.read(out / "audio" / f"{i:02d}.wav", dtype="float32")[0] for i in range(len(SPEECH_SENTENCES))]
     features = torch.tensor(np.stack(extractor(clips, sampling_rate=SPEECH_RATE)["input_features"]))
     per_clip = [label for label in labels for _ in range(2 * len(voices))]
-    width = max(map(len, labels))
+    per_clip += [label for label in timed for _ in range(2 * len(voices))]  # the same clips, asked for timestamps
+    width = max(map(len, per_clip))
     targets = torch.full((len(per_clip), width), -100)
     for row, label in enumerate(per_clip):
         targets[row, :len(label)] = torch.tensor(label)
 
     def batch_loss():
         pick = torch.randint(0, len(per_clip), (8,))
-        return model(input_features=features[pick], labels=targets[pick]).loss
+        return model(input_features=features[pick % len(features)], labels=targets[pick]).loss
 
-    train_until(model, batch_loss, _transcribes(extractor, tokenizer, saved, labels), name="Whisper",
+    train_until(model, batch_loss, _transcribes(extractor, tokenizer, saved, labels, timed), name="Whisper",
                 steps=train_steps, lr=1e-3, rounds=rounds)
     return save(out, model, processor, "# tiny-whisper (rtxserve fixture)\n\nTranscribes a few sentences spoken by "
                 "espeak-ng (audio/). For tests only.\n")

@@ -89,17 +89,19 @@ def test_transcripts_equal_the_pipeline_and_vllm_direct(servers, whisper):
     text = gateway.audio.transcriptions.create(file=(whisper[0] / "audio" / name).open("rb"), model=MODEL,
                                                language="en", response_format="text")
     assert text == expected
-    # srt is written from vLLM's verbose_json segments: a cue for each segment vLLM answers, with its text
-    # (tests/unit/test_speech.py writes cues from segments with times)
+    # srt is written from vLLM's verbose_json segments: a cue for each segment vLLM answers, with its text and times
+    # (the fixture's build checked that, asked for timestamps, it writes the sentence and then its end's timestamp)
     import srt
 
     path = whisper[0] / "audio" / name
     subtitles = gateway.audio.transcriptions.create(file=path.open("rb"), model=MODEL, language="en",
                                                     response_format="srt")
     segments = direct.audio.transcriptions.create(file=path.open("rb"), model=MODEL, language="en",
-                                                  response_format="verbose_json").segments or []
+                                                  response_format="verbose_json").segments
+    assert [segment.text.strip() for segment in segments] == [expected.strip()]
     assert isinstance(subtitles, str)
-    assert [cue.content for cue in srt.parse(subtitles)] == [segment.text.strip() for segment in segments]
+    assert [(cue.content, cue.start.total_seconds(), cue.end.total_seconds()) for cue in srt.parse(subtitles)] == \
+        [(segment.text.strip(), round(segment.start, 3), round(segment.end, 3)) for segment in segments]
 
 
 def test_other_formats_and_rates_are_read(servers, whisper):
