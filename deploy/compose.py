@@ -10,8 +10,8 @@ from serve.vllm_server import serve_args
 
 from .engines import Build
 from .images import (GATEWAY_IMAGE, GATEWAY_STATE, GRAFANA_IMAGE, KEYS_IN_CONTAINER, MODELS, PROMETHEUS_IMAGE,
-                     STORE_PASSWORD_COPY, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, image_context, triton_image,
-                     vllm_image)
+                     STORE_DATA, STORE_HOST, STORE_IMAGE, STORE_PASSWORD_COPY, STORE_PASSWORD_IN_CONTAINER,
+                     TENSORRT_IMAGE, image_context, triton_image, vllm_image)
 from .plan import Plan
 from .services import Service, container_command, put_to_sleep
 from .spec import Deployment
@@ -63,6 +63,38 @@ def _engine(d: Deployment, s: Service, services: list[Service], triton: Service 
     return svc
 
 
+def _gateway(d: Deployment, s: Service, engines: list[Service]) -> dict:
+    """The gateway's service: published on the deployment's host, started after the engines (and the box's own store)."""
+    from serve.gateway.settings import is_loopback
+
+    host = d.gateway.host
+    host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
+    # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
+    # image's home of the gateway's user, which a new volume takes its owner from)
+    state = {"RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"} | (  # else a PostgreSQL's
+        {} if d.store.url or d.store.server else {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"})
+    svc = _image(GATEWAY_IMAGE) | {
+        "command": ["rtxserve", *s.args], "environment": s.env | state, "ports": [f"{host}{s.port}:{s.port}"],
+        "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
+        "depends_on": _gateway_after(engines) | ({STORE_HOST: {"condition": "service_healthy"}} if d.store.server else {}),
+        "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
+    if d.gateway.keys_file is not None:
+        svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
+    if d.store.box_password:  # mounted readable for the gateway's user (uid 1000): render.py
+        svc.setdefault("secrets", []).append({"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER})
+    return svc
+
+
+def _store() -> dict:
+    """The box's own PostgreSQL (store.server): its data on a volume of its own, its password the secret the gateway
+    reads, on the engines' network only (the gateway's workers reach it there; nothing is published)."""
+    return _image(STORE_IMAGE) | {
+        "secrets": [{"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER}],
+        "volumes": [f"store-data:{STORE_DATA}"], "restart": "unless-stopped", "networks": ["engines"],
+        "healthcheck": {"test": ["CMD", "pg_isready", "-q", "-h", "127.0.0.1", "-U", "rtxserve", "-d", "rtxserve"],
+                        "interval": "5s", "timeout": "5s", "retries": 5, "start_period": "60s"}}
+
+
 def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]) -> dict:
     # No top-level `name` and no `restart` under depends_on: Compose v2's, which docker-compose 1.29 (Debian's)
     # refuses; the project is named by compose/.env (COMPOSE_PROJECT_NAME), which both read.
@@ -90,26 +122,12 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
                     "command": put_to_sleep(s, s.name), "depends_on": {s.name: {"condition": "service_healthy"}},
                     "restart": "no", "networks": ["engines"]}
         else:
-            from serve.gateway.settings import is_loopback
-
-            host = d.gateway.host
-            host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
-            # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
-            # image's home of the gateway's user, which a new volume takes its owner from)
-            state = {"RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"} | (
-                {} if d.store.url else {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"})  # else store.url's server
-            svc = _image(GATEWAY_IMAGE) | {"command": ["rtxserve", *s.args], "environment": s.env | state,
-                   "ports": [f"{host}{s.port}:{s.port}"],
-                   "volumes": ["../gateway.yaml:/etc/rtxserve/gateway.yaml:ro", f"gateway-state:{GATEWAY_STATE}"],
-                   "depends_on": _gateway_after(engines),
-                   "healthcheck": _health(f"http://localhost:{s.port}{s.ready_path}", "30s")}
-            if d.gateway.keys_file is not None:
-                svc["secrets"] = [{"source": "api_keys", "target": KEYS_IN_CONTAINER}]
-            if d.store.password_file is not None:  # mounted readable for the gateway's user (uid 1000): render.py
-                svc.setdefault("secrets", []).append({"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER})
+            svc = _gateway(d, s, engines)
         svc["restart"] = "unless-stopped"
         svc["networks"] = ["engines", "front"] if s.kind == "gateway" else ["engines"]
         out["services"][s.name] = svc
+    if d.store.server:
+        out["services"][STORE_HOST] = _store()
     out["services"]["prometheus"] = {
         "image": PROMETHEUS_IMAGE, "restart": "unless-stopped", "networks": ["engines", "front"],
         "volumes": ["./prometheus.yml:/etc/prometheus/prometheus.yml:ro", "../monitoring/rules.yml:/etc/prometheus/rules.yml:ro"],
@@ -124,10 +142,10 @@ def compose(d: Deployment, p: Plan, services: list[Service], builds: list[Build]
         "depends_on": {"prometheus": {"condition": "service_healthy"}}}
     # The engines' network has no way out and nothing published: only the gateway (and Prometheus) reach them.
     out["networks"] = {"engines": {"internal": True}, "front": {}}
-    out["volumes"] = {"gateway-state": {}}
+    out["volumes"] = {"gateway-state": {}} | ({"store-data": {}} if d.store.server else {})
     if d.gateway.keys_file is not None:
         out["secrets"] = {"api_keys": {"file": "../secrets/keys.json"}}
-    if d.store.password_file is not None:
+    if d.store.box_password:
         out.setdefault("secrets", {})["store_password"] = {"file": f"../secrets/{STORE_PASSWORD_COPY}"}
     return out
 

@@ -40,6 +40,12 @@ KEYS_IN_CONTAINER = "/etc/rtxserve/keys/api_keys.json"
 STORE_PASSWORD_IN_CONTAINER = "/etc/rtxserve/store/password"  # store.password_file (or the made one), as a secret
 STORE_PASSWORD_FILE = "store-password.txt"  # its copy in kubernetes/, for kustomize
 STORE_PASSWORD_COPY = f"store/{STORE_PASSWORD_FILE}"  # and under the rendered secrets/, for compose and systemd
+# The PostgreSQL a deployment runs itself (Kubernetes without store.url, compose with store.server), by that name
+STORE_HOST = "rtxserve-store"
+STORE_URL = f"postgresql://rtxserve@{STORE_HOST}:5432/rtxserve"
+# compose's (store.server): Debian's postgresql built FROM BASE_IMAGE, started by deploy/store/start-store.sh
+STORE_IMAGE = f"rtxserve-store:{__version__}"
+STORE_DATA = "/var/lib/rtxserve-store"  # its volume; the cluster in data/ below it
 
 
 def _requirements(path: Path) -> list[Requirement]:
@@ -87,7 +93,7 @@ def vllm_image(gpu: bool, speech: bool) -> str:
 def image_context(image: str) -> str | None:
     """The folder of a rendered deployment holding the Dockerfile of `image`, if it is built here."""
     return {GATEWAY_IMAGE: "gateway-image", SERVING_TRITON_IMAGE: "triton-image", SPEECH_VLLM_IMAGE: "vllm-audio-image",
-            TRITON_CPU_IMAGE: "triton-cpu-image", VLLM_CPU_IMAGE: "vllm-cpu-image"}.get(image)
+            TRITON_CPU_IMAGE: "triton-cpu-image", VLLM_CPU_IMAGE: "vllm-cpu-image", STORE_IMAGE: "store-image"}.get(image)
 
 
 def triton_image_requirements(diffusion: bool) -> str:
@@ -236,4 +242,20 @@ COPY control/ {CONTROL_PATH}/
 ENV PATH={IMAGE_ENVS}/vllm/bin:{IMAGE_PATH} HF_HUB_OFFLINE=1 PYTHONPATH={CONTROL_PATH}
 USER rtxserve
 ENTRYPOINT ["vllm", "serve"]
+"""
+
+
+STORE_DOCKERFILE = f"""# A box's own PostgreSQL (store.server: true), Debian's package: docker build -t {STORE_IMAGE} .
+# start-store.sh makes the cluster at the first start (its password from the store_password secret) and serves it.
+FROM {BASE_IMAGE}
+RUN mkdir -p /etc/postgresql-common/createcluster.d{NL}\
+ && echo "create_main_cluster = false" > /etc/postgresql-common/createcluster.d/rtxserve.conf{NL}\
+ && apt-get update && apt-get install -y --no-install-recommends postgresql{NL}\
+ && rm -rf /var/lib/apt/lists/*{NL}\
+ && ln -s "$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)/pg_isready" /usr/local/bin/pg_isready{NL}\
+ && install -d -o postgres -g postgres {STORE_DATA}
+COPY start-store.sh /usr/local/bin/start-store.sh
+USER postgres
+ENV PGDATA={STORE_DATA}/data STORE_PASSWORD_FILE={STORE_PASSWORD_IN_CONTAINER}
+CMD ["sh", "/usr/local/bin/start-store.sh"]
 """

@@ -14,8 +14,8 @@ from serve.vllm_server import serve_args, served_task
 from . import monitoring
 from .engines import Build, build_script
 from .images import (GATEWAY_IMAGE, KEYS_IN_CONTAINER, MODELS, POSTGRES_IMAGE, REDIS_IMAGE, SPEECH_VLLM_IMAGE,
-                     STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, VLLM_IMAGE, image_context,
-                     triton_image, vllm_image)
+                     STORE_HOST, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE, VLLM_IMAGE,
+                     image_context, triton_image, vllm_image)
 from .plan import Plan, server_host_gib
 from .services import Service, container_command, put_to_sleep
 from .spec import Deployment
@@ -329,9 +329,8 @@ def _redis(d: Deployment) -> list[dict]:
     return [deployment, _service(d, REDIS, REDIS, {"redis": 6379}), policy]
 
 
-STORE = "rtxserve-store"  # the Files and Batch APIs' PostgreSQL, without store.url: its StatefulSet and Service
+STORE = STORE_HOST  # the Files and Batch APIs' PostgreSQL, without store.url: its StatefulSet and Service
 STORE_SECRET = "rtxserve-store"  # its password (store-password.txt, made at the first render and kept after)
-STORE_URL = f"postgresql://rtxserve@{STORE}:5432/rtxserve"
 POSTGRES_UID = 999  # the postgres image's own user
 
 

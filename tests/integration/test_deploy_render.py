@@ -43,6 +43,7 @@ def rendered(classifier_checkpoint, tmp_path_factory):
     write_keys(work / "keys.json", {"ops": ApiKey(name="ops", hash=hash_key("secret"))})
     data = yaml.safe_load(one.read_text())
     data["gateway"] = {"host": "0.0.0.0", "keys_file": "keys.json", "workers": 2}
+    data["store"] = {"server": True}  # the box's workers over a PostgreSQL of its own
     data["models"][0]["slo"] = "e2el:200"
     data["models"][1]["slo"] = "ttft:500,itl:50"
     data["models"].append({"name": "sentiment", "kind": "encoder", "path": "model_repository/sentiment", "tensorrt": True})
@@ -62,13 +63,16 @@ def test_compose_follows_the_compose_specification(rendered):
     errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(compose)]
     assert errors == []
     services = compose["services"]
-    assert set(services) == {"build-engines", "triton", "vllm-llama-3-8b-0", "gateway", "prometheus", "grafana"}
-    # engines: on the internal network only, nothing published, each on its GPU, healthy before the gateway starts
+    assert set(services) == {"build-engines", "triton", "vllm-llama-3-8b-0", "rtxserve-store", "gateway", "prometheus",
+                             "grafana"}
+    # engines and the store: on the internal network only, nothing published, healthy before the gateway starts; the
+    # engines each on its GPU
     assert compose["networks"]["engines"] == {"internal": True}
-    for name in ("triton", "vllm-llama-3-8b-0"):
+    for name in ("triton", "vllm-llama-3-8b-0", "rtxserve-store"):
         assert services[name]["networks"] == ["engines"] and "ports" not in services[name]
-        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
         assert services["gateway"]["depends_on"][name]["condition"] == "service_healthy"
+    for name in ("triton", "vllm-llama-3-8b-0"):
+        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
     # Triton: the pinned NGC image plus what the python-backend steps import; vLLM: `vllm serve MODEL ...`
     assert services["triton"]["build"] == {"context": "../triton-image"}
     assert (out / "triton-image" / "Dockerfile").read_text().count(f"FROM {TRITON_IMAGE}\n") == 1

@@ -46,13 +46,17 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
     files = render(d, tmp_path / "out", **on_box(d))
     names = {f.relative_to(tmp_path / "out").as_posix() for f in files}
     assert {"compose/compose.yaml", "kubernetes/kustomization.yaml", f"systemd/rtxserve-{d.name}.target"} <= names
-    # the Batch API keeps its state where a restart finds it: compose's own volume, systemd's StateDirectory=; not on
-    # Kubernetes, whose gateway replicas would each hold a store of their own
+    # the Batch API keeps its state where a restart finds it: compose's own volume, systemd's StateDirectory= (or the
+    # box's own PostgreSQL: store.server); not on Kubernetes, whose gateway replicas would each hold a store of their own
     gateway = yaml.safe_load((tmp_path / "out" / "compose" / "compose.yaml").read_text())["services"]["gateway"]
-    assert gateway["environment"]["RTXSERVE_BATCH_DIR"] == "/var/lib/rtxserve/batches"
+    systemd_settings = yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())
+    if d.store.server:
+        assert "RTXSERVE_BATCH_DIR" not in gateway["environment"] and "batch_dir" not in systemd_settings
+        assert systemd_settings["batch_store_url"].startswith("postgresql://rtxserve@127.0.0.1:")
+    else:
+        assert gateway["environment"]["RTXSERVE_BATCH_DIR"] == "/var/lib/rtxserve/batches"
+        assert systemd_settings["batch_dir"] == "/var/lib/rtxserve/batches"
     assert "gateway-state:/var/lib/rtxserve" in gateway["volumes"]
-    assert yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())["batch_dir"] == \
-        "/var/lib/rtxserve/batches"
     assert "batch_dir" not in yaml.safe_load((tmp_path / "out" / "gateway.yaml").read_text())
     # promotions keep their state beside it, and are off where the gateway's pods share none
     assert gateway["environment"]["RTXSERVE_ROLLOUT_FILE"] == "/var/lib/rtxserve/rollout.json"
@@ -581,6 +585,47 @@ def test_a_site_s_postgresql_is_given_to_every_target_with_its_password_as_a_sec
     assert holding == []
 
 
+def test_store_server_gives_a_box_a_postgresql_of_its_own_in_compose_and_systemd(tmp_path):
+    """store.server: compose runs Debian's PostgreSQL (store-image/, built FROM the base) on the engines' network
+    with a volume of its own, systemd a unit of it on 127.0.0.1; the gateway waits for it and reaches it with the
+    password made at the first render (kept by the next: the cluster keeps the one it was made with), in no manifest.
+    Its workers decide on-demand models over it (residency), as a fleet's pods do over theirs."""
+    from deploy.images import STORE_IMAGE, STORE_PASSWORD_IN_CONTAINER
+
+    out, _, _ = _store_render(tmp_path, {"server": True})
+    compose = yaml.safe_load((out / "compose" / "compose.yaml").read_text())
+    store, gateway = compose["services"][STORE], compose["services"]["gateway"]
+    assert store["image"] == STORE_IMAGE and store["build"] == {"context": "../store-image"}
+    assert store["networks"] == ["engines"] and "ports" not in store and compose["networks"]["engines"]["internal"]
+    assert store["volumes"] == ["store-data:/var/lib/rtxserve-store"] and "store-data" in compose["volumes"]
+    secret = {"source": "store_password", "target": STORE_PASSWORD_IN_CONTAINER}
+    assert secret in store["secrets"] and secret in gateway["secrets"]
+    assert gateway["depends_on"][STORE] == {"condition": "service_healthy"}
+    assert "RTXSERVE_BATCH_DIR" not in gateway["environment"]
+    assert yaml.safe_load((out / "gateway.yaml").read_text())["batch_store_url"] == \
+        f"postgresql://rtxserve@{STORE}:5432/rtxserve"
+    dockerfile = (out / "store-image" / "Dockerfile").read_text()
+    assert "FROM debian:bookworm-slim" in dockerfile and "install -y --no-install-recommends postgresql" in dockerfile
+    assert (out / "store-image" / "start-store.sh").read_text() == (out / "systemd" / "start-store.sh").read_text()
+    password = out / "secrets" / "store" / "store-password.txt"
+    made = password.read_text()
+    assert len(made.strip()) >= 32 and stat.S_IMODE(password.stat().st_mode) == 0o644
+    render(load_deployment(tmp_path / "src" / "cpu-box.yaml"), out, prefix=Path("/srv/box"), at=Path("/srv/box"))
+    assert password.read_text() == made
+    unit = (out / "systemd" / "rtxserve-cpu-box-store.service").read_text().splitlines()
+    assert {"User=postgres", "LoadCredential=store-password:/srv/box/secrets/store/store-password.txt",
+            'Environment="STORE_PASSWORD_FILE=%d/store-password"', 'Environment="STORE_LISTEN=127.0.0.1"',
+            "ExecStart=/bin/sh /srv/box/systemd/start-store.sh"} <= set(unit)
+    gateway_unit = (out / "systemd" / "rtxserve-cpu-box-gateway.service").read_text().splitlines()
+    after = next(line for line in gateway_unit if line.startswith("After="))
+    assert "rtxserve-cpu-box-store.service" in after.split()
+    settings = yaml.safe_load((out / "systemd" / "gateway.yaml").read_text())
+    assert settings["batch_store_url"] == "postgresql://rtxserve@127.0.0.1:5433/rtxserve"
+    assert settings["batch_store_password_file"] == "/run/credentials/rtxserve-cpu-box-gateway.service/store-password"
+    assert [f for f in out.rglob("*") if f.is_file() and f.suffix != ".safetensors" and f.name != "store-password.txt"
+            and made.strip() in f.read_text(errors="ignore")] == []
+
+
 def test_serve_up_gives_the_gateway_the_site_s_postgresql_and_the_password_file_where_it_is(tmp_path):
     from deploy.services import Layout, gateway_settings
 
@@ -598,6 +643,7 @@ def test_serve_up_gives_the_gateway_the_site_s_postgresql_and_the_password_file_
     ({"url": "mysql://rtx@db/b"}, "mysql:// is not PostgreSQL"),
     ({"url": "postgresql://db/b"}, "name the user, the host and the database"),
     ({"password_file": "p"}, "password_file: give url too"),
+    ({"url": "postgresql://rtx@db/b", "server": True}, "server: the box runs a PostgreSQL of its own, or"),
 ])
 def test_a_store_that_cannot_be_used_is_refused_with_the_field_and_the_fix(tmp_path, store, error):
     (tmp_path / "box.yaml").write_text(yaml.safe_dump({"name": "b", "store": store, "models": [
