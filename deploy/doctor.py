@@ -16,7 +16,8 @@ What is checked, by target (a check that does not apply to the target is left ou
   container, a C compiler and Python's headers (vLLM compiles kernels when an engine starts);
 - systemd: the keys file readable by the units' user;
 - store.url (every target but Kubernetes): the PostgreSQL server answers, as its user with store.password_file's
-  password.
+  password;
+- store.server under systemd: Debian's postgresql package (its programs and its postgres user), and ports.store free.
 """
 
 from __future__ import annotations
@@ -303,6 +304,29 @@ def check_store(d) -> list[Check]:
     return [Check("store", True, f"{where}: PostgreSQL {version}")]
 
 
+def check_store_server(d, target: str) -> list[Check]:
+    """store.server under systemd: its unit runs the box's Debian postgresql as the package's postgres user, on
+    127.0.0.1 at ports.store."""
+    if not d.store.server or target != "systemd":
+        return []
+    import glob
+    import pwd
+
+    programs = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    try:
+        pwd.getpwnam("postgres")
+        user = True
+    except KeyError:
+        user = False
+    port = d.ports.store
+    return [Check("store server", bool(programs) and user,
+                  f"PostgreSQL {programs[-1].split('/')[4]} ({Path(programs[-1]).parent})" if programs and user else
+                  "no Debian postgresql package (its /usr/lib/postgresql/*/bin and its postgres user)",
+                  "`apt-get install postgresql` (the unit runs a cluster of its own; the package's stays apart)"),
+            Check("store port", _port_free(port), f"ports.store {port} " + ("free" if _port_free(port) else "in use"),
+                  "stop what holds it, or set another ports.store")]
+
+
 def _owner(path: Path) -> str:
     import pwd
 
@@ -339,7 +363,7 @@ def doctor(path: Path, target: str, at: Path | None = None, tritonserver: bool =
     if target in ("serve", "systemd"):
         checks += check_install(d, target, tritonserver)
     if target == "systemd":
-        checks += check_keys(d)
+        checks += check_keys(d) + check_store_server(d, target)
     return checks + check_store(d)
 
 

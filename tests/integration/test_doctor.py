@@ -189,3 +189,24 @@ def test_the_store_is_reached_as_its_user_with_its_password_or_the_reason_is_sai
     assert lines["wrong-password"].startswith("FAIL") and 'password authentication failed for user "rtx"' in \
         lines["wrong-password"]
     assert not any(p in line for line in lines.values() for p in ("right-password", "wrong-password"))
+
+
+def test_a_box_s_own_store_under_systemd_needs_debian_s_postgresql_and_its_port(tmp_path, capsys):
+    """store.server, systemd: this machine has Debian's postgresql (`make test` installs it), and the port is said when
+    something holds it."""
+    import socket
+
+    path = _box(tmp_path, "cpu-box")
+    data = yaml.safe_load(path.read_text())
+    data["store"], data["ports"]["store"] = {"server": True}, 18543
+    path.write_text(yaml.safe_dump(data))
+    _, found = _doctor(capsys, path, "systemd")
+    assert found["store server"].startswith("ok") and "/usr/lib/postgresql/" in found["store server"]
+    assert found["store port"].startswith("ok")
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 18543))
+        holder.listen()
+        _, found = _doctor(capsys, path, "systemd")
+    assert found["store port"].startswith("FAIL") and "ports.store 18543 in use" in found["store port"]
+    _, found = _doctor(capsys, path, "compose")  # compose builds its own: nothing of the box's to check
+    assert "store server" not in found and "store port" not in found
