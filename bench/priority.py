@@ -249,7 +249,26 @@ def markdown(result: dict) -> str:
         lines += [f"| {f['batch_concurrency']} | {f['ttft_p50_ms']} / {f['ttft_p99_ms']} | {f['ttft_p50_ratio']}x / "
                   f"{f['ttft_p99_ratio']}x | {f['batch_rps']} | {f['batch_share_of_left']}x |"
                   for f in result["frontier"]]
+        lines += ["", frontier_reading(result["frontier"])]
     return "\n".join(lines) + "\n"
+
+
+def frontier_reading(frontier: list[dict]) -> str:
+    """What the frontier says of the targets: the least share of the engine that meets both, or why none does."""
+    both = [f for f in frontier if all(_met(f[key], op, value) for key, (op, value) in TARGETS.items())]
+    if both:
+        return (f"With {both[0]['batch_concurrency']} of the batch's requests in flight the box meets both targets "
+                f"(users' P99 {both[0]['ttft_p99_ratio']}x, the batch {both[0]['batch_share_of_left']}x of what is "
+                f"left): `batch_concurrency: {both[0]['batch_concurrency']}` on this box.")
+    least = min(frontier, key=lambda f: f["batch_concurrency"])
+    return (f"No share of the engine meets both targets here. The least there is, {least['batch_concurrency']} of the "
+            f"batch's requests in flight, already puts the users' TTFT P99 at {least['ttft_p99_ratio']}x and P50 at "
+            f"{least['ttft_p50_ratio']}x alone (target P99 <= {TARGETS['ttft_p99_ratio'][1]}x) while the batch gets "
+            f"{least['batch_share_of_left']}x of what is left (target >= {TARGETS['batch_share_of_left'][1]}x): a "
+            "person's request shares the engine's steps with whatever of the batch is running, and no gate or hold "
+            "at the gateway removes a request already in the engine. What would meet them is the batch on an engine "
+            "of its own (its own cores or card), so that people never share its steps; on this box that engine "
+            "would take cores from the people's.")
 
 
 def plot(result: dict, path: Path) -> Path:

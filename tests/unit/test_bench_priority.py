@@ -23,3 +23,18 @@ def test_the_page_gives_each_row_the_verdicts_and_the_frontier(tmp_path):
     assert "| ttft_p99_ratio <= 1.2x | 1.1x | met |" in text
     assert "| 8 | 38.0 / 130.0 | 1.267x / 2.6x | 32.0 | 1.032x |" in text
     assert plot(result, tmp_path / "b14.png").stat().st_size > 10_000
+
+
+def _point(n: int, p99_ratio: float, share: float) -> dict:
+    return {"batch_concurrency": n, "ttft_p50_ratio": p99_ratio, "ttft_p99_ratio": p99_ratio, "batch_share_of_left": share}
+
+
+def test_the_frontier_names_the_least_share_that_meets_both_targets_or_says_why_none_does():
+    from bench.priority import frontier_reading
+
+    met = frontier_reading([_point(1, 1.1, 0.5), _point(2, 1.15, 0.85), _point(4, 1.19, 0.95), _point(8, 1.6, 1.0)])
+    assert met.startswith("With 2 of the batch's requests in flight the box meets both targets") and \
+        "`batch_concurrency: 2`" in met
+    missed = frontier_reading([_point(8, 1.77, 0.9), _point(1, 1.8, 0.303), _point(4, 1.88, 0.6)])
+    assert missed.startswith("No share of the engine meets both targets here. The least there is, 1 of the batch's")
+    assert "TTFT P99 at 1.8x" in missed and "0.303x of what is left" in missed
