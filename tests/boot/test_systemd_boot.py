@@ -1,8 +1,9 @@
 """The CPU box's systemd units, as its air-gapped bundle installs them, booted for real: a Debian root (from Debian's
 packages) unpacks `rtxserve deploy bundle`'s archive, runs its install.sh, makes the rtxserve user and enables the
 deployment's target, then boots with systemd-nspawn (systemd as PID 1, the host's network). The target starts every
-server, the gateway answers from 127.0.0.1 with keys enforced, and a server killed with SIGKILL is started again by its
-unit's restart policy while the gateway stays up and becomes ready again."""
+server and the box's own PostgreSQL (store.server, the box's Debian package), the gateway answers from 127.0.0.1 with
+keys enforced and keeps its batches in that store, and a server killed with SIGKILL is started again by its unit's
+restart policy while the gateway stays up and becomes ready again."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from deploy.bundle import bundle
 from deploy.load import load_deployment
@@ -22,8 +24,10 @@ from serve.launcher import free_port
 from .conftest import DEBIAN_MIRROR, KEY, run, write_cpu_box
 
 # What the box has before rtxserve: systemd, and what the install and its servers need from the system (Python 3.11
-# with venv, the python-backend stub's libpython, a C compiler and Python's headers for torch.compile, libnuma)
-PACKAGES = "systemd,systemd-sysv,dbus,python3,python3-venv,libpython3.11,python3-dev,g++,libnuma1,ca-certificates"
+# with venv, the python-backend stub's libpython, a C compiler and Python's headers for torch.compile, libnuma; Debian's
+# postgresql for the box's own store)
+PACKAGES = ("systemd,systemd-sysv,dbus,python3,python3-venv,libpython3.11,python3-dev,g++,libnuma1,ca-certificates,"
+            "postgresql")
 PREFIX = Path("/opt/rtxserve-cpu-box")
 
 
@@ -102,8 +106,10 @@ def booted(tmp_path_factory):
     """(the deployment, the gateway's URL, the booted root), the box installed from its bundle and booted."""
     work = tmp_path_factory.mktemp("systemd-box")
     ports = {"gateway": free_port(), "triton_http": free_port(), "triton_grpc": free_port(),
-             "triton_metrics": free_port(), "vllm": free_port()}  # the host's network: ports nothing else holds
-    d = load_deployment(write_cpu_box(work / "box", ports))
+             "triton_metrics": free_port(), "vllm": free_port(), "store": free_port()}  # the host's network: free ones
+    path = write_cpu_box(work / "box", ports)
+    path.write_text(yaml.safe_dump(yaml.safe_load(path.read_text()) | {"store": {"server": True}}, sort_keys=False))
+    d = load_deployment(path)
     archive = bundle(d, work / "cpu-box.tar", prefix=PREFIX, log=lambda line: None)
     root = work / "root"
     root.mkdir()
@@ -113,7 +119,9 @@ def booted(tmp_path_factory):
     # what install.sh says to do, then the target enabled as a box's administrator would
     _in_root(root, f"sh install.sh && useradd --system --home /var/lib/rtxserve rtxserve && chown -R rtxserve: secrets "
                    f"&& cp systemd/*.service systemd/*.target /etc/systemd/system/ "
-                   f"&& systemctl enable rtxserve-{d.name}.target", timeout=1800)
+                   f"&& systemctl enable rtxserve-{d.name}.target "
+                   # the package's own cluster would take 5432 on the host's network, which this machine may hold
+                   f"&& systemctl mask postgresql.service postgresql@15-main.service", timeout=1800)
     box = Booted(root, work / "boot.log")
     try:
         url = f"http://127.0.0.1:{ports['gateway']}"
@@ -136,6 +144,31 @@ def test_the_target_starts_every_server_as_the_rtxserve_user(booted):
         assert (unit["ActiveState"], unit["SubState"], unit["User"]) == ("active", "running", "rtxserve"), (server, unit)
         assert box.sh(f"stat -c %U /proc/{unit['MainPID']}").strip() == "rtxserve", server
     assert box.unit(f"rtxserve-{d.name}.target", "ActiveState")["ActiveState"] == "active"
+
+
+def test_the_gateway_keeps_its_batches_in_the_box_s_own_postgresql(booted):
+    """The store's unit runs the box's Debian postgresql as postgres; a batch through the gateway completes, and its
+    tables are in that server, reached with the password the render made."""
+    import openai
+
+    d, url, box = booted
+    unit = box.unit(f"rtxserve-{d.name}-store.service", "ActiveState", "SubState", "User")
+    assert (unit["ActiveState"], unit["SubState"], unit["User"]) == ("active", "running", "postgres"), unit
+    sdk = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=120)
+    lines = b"".join(b'{"custom_id": "q%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "support", '
+                     b'"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "ignore_eos": true}}\n' % i
+                     for i in range(4))
+    batch = sdk.batches.create(input_file_id=sdk.files.create(file=("in.jsonl", lines), purpose="batch").id,
+                               endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 120
+    while (batch := sdk.batches.retrieve(batch.id)).status != "completed":
+        assert time.monotonic() < deadline and batch.status in ("validating", "in_progress", "finalizing"), batch
+        time.sleep(0.5)
+    assert batch.request_counts.completed == 4
+    rows = box.sh(f'PGPASSWORD="$(head -n 1 {PREFIX}/secrets/store/store-password.txt)" '
+                  f"$(ls -d /usr/lib/postgresql/*/bin | tail -n 1)/psql -h 127.0.0.1 -p {d.ports.store} -U rtxserve "
+                  "-d rtxserve -Atc 'SELECT status, total FROM batches'")
+    assert rows.split() == ["completed|4"], rows
 
 
 def test_the_gateway_answers_from_127_0_0_1_with_keys_enforced(booted):
