@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "trace-*.jsonl of it, or a folder of several gateways' trace_dirs, replayed as one), a Mooncake trace "
                    "or vLLM's timed trace (JSONL)")
     y.add_argument("--out", type=Path, default=None, help="report folder (default reports/replay-<time>)")
+    y.add_argument("--analyze", action="store_true", help="say what the (fitted) trace holds and what fits the models "
+                   "at --host, and send nothing")
     y.set_defaults(warmup=0.0, scenario="replay", arrival="trace")
     p = sub.add_parser("report", help="recompute the report from a run folder's raw samples")
     p.add_argument("folder", type=Path)
@@ -78,6 +80,21 @@ def _spec(args):
     return LoadSpec(host=args.host, options=options, users=args.users, spawn_rate=args.spawn_rate,
                     duration_s=args.duration, warmup_s=args.warmup, workers=args.workers, slo=args.slo,
                     scrape=[] if args.no_scrape else args.scrape, scrape_host=not args.no_scrape)
+
+
+def _analyze(spec) -> str:
+    """`replay --analyze`: the trace as fitted, and what fits the models at --host where it answers."""
+    import httpx
+
+    from .runner import auth_headers, contexts
+    from .scenarios.fitting import analyze
+
+    try:
+        answer = httpx.get(f"{spec.host.rstrip('/')}/v1/models", headers=auth_headers(spec.options), timeout=5)
+        found = contexts(answer.json().get("data", [])) if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        found = None
+    return analyze(spec.trace, found)
 
 
 def _fail(message) -> int:
@@ -109,6 +126,9 @@ def main(argv: list[str]) -> int:
         if args.command == "replay":
             args.trace, args.scenario, args.arrival = str(args.trace_file), "replay", "trace"
         spec = _spec(args)
+        if args.command == "replay" and args.analyze:
+            print(_analyze(spec))
+            return 0
         if args.command == "sweep":
             from .sweep import sweep
 

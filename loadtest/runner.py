@@ -172,7 +172,7 @@ class RunResult:
     out_dir: Path
 
 
-def _auth(options: dict) -> dict:
+def auth_headers(options: dict) -> dict:
     return {"Authorization": f"Bearer {options['api_key']}"} if options.get("api_key") else {}
 
 
@@ -181,7 +181,7 @@ def check_target(spec: LoadSpec, timeout_s: float = 5.0) -> None:
     a wrong address or name would otherwise fill a report with errors."""
     host = spec.host.rstrip("/")
     try:
-        answer = httpx.get(f"{host}/v1/models", headers=_auth(spec.options), timeout=timeout_s)
+        answer = httpx.get(f"{host}/v1/models", headers=auth_headers(spec.options), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise ValueError(f"nothing answers at {spec.host} ({type(exc).__name__}: {exc}); start the gateway "
                          "(`rtxserve serve gateway`) or pass --host") from None
@@ -189,12 +189,24 @@ def check_target(spec: LoadSpec, timeout_s: float = 5.0) -> None:
         raise ValueError(f"{host}/v1/models refused the key (HTTP {answer.status_code}); pass --api-key")
     if answer.status_code != 200:
         return  # not our gateway (another OpenAI-style server may lack the list): let the run tell
-    served = {m.get("id") for m in answer.json().get("data", [])}
+    listed = answer.json().get("data", [])
+    served = {m.get("id") for m in listed}
     missing = [m for m in spec.models() if m not in served]
     if missing:
         hint = "; point the trace's models at served ones with --models OLD=NEW" if spec.replaying else ""
         raise ValueError(f"model {', '.join(missing)} is not served at {host}; served: "
                          f"{', '.join(sorted(served)) or 'none'}{hint}")
+    if spec.replaying and not spec.options["send_anyway"]:
+        from .scenarios.fitting import over_context
+
+        refused = over_context(spec.trace, contexts(listed))
+        if refused:
+            raise ValueError(refused)
+
+
+def contexts(listed: list[dict]) -> dict[str, int]:
+    """Each listed model's context (`max_model_len`, as vLLM and the gateway list an engine's models)."""
+    return {m["id"]: int(m["max_model_len"]) for m in listed if isinstance(m.get("max_model_len"), int)}
 
 
 class _Progress:
@@ -274,7 +286,8 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
             f"{spec.options['rate']:g} req/s ({spec.options['arrival']})" if spec.open_loop else f"{spec.users} users")
     log(f"locust: {what} on {spec.host} for {spec.duration:g}s ({spec.options['scenario']}); command: {shown}")
     urls = [f"{spec.host.rstrip('/')}/metrics"] if spec.scrape_host else []
-    scraper = Scraper([*urls, *spec.scrape], out_dir / "server_metrics.csv", headers=_auth(spec.options)).start()
+    scraper = Scraper([*urls, *spec.scrape], out_dir / "server_metrics.csv",
+                      headers=auth_headers(spec.options)).start()
     started = time.monotonic()
     try:
         with open(out_dir / "locust.log", "wb") as locust_log:
@@ -320,7 +333,7 @@ def _checked(spec: LoadSpec) -> LoadSpec:
         from .scenarios.replayer import calibrate
 
         spec = copy.deepcopy(spec)
-        spec.options["calibration"] = json.dumps(calibrate(spec.host, _auth(spec.options), spec.trace))
+        spec.options["calibration"] = json.dumps(calibrate(spec.host, auth_headers(spec.options), spec.trace))
     return spec
 
 

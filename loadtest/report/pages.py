@@ -267,6 +267,9 @@ def write_report(summary: Summary, samples: Samples, out_dir: Path, title: str, 
     rows = "\n".join(f"| {k.upper()} | {v:.2f} |" for k, v in lat.items())
     settings = "\n".join(f"| {k} | {_show(v)} |" for k, v in summary.settings.items())
     errors = "\n".join(f"- {k}: {v}" for k, v in summary.error_kinds.items()) or "- none"
+    if summary.error_reasons:
+        errors += "\n\nWhat the server said, by status and API (the first distinct reasons):\n\n" + "\n".join(
+            f"- {key}: {why} ({n})" for key, found in summary.error_reasons.items() for why, n in found)
     warnings = "".join(f"\n> **Warning:** {w}\n" for w in _warnings(summary))
     bold_headline = "  \n".join(f"**{line}**" for line in headline(summary).splitlines())  # a line per API of a mix
     md = f"""# {title}

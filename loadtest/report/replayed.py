@@ -78,7 +78,7 @@ def compare(trace: Trace, samples, server: dict | None = None) -> dict:
              for label, v in (("prompt tokens", [r.input_tokens for r, g in zip(rs, gen) if g]),
                               ("output tokens", [r.output_tokens for r, g in zip(rs, gen) if g])) if v}
     return {"format": trace.format, "block_tokens": trace.block_tokens, "recorded_sizes": sizes,
-            "skipped": dict(trace.skipped), "recorded": recorded, "replayed": replayed,
+            "skipped": dict(trace.skipped), "fitted": dict(trace.fitted), "recorded": recorded, "replayed": replayed,
             "arrivals": {"bin_s": width, "recorded": a.tolist(), "replayed": b.tolist(), "correlation": correlation},
             "ideal_prefix_hit_rate": _ideal_prefix_hits(rs), "repeat_share": _repeats(rs), "cache_hit_rate_pct": hits}
 
@@ -112,6 +112,9 @@ def section(figures: dict, png: str = "replay.png") -> str:
                      "the same inputs: what a response cache can answer).")
     for name, rate in figures["cache_hit_rate_pct"].items():
         lines.append(f"{name} during the replay: {rate:.1f} %.")
+    if figures.get("fitted"):
+        lines.append("Fitted to the box (the recorded column is the trace as fitted): " + ", ".join(
+            f"{n} {why}" for why, n in figures["fitted"].items()) + ".")
     if figures["skipped"]:
         lines.append("Not replayed: " + ", ".join(f"{n} {why}" for why, n in figures["skipped"].items()) + ".")
     notes = "\n".join(f"- {line}" for line in lines)

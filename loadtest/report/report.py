@@ -122,6 +122,8 @@ class Summary:
     latency_ms: dict[str, float]  # p50/p90/p99/p99.9/mean/max of successful requests
     warmup_s: float
     error_kinds: dict[str, int] = field(default_factory=dict)
+    # per kind and API ("HTTP 400 chat"): the first distinct reasons the server gave, with how often each came
+    error_reasons: dict[str, list] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     streaming: dict = field(default_factory=dict)  # see _streaming; empty for runs that did not stream
     goodput: dict = field(default_factory=dict)  # see _goodput; empty without an SLO
@@ -134,6 +136,16 @@ class Summary:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _reasons(errors: list[str], names, most: int = 3) -> dict[str, list]:
+    """Per kind and API, the first `most` distinct reasons (`HTTP 400: reason`) and how often each came."""
+    counts: dict[str, Counter] = {}
+    for i, error in enumerate(errors):
+        kind, _, why = error.partition(":")
+        key = f"{kind or 'unknown'} {names[i]}" if names is not None and i < len(names) else kind or "unknown"
+        counts.setdefault(key, Counter())[why.strip() or "(no reason given)"] += 1
+    return {key: [[why, n] for why, n in list(found.items())[:most]] for key, found in counts.items()}
 
 
 def measured(samples: Samples, warmup_s: float) -> np.ndarray:
@@ -260,6 +272,7 @@ def summarize(samples: Samples, warmup_s: float = 0.0, settings: dict | None = N
         latency_ms=_latency_figures(samples.latency_ms[keep][ok]),
         warmup_s=warmup_s,
         error_kinds=dict(Counter(e.split(":")[0] or "unknown" for e in kept_errors).most_common(10)),
+        error_reasons=_reasons(kept_errors, samples.names[keep & ~samples.ok] if samples.names is not None else None),
         settings=settings or {},
         streaming=_streaming(samples, streamed, duration) if streamed.any() else {},
     )

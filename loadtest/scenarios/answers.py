@@ -16,12 +16,30 @@ class WrongAnswer(Exception):
 
 
 def failed_status(response) -> bool:
-    """Whether the request failed (not a 200): marked failed then, with its status and the start of its body."""
+    """Whether the request failed (not a 200): marked failed then, with its status and the server's reason."""
     if response.status_code == 200:
         return False
     if response.status_code:  # 0: no answer at all; locust records the connection error itself
-        response.failure(f"HTTP {response.status_code}: {(response.text or '')[:120]}")
+        response.failure(f"HTTP {response.status_code}: {reason(response.text or '')}")
     return True
+
+
+def reason(body: str, limit: int = 200) -> str:
+    """What an error answer says: the message of OpenAI's error shape (ours, vLLM's) or FastAPI's detail, else the body's
+    start; at most `limit` characters, and any quoted text of 40 characters or more left out (an echoed prompt)."""
+    import re
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    message = body
+    if isinstance(data, dict):
+        error = data.get("error")
+        found = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else data.get("detail")
+        message = found if isinstance(found, str) else message
+    message = re.sub(r"'[^']{40,}'|\"[^\"]{40,}\"", "'...'", " ".join(message.split()))
+    return message[:limit]
 
 
 def check_encoded(api: str, data, n: int) -> None:

@@ -112,6 +112,22 @@ def _replay_options(parser) -> None:
                         help="send the trace pass after pass until --duration (each pass new traffic of its shape)")
     replay.add_argument("--calibration", default="", help="set by `rtxserve loadtest replay` from the target's /tokenize "
                         "(JSON: per 'API MODEL', the tokens its template adds and its tokens per word)")
+    fit = parser.add_argument_group(
+        "fitting a trace to the box", "a public trace made on other hardware, fitted to this one's models "
+        "(loadtest/scenarios/fitting.py); each change is counted in the report")
+    fit.add_argument("--trace-window", default="", metavar="START:END",
+                     help="replay only the requests arriving between these seconds of the trace's own time")
+    fit.add_argument("--prompt-scale", type=float, default=1.0, help="multiply every prompt's length")
+    fit.add_argument("--prefix-scale", type=float, default=1.0,
+                     help="multiply the shared prefixes' length (the tokens each hash id stands for)")
+    fit.add_argument("--output-scale", type=float, default=1.0, help="multiply every output's length")
+    fit.add_argument("--max-prompt", type=int, default=0, metavar="TOKENS", help="skip the requests whose prompt is longer")
+    fit.add_argument("--clamp-prompt", type=int, default=0, metavar="TOKENS", help="cut longer prompts to this")
+    fit.add_argument("--max-output", type=int, default=0, metavar="TOKENS", help="cap every output at this")
+    fit.add_argument("--max-idle", type=float, default=0.0, metavar="SECONDS",
+                     help="no gap between two arrivals longer than this (after --speed)")
+    fit.add_argument("--send-anyway", action="store_true", help="send requests longer than their model's context "
+                     "(by default the replay stops before sending, with the option that fits them)")
 
 
 def parse_pairs(text: str, what: str) -> list[tuple[float, float]]:

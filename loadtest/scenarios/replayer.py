@@ -28,11 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.tasks import ENCODER, TASKS, TEXT_GENERATION, routes_by_scenario
 
+from .fitting import GENERATION, Fit
 from .workloads import WORDS
 
 FORMATS = ("auto", "rtxserve", "mooncake", "vllm")
 BLOCK_TOKENS = {"mooncake": 512, "vllm": 16}
-GENERATION = set(routes_by_scenario(tasks=(TEXT_GENERATION,)))
 # (route, whether its inputs are images) -> API, for what a replay can synthesise: generation, text and image encoders
 _INPUTS = {s: t.inputs for t in TASKS.values() if t.kind == ENCODER for s in t.loadtest}
 API_OF_ROUTE = {(route, False): api for api, route in routes_by_scenario(tasks=(TEXT_GENERATION,)).items()} | {
@@ -90,6 +90,7 @@ class Trace:
     format: str
     block_tokens: int
     skipped: Counter  # why lines were not replayed, and how many
+    fitted: Counter = field(default_factory=Counter)  # what fitting it to the box changed (fitting.py), and how often
 
     @property
     def duration_s(self) -> float:
@@ -111,9 +112,10 @@ def parse_mapping(text: str) -> dict[str, str]:
 
 
 def read_trace(path: Path, fmt: str = "auto", *, model: str = "", mapping: dict[str, str] | None = None,
-               speed: float = 1.0, block_tokens: int = 0) -> Trace:
-    """The trace's requests in arrival order, times divided by `speed`. Raises ValueError naming the line and the
-    field of the first line that is not a trace's (nothing is sent then)."""
+               speed: float = 1.0, block_tokens: int = 0, fit: Fit = Fit()) -> Trace:
+    """The trace's requests in arrival order, fitted to the box (`fit`: fitting.py), times divided by `speed`. Raises
+    ValueError naming the line and the field of the first line that is not a trace's, or the option that leaves
+    nothing to send (nothing is sent then)."""
     if fmt not in FORMATS:
         raise ValueError(f"--trace-format must be one of {', '.join(FORMATS)}")
     if speed <= 0 or block_tokens < 0:
@@ -141,13 +143,18 @@ def read_trace(path: Path, fmt: str = "auto", *, model: str = "", mapping: dict[
     requests = []
     t0 = lines[0][0]
     for at, line in lines:
-        request = _request(line, (at - t0) / speed, model, mapping, skipped)
+        request = _request(line, at - t0, model, mapping, skipped)
         if request is not None:
             requests.append(request)
     if not requests:
         raise ValueError(f"trace {path} holds nothing a replay can send ({_reasons(skipped)})")
-    blocks = block_tokens or BLOCK_TOKENS.get(fmt) or _our_block_tokens(requests)
-    return Trace(requests, fmt, blocks, skipped)
+    blocks = block_tokens or BLOCK_TOKENS.get(fmt) or _our_block_tokens(requests)  # as recorded, before fitting
+    fitted = Counter()
+    requests = fit.apply(requests, speed, skipped, fitted)
+    if fit.prefix_scale != 1:
+        fitted[f"requests' shared prefixes scaled {fit.prefix_scale:g}x ({blocks} to {fit.block_tokens(blocks)} "
+               "tokens a block)"] += sum(bool(r.hash_ids) for r in requests)
+    return Trace(requests, fmt, fit.block_tokens(blocks), skipped, fitted)
 
 
 def await_trace(path: Path, requests: int, timeout_s: float = 30.0) -> Trace:
@@ -344,4 +351,5 @@ def from_options(options) -> Trace:
     if not options.trace:
         raise ValueError("--scenario replay needs --trace FILE")
     return read_trace(Path(options.trace), options.trace_format, model=options.model,
-                      mapping=parse_mapping(options.models), speed=options.speed, block_tokens=options.block_tokens)
+                      mapping=parse_mapping(options.models), speed=options.speed, block_tokens=options.block_tokens,
+                      fit=Fit.from_options(options))

@@ -132,6 +132,10 @@ def test_errors_are_counted_not_hidden(stack, tmp_path):
     result = run(spec, tmp_path / "report", **quiet)  # over the gateway's 256 inputs per request: each is a 400
     assert result.summary.errors == result.summary.requests > 0
     assert result.summary.error_kinds == {"HTTP 400": result.summary.errors}
+    # with the server's own reason, by status and API, never a bare count
+    ((key, [[why, n]]),) = result.summary.error_reasons.items()
+    assert key == "HTTP 400 classify" and n == result.summary.errors and "256" in why, why
+    assert f"- HTTP 400 classify: {why} ({n})" in result.report.read_text()
 
 
 def test_a_sweep_finds_the_highest_rate_within_the_slo(stack, tmp_path):

