@@ -14,14 +14,10 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.tasks import TEXT_GENERATION, routes_by_scenario
-
-if TYPE_CHECKING:
-    from .replayer import Request, Trace
 
 GENERATION = set(routes_by_scenario(tasks=(TEXT_GENERATION,)))
 
@@ -73,9 +69,10 @@ class Fit:
             if value < 0:
                 raise ValueError(f"{option} must be >= 0 (0: none), not {value:g}")
 
-    def apply(self, requests: list[Request], speed: float, skipped: Counter, fitted: Counter) -> list[Request]:
-        """`requests` (times in seconds after the trace's first) in the window, sized and timed; why a request was
-        left out counts in `skipped`, each change in `fitted`. Raises ValueError naming the option that leaves nothing."""
+    def apply(self, requests: list, speed: float, skipped: Counter, fitted: Counter) -> list:
+        """`requests` (replayer.Request, times in seconds after the trace's first) in the window, sized and timed;
+        why a request was left out counts in `skipped`, each change in `fitted`. Raises ValueError naming the option
+        that leaves nothing."""
         span = requests[-1].at if requests else 0.0
         inside = [r for r in requests if self.start_s <= r.at and (self.end_s is None or r.at < self.end_s)]
         if not inside:
@@ -100,7 +97,7 @@ class Fit:
             out.append(dataclasses.replace(request, at=clock))
         return out
 
-    def _sized(self, request: Request, skipped: Counter, fitted: Counter) -> Request | None:
+    def _sized(self, request, skipped: Counter, fitted: Counter):
         if request.api not in GENERATION:
             return request
         prompt = max(1, round(request.input_tokens * self.prompt_scale))
@@ -128,9 +125,10 @@ def _p(values, q: float) -> int:
     return int(round(float(np.percentile(values, q)))) if len(values) else 0
 
 
-def over_context(trace: Trace, contexts: dict[str, int]) -> str | None:
-    """Why the trace cannot be sent as it stands: its generation requests whose prompt and output pass their model's
-    context (`contexts`: model -> max_model_len), with the options that fit them; None when all fit."""
+def over_context(trace, contexts: dict[str, int]) -> str | None:
+    """Why the trace (replayer.Trace) cannot be sent as it stands: its generation requests whose prompt and output
+    pass their model's context (`contexts`: model -> max_model_len), with the options that fit them; None when all
+    fit."""
     over = [r for r in trace.requests if r.api in GENERATION and r.model in contexts
             and r.input_tokens + r.output_tokens > contexts[r.model]]
     if not over:
@@ -152,9 +150,9 @@ def over_context(trace: Trace, contexts: dict[str, int]) -> str | None:
             f"or --prompt-scale {scale:.3g} (every prompt shorter); or --send-anyway to send them as they are")
 
 
-def analyze(trace: Trace, contexts: dict[str, int] | None) -> str:
-    """What a trace holds, without sending it: requests, span, rate, prompt and output lengths, the prefix blocks seen
-    before, and, with the target's `contexts`, how many requests fit each model."""
+def analyze(trace, contexts: dict[str, int] | None) -> str:
+    """What a trace (replayer.Trace) holds, without sending it: requests, span, rate, prompt and output lengths, the
+    prefix blocks seen before, and, with the target's `contexts`, how many requests fit each model."""
     generation = [r for r in trace.requests if r.api in GENERATION]
     span = trace.duration_s
     lines = [f"trace: {trace.format}, {len(trace.requests)} requests over {span:.1f} s "
