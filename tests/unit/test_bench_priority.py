@@ -19,7 +19,7 @@ def test_the_page_gives_each_row_the_verdicts_and_the_frontier(tmp_path):
               "batch": 1000, "batch_concurrency": None, "rows": {name: row for name in ROWS}, "frontier": frontier,
               "verdict": {"ttft_p99_ratio": True, "batch_share_of_left": True}}
     text = markdown(result)
-    assert f"| {MEASURED} | 30.0 / 50.0 | 45.0 / 55.0 | 1.5x / 1.1x | 36.0 | 28.0 | 31.0 | 0.903x |" in text
+    assert f"| {MEASURED} | 30.0 / 50.0 | 45.0 / 55.0 | 1.5x / 1.1x | – / – | 36.0 | 28.0 | 31.0 | 0.903x |" in text
     assert "| ttft_p99_ratio <= 1.2x | 1.1x | met |" in text
     assert "| 8 | 38.0 / 130.0 | 1.267x / 2.6x | 32.0 | 1.032x |" in text
     assert plot(result, tmp_path / "b14.png").stat().st_size > 10_000
