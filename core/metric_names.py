@@ -45,3 +45,8 @@ ANSWER_CACHE_EVICTIONS = "rtxserve_answer_cache_evictions_total"  # counter, by 
 ANSWER_CACHE_BYTES = "rtxserve_answer_cache_bytes"  # gauge, by model: bytes kept (the sum over the workers)
 # The keeper of a `serve up` box (deploy/keeper.py): servers it started again after they died, read from its file
 SERVER_RESTARTS = "rtxserve_server_restarts_total"  # counter, by server, outcome: ok (answered ready) / failed
+# Live headroom (serve/gateway/fleet/headroom.py): each model's last confirmed capacity (`rtxserve capacity --record`)
+# and the share of it the requests of the last HEADROOM_WINDOW_S seconds use; `stale` "true" where the box changed
+# (its models or engines) since that capacity was measured
+CAPACITY_RPS = "rtxserve_capacity_requests_per_second"  # gauge, by model, stale
+CAPACITY_USED = "rtxserve_capacity_used_ratio"  # gauge, by model, stale: requests/s now over the capacity (summed)

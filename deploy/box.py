@@ -35,7 +35,7 @@ from serve.triton_server import TritonInstall, TritonNotFound
 from .plan import Plan, format_plan, plan
 from .repository import assemble_repository
 from .services import Layout, Service, build_services, gateway_settings, under_control
-from .box_state import (RESTARTS_FILE, ROLLOUT_FILE, Running, create_time, keeper_alive, members, promoted, read_state,
+from .box_state import (CAPACITY_FILE, RESTARTS_FILE, ROLLOUT_FILE, Running, create_time, keeper_alive, members, promoted, read_state,
                         run_dir, write_state)
 from .spec import Deployment, DeploymentError
 
@@ -144,6 +144,7 @@ def _run_layout(d: Deployment, run: Path) -> Layout:
     the batch folder, the rollout and restart records), and the models a promotion retired."""
     return Layout(repository=str(run / "model_repository"), gateway_config=str(run / "gateway.yaml"),
                   batch_dir=str(run / "batches"), rollout_file=str(run / ROLLOUT_FILE),
+                  capacity_file=str(run / CAPACITY_FILE),
                   restarts_file=str(run / RESTARTS_FILE), retired=frozenset(promoted(run).retired),
                   store_password=str(d.resolve(d.store.password_file)) if d.store.password_file else None)
 

@@ -92,6 +92,11 @@ def _status(args) -> int:
                 by_state.setdefault(state, []).append(model)
             if by_state:
                 print("    on demand: " + "; ".join(f"{state}: {', '.join(models)}" for state, models in sorted(by_state.items())))
+            for model, h in sorted(s.get("headroom", {}).items()):
+                print(f"    capacity: {model} uses {h.get('used_ratio', float('nan')):.0%} of "
+                      f"{h.get('requests_per_second', float('nan')):.4g} requests/s"
+                      + (" (STALE: the box changed since it was measured; `rtxserve capacity --record` again)"
+                         if h["stale"] else ""))
         for line in [*_keeper(run), *_promotions(run)]:
             print("  " + line)
     return 0 if all(s["alive"] and s["ready"] == "200" for rows in servers.values() for s in rows) else 1

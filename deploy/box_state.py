@@ -100,6 +100,7 @@ def members(r: dict) -> list[psutil.Process]:
 
 
 ROLLOUT_FILE = "rollout.json"
+CAPACITY_FILE = "capacity.json"  # each model's confirmed capacity (`rtxserve capacity --record`), kept by the gateway
 RESTARTS_FILE = "restarts.json"  # the keeper's count of each server's restarts (deploy/keeper.py)
 
 
@@ -143,19 +144,41 @@ def status(run: Path) -> list[dict]:
         for r in read_state(run)["servers"]:
             processes = members(r)
             alive = any(p.pid == r["pid"] for p in processes)
-            ready, on_demand = "-", {}
+            ready, on_demand, headroom = "-", {}, {}
             if alive:
                 try:
                     answer = client.get(r["url"])
                     ready = str(answer.status_code)
                     if r["kind"] == "gateway":  # its /readyz says which on-demand models are loaded
                         on_demand = answer.json().get("on_demand") or {}
+                        headroom = capacity_used(client, r["url"].rsplit("/", 1)[0] + "/metrics")
                 except (httpx.HTTPError, ValueError) as exc:
                     ready = ready if ready != "-" else type(exc).__name__
             rss = sum(_rss(p) for p in processes)
             out.append({**r, "alive": alive, "ready": ready, "processes": len(processes), "rss_gib": rss / 1024**3,
-                        "on_demand": on_demand, "restarts": counted.get(r["name"], {}).get("restarts", 0)})
+                        "on_demand": on_demand, "headroom": headroom,
+                        "restarts": counted.get(r["name"], {}).get("restarts", 0)})
     return out
+
+
+def capacity_used(client: httpx.Client, metrics_url: str) -> dict[str, dict]:
+    """Per model with a recorded capacity (fleet/headroom.py), from the gateway's /metrics (summed over its workers):
+    its capacity in requests/s, the share of it the last seconds used, and whether the box changed since (stale)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from core import metric_names
+
+    try:
+        text = client.get(metrics_url).text
+    except httpx.HTTPError:
+        return {}
+    found: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        key = {metric_names.CAPACITY_RPS: "requests_per_second", metric_names.CAPACITY_USED: "used_ratio"}.get(family.name)
+        for sample in family.samples if key else ():
+            entry = found.setdefault(sample.labels["model"], {"stale": sample.labels.get("stale") == "true"})
+            entry[key] = sample.value
+    return found
 
 
 def create_time(pid: int) -> float:

@@ -71,7 +71,8 @@ def _gateway(d: Deployment, s: Service, engines: list[Service]) -> dict:
     host = "127.0.0.1:" if is_loopback(host) else "" if host in ("0.0.0.0", "::") else f"{host}:"
     # the Batch API's files and state in a volume of their own, kept across restarts and re-creations (on the
     # image's home of the gateway's user, which a new volume takes its owner from)
-    state = {"RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json"} | (  # else a PostgreSQL's
+    state = {"RTXSERVE_ROLLOUT_FILE": f"{GATEWAY_STATE}/rollout.json",
+             "RTXSERVE_CAPACITY_FILE": f"{GATEWAY_STATE}/capacity.json"} | (  # else a PostgreSQL's
         {} if d.store.url or d.store.server else {"RTXSERVE_BATCH_DIR": f"{GATEWAY_STATE}/batches"})
     svc = _image(GATEWAY_IMAGE) | {
         "command": ["rtxserve", *s.args], "environment": s.env | state, "ports": [f"{host}{s.port}:{s.port}"],

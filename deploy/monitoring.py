@@ -86,7 +86,11 @@ def gateway_dashboard(on_demand: bool = False, answer_cache: bool = False) -> da
             .with_panel(_series("Shed (admission control)", "reqps",
                                 _p("A", f"sum by (reason) (rate({metric_names.SHED}[1m]))", "{{reason}}")))
             .with_panel(_series("Tokens per second", "short",
-                                _p("A", f"sum by (model, kind) (rate({metric_names.TOKENS}[1m]))", "{{model}} {{kind}}"))))
+                                _p("A", f"sum by (model, kind) (rate({metric_names.TOKENS}[1m]))", "{{model}} {{kind}}")))
+            .with_panel(_series("Capacity used: requests/s over each model's confirmed capacity (rtxserve capacity "
+                                "--record; stale: measured before the box changed)", "percentunit",
+                                _p("A", f"sum by (model, stale) ({metric_names.CAPACITY_USED})",
+                                   "{{model}} (stale: {{stale}})"), width=24)))
     if answer_cache:
         lookups = metric_names.ANSWER_CACHE_LOOKUPS
         board = (board.with_panel(_series("Answer cache hits (models with response_cache_mb)", "percentunit", _p(
@@ -162,9 +166,22 @@ def queried_metrics(board_json: str) -> set[str]:
     return names
 
 
+NEAR_CAPACITY = 0.8  # the share of a model's confirmed capacity that warns, held for 5 minutes
+HEADROOM_RULES = [
+    {"alert": "RtxserveNearCapacity", "for": "5m", "labels": {"severity": "warning"},
+     "expr": f'sum by (model) ({metric_names.CAPACITY_USED}{{stale="false"}}) > {NEAR_CAPACITY}',
+     "annotations": {"summary": "{{ $labels.model }} runs at {{ $value | humanizePercentage }} of its confirmed "
+                                "capacity (rtxserve capacity --record)"}},
+    {"alert": "RtxserveCapacityStale", "for": "15m", "labels": {"severity": "info"},
+     "expr": f'max by (model) ({metric_names.CAPACITY_RPS}{{stale="true"}}) > 0',
+     "annotations": {"summary": "{{ $labels.model }}'s confirmed capacity was measured before the box changed: "
+                                "measure and record it again"}}]
+
+
 def alert_rules(d: Deployment) -> dict:
-    """Prometheus rule groups: every target down, and each model's SLO (P99 over 5 minutes above its limit)."""
-    rules = [{"alert": "RtxserveTargetDown", "expr": 'up{job=~"rtxserve-.*"} == 0', "for": "1m",
+    """Prometheus rule groups: a model near its confirmed capacity (or that capacity stale), every target down, and
+    each model's SLO (P99 over 5 minutes above its limit)."""
+    rules = [*HEADROOM_RULES, {"alert": "RtxserveTargetDown", "expr": 'up{job=~"rtxserve-.*"} == 0', "for": "1m",
               "labels": {"severity": "critical"},
               "annotations": {"summary": "{{ $labels.job }} at {{ $labels.instance }} is not answering /metrics"}},
              {"alert": "RtxserveBackendDown", "expr": f"max by (backend) ({metric_names.BACKEND_UP}) == 0", "for": "1m",

@@ -306,6 +306,7 @@ def _systemd(d: Deployment, p: Plan, where: dict[Path, str], builds: list[Build]
                   gateway_config=str(at / "systemd" / "gateway.yaml"),
                   # the units' StateDirectory=, the rtxserve user's own
                   batch_dir=f"{GATEWAY_STATE}/batches", rollout_file=f"{GATEWAY_STATE}/rollout.json",
+                  capacity_file=f"{GATEWAY_STATE}/capacity.json",
                   store_password=credential(d, "gateway", "store-password") if d.store.box_password else None,
                   store_url=f"postgresql://rtxserve@127.0.0.1:{d.ports.store}/rtxserve" if d.store.server else None)
     files.dump("systemd/gateway.yaml", gateway_settings(d, host, p))

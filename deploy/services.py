@@ -66,6 +66,7 @@ class Layout:
     gateway_host: str | None = None  # where the gateway listens (default: the deployment's gateway.host)
     batch_dir: str | None = None  # where the gateway keeps the Batch API's files and state (None: that API is off)
     rollout_file: str | None = None  # where the gateway keeps what promotions changed (None: its memory only)
+    capacity_file: str | None = None  # where it keeps each model's confirmed capacity (None: its memory only)
     restarts_file: str | None = None  # where a `serve up` box's keeper counts its restarts (the gateway reports them)
     store_password: str | None = None  # where the gateway reads the store's password, if any
     store_url: str | None = None  # the box's own PostgreSQL (store.server) as the gateway reaches it
@@ -133,6 +134,8 @@ def gateway_settings(d: Deployment, layout: Layout, p: Plan) -> dict:
         settings["batch_dir"] = layout.batch_dir
     if layout.rollout_file:
         settings["rollout_file"] = layout.rollout_file
+    if layout.capacity_file:
+        settings["capacity_file"] = layout.capacity_file
     if layout.restarts_file:
         settings["restarts_file"] = layout.restarts_file
     own = d.gateway.settings

@@ -163,6 +163,9 @@ def capacity_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-confirm", action="store_true", help="skip the confirm runs at 0.9x and 1.1x")
     parser.add_argument("--target-rps", type=float, default=None, help="the load to plan for: how many boxes it needs")
     parser.add_argument("--headroom", type=float, default=0.2, help="the share of each box's capacity kept free")
+    parser.add_argument("--record", action="store_true", help="send the confirmed answer to the gateway at --host "
+                        "(an admin --api-key): it then says how much of it today's traffic uses "
+                        "(rtxserve_capacity_used_ratio, `serve status`)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default reports/capacity-<time>)")
     parser.set_defaults(arrival="poisson", duration=20.0, warmup=2.0)
     return parser
@@ -176,14 +179,38 @@ def capacity_main(argv: list[str]) -> int:
     try:
         from .capacity import search
 
-        result = search(_spec(args), args.out or Path("reports") / f"capacity-{time.strftime('%Y%m%d-%H%M%S')}",
+        spec = _spec(args)
+        if args.record and (args.no_confirm or len(spec.models()) != 1):
+            raise ValueError("--record keeps a confirmed capacity of one model's traffic: leave out --no-confirm, and "
+                             f"send one model's requests (this traffic names {', '.join(spec.models())})")
+        result = search(spec, args.out or Path("reports") / f"capacity-{time.strftime('%Y%m%d-%H%M%S')}",
                         start=args.start, precision=args.precision, max_steps=args.max_steps, max_errors=args.max_errors,
                         confirm=not args.no_confirm, target_rps=args.target_rps, headroom=args.headroom, log=log)
+        recorded = record_capacity(spec, result) if args.record else ""
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"rtxserve capacity: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{result.headline}\nreport: {result.report}")
+    print(f"{result.headline}\nreport: {result.report}{recorded}")
     return 0 if result.answer is not None else 1
+
+
+def record_capacity(spec, result) -> str:
+    """--record: the confirmed answer sent to the gateway (PUT /admin/capacity/MODEL); what to print of it."""
+    import httpx
+
+    from .runner import auth_headers
+
+    models = spec.models()
+    held = [s for s in result.steps if s["phase"] == "confirm-0.9x" and s["holds"]]
+    if result.answer is None or not held:
+        raise ValueError("--record: no confirmed capacity to record (the answer needs its 0.9x confirm run to hold; "
+                         "leave out --no-confirm)")
+    answer = httpx.put(f"{spec.host.rstrip('/')}/admin/capacity/{models[0]}", headers=auth_headers(spec.options),
+                       json={"requests_per_second": round(result.answer, 3), "slo": spec.slo,
+                             "how": result.headline[:1000]}, timeout=30)
+    if answer.status_code != 200:
+        raise ValueError(f"--record: the gateway refused it (HTTP {answer.status_code}: {answer.text[:300]})")
+    return f"\nrecorded: {models[0]} holds {result.answer:.3g} requests/s at {spec.slo} (stale: no)"
 
 
 def _replayed(figures: dict) -> str:

@@ -118,6 +118,8 @@ def _gateway(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="rtxserve-metrics-")
     if settings.workers > 1 and not settings.rollout_file:  # one promotion state for all workers (until a restart)
         os.environ["RTXSERVE_ROLLOUT_FILE"] = str(Path(tempfile.mkdtemp(prefix="rtxserve-rollout-")) / "rollout.json")
+    if settings.workers > 1 and not settings.capacity_file:  # one recorded capacity for all workers
+        os.environ["RTXSERVE_CAPACITY_FILE"] = str(Path(tempfile.mkdtemp(prefix="rtxserve-capacity-")) / "capacity.json")
     if settings.workers > 1 and settings.on_demand and not settings.residency_store_url:  # one decides what is loaded
         path = Path(tempfile.mkdtemp(prefix="rtxserve-residency-")) / "residency.sqlite"
         os.environ["RTXSERVE_RESIDENCY_STORE_URL"] = f"sqlite:///{path}"

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from core import __version__
 
 from . import canaries
+from .admin.capacity import router as capacity_router
 from .admin.promotions import router as promotions_router
 from .admin.router import router as admin_router
 from .backends.base import Backend
@@ -102,6 +103,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
         loops = [asyncio.create_task(state.registry.run_health_loop()),
                  asyncio.create_task(state.residency.run()),
                  asyncio.create_task(state.rollout.run_loop()),
+                 asyncio.create_task(state.headroom.run()),
                  # what a promotion put in front and is loaded on demand: loaded now, not on its first request; what
                  # one retired and a server loaded anyway (it runs every entry): unloaded where it can be
                  *(asyncio.create_task(_warm(state, name)) for name in state.rollout.pinned
@@ -137,7 +139,7 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
 
 
 ROUTERS = (probes, system_router, classify_router, generate_router, embeddings_router, ner_router, images_router,
-           detect_router, speech_router, rank_router, admin_router, promotions_router, batches_router)
+           detect_router, speech_router, rank_router, admin_router, promotions_router, capacity_router, batches_router)
 # The hot routes (edge/hotpath.py) and the routers that document them
 HOT = ((CLASSIFY, classify_router), (EMBEDDINGS, embeddings_router), (NER, ner_router),
        *((route, generate_router) for route in GENERATE))

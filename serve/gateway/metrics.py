@@ -8,6 +8,7 @@ workers, set PROMETHEUS_MULTIPROC_DIR so that /metrics aggregates all of them.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -91,6 +92,12 @@ ANSWER_CACHE_EVICTIONS = Counter(metric_names.ANSWER_CACHE_EVICTIONS, "Rows the 
 ANSWER_CACHE_BYTES = Gauge(metric_names.ANSWER_CACHE_BYTES, "Bytes the answer cache keeps", ("model",),
                            multiprocess_mode="livesum")
 BATCHES = Counter(metric_names.BATCHES, "Batches ended, by how (completed, expired, cancelled, failed)", ("status",))
+CAPACITY_RPS = Gauge(metric_names.CAPACITY_RPS, "The model's last confirmed capacity (rtxserve capacity --record)",
+                     ("model", "stale"), multiprocess_mode="max")
+CAPACITY_USED = Gauge(metric_names.CAPACITY_USED, "Requests/s of the last seconds over the model's confirmed capacity",
+                      ("model", "stale"), multiprocess_mode="livesum")
+# Requests by model, counted by the middleware for the headroom (fleet/headroom.py): a plain count, no lock
+SEEN: collections.Counter[str] = collections.Counter()
 
 
 def render(restarts_file: Path | None = None) -> tuple[bytes, str]:
@@ -155,9 +162,12 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            seconds, count = _request_series(_route(scope), scope.get("state", {}).get("model", ""), status)
+            model = scope.get("state", {}).get("model", "")
+            seconds, count = _request_series(_route(scope), model, status)
             seconds.observe(time.perf_counter() - start)
             count.inc()
+            if model:
+                SEEN[model] += 1
             BACKEND_WAIT.reset(token)
 
 

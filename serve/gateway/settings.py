@@ -194,6 +194,10 @@ class GatewaySettings(BaseSettings):
                                       "changed, the models they retired and their own state, so that every worker and "
                                       "the next start see them: a file on the gateway's own volume; none: this "
                                       "process's memory (a restart serves the settings' routes again)")
+    capacity_file: Path | None = Field(None, description="where each model's last confirmed capacity is kept "
+                                       "(`rtxserve capacity --record` sends it here), with the box it was measured on: "
+                                       "/metrics says the share of it today's traffic uses "
+                                       "(fleet/headroom.py); none: this process's memory")
     restarts_file: Path | None = Field(None, description="where the keeper of a `serve up` box counts the servers it "
                                        "started again (deploy/keeper.py): /metrics reports them; none: "
                                        "not reported")

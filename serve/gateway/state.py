@@ -7,7 +7,8 @@
 - `rollout` (rollout/): the routes promotions changed at run time, their shadows, and the models they pinned or retired;
 - `access` (access/caller.py): the API keys and their quotas;
 - `batches` (batches/runner.py): the Files and Batch APIs' store and the runner of the batches, where `batch_dir`
-  is set.
+  is set;
+- `headroom` (fleet/headroom.py): each model's confirmed capacity and the share of it today's traffic uses.
 
 One is made per gateway worker (app.py) and reached by the routes as `request.app.state.gateway`.
 """
@@ -24,6 +25,7 @@ from .backends.base import Backend
 from .batches.runner import BatchRunner
 from .fleet.decider import Decider
 from .fleet.dispatch import Dispatcher
+from .fleet.headroom import Headroom
 from .fleet.registry import Canary, Registry
 from .fleet.residency import Residency
 from .fleet.rollout.retire import retirer
@@ -39,6 +41,7 @@ class GatewayState:
     rollout: Rollout
     dispatch: Dispatcher
     access: Access
+    headroom: Headroom
     batches: BatchRunner | None = None
 
     @classmethod
@@ -54,4 +57,4 @@ class GatewayState:
         rollout.retire = retirer(registry, residency, busy=lambda model: dispatch.busy[model])
         access = Access(settings)
         batches = BatchRunner(settings, access, batch_endpoints or {}) if settings.batch_dir or settings.batch_store_url else None
-        return cls(settings, registry, residency, rollout, dispatch, access, batches)
+        return cls(settings, registry, residency, rollout, dispatch, access, Headroom(settings, registry), batches)

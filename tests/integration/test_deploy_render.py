@@ -123,7 +123,7 @@ def test_prometheus_config_and_rules_pass_promtool(rendered, tmp_path):
     assert PROMTOOL.exists(), "make test fetches promtool into .tools/ (Debian's prometheus package, unpacked)"
     rules = subprocess.run([str(PROMTOOL), "check", "rules", str(out / "monitoring" / "rules.yml")], capture_output=True, text=True)
     assert rules.returncode == 0, rules.stdout + rules.stderr
-    assert "SUCCESS: 5 rules found" in rules.stdout  # 2 for targets and backends, 1 e2el, 1 ttft, 1 itl
+    assert "SUCCESS: 7 rules found" in rules.stdout  # 2 of headroom, 2 for targets and backends, 1 e2el, 1 ttft, 1 itl
     config = yaml.safe_load((out / "compose" / "prometheus.yml").read_text())
     config["rule_files"] = [str(out / "monitoring" / "rules.yml")]  # where compose mounts it, here
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -132,6 +132,34 @@ def test_prometheus_config_and_rules_pass_promtool(rendered, tmp_path):
     jobs = {c["job_name"]: c["static_configs"][0]["targets"] for c in config["scrape_configs"]}
     assert jobs == {"rtxserve-gateway": ["gateway:8080"], "rtxserve-triton": ["triton:8002"],
                     "rtxserve-vllm": ["vllm-llama-3-8b-0:8100"]}
+
+
+def test_the_headroom_alerts_fire_as_promtool_evaluates_them(rendered, tmp_path):
+    """promtool's rule tests: the traffic of two workers summed past 80 % of a fresh capacity for 5 minutes warns; the
+    same over a stale one does not, and a stale capacity says so after 15 minutes."""
+    out, _ = rendered
+    used, rps = "rtxserve_capacity_used_ratio", "rtxserve_capacity_requests_per_second"
+    tests = {"rule_files": [str(out / "monitoring" / "rules.yml")], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": f'{used}{{model="llm",stale="false",instance="a"}}', "values": "0.3x4 0.45x20"},
+                         {"series": f'{used}{{model="llm",stale="false",instance="b"}}', "values": "0.3x4 0.45x20"},
+                         {"series": f'{used}{{model="clf",stale="true"}}', "values": "2x24"},
+                         {"series": f'{rps}{{model="clf",stale="true"}}', "values": "150x24"}],
+        "alert_rule_test": [
+            {"eval_time": "3m", "alertname": "RtxserveNearCapacity", "exp_alerts": []},
+            {"eval_time": "8m", "alertname": "RtxserveNearCapacity", "exp_alerts": []},  # 0.9 for 4 minutes
+            {"eval_time": "12m", "alertname": "RtxserveNearCapacity", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "model": "llm"},
+                "exp_annotations": {"summary": "llm runs at 90% of its confirmed capacity (rtxserve capacity --record)"}}]},
+            {"eval_time": "10m", "alertname": "RtxserveCapacityStale", "exp_alerts": []},
+            {"eval_time": "20m", "alertname": "RtxserveCapacityStale", "exp_alerts": [{
+                "exp_labels": {"severity": "info", "model": "clf"},
+                "exp_annotations": {"summary": "clf's confirmed capacity was measured before the box changed: measure and "
+                                               "record it again"}}]}]}]}
+    (tmp_path / "headroom-test.yml").write_text(yaml.safe_dump(tests))
+    done = subprocess.run([str(PROMTOOL), "test", "rules", str(tmp_path / "headroom-test.yml")], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze on this machine")

@@ -58,10 +58,12 @@ def test_each_example_loads_plans_and_renders(example, tmp_path):
         assert systemd_settings["batch_dir"] == "/var/lib/rtxserve/batches"
     assert "gateway-state:/var/lib/rtxserve" in gateway["volumes"]
     assert "batch_dir" not in yaml.safe_load((tmp_path / "out" / "gateway.yaml").read_text())
-    # promotions keep their state beside it, and are off where the gateway's pods share none
+    # promotions keep their state beside it, and are off where the gateway's pods share none; so does the recorded
+    # capacity (live headroom)
     assert gateway["environment"]["RTXSERVE_ROLLOUT_FILE"] == "/var/lib/rtxserve/rollout.json"
-    assert yaml.safe_load((tmp_path / "out" / "systemd" / "gateway.yaml").read_text())["rollout_file"] == \
-        "/var/lib/rtxserve/rollout.json"
+    assert gateway["environment"]["RTXSERVE_CAPACITY_FILE"] == "/var/lib/rtxserve/capacity.json"
+    assert systemd_settings["rollout_file"] == "/var/lib/rtxserve/rollout.json"
+    assert systemd_settings["capacity_file"] == "/var/lib/rtxserve/capacity.json"
     pods = [doc for f in files if f.suffix == ".yaml" and "kubernetes" in f.parts
             for doc in yaml.safe_load_all(f.read_text()) if doc and doc.get("kind") == "Deployment"
             and doc["metadata"]["name"] == "gateway"]
