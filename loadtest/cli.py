@@ -165,7 +165,7 @@ def capacity_parser() -> argparse.ArgumentParser:
     parser.add_argument("--headroom", type=float, default=0.2, help="the share of each box's capacity kept free")
     parser.add_argument("--record", action="store_true", help="send the confirmed answer to the gateway at --host "
                         "(an admin --api-key): it then says how much of it today's traffic uses "
-                        "(rtxserve_capacity_used_ratio, `serve status`)")
+                        "(its /metrics, `serve status`)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default reports/capacity-<time>)")
     parser.set_defaults(arrival="poisson", duration=20.0, warmup=2.0)
     return parser

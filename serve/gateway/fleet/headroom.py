@@ -4,10 +4,10 @@
 and 1.1x) and sends it here (PUT /admin/capacity/{model}); the gateway keeps it in `capacity_file` with the box it was
 measured on (`fingerprint`: the models the gateway serves and where, with their engines' limits, and the settings that
 shape their capacity). Every second each worker counts its requests per model over the last HEADROOM_WINDOW_S seconds
-and exports their rate over the capacity (`rtxserve_capacity_used_ratio{model,stale}`, summed over the workers), beside
-the capacity itself; `stale` is "true" where the box changed since the figure was measured (another model added, an
-engine with other limits), which then is flagged, never silently trusted. The other workers read the file when it
-changes.
+and exports their rate over the capacity (metric_names.CAPACITY_USED, by model and stale, summed over the workers),
+beside the capacity itself; `stale` is "true" where the box changed since the figure was measured (another model
+added, an engine with other limits), which then is flagged, never silently trusted. The other workers read the file
+when it changes.
 """
 
 from __future__ import annotations
