@@ -33,7 +33,8 @@ def _triton_pid(http_url: str) -> int:
     import psutil
 
     port = int(http_url.rsplit(":", 1)[1])
-    return next(c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port and c.status == "LISTEN")
+    return next(c.pid for c in psutil.net_connections("tcp")
+                if c.laddr and c.laddr.port == port and c.status == "LISTEN")
 
 
 def _timed_get(client: httpx.Client, url: str) -> float:
@@ -93,9 +94,11 @@ def faults(*, rounds: int, progress) -> dict:
             refusals.append(ms)
     progress(f"R1: {len(refusals)} refusals after the kill, P99 {percentile(refusals, 99):.1f} ms")
     answered = [s for r in r2_rounds for s in r["answered_s"]]
-    return {"deadline_s": DEADLINE_S, "rounds": r2_rounds, "probe_p99_ms": statistics.median(r["probe_p99_ms"] for r in r2_rounds),
+    return {"deadline_s": DEADLINE_S, "rounds": r2_rounds,
+            "probe_p99_ms": statistics.median(r["probe_p99_ms"] for r in r2_rounds),
             "answered_min_s": min(answered), "answered_max_s": max(answered),
-            "refusal_p50_ms": percentile(refusals, 50), "refusal_p99_ms": percentile(refusals, 99), "refusals": refusals,
+            "refusal_p50_ms": percentile(refusals, 50), "refusal_p99_ms": percentile(refusals, 99),
+            "refusals": refusals,
             "oversized": refused, "oversized_p99_ms": percentile(sum(refused.values(), []), 99),
             "oversized_max_ms": {name: max(ms) for name, ms in refused.items()}}
 
