@@ -137,7 +137,9 @@ def promoted(run: Path):
 
 def status(run: Path) -> list[dict]:
     """Each server of the run: name, kind, pid, whether its process lives, what its readiness URL says, and (the
-    gateway) the residency of each on-demand model."""
+    gateway) the residency of each on-demand model and the share of each recorded capacity in use."""
+    from loadtest.server_metrics import capacity_used
+
     out = []
     counted = restarts(run)
     with httpx.Client(timeout=2.0) as client:
@@ -159,26 +161,6 @@ def status(run: Path) -> list[dict]:
                         "on_demand": on_demand, "headroom": headroom,
                         "restarts": counted.get(r["name"], {}).get("restarts", 0)})
     return out
-
-
-def capacity_used(client: httpx.Client, metrics_url: str) -> dict[str, dict]:
-    """Per model with a recorded capacity (fleet/headroom.py), from the gateway's /metrics (summed over its workers):
-    its capacity in requests/s, the share of it the last seconds used, and whether the box changed since (stale)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from core import metric_names
-
-    try:
-        text = client.get(metrics_url).text
-    except httpx.HTTPError:
-        return {}
-    found: dict[str, dict] = {}
-    for family in text_string_to_metric_families(text):
-        key = {metric_names.CAPACITY_RPS: "requests_per_second", metric_names.CAPACITY_USED: "used_ratio"}.get(family.name)
-        for sample in family.samples if key else ():
-            entry = found.setdefault(sample.labels["model"], {"stale": sample.labels.get("stale") == "true"})
-            entry[key] = sample.value
-    return found
 
 
 def create_time(pid: int) -> float:

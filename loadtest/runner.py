@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,13 +316,31 @@ def run(spec: LoadSpec, out_dir: Path, *, progress_every_s: float = 5.0, log=pri
         scraped = out_dir / "server_metrics.csv"
         figures = server_metrics.summary(server_metrics.derive(server_metrics.load(scraped), float(samples.start.min())),
                                          spec.warmup_s) if scraped.exists() else {}
-        summary.replay = compare(spec.trace, samples, figures)
+        summary.replay = compare(spec.trace, samples, figures) | {"capacity": against_capacity(spec)}
     images = spec.options.get("chat_images") or 0
     scenario = spec.options["scenario"] + (f" with {images} image{'s' * (images > 1)} per request" if images else "")
     title = f"rtxserve load test: {scenario}, {what}"
     report = write_report(summary, samples, out_dir, title, scrape_errors=scraper.errors)
     log(f"done: {headline(summary)}")
     return RunResult(summary, report, out_dir)
+
+
+def against_capacity(spec: LoadSpec) -> dict[str, dict]:
+    """A replay's rate per model against the box's confirmed capacity of it, where the gateway at the host has one
+    (`rtxserve capacity --record`): how close the replayed traffic ran to what the box holds."""
+    from .server_metrics import capacity_used
+
+    trace = spec.trace
+    with httpx.Client(headers=auth_headers(spec.options), timeout=10) as client:
+        recorded = capacity_used(client, f"{spec.host.rstrip('/')}/metrics")
+    seconds = max(trace.duration_s, 1e-3)
+    out = {}
+    for model, n in sorted(Counter(r.model for r in trace.requests).items()):
+        if recorded.get(model, {}).get("requests_per_second"):
+            capacity = recorded[model]["requests_per_second"]
+            out[model] = {"replayed_rps": round(n / seconds, 3), "capacity_rps": capacity,
+                          "share": round(n / seconds / capacity, 3), "stale": recorded[model]["stale"]}
+    return out
 
 
 def _checked(spec: LoadSpec) -> LoadSpec:

@@ -159,6 +159,26 @@ def parse(text: str) -> list[tuple[str, dict, float]]:
     return [(name, s.labels, s.value) for s, name in named if name in KEEP]
 
 
+def capacity_used(client, metrics_url: str) -> dict[str, dict]:
+    """Per model with a confirmed capacity (serve/gateway/fleet/headroom.py), from a gateway's /metrics (summed over
+    its workers) through `client` (an httpx.Client): its capacity in requests/s, the share of it the last seconds
+    used, and whether the box changed since it was measured (stale); {} where no gateway answers there."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    keys = {metric_names.CAPACITY_RPS: "requests_per_second", metric_names.CAPACITY_USED: "used_ratio"}
+    found: dict[str, dict] = {}
+    try:
+        answer = client.get(metrics_url)
+        for family in text_string_to_metric_families(answer.text) if answer.status_code == 200 else ():
+            for sample in family.samples if family.name in keys else ():
+                entry = found.setdefault(sample.labels["model"], {"stale": sample.labels.get("stale") == "true"})
+                entry[keys[family.name]] = sample.value
+    except (httpx.HTTPError, ValueError):  # no gateway there (another server's /metrics, or none): nothing recorded
+        return {}
+    return found
+
+
 def _nvidia_smi() -> list[tuple[str, float, float]]:
     out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5, check=True)

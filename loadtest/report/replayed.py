@@ -112,6 +112,10 @@ def section(figures: dict, png: str = "replay.png") -> str:
                      "the same inputs: what a response cache can answer).")
     for name, rate in figures["cache_hit_rate_pct"].items():
         lines.append(f"{name} during the replay: {rate:.1f} %.")
+    for model, c in (figures.get("capacity") or {}).items():
+        lines.append(f"{model}: replayed at {c['replayed_rps']:g} requests/s, {c['share']:.0%} of the box's confirmed "
+                     f"capacity ({c['capacity_rps']:g} requests/s, `rtxserve capacity --record`)"
+                     + (", STALE: measured before the box changed" if c["stale"] else "") + ".")
     if figures.get("fitted"):
         lines.append("Fitted to the box (the recorded column is the trace as fitted): " + ", ".join(
             f"{n} {why}" for why, n in figures["fitted"].items()) + ".")

@@ -88,3 +88,18 @@ def test_an_admin_key_records_a_capacity_and_reads_it_back(gateway, tmp_path):
     listed = client.get("/admin/capacity", headers=admin).json()
     assert listed["models"]["clf"]["slo"] == "e2el:2000" and listed["models"]["clf"]["box"] == listed["box"]
     assert (tmp_path / "capacity.json").is_file()
+
+
+def test_serve_status_and_a_replay_read_the_headroom_from_metrics_or_nothing():
+    import httpx
+
+    from loadtest.server_metrics import capacity_used
+
+    text = (f'# TYPE {metric_names.CAPACITY_RPS} gauge\n{metric_names.CAPACITY_RPS}{{model="clf",stale="true"}} 150.0\n'
+            f'# TYPE {metric_names.CAPACITY_USED} gauge\n{metric_names.CAPACITY_USED}{{model="clf",stale="true"}} 0.25\n')
+    answers = {"/metrics": httpx.Response(200, text=text), "/other": httpx.Response(404, text="<html>not here</html>"),
+               "/garbled": httpx.Response(200, text="{not prometheus")}
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: answers[request.url.path]))
+    assert capacity_used(client, "http://box/metrics") == {"clf": {"stale": True, "requests_per_second": 150.0,
+                                                                    "used_ratio": 0.25}}
+    assert capacity_used(client, "http://box/other") == {} and capacity_used(client, "http://box/garbled") == {}
