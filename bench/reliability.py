@@ -298,10 +298,12 @@ def run_parsed(args: argparse.Namespace, out: Path, progress: Progress) -> dict:
     return run(out, rounds=args.rounds, duration_s=args.duration, requests=args.requests, progress=progress)
 
 
-# Its section in BENCHMARKS.md keeps the heading it had before R2 and R1 joined (`make bench` finds earlier runs by it).
+# Its section in BENCHMARKS.md keeps the heading it had before R2, R1, R5 and R11 joined (`make bench` finds earlier runs
+# by it).
 BENCHMARK = Benchmark(
     name="reliability", id="R3 / R14", title="overload and per-key limits",
     help="R3 (goodput and admitted P99 at 4x capacity), R14 (another key's P99 beside a key over its quota), R2 (a "
-         "hung backend's 504 at the deadline, probes meanwhile) and R1 (refusals once a killed backend is down): the "
-         "timing targets CI cannot hold on a shared box",
+         "hung backend's 504 at the deadline, probes meanwhile), R1 (refusals once a killed backend is down), R5 "
+         "(oversized requests refused) and R11 (a dead model behind a ready server noticed): the timing targets CI "
+         "cannot hold on a shared box",
     add_arguments=add_arguments, validate=check_arguments, run=run_parsed, markdown=markdown, files=FILES)
