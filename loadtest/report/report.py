@@ -78,18 +78,11 @@ def load_samples(path: str | Path) -> Samples:
         cap_wait_ms=_floats(rows, "cap_wait_ms"),
         models=np.array([r.get("model") or "" for r in rows], dtype=object),
     )
-    images = _floats(rows, "images")
-    if np.isfinite(images).any():
-        samples.images = images
-    detections = _floats(rows, "detections")
-    if np.isfinite(detections).any():
-        samples.detections = detections
-    audio = _floats(rows, "audio_s")
-    if np.isfinite(audio).any():
-        samples.audio_s = audio
-    turns = _floats(rows, "turn")
-    if np.isfinite(turns).any():
-        samples.turns = turns
+    for field_name, column in (("images", "images"), ("detections", "detections"), ("audio_s", "audio_s"),
+                               ("turns", "turn")):  # columns of some APIs only: kept where any request has one
+        values = _floats(rows, column)
+        if np.isfinite(values).any():
+            setattr(samples, field_name, values)
     tokens = _floats(rows, "output_tokens")
     if np.isfinite(tokens).any():
         samples.ttft_ms = _floats(rows, "ttft_ms")
