@@ -85,7 +85,7 @@ class Headroom:
         self._counts.append((time.monotonic() if now is None else now, collections.Counter(metrics.SEEN)))
         (t0, first), (t1, last) = self._counts[0], self._counts[-1]
         seconds = t1 - t0
-        box = self.box()
+        box = self.box() if self.records else ""  # nothing recorded (most boxes): nothing to fingerprint
         for model, r in self.records.items():
             rps = (last[model] - first[model]) / seconds if seconds > 0 else 0.0
             stale = "true" if r.get("box") != box else "false"
