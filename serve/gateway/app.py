@@ -124,7 +124,10 @@ def create_app(settings: GatewaySettings | None = None, backends: list[Backend] 
             if trace is not None:
                 trace.flush()
 
-    app = FastAPI(title="rtxserve gateway", version=__version__, lifespan=lifespan)
+    # FastAPI's own OpenTelemetry off: the gateway traces with edge/otel.py where asked; left on, it asks each request
+    # whether providers are configured (reading the environment each time)
+    app = FastAPI(title="rtxserve gateway", version=__version__, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.gateway = state
     install_handlers(app)
     install_store_errors(app)
