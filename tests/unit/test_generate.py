@@ -14,16 +14,18 @@ from serve.gateway.settings import GatewaySettings
 from .fakes import error_of
 
 
-def FakeStream(lines, reads: int = 1, connection: list | None = None):
-    """vLLM's stream parser over a canned SSE body, arriving in `reads` pieces of about equal size; what becomes of
-    its connection ("closed" or "released") is appended to `connection`."""
+def FakeStream(lines, reads: int | str = 1, connection: list | None = None):
+    """vLLM's stream parser over a canned SSE body, arriving in `reads` pieces of about equal size, or an event a read
+    (`reads="events"`, as vLLM's tokens mostly come); what becomes of its connection ("closed" or "released") is
+    appended to `connection`."""
     body = "\n\n".join(lines).encode() + b"\n\n"
-    size = -(-len(body) // reads)
+    pieces = [line.encode() + b"\n\n" for line in lines] if reads == "events" else \
+        [body[i:i + -(-len(body) // reads)] for i in range(0, len(body), -(-len(body) // reads))]
     connection = connection if connection is not None else []
 
     async def arriving():
-        for i in range(0, len(body), size):
-            yield body[i:i + size]
+        for piece in pieces:
+            yield piece
 
     return SSEStream(arriving(), lambda: connection.append("closed"), "llm", release=lambda: connection.append("released"))
 
@@ -48,8 +50,10 @@ class FakeVLLM(Backend):
 
 
 def _chunk(text="", usage=None):
+    """An event as vLLM writes it (pydantic's compact JSON, the id first, usage only where set)."""
     choices = [] if usage else [{"index": 0, "delta": {"content": text}}]
-    return "data: " + json.dumps({"object": "chat.completion.chunk", "choices": choices, "usage": usage})
+    return "data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": choices,
+                                  **({"usage": usage} if usage else {})}, separators=(",", ":"))
 
 
 @pytest.fixture
@@ -184,7 +188,7 @@ def test_a_finished_streams_connection_goes_back_to_the_pool_a_cut_one_is_closed
     assert connection == [fate]
 
 
-@pytest.mark.parametrize("reads", [1, 3, 7, 1000])
+@pytest.mark.parametrize("reads", [1, 3, 7, 1000, "events"])
 def test_events_are_relayed_whole_however_the_bytes_arrive(client, backend, reads):
     """Events split across reads, several in one read, CR LF line ends, a comment and the usage chunk among them:
     what the client gets is every token event as vLLM sent it, the usage chunk when asked, then [DONE]."""
@@ -197,6 +201,31 @@ def test_events_are_relayed_whole_however_the_bytes_arrive(client, backend, read
     events = [e for e in r.text.split("\n\n") if e]
     assert events == [*tokens, usage, "data: [DONE]"]
     assert r.text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("reads", [1, 3, 7, 1000, "events"])
+def test_pumping_a_stream_hands_on_what_iterating_it_gives(reads):
+    """The relay pumps a stream (one frame a read: a read that is one token's event handed on unparsed); iterating it
+    gives the same bytes and the same usage, however the bytes arrive."""
+    import asyncio
+
+    usage = {"prompt_tokens": 2, "completion_tokens": 3}
+    body = [_chunk("a"), _chunk("b"), ": keep-alive", _chunk("c") + "\r\n", _chunk(usage=usage), "data: [DONE]"]
+
+    async def both():
+        iterated = [(chunk.raw, chunk.usage) async for chunk in FakeStream(body, reads=reads)]
+        pumped = []
+
+        async def deliver(raw, usage):
+            pumped.append((raw, usage))
+
+        await FakeStream(body, reads=reads).pump(deliver)
+        return iterated, pumped
+
+    iterated, pumped = asyncio.run(both())
+    assert b"".join(raw for raw, _ in pumped) == b"".join(raw for raw, _ in iterated)
+    assert [u for _, u in pumped if u] == [u for _, u in iterated if u] == [usage]
+    assert b"".join(raw for raw, _ in pumped).count(b"data: {") == 4 and b"[DONE]" not in pumped[-1][0]
 
 
 def test_text_with_unicode_line_separators_is_relayed_whole(client, backend):

@@ -12,7 +12,8 @@ from serve.gateway.access.keys import ApiKey, hash_key, write_keys
 from serve.gateway.app import create_app
 from serve.gateway.backends.base import Stream, StreamChunk
 from serve.gateway.fleet.dispatch import _FirstChunk
-from serve.gateway.fleet.yielding import PeopleFirst
+from serve.gateway.generate.serving import _Relay
+from serve.gateway.fleet.yielding import PeopleFirst, _once
 from serve.gateway.settings import GatewaySettings
 from tests import until
 
@@ -59,16 +60,18 @@ def test_a_person_s_stream_has_its_first_token_at_its_first_chunk_or_when_closed
             self.closed = True
 
     async def run():
-        seen = []
-        stream = _FirstChunk(Chunks(), lambda: seen.append(len(seen)))
-        async for chunk in stream:
-            marks = len(seen)
-            break
+        seen, marks = [], []
+
+        async def send(raw: bytes) -> None:
+            marks.append(len(seen))
+
+        # what relays the stream says when its first chunk came
+        await _Relay(_FirstChunk(Chunks(), _once(lambda: seen.append(len(seen)))), "m", False, None).pump(send)
         closed = _FirstChunk(inner := Chunks(), lambda: seen.append("closed"))
         await closed.aclose()
         return marks, seen, inner.closed
 
-    assert asyncio.run(run()) == (1, [0, "closed"], True)
+    assert asyncio.run(run()) == ([1, 1, 1], [0, "closed"], True)  # two chunks and the end marker
 
 
 def test_through_the_gateway_a_batch_key_waits_while_a_person_is_served(tmp_path):

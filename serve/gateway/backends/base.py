@@ -4,7 +4,7 @@ gateway needs no isinstance checks and no backend-specific methods."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +81,15 @@ class Stream(ABC):
 
     @abstractmethod
     async def aclose(self) -> None: ...
+
+    def first_chunk(self) -> None:  # noqa: B027 - a hook for the wrappers that wait for it (fleet/dispatch.py)
+        """Called once by what relays the stream, at its first chunk."""
+
+    async def pump(self, deliver: Callable[[bytes, dict | None], Awaitable[None]]) -> None:
+        """Each chunk handed to `deliver` (its bytes, and a final usage chunk's usage) as it comes, ending as iterating
+        does. What relays a stream to its client calls this: a backend's stream may do it in fewer steps."""
+        async for chunk in self:
+            await deliver(chunk.raw, chunk.usage)
 
 
 class Backend(ABC):

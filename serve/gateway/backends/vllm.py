@@ -234,42 +234,80 @@ class SSEStream(Stream):
         self.reads, self._close, self.model = reads, close, model
         self._release = release
         self.closed = self.finished = False
+        self._rest = b""  # an event's beginning, read before its end
 
     async def __aiter__(self):
-        rest = b""
         try:
             async for read in self.reads:
-                *events, rest = _EVENT_END.split(rest + read)
-                relay: list[bytes] = []
-                for event in events:
-                    if event.startswith(b'data: {"id":') and b'"usage"' not in event and b"\n" not in event \
-                            and b"\r" not in event:
-                        relay.append(event + b"\n\n")  # a token event: passed on as it came
-                        continue
-                    payload = b"\n".join(line[5:].removeprefix(b" ") for line in _LINE_END.split(event)
-                                          if line.startswith(b"data:")).strip()
-                    if not payload:  # a comment or a keep-alive
-                        continue
-                    if payload == b"[DONE]":
-                        if relay:
-                            yield StreamChunk(b"".join(relay))
-                        async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
-                            pass
-                        self.finished = True
-                        return
-                    chunk = _checked(payload)
-                    if chunk.get("usage") and not chunk.get("choices"):  # the final usage chunk: its own event
-                        if relay:
-                            yield StreamChunk(b"".join(relay))
-                            relay = []
-                        yield StreamChunk(b"data: " + payload + b"\n\n", chunk["usage"])
-                    else:
-                        relay.append(b"data: " + payload + b"\n\n")
-                if relay:
-                    yield StreamChunk(b"".join(relay))
+                chunks, done = self._take(read)
+                for chunk in chunks:
+                    yield chunk
+                if done:
+                    await self._finish()
+                    return
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
         raise StreamBroken("stream ended without [DONE]")
+
+    async def pump(self, deliver) -> None:
+        """As iterating, in one frame (no generator between the socket and the client): a read that is one token's
+        event, as most are, is handed on as it came. Errors of `deliver` are its own, not the stream's."""
+        reads = aiter(self.reads)
+        while True:
+            try:
+                read = await anext(reads)
+            except StopAsyncIteration:
+                raise StreamBroken("stream ended without [DONE]") from None
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
+            if not self._rest and _one_token_event(read):
+                await deliver(read, None)
+                continue
+            chunks, done = self._take(read)
+            for chunk in chunks:
+                await deliver(chunk.raw, chunk.usage)
+            if done:
+                try:
+                    await self._finish()
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
+                return
+
+    def _take(self, read: bytes) -> tuple[list[StreamChunk], bool]:
+        """The chunks `read` completes, with what came before it, and whether vLLM's end ([DONE]) came. Token events
+        are passed on as they came, together; the final usage chunk is a chunk of its own, with its usage."""
+        *events, self._rest = _EVENT_END.split(self._rest + read)
+        chunks: list[StreamChunk] = []
+        relay: list[bytes] = []
+        for event in events:
+            if event.startswith(b'data: {"id":') and b'"usage"' not in event and b"\n" not in event \
+                    and b"\r" not in event:
+                relay.append(event + b"\n\n")  # a token event: passed on as it came
+                continue
+            payload = b"\n".join(line[5:].removeprefix(b" ") for line in _LINE_END.split(event)
+                                  if line.startswith(b"data:")).strip()
+            if not payload:  # a comment or a keep-alive
+                continue
+            if payload == b"[DONE]":
+                if relay:
+                    chunks.append(StreamChunk(b"".join(relay)))
+                return chunks, True
+            chunk = _checked(payload)
+            if chunk.get("usage") and not chunk.get("choices"):  # the final usage chunk: its own event
+                if relay:
+                    chunks.append(StreamChunk(b"".join(relay)))
+                    relay = []
+                chunks.append(StreamChunk(b"data: " + payload + b"\n\n", chunk["usage"]))
+            else:
+                relay.append(b"data: " + payload + b"\n\n")
+        if relay:
+            chunks.append(StreamChunk(b"".join(relay)))
+        return chunks, False
+
+    async def _finish(self) -> None:
+        async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
+            pass
+        self.finished = True
 
     async def aclose(self) -> None:
         self.closed = True
@@ -294,6 +332,8 @@ class TypedEventStream(SSEStream):
     def __init__(self, reads, close, model: str, *, ends: frozenset[str], release=None):
         super().__init__(reads, close, model, release)
         self.ends = ends
+
+    pump = Stream.pump  # every event is parsed: the chunks as iterating gives them
 
     async def __aiter__(self):
         rest, usage = b"", {}
@@ -325,6 +365,13 @@ class TypedEventStream(SSEStream):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
         raise StreamBroken("stream ended before its last event")
+
+
+def _one_token_event(read: bytes) -> bool:
+    """`read` is one token's event, whole, and nothing else: `data: {"id":...}` on one line, without usage, and the
+    blank line that ends it (what SSEStream._take passes on as it came), told without splitting it."""
+    return (read.find(b"\n") == len(read) - 2 and read.endswith(b"\n\n") and read.startswith(b'data: {"id":')
+            and b'"usage"' not in read and b"\r" not in read)
 
 
 def _checked(payload: bytes) -> dict:

@@ -41,14 +41,31 @@ log = logging.getLogger("rtxserve.gateway")
 T = TypeVar("T")
 
 
-class _HeldStream(Stream):
-    """A stream that keeps its replica counted busy until it is closed."""
+class _Wrapped(Stream):
+    """A stream handed on as it is, chunk for chunk: a wrapper adds what it does at the first chunk and at the end."""
 
-    def __init__(self, stream: Stream, release: Callable[[], None]):
-        self.stream, self._release = stream, release
+    def __init__(self, stream: Stream):
+        self.stream = stream
 
     def __aiter__(self):
         return self.stream.__aiter__()
+
+    async def pump(self, deliver) -> None:
+        await self.stream.pump(deliver)
+
+    def first_chunk(self) -> None:
+        self.stream.first_chunk()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class _HeldStream(_Wrapped):
+    """A stream that keeps its replica counted busy until it is closed."""
+
+    def __init__(self, stream: Stream, release: Callable[[], None]):
+        super().__init__(stream)
+        self._release = release
 
     async def aclose(self) -> None:
         try:
@@ -58,16 +75,16 @@ class _HeldStream(Stream):
             self._release = lambda: None
 
 
-class _FirstChunk(Stream):
-    """A stream that calls `seen` at its first chunk, or when it is closed before one."""
+class _FirstChunk(_Wrapped):
+    """A stream that calls `seen` at its first chunk (what relays it says when), or when it is closed before one."""
 
     def __init__(self, stream: Stream, seen: Callable[[], None]):
-        self.stream, self._seen = stream, seen
+        super().__init__(stream)
+        self._seen = seen
 
-    async def __aiter__(self):
-        async for chunk in self.stream:
-            self._seen()
-            yield chunk
+    def first_chunk(self) -> None:
+        self._seen()
+        self.stream.first_chunk()
 
     async def aclose(self) -> None:
         self._seen()

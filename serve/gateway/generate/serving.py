@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -155,8 +155,8 @@ def conversation(request: ChatCompletionRequest | CompletionRequest, user: str |
 
 async def generate(state: GatewayState, path: str, request: ChatCompletionRequest | CompletionRequest,
                    key: ApiKey | None = None, session: str | None = None):
-    """Non-streamed: the backend's JSON answer. Streamed: an async iterator of SSE event strings. `session`: the
-    request's x-session-id header."""
+    """Non-streamed: the backend's JSON answer. Streamed: its relay (_Relay), which an EventStream sends. `session`:
+    the request's x-session-id header."""
     _check_bounds(state.settings, request)
     user = (request.model_extra or {}).get("user")
     user = user if isinstance(user, str) else None
@@ -183,13 +183,13 @@ async def generate(state: GatewayState, path: str, request: ChatCompletionReques
     client_wants_usage = bool((request.stream_options or {}).get("include_usage"))
     body["stream_options"] = {**(request.stream_options or {}), "include_usage": True}
     stream = await state.dispatch.call(info, lambda b, m: b.open_stream(path, body, m.name), affinity)
-    return _relay(stream, info.name, client_wants_usage, lambda usage: count_usage(state, key, info.name, usage))
+    return _Relay(stream, info.name, client_wants_usage, lambda usage: count_usage(state, key, info.name, usage))
 
 
 async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequest | MessagesRequest,
                           key: ApiKey | None = None):
     """/v1/responses or /v1/messages: bounded, relayed, counted. Non-streamed: vLLM's JSON answer; streamed: an
-    async iterator of its SSE events, the usage event included."""
+    relay of its SSE events (_Relay), the usage event included."""
     _check_agent_bounds(state.settings, request)
     info = await state.dispatch.resolve(request.model, TASK)
     body = request.model_dump(exclude_unset=True)
@@ -202,7 +202,7 @@ async def relay_agent_api(state: GatewayState, path: str, request: ResponsesRequ
         await count_usage(state, key, info.name, answer.get("usage"))
         return answer
     stream = await state.dispatch.call(info, lambda b, m: b.open_stream(path, body, m.name))
-    return _relay(stream, info.name, True, lambda usage: count_usage(state, key, info.name, usage),
+    return _Relay(stream, info.name, True, lambda usage: count_usage(state, key, info.name, usage),
                   end=b"", error_event=_typed_error_event)
 
 
@@ -244,29 +244,50 @@ def _typed_error_event(message: str) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
 
 
-async def _relay(stream: Stream, model: str, client_wants_usage: bool, count_usage, end: bytes = b"data: [DONE]\n\n",
-                 error_event=_error_event) -> AsyncIterator[bytes]:
-    first = True
-    try:
-        async for chunk in stream:
+class _Relay:
+    """A generation's stream as its client gets it (edge/event_stream.py sends it): the chunks as they come, the
+    usage counted and sent only where the client asked for it, an error event where the backend's stream broke, and
+    the end marker."""
+
+    def __init__(self, stream: Stream, model: str, client_wants_usage: bool, count_usage,
+                 end: bytes = b"data: [DONE]\n\n", error_event=_error_event):
+        self.stream, self.model, self.client_wants_usage, self.count_usage = stream, model, client_wants_usage, count_usage
+        self.end, self.error_event = end, error_event
+        self._closed = False
+
+    async def pump(self, send: Callable[[bytes], Awaitable[None]]) -> None:
+        first = True
+
+        async def deliver(raw: bytes, usage: dict | None) -> None:
+            nonlocal first
             if first:
-                note_first_chunk()
                 first = False
-            if chunk.usage is not None:
+                self.stream.first_chunk()
+                note_first_chunk()
+            if usage is not None:
                 # The final usage chunk. (With continuous_usage_stats every chunk carries running totals:
                 # counting those would count each token many times.)
-                await count_usage(chunk.usage)
-                if not client_wants_usage:
-                    continue
-            yield chunk.raw
-    except StreamBroken as exc:
-        log.warning("%s: %s", model, exc)
-        yield error_event(f"model {model} stopped before the answer was complete; the text above is partial")
-        return
-    finally:
-        await stream.aclose()
-    if end:
-        yield end
+                await self.count_usage(usage)
+                if not self.client_wants_usage:
+                    return
+            await send(raw)
+
+        try:
+            await self.stream.pump(deliver)
+        except StreamBroken as exc:
+            log.warning("%s: %s", self.model, exc)
+            await send(self.error_event(f"model {self.model} stopped before the answer was complete; the text above "
+                                        "is partial"))
+            return
+        finally:
+            await self.aclose()
+        if self.end:
+            await send(self.end)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.stream.aclose()
 
 
 # Deep readiness (state.py): the first request each model answers before it takes traffic (one token).
