@@ -10,10 +10,13 @@ conversations in place by accident (hit rate 0.76 against affinity's 0.80 on sca
 CPU vLLM engines serve the fixture Llama (prefix caching on, vLLM's default); two gateways in front of them all, one
 with `affinity` (prefix scoring against the tokens in flight, serve/gateway/fleet/prefix.py) and one without (least busy).
 Rows: caches ample (vLLM's CPU default, which holds every conversation) on two engines, then scarce on two and on three
-engines: each engine's KV cache holds about half of the live conversations (`--num-gpu-blocks-override`, sized from a
-whole conversation's tokens as the engine counts them), more than one engine holds, which is where routing by prefix
-can pay (targets: hit rate >= 2x least busy's, later turns' TTFT P50 <= 0.8x and P99 <= 1.1x). With two engines least
-busy sends a next turn back to its conversation's engine about half the time by chance; with three, a third. Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
+engines: each engine's KV cache holds its share of the live conversations (half on two engines, a third on three, rounded
+up; `--num-gpu-blocks-override`, sized from a whole conversation's tokens as the engine counts them): the engines
+together hold every conversation, one engine holds its share only, which is where routing by prefix can pay (targets:
+hit rate >= 2x least busy's, later turns' TTFT P50 <= 0.8x and P99 <= 1.1x). With two engines least busy sends a next
+turn back to its conversation's engine about half the time by chance; with three, a third. (Until 2026-11-29 every
+scarce row held half the conversations: three engines then held 1.5 times them all, and least busy found half of them
+cached on any engine.) Each turn resends the whole history with a new question, streamed, 16 tokens out. Each round
 runs both gateways in turn (the first one alternating), each with system prompts and documents of its own, so that no
 run finds another's prefixes cached. Figures per mode: vLLM's prefix-cache hit rate over the run (hit tokens / queried
 tokens, summed over the engines' /metrics), TTFT P50 / P90 of the later turns (those that could hit) and P50 of the
@@ -166,6 +169,12 @@ def _row(model: Path, out: Path, blocks: int | None, replicas: int, *, rounds: i
             "conversation_tokens": tokens, "medians": medians, "runs": figures}
 
 
+def scarce_blocks(live: int, replicas: int, conversation_tokens: int) -> int:
+    """Each engine's cache in blocks, in a scarce row: its share of the `live` conversations (rounded up), each at its
+    last turn. The engines together hold them all; one holds its share only."""
+    return math.ceil(math.ceil(live / replicas) * conversation_tokens / BLOCK_TOKENS)
+
+
 def _judged(row: dict) -> dict:
     """A scarce row with affinity's figures over least busy's, and the verdict on each target."""
     m = row["medians"]
@@ -184,9 +193,8 @@ def run(out: Path, *, rounds: int = 3, conversations: int = 16, turns: int = 6, 
     kwargs = dict(rounds=rounds, conversations=conversations, turns=turns, concurrency=concurrency, think_s=think_s,
                   progress=progress)
     ample = _row(model, out, None, replicas[0], **kwargs)
-    # each engine holds about half of the conversations running at once
-    blocks = math.ceil(concurrency / 2 * ample["conversation_tokens"] / BLOCK_TOKENS)
-    rows = [ample] + [_judged(_row(model, out, blocks, n, **kwargs)) for n in replicas]
+    rows = [ample] + [_judged(_row(model, out, scarce_blocks(concurrency, n, ample["conversation_tokens"]), n, **kwargs))
+                      for n in replicas]
     from core.machine import machine
 
     result = {"bench": "B10", "model": "fixture Llama (tiny, 2,048 context), vLLM CPU engines", "cpu": machine(),
@@ -209,8 +217,10 @@ def markdown(result: dict) -> str:
             lines.append(f"| {_name(row)} ({size}) | {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | "
                          f"{m['ttft_p99_ms']} | {m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
     judged = [row for row in result["rows"] if "ratios" in row]
-    lines += ["", f"Scarce: each engine's cache holds {result['concurrency'] // 2} of the {result['concurrency']} "
-              f"conversations running at once ({judged[0]['conversation_tokens']} tokens each at their last turn).", "",
+    shares = ", ".join(f"{-(-result['concurrency'] // row['replicas'])} on {row['replicas']} engines" for row in judged)
+    lines += ["", f"Scarce: each engine's cache holds its share of the {result['concurrency']} conversations running at "
+              f"once ({shares}; {judged[0]['conversation_tokens']} tokens each at their last turn): together the "
+              "engines hold them all.", "",
               "| target (scarce caches, affinity / least busy) | " + " | ".join(_name(row) for row in judged) + " |",
               "|---|" + "---|" * len(judged)]
     for key, (op, value) in TARGETS.items():

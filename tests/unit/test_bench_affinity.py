@@ -1,7 +1,7 @@
 """B10's report on canned figures (the real run is `rtxserve bench affinity`: vLLM engines, two gateways, caches
 ample on two engines, then scarce on two and on three)."""
 
-from bench.affinity import _judged, markdown, plot
+from bench.affinity import _judged, markdown, plot, scarce_blocks
 
 
 def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_targets_per_scarce_row(tmp_path):
@@ -24,5 +24,11 @@ def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_target
     assert "| target (scarce caches, affinity / least busy) | scarce, 2 engines | scarce, 3 engines |" in text
     assert "| hit_rate >= 2.0x | 1.6x (**missed**) | 2.667x (met) |" in text
     assert "| ttft_p50_ms <= 0.8x | 0.5x (met) | 0.833x (**missed**) |" in text
-    assert "holds 2 of the 4 conversations" in text
+    assert "holds its share of the 4 conversations running at once (2 on 2 engines, 2 on 3 engines;" in text
     assert plot(result, tmp_path / "b10.png").stat().st_size > 10_000
+
+
+def test_a_scarce_cache_holds_its_engine_s_share_of_the_live_conversations():
+    """Two engines: half of 16 conversations of 1,293 tokens (81 blocks of 128); three: 6, rounded up (61 blocks)."""
+    assert scarce_blocks(16, 2, 1293) == 81 and scarce_blocks(16, 3, 1293) == 61
+    assert scarce_blocks(16, 3, 1293) * 128 < 6 * 1293 + 128 and scarce_blocks(16, 1, 100) * 128 >= 1600
