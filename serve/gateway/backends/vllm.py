@@ -267,10 +267,7 @@ class SSEStream(Stream):
             for chunk in chunks:
                 await deliver(chunk.raw, chunk.usage)
             if done:
-                try:
-                    await self._finish()
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
+                await self._finish()
                 return
 
     def _take(self, read: bytes) -> tuple[list[StreamChunk], bool]:
@@ -305,8 +302,11 @@ class SSEStream(Stream):
         return chunks, False
 
     async def _finish(self) -> None:
-        async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
-            pass
+        try:
+            async for _ in self.reads:  # the end of the chunked body, so the connection can be reused
+                pass
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise StreamBroken(f"stream broke: {type(exc).__name__}") from exc
         self.finished = True
 
     async def aclose(self) -> None:
