@@ -28,6 +28,7 @@ import psutil
 from core.machine import machine
 from core.metric_names import OVERHEAD_HEADER
 
+from . import stream_cost
 from . import streams as b1s
 from .profile import cpu_seconds, run_queue_seconds
 from .proxy import nginx_version, path_table, plain_proxy
@@ -208,7 +209,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, stream_layouts: tuple[str, ...] | None = None,
         profile_s: float = 10.0, progress=log.info) -> dict:
     """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies, in each of vLLM's
-    `stream_layouts`: bench/streams.py)."""
+    `stream_layouts`: bench/streams.py; and the front ends' own CPU a token at the highest, against a synthetic engine:
+    bench/stream_cost.py)."""
     from serve.stack import start_gateway
 
     out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +248,8 @@ def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tup
                              for layout in stream_layouts or b1s.default_layouts()]
         for layouts in result["streams"]:
             b1s.plot(layouts, out / b1s.plot_name(layouts["layout"]))
+        result["stream_cost"] = stream_cost.run(out / "streams-synthetic", rounds=rounds, streams=max(streams),
+                                                duration_s=duration_s, progress=progress)
     for level in result["levels"]:
         m = level["medians"]
         level["qps_vs_proxy"] = round(m["gateway"]["qps"] / m["proxy"]["qps"], 3)
@@ -330,6 +334,8 @@ def markdown(result: dict) -> str:
         lines += ["", f"The gateway was not profiled: {profiled['error']}"]
     for layout in result.get("streams", ()):
         lines += ["", b1s.markdown(layout)]
+    if "stream_cost" in result:
+        lines += ["", *stream_cost.markdown(result["stream_cost"])]
     return "\n".join(lines) + "\n"
 
 
@@ -357,7 +363,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,8", help="requests in flight, comma-separated levels")
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes")
     parser.add_argument("--streams", default="4,16",
-                        help="B1s: concurrent streams per level, comma-separated ('' skips it)")
+                        help="B1s: concurrent streams per level, comma-separated ('' skips it); the highest is also "
+                             "run against a synthetic engine (bench/stream_cost.py: each front end's CPU per token)")
     parser.add_argument("--stream-prompts", type=int, default=300, help="B1s: requests per vllm bench serve run")
     parser.add_argument("--stream-layouts", default=",".join(b1s.default_layouts()),
                         help="B1s: vLLM's layouts, comma-separated: 'core' (the model in the engine core: two "
