@@ -208,9 +208,8 @@ def classifier_stack(workers: int, progress, gateway_env: dict[str, str] | None 
 def run(out: Path, *, rounds: int = 5, duration_s: float = 8.0, concurrency: tuple[int, ...] = (1, 8), workers: int = 1,
         streams: tuple[int, ...] = (4, 16), stream_prompts: int = 300, stream_layouts: tuple[str, ...] | None = None,
         profile_s: float = 10.0, progress=log.info) -> dict:
-    """B1 (classify) and, unless `streams` is empty, B1s (streams at those concurrencies, in each of vLLM's
-    `stream_layouts`: bench/streams.py; and the front ends' own CPU a token at the highest, against a synthetic engine:
-    bench/stream_cost.py)."""
+    """B1 (classify) and, unless `streams` is empty, B1s (bench/streams.py: each of vLLM's `stream_layouts`, then
+    bench/stream_cost.py: a synthetic engine at the highest level)."""
     from serve.stack import start_gateway
 
     out.mkdir(parents=True, exist_ok=True)
