@@ -38,19 +38,19 @@ def _start() -> None:
         response_deserializer=service_pb2.ModelInferResponse.FromString)
 
 
-async def _answer(send, status: int, body: bytes) -> None:
+async def answer(send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _lifespan(receive, send, start) -> None:
+async def lifespan(receive, send, start) -> None:
     while (await receive())["type"] == "lifespan.startup":
         start()
         await send({"type": "lifespan.startup.complete"})
     await send({"type": "lifespan.shutdown.complete"})
 
 
-async def _body(receive) -> bytes:
+async def read_body(receive) -> bytes:
     body = b""
     while True:
         message = await receive()
@@ -61,12 +61,12 @@ async def _body(receive) -> bytes:
 
 async def app(scope, receive, send) -> None:
     if scope["type"] == "lifespan":
-        await _lifespan(receive, send, _start)
+        await lifespan(receive, send, _start)
         return
     if scope["method"] == "GET":  # the readiness probe
-        await _answer(send, 200, b"{}")
+        await answer(send, 200, b"{}")
         return
-    asked = orjson.loads(await _body(receive))
+    asked = orjson.loads(await read_body(receive))
     request = service_pb2.ModelInferRequest(model_name=asked["model"])
     request.inputs.add(name="TEXT", datatype="BYTES", shape=(1, 1))
     request.raw_input_contents.append(
@@ -76,7 +76,7 @@ async def app(scope, receive, send) -> None:
     response = await _state["infer"](request, timeout=30)
     raw = dict(zip((meta.name for meta in response.outputs), response.raw_output_contents))
     label = deserialize_bytes_tensor(raw["LABEL"])[0].decode()
-    await _answer(send, 200, orjson.dumps({"data": [{"label": label}]}))
+    await answer(send, 200, orjson.dumps({"data": [{"label": label}]}))
 
 
 def _open_session() -> None:
@@ -86,12 +86,12 @@ def _open_session() -> None:
 
 async def passthrough(scope, receive, send) -> None:
     if scope["type"] == "lifespan":
-        await _lifespan(receive, send, _open_session)
+        await lifespan(receive, send, _open_session)
         return
     headers = {k.decode(): v.decode() for k, v in scope["headers"] if k in (b"content-type", b"accept")}
     query = scope["query_string"].decode()
     async with _state["session"].request(scope["method"], scope["path"] + (f"?{query}" if query else ""),
-                                         data=await _body(receive), headers=headers) as response:
+                                         data=await read_body(receive), headers=headers) as response:
         await send({"type": "http.response.start", "status": response.status,
                     "headers": [(b"content-type", response.headers.get("content-type", "").encode())]})
         async for chunk in response.content.iter_any():

@@ -24,40 +24,32 @@ from pathlib import Path
 
 import orjson
 
+from .relay import answer, lifespan, read_body
+
 SERVED = "bench-llm"
 TOKENS_ENV, GAP_ENV = "RTXSERVE_BENCH_ENGINE_TOKENS", "RTXSERVE_BENCH_ENGINE_GAP_S"
 _TOKEN = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1764000000,"model":"' + SERVED.encode()
           + b'","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
 
 
-async def _json(send, body: dict) -> None:
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": orjson.dumps(body)})
-
-
 async def engine(scope, receive, send) -> None:
     """The synthetic vLLM: /health, /v1/models, /openapi.json (a generator's routes) and streamed /v1/completions."""
     if scope["type"] == "lifespan":
-        while (await receive())["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
+        return await lifespan(receive, send, lambda: None)
     path = scope["path"]
     if path == "/v1/models":
-        return await _json(send, {"object": "list", "data": [{"id": SERVED, "object": "model", "max_model_len": 512}]})
+        return await answer(send, 200, orjson.dumps(
+            {"object": "list", "data": [{"id": SERVED, "object": "model", "max_model_len": 512}]}))
     if path == "/openapi.json":
-        return await _json(send, {"paths": {"/v1/completions": {}, "/v1/chat/completions": {}}})
+        return await answer(send, 200, b'{"paths": {"/v1/completions": {}, "/v1/chat/completions": {}}}')
     if path != "/v1/completions":
-        return await _json(send, {})  # /health
-    body, more = b"", True
-    while more:
-        message = await receive()
-        body, more = body + message.get("body", b""), message.get("more_body", False)
+        return await answer(send, 200, b"{}")  # /health
     tokens, gap = int(os.environ.get(TOKENS_ENV, "64")), float(os.environ.get(GAP_ENV, "0.004"))
-    if not orjson.loads(body).get("stream"):  # the gateway's readiness canary
-        return await _json(send, {"id": "cmpl-bench", "object": "text_completion", "model": SERVED, "choices": [
-            {"index": 0, "text": " tok", "finish_reason": "length"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                                                                "total_tokens": 2}})
+    if not orjson.loads(await read_body(receive)).get("stream"):  # the gateway's readiness canary
+        return await answer(send, 200, orjson.dumps({
+            "id": "cmpl-bench", "object": "text_completion", "model": SERVED, "choices": [
+                {"index": 0, "text": " tok", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}))
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     for _ in range(tokens):
         await asyncio.sleep(gap)
@@ -69,7 +61,7 @@ async def engine(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _load(url: str, streams: int, seconds: float) -> tuple[int, int]:
+async def _load(url: str, streams: int, tokens: int, seconds: float) -> tuple[int, int]:
     """`streams` clients, each streaming completions back to back for `seconds`: (token events received, failed)."""
     import aiohttp
 
@@ -79,7 +71,7 @@ async def _load(url: str, streams: int, seconds: float) -> tuple[int, int]:
         async def client() -> None:
             while time.monotonic() < deadline:
                 async with session.post(f"{url}/v1/completions", json={"model": SERVED, "prompt": "hi", "stream": True,
-                                                                      "max_tokens": 64}) as response:
+                                                                      "max_tokens": tokens}) as response:
                     body = await response.read()
                 if response.status != 200 or not body.endswith(b"data: [DONE]\n\n"):
                     failed[0] += 1
@@ -103,13 +95,13 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, gap_
     (out / "gateway").mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = {**os.environ, TOKENS_ENV: str(tokens), GAP_ENV: str(gap_s)}
-    progress(f"a synthetic engine ({tokens} token events {gap_s * 1e3:g} ms apart) behind nginx, the relay and the gateway")
+    progress(f"a synthetic engine ({tokens} token events {gap_s * 1e3:g} ms apart) behind each front end")
     with contextlib.ExitStack() as stack:
+        argv = [sys.executable, "-m", "uvicorn", "bench.stream_cost:engine", "--port", str(port), "--loop", "uvloop",
+                "--http", "httptools", "--log-level", "warning", "--no-access-log"]
         upstream = ServerProcess(
-            "synthetic engine", [sys.executable, "-m", "uvicorn", "bench.stream_cost:engine", "--port", str(port),
-                                 "--log-level", "warning", "--no-access-log", "--loop", "uvloop", "--http", "httptools"],
-            env=env, cwd=Path(__file__).resolve().parents[1], log_path=out / "synthetic-engine.log",
-            ready_url=f"http://127.0.0.1:{port}/health").start(60)
+            "synthetic engine", argv, env=env, cwd=Path(__file__).resolve().parents[1],
+            log_path=out / "synthetic-engine.log", ready_url=f"http://127.0.0.1:{port}/health").start(60)
         stack.callback(upstream.stop)
         url = f"http://127.0.0.1:{port}"
         gateway, via_gateway = start_gateway("", out / "gateway", vllm_url=url)
@@ -125,7 +117,7 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, gap_
             for name in names[r % len(names):] + names[:r % len(names)]:
                 target, pid = paths[name]
                 before = cpu_seconds(pid)
-                received, lost = asyncio.run(_load(target, streams, duration_s))
+                received, lost = asyncio.run(_load(target, streams, tokens, duration_s))
                 figures[name].append((cpu_seconds(pid) - before) * 1e6 / max(received, 1))
                 failed += lost
                 progress(f"synthetic engine, round {r + 1}/{rounds}, {name}: {figures[name][-1]:.1f} CPU-us a token")
@@ -139,9 +131,9 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, gap_
 def markdown(result: dict) -> list[str]:
     cost = result["cpu_us_per_token"]
     return [f"Against a synthetic engine (bench/stream_cost.py: {result['tokens']} token events "
-            f"{result['gap_s'] * 1e3:g} ms apart, {result['streams']} streams, {result['duration_s']:g} s a path, median "
-            f"of {result['rounds']} rotating rounds; {result['failed']} streams failed), each front end's own CPU per "
-            "streamed token, with no engine beside it on the cores:", "",
+            f"{result['gap_s'] * 1e3:g} ms apart, {result['streams']} streams, {result['duration_s']:g} s a path, "
+            f"median of {result['rounds']} rotating rounds; {result['failed']} streams failed), each front end's own "
+            "CPU per streamed token, with no engine beside it on the cores:", "",
             "| path | CPU-us a token |", "|---|---|",
             *(f"| {name} | {value} |" for name, value in cost.items()), "",
             f"The gateway's code adds {result['gateway_added_us']} us a token to the Python relay's "

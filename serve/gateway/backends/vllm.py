@@ -277,9 +277,8 @@ class SSEStream(Stream):
         chunks: list[StreamChunk] = []
         relay: list[bytes] = []
         for event in events:
-            if event.startswith(b'data: {"id":') and b'"usage"' not in event and b"\n" not in event \
-                    and b"\r" not in event:
-                relay.append(event + b"\n\n")  # a token event: passed on as it came
+            if _token_event(event):
+                relay.append(event + b"\n\n")  # passed on as it came
                 continue
             payload = b"\n".join(line[5:].removeprefix(b" ") for line in _LINE_END.split(event)
                                   if line.startswith(b"data:")).strip()
@@ -367,11 +366,15 @@ class TypedEventStream(SSEStream):
         raise StreamBroken("stream ended before its last event")
 
 
+def _token_event(event: bytes) -> bool:
+    """An event (its blank line cut off) that is one token's, passed on as vLLM sent it: `data: {"id":...}` on one
+    line, without usage."""
+    return event.startswith(b'data: {"id":') and b'"usage"' not in event and b"\n" not in event and b"\r" not in event
+
+
 def _one_token_event(read: bytes) -> bool:
-    """`read` is one token's event, whole, and nothing else: `data: {"id":...}` on one line, without usage, and the
-    blank line that ends it (what SSEStream._take passes on as it came), told without splitting it."""
-    return (read.find(b"\n") == len(read) - 2 and read.endswith(b"\n\n") and read.startswith(b'data: {"id":')
-            and b'"usage"' not in read and b"\r" not in read)
+    """`read` is one token's event, whole, and nothing else (the blank line that ends it included)."""
+    return read.endswith(b"\n\n") and _token_event(read[:-2])
 
 
 def _checked(payload: bytes) -> dict:
