@@ -95,3 +95,25 @@ def test_metrics_have_latency_per_route_and_model(client):
     assert 'rtxserve_request_duration_seconds_count{model="clf",route="/v1/classify",status="200"}' in text
     # unknown model names are not used as label values (unbounded cardinality)
     assert "unknown-model-name" not in text
+
+
+def test_what_start_up_made_is_kept_out_of_the_collectors_reach(backend):
+    """Once the app has started, the objects start-up made are frozen (gc.freeze): a full collection while streams run
+    walks only what requests made since, not every module, route and setting of the worker. Stopped, it gives them
+    back to the collector."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from serve.gateway.app import create_app
+    from serve.gateway.settings import GatewaySettings
+
+    gc.unfreeze()
+    app = create_app(GatewaySettings(health_interval_s=60), [backend])
+    assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(app):
+            assert gc.get_freeze_count() > 10_000
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()

@@ -391,14 +391,15 @@ def test_agent_apis_are_bounded_as_chat_is(client, backend):
     assert r.status_code == 200 and backend.bodies[-1]["max_output_tokens"] == 100  # left out: the bound is sent
 
 
-def _event_stream(events, leave_after: bytes | None = None):
+def _event_stream(events, leave_after: bytes | None = None, wire: list | None = None):
     """EventStream over `events` in a task of its own: (the messages it sent, the task); the client leaves once
-    `leave_after` was sent."""
+    `leave_after` was sent. `wire`: the messages sent to the server's own send (the scope's WIRE) go there."""
     import asyncio
 
-    from serve.gateway.edge.event_stream import EventStream
+    from serve.gateway.edge.event_stream import WIRE, EventStream
 
     sent, left = [], asyncio.Event()
+    scope = {"type": "http"}
 
     async def receive():
         await left.wait()
@@ -409,7 +410,42 @@ def _event_stream(events, leave_after: bytes | None = None):
         if leave_after is not None and message.get("body") == leave_after:
             left.set()
 
-    return sent, asyncio.ensure_future(EventStream(events)({"type": "http"}, receive, send))
+    if wire is not None:
+        async def to_wire(message):
+            wire.append(message)
+
+        scope[WIRE] = to_wire
+    return sent, asyncio.ensure_future(EventStream(events)(scope, receive, send))
+
+
+def test_an_event_streams_start_passes_the_middlewares_and_its_chunks_go_to_the_server_itself():
+    """The answer's start is sent through `send` (the middlewares add their headers there); every chunk and the end go to
+    the server's own send where the app put it in the scope, through no middleware's wrapper."""
+    import asyncio
+
+    async def events():
+        yield b"data: 1\n\n"
+        yield b"data: 2\n\n"
+
+    async def run():
+        wire = []
+        sent, task = _event_stream(events(), wire=wire)
+        await asyncio.wait_for(task, 5)
+        return sent, wire
+
+    sent, wire = asyncio.run(run())
+    assert [m["type"] for m in sent] == ["http.response.start"]
+    assert [m["body"] for m in wire] == [b"data: 1\n\n", b"data: 2\n\n", b""] and wire[-1]["more_body"] is False
+
+
+def test_a_streamed_answer_through_the_app_has_the_middlewares_headers_and_every_chunk(client, backend):
+    """Through the whole app (the server's send in the scope): the request id and the overhead header on the start, the
+    events whole after it."""
+    backend.stream = FakeStream([_chunk("a"), _chunk("b"), "data: [DONE]"], reads="events")
+    r = client.post("/v1/chat/completions", json={"model": "llm", "messages": [{"role": "user", "content": "x"}],
+                                                  "stream": True}, headers={"x-request-id": "req-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "req-1" and "x-rtxserve-overhead-ms" in r.headers
+    assert r.text == f"{_chunk('a')}\n\n{_chunk('b')}\n\ndata: [DONE]\n\n"
 
 
 def test_an_event_stream_closes_its_events_the_moment_the_client_leaves():

@@ -7,6 +7,11 @@ of their own, whose stack is a few frames deep rather than the request's fifteen
 middleware): every chunk resumes that stack when it arrives, so a shallow one costs less per token. One watcher task
 waits for the disconnect and cancels it: a generation the client no longer reads is stopped at once, its upstream
 connection closed (which makes vLLM abort it), whether it is sending or still waiting for its next token.
+
+The answer's start goes through every middleware; its chunks go to the server's own `send` where the app put it in the
+scope (WIRE): each middleware of the gateway (metrics, the front door, the trace, Starlette's error handler) acts on a
+response's start only, and passing a token through each of their wrappers cost a coroutine call apiece. A middleware
+that changed a body (compression) would have to see the chunks, and this would have to send them through it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from starlette.responses import Response
+
+WIRE = "rtxserve.wire"  # the scope's key for the server's own send (app.py puts it there)
 
 
 class EventStream(Response):
@@ -30,7 +37,7 @@ class EventStream(Response):
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         ended = asyncio.Event()  # the last chunk sent: the client may read it and leave, which cancels nothing
-        pump = asyncio.ensure_future(self._pump(send, ended))
+        pump = asyncio.ensure_future(self._pump(scope.get(WIRE, send), ended))
 
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":

@@ -50,8 +50,10 @@ class _Wrapped(Stream):
     def __aiter__(self):
         return self.stream.__aiter__()
 
-    async def pump(self, deliver) -> None:
-        await self.stream.pump(deliver)
+    def pump(self, deliver):
+        """The wrapped stream's own pump, not a coroutine of this one: a token's event resumes no frame of a wrapper
+        (a stream is wrapped up to four deep: its replica, the model's gate, a person's first token, a loaded model)."""
+        return self.stream.pump(deliver)
 
     def first_chunk(self) -> None:
         self.stream.first_chunk()
