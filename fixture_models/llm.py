@@ -50,9 +50,12 @@ def train_chat_tokenizer(max_length: int):
 
 # Llama shapes (all head_dim 64, as vLLM's CPU attention needs). "tiny" is for tests; "small" (about
 # 58M parameters) is big enough that decoding is bound by the model's weights rather than by serving
-# overhead, as with real LLMs, which is what the batching benchmark B4 needs.
+# overhead, as with real LLMs, which is what the batching benchmark B4 needs; "medium" (about 3M besides its
+# embeddings) is where a 1,000-token prompt's prefill is most of a short turn's time, as on a real model, yet several
+# engines of it share 2 cores (B10: what a cached prefix saves).
 LLM_SHAPES = {
     "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2},
+    "medium": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4},
     "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 12},
 }
 
