@@ -38,3 +38,6 @@ def test_the_frontier_names_the_least_share_that_meets_both_targets_or_says_why_
     missed = frontier_reading([_point(8, 1.77, 0.9), _point(1, 1.8, 0.303), _point(4, 1.88, 0.6)])
     assert missed.startswith("No share of the engine meets both targets here. The least there is, 1 of the batch's")
     assert "TTFT P99 at 1.8x" in missed and "0.303x of what is left" in missed
+    starved = frontier_reading([_point(1, 1.1, 0.29), _point(2, 1.42, 0.45), _point(8, 1.35, 1.2)])
+    assert starved.startswith("No share of the engine meets both targets here. The shares that keep the users' TTFT "
+                              "P99 within 1.2x alone give the batch at most 0.29x of what is left (1 in flight: P99 1.1x")
