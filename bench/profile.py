@@ -46,6 +46,18 @@ def cpu_seconds(pid: int, *, children: bool = True) -> float:
     return total
 
 
+def system_calls(pid: int) -> tuple[int, int]:
+    """The read and write system calls `pid` and its live children have made (their /proc/PID/io counts)."""
+    reads = writes = 0
+    for process in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        try:
+            counts = process.io_counters()
+        except psutil.NoSuchProcess:
+            continue
+        reads, writes = reads + counts.read_count, writes + counts.write_count
+    return reads, writes
+
+
 def run_queue_seconds(pid: int) -> float:
     """The seconds the threads of `pid` and of its live children spent runnable but waiting for a core (the second
     field of each thread's /proc schedstat): on a box whose cores are all busy, what a server's wakeups wait for the

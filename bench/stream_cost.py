@@ -6,7 +6,8 @@ shows only as the engine's loss. Here `engine`, a few lines of ASGI that answer 
 (`tokens` token events `gap_s` apart, the usage event, [DONE]; vLLM's own JSON shapes), stands in for vLLM: it costs
 next to nothing, so each front end's CPU per token (user + system seconds of its processes over a run, over the tokens
 its clients received) is its own, and the gateway's over the Python relay's is what the gateway's code adds to a
-stream. Paths: nginx, the Python relay (bench/relay.py's passthrough) and the gateway, in rotating order per round, the
+stream. Beside it, each front end's read and write system calls a token (its /proc/PID/io counts): the same calls for
+two front ends, and their CPU differs by what each runs between them. Paths: nginx, the Python relay (bench/relay.py's passthrough) and the gateway, in rotating order per round, the
 same closed loop of `streams` clients (aiohttp, in this process) through each for `duration_s`; each figure is the
 median over rounds.
 """
@@ -87,7 +88,7 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, gap_
     from serve.launcher import ServerProcess, free_port
     from serve.stack import start_gateway
 
-    from .profile import cpu_seconds
+    from .profile import cpu_seconds, system_calls
     from .proxy import plain_proxy
     from .relay import NAME as RELAY
     from .relay import python_relay
@@ -112,18 +113,22 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, gap_
         paths = {"proxy": proxy, RELAY: relay, "gateway": (via_gateway, gateway.process.pid)}
         names = tuple(paths)
         figures: dict[str, list[float]] = {name: [] for name in names}
+        calls: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         failed = 0
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 target, pid = paths[name]
-                before = cpu_seconds(pid)
+                before, made = cpu_seconds(pid), system_calls(pid)
                 received, lost = asyncio.run(_load(target, streams, tokens, duration_s))
                 figures[name].append((cpu_seconds(pid) - before) * 1e6 / max(received, 1))
+                calls[name].append(tuple((after - was) / max(received, 1) for after, was in zip(system_calls(pid), made)))
                 failed += lost
                 progress(f"synthetic engine, round {r + 1}/{rounds}, {name}: {figures[name][-1]:.1f} CPU-us a token")
     medians = {name: round(statistics.median(values), 2) for name, values in figures.items()}
     return {"streams": streams, "tokens": tokens, "gap_s": gap_s, "duration_s": duration_s, "rounds": rounds,
             "cpu_us_per_token": medians, "runs": figures, "failed": failed,
+            "calls_per_token": {name: [round(statistics.median(c[i] for c in made), 3) for i in (0, 1)]
+                                for name, made in calls.items()},
             "gateway_over_relay": round(medians["gateway"] / medians[RELAY], 3),
             "gateway_added_us": round(medians["gateway"] - medians[RELAY], 2)}
 
@@ -134,7 +139,8 @@ def markdown(result: dict) -> list[str]:
             f"{result['gap_s'] * 1e3:g} ms apart, {result['streams']} streams, {result['duration_s']:g} s a path, "
             f"median of {result['rounds']} rotating rounds; {result['failed']} streams failed), each front end's own "
             "CPU per streamed token, with no engine beside it on the cores:", "",
-            "| path | CPU-us a token |", "|---|---|",
-            *(f"| {name} | {value} |" for name, value in cost.items()), "",
+            "| path | CPU-us a token | read() / write() calls a token (/proc/PID/io: nginx's recv() is not one) |", "|---|---|---|",
+            *(f"| {name} | {value} | {' / '.join(map(str, result.get('calls_per_token', {}).get(name, ['–'])))} |"
+              for name, value in cost.items()), "",
             f"The gateway's code adds {result['gateway_added_us']} us a token to the Python relay's "
             f"({result['gateway_over_relay']}x its CPU): what a change to the gateway can win on a stream."]

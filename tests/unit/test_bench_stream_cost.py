@@ -25,7 +25,8 @@ def test_the_synthetic_engine_streams_vllm_s_events_and_answers_the_canary_whole
 def test_the_report_gives_each_front_end_s_cpu_a_token_and_what_the_gateway_adds():
     result = {"streams": 16, "tokens": 64, "gap_s": 0.004, "duration_s": 8.0, "rounds": 5, "failed": 0,
               "cpu_us_per_token": {"proxy": 12.5, "python relay": 25.0, "gateway": 30.0},
-              "gateway_over_relay": 1.2, "gateway_added_us": 5.0}
+              "gateway_over_relay": 1.2, "gateway_added_us": 5.0,
+              "calls_per_token": {"proxy": [1.0, 1.0], "python relay": [1.03, 1.05], "gateway": [1.03, 1.06]}}
     text = "\n".join(stream_cost.markdown(result))
-    assert "64 token events 4 ms apart, 16 streams" in text and "| gateway | 30.0 |" in text
+    assert "64 token events 4 ms apart, 16 streams" in text and "| gateway | 30.0 | 1.03 / 1.06 |" in text
     assert "adds 5.0 us a token to the Python relay's (1.2x its CPU)" in text
