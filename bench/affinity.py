@@ -51,6 +51,17 @@ PLOT = "b10.png"
 FILES = Files("bench-affinity.json", "bench-affinity.md", plots=(PLOT,))
 
 
+def _routed(gateway: str) -> dict[str, float]:
+    """The gateway's cache-aware routing choices so far, by outcome (preferred, spilled, none: rtxserve_affinity_total)."""
+    import httpx
+
+    from core.metric_names import AFFINITY
+
+    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    return {outcome: float(value) for outcome, value in
+            re.findall(rf'^{AFFINITY}\{{outcome="(\w+)"\}} ([0-9.e+]+)$', text, re.M)}
+
+
 def _prefix_counters(urls: list[str]) -> tuple[float, float]:
     """(hit tokens, queried tokens) of vLLM's prefix cache, summed over the engines."""
     import httpx
@@ -92,7 +103,7 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
 
     rng = random.Random(seed)
     system = _system(seed)
-    before = _prefix_counters(engines)
+    before, routed = _prefix_counters(engines), _routed(url)
     ttfts: list[tuple[int, float]] = []
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=300) as client:
@@ -104,13 +115,17 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
         await asyncio.gather(*(one(n) for n in range(conversations)))
         seconds = time.perf_counter() - start
     after = _prefix_counters(engines)
+    choices = {k: v - routed.get(k, 0.0) for k, v in _routed(url).items()}
+    matched = choices.get("preferred", 0.0) + choices.get("spilled", 0.0)
     queried = after[1] - before[1]
     later = [t for turn, t in ttfts if turn > 0]
     return {"hit_rate": round((after[0] - before[0]) / queried, 4) if queried else 0.0,
             "ttft_p50_ms": round(float(np.percentile(later, 50)), 2), "ttft_p90_ms": round(float(np.percentile(later, 90)), 2),
             "ttft_p99_ms": round(float(np.percentile(later, 99)), 2),
             "first_turn_ttft_p50_ms": round(float(np.percentile([t for turn, t in ttfts if turn == 0], 50)), 2),
-            "requests": len(ttfts), "seconds": round(seconds, 2)}
+            "requests": len(ttfts), "seconds": round(seconds, 2),
+            # of the turns whose prefix an engine held, the share sent elsewhere (its engine over the load cap)
+            "spilled": round(choices.get("spilled", 0.0) / matched, 4) if matched else None}
 
 
 BLOCK_TOKENS = 128  # vLLM's CPU block, set explicitly so that the scarce cache's size is known in tokens
@@ -178,9 +193,15 @@ def _row(model: Path, out: Path, blocks: int | None, replicas: int, *, rounds: i
                 progress(f"B10 ({replicas} engines, {'caches of ' + str(blocks) + ' blocks' if blocks else 'ample caches'}) round "
                          f"{r + 1}/{rounds}, {mode}: prefix-cache hit rate {result['hit_rate']:.3f}, later turns' TTFT "
                          f"P50 {result['ttft_p50_ms']:.1f} ms")
-    medians = {m: {k: round(statistics.median(f[k] for f in runs), 4) for k in runs[0]} for m, runs in figures.items()}
+    medians = {m: {k: _median([f[k] for f in runs]) for k in runs[0]} for m, runs in figures.items()}
     return {"caches": "scarce" if blocks else "ample", "replicas": replicas, "blocks": blocks, **sizes,
             "medians": medians, "runs": figures}
+
+
+def _median(values: list) -> float | None:
+    """The median of the rounds' figures (None where no round has one: least busy's spilled turns)."""
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 4) if known else None
 
 
 def scarce_blocks(live: int, replicas: int, conversation_tokens: int) -> int:
@@ -224,15 +245,19 @@ def markdown(result: dict) -> str:
              f"on average, each opening with its own document under a shared system prompt; median of {result['rounds']} "
              f"alternating rounds{'; CPU: ' + result['cpu'] if 'cpu' in result else ''})", "", f"![hit rate and TTFT per mode]({PLOT})",
              "", "| caches | routing | prefix-cache hit rate | TTFT P50 ms, later turns | TTFT P99 ms, later turns | "
-             "TTFT P50 ms, first turns | seconds per run |", "|---|---|---|---|---|---|---|"]
+             "TTFT P50 ms, first turns | turns spilled | seconds per run |", "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         size = (f"{row['blocks']} blocks of {BLOCK_TOKENS} tokens" if row["blocks"] else "vLLM's default")
         for mode, m in row["medians"].items():
+            spilled = m.get("spilled")
             lines.append(f"| {_name(row)} ({size}) | {mode} | {m['hit_rate']} | {m['ttft_p50_ms']} | "
-                         f"{m['ttft_p99_ms']} | {m['first_turn_ttft_p50_ms']} | {m['seconds']} |")
+                         f"{m['ttft_p99_ms']} | {m['first_turn_ttft_p50_ms']} | "
+                         f"{'–' if spilled is None else f'{spilled:.0%}'} | {m['seconds']} |")
     judged = [row for row in result["rows"] if "ratios" in row]
     shares = ", ".join(f"{-(-result['concurrency'] // row['replicas'])} on {row['replicas']} engines" for row in judged)
-    lines += ["", f"Scarce: each engine's cache holds its share of the {result['concurrency']} conversations running at "
+    lines += ["", "Turns spilled: of the turns whose prefix an engine held, the share the gateway sent to another, that "
+              "engine being over its share of the requests in flight (`affinity_load_factor`, the box's default).",
+              "", f"Scarce: each engine's cache holds its share of the {result['concurrency']} conversations running at "
               f"once ({shares}; {judged[0]['conversation_tokens']} tokens each at their last turn): together the "
               "engines hold them all.", "",
               "| target (scarce caches, affinity / least busy) | " + " | ".join(_name(row) for row in judged) + " |",

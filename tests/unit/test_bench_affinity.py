@@ -7,7 +7,7 @@ from bench.affinity import _judged, markdown, plot, scarce_blocks
 def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_targets_per_scarce_row(tmp_path):
     def run(hit, ttft):
         return {"hit_rate": hit, "ttft_p50_ms": ttft, "ttft_p90_ms": 2 * ttft, "ttft_p99_ms": 3 * ttft,
-                "first_turn_ttft_p50_ms": 30.0, "requests": 48, "seconds": 2.0}
+                "first_turn_ttft_p50_ms": 30.0, "requests": 48, "seconds": 2.0, "spilled": None}
 
     def row(blocks, replicas, affinity, least):
         return {"caches": "scarce" if blocks else "ample", "replicas": replicas, "blocks": blocks,
@@ -15,11 +15,12 @@ def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_target
                 "runs": {"affinity": [affinity, affinity], "least busy": [least, least]}}
 
     result = {"model": "tiny", "conversations": 12, "turns": 4, "concurrency": 4, "rounds": 2,
-              "rows": [row(None, 2, run(0.9, 10.0), run(0.85, 9.0)),
+              "rows": [row(None, 2, {**run(0.9, 10.0), "spilled": 0.125}, run(0.85, 9.0)),
                        _judged(row(11, 2, run(0.8, 10.0), run(0.5, 20.0))),
                        _judged(row(11, 3, run(0.8, 10.0), run(0.3, 12.0)))]}
     text = markdown(result)
-    assert "| ample, 2 engines (vLLM's default) | affinity | 0.9 | 10.0 | 30.0 | 30.0 | 2.0 |" in text
+    assert "| ample, 2 engines (vLLM's default) | affinity | 0.9 | 10.0 | 30.0 | 30.0 | 12% | 2.0 |" in text
+    assert "| ample, 2 engines (vLLM's default) | least busy | 0.85 | 9.0 | 27.0 | 30.0 | – | 2.0 |" in text
     assert "| scarce, 3 engines (11 blocks of 128 tokens) | least busy | 0.3 | 12.0 | 36.0 |" in text
     assert "| target (scarce caches, affinity / least busy) | scarce, 2 engines | scarce, 3 engines |" in text
     assert "| hit_rate >= 2.0x | 1.6x (**missed**) | 2.667x (met) |" in text
@@ -34,3 +35,20 @@ def test_a_scarce_cache_holds_its_engine_s_share_of_the_live_conversations():
     """Two engines: half of 16 conversations of 1,293 tokens (81 blocks of 128); three: 6, rounded up (61 blocks)."""
     assert scarce_blocks(16, 2, 1293) == 81 and scarce_blocks(16, 3, 1293) == 61
     assert scarce_blocks(16, 3, 1293) * 128 < 6 * 1293 + 128 and scarce_blocks(16, 1, 100) * 128 >= 1600
+
+
+def test_the_routing_choices_are_read_from_the_gateway_s_own_counter(monkeypatch):
+    """rtxserve_affinity_total as prometheus_client writes it, by outcome."""
+    import httpx
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    from bench.affinity import _routed
+    from core.metric_names import AFFINITY
+
+    registry = CollectorRegistry()
+    counter = Counter(AFFINITY, "routing choices", ("outcome",), registry=registry)
+    counter.labels("preferred").inc(7)
+    counter.labels("spilled").inc(2)
+    page = generate_latest(registry).decode()
+    monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=page))
+    assert _routed("http://gateway") == {"preferred": 7.0, "spilled": 2.0}
