@@ -18,19 +18,29 @@ INSTALLED = bool(BINDIRS)
 WHY_NOT = "PostgreSQL is not installed (`make setup-postgres`: Debian's postgresql package)"
 
 
+def _reachable_temp() -> str:
+    """The temp folder, where every folder above it lets others in (run as root, the server runs as the postgres user);
+    else /tmp (a TMPDIR made with `mktemp -d` is root's alone: initdb could not reach its data folder in it)."""
+    folder = Path(tempfile.gettempdir()).resolve()
+    if os.geteuid() != 0 or all(p.stat().st_mode & 0o001 for p in (folder, *folder.parents)):
+        return str(folder)
+    return "/tmp"
+
+
 class Postgres:
     def __init__(self, password: str | None = None):
         """`password`: the user rtx's, asked of every connection (SCRAM); without one, any connection is trusted."""
         self.bindir = Path(BINDIRS[-1])
         self.port = free_port()
-        self.folder = Path(tempfile.mkdtemp(prefix="rtxserve-postgres-"))  # not under pytest's root-only tmp
+        # not under pytest's root-only tmp, nor under any folder the postgres user cannot enter
+        self.folder = Path(tempfile.mkdtemp(prefix="rtxserve-postgres-", dir=_reachable_temp()))
         self.data = self.folder / "data"
         self.password = password
         self.url = f"postgresql+psycopg://rtx@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *argv: str) -> None:
         as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*as_user, *argv], capture_output=True, text=True, timeout=120, cwd=self.folder)
         assert done.returncode == 0, f"{argv[0]}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
 
     def start(self) -> "Postgres":
