@@ -52,7 +52,7 @@ FILES = Files("bench-affinity.json", "bench-affinity.md", plots=(PLOT,))
 
 
 def _routed(gateway: str) -> dict[str, float]:
-    """The gateway's cache-aware routing choices so far, by outcome (preferred, spilled, none: rtxserve_affinity_total)."""
+    """The gateway's cache-aware routing choices so far, by outcome (preferred, spilled, none), from its affinity counter."""
     import httpx
 
     from core.metric_names import AFFINITY
