@@ -171,13 +171,17 @@ def test_sigterm_turns_readiness_off_at_once_and_in_flight_requests_finish(serve
             gateway.signal(signal.SIGTERM)
             until(lambda: httpx.get(f"{url}/readyz").status_code == 503, "not ready after SIGTERM", 2.0)  # a probe
             assert classify(httpx.Client(), url)[0] == 200  # not ready, still serving: the drain, not the stop
+            # and the loads' own requests sent in the drain are answered too (counted, not timed: a slow box
+            # serves fewer in a given time, never none)
+            in_drain = len(results)
+            until(lambda: len(results) >= in_drain + 3, "the loads' requests answered in the drain", 6.0)
         finally:
             stop = True  # ...which stops sending (a failed check too: the loads must not outlive the test)
         for run in runs:  # what was in flight must still finish
             run.result()
         exit_code = gateway.process.wait(30)
     assert exit_code in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled once it has shut down
-    assert len(results) > 20 and set(results) == {200}, {c: results.count(c) for c in set(results)}
+    assert set(results) == {200}, {c: results.count(c) for c in set(results)}
 
 
 def test_a_second_triton_replica_takes_the_traffic_of_a_killed_one(servers, repo, tmp_path):
