@@ -146,17 +146,28 @@ def _opening(seed: int, n: int, rng: random.Random) -> str:
 
 def _sizes(engine: str, turns: int) -> dict:
     """A conversation's tokens as the engine's tokenizer and template count them: the system prompt all share, the first
-    turn's prompt, and the whole conversation at its last turn (its answer's 16 tokens included)."""
+    turn's prompt, the whole conversation at its last turn (its answer's 16 tokens included), and the most of its
+    prompts' tokens that any routing could find cached (`ceiling`)."""
     import httpx
 
     def tokens(messages: list[dict]) -> int:
         return int(httpx.post(f"{engine}/tokenize", json={"model": SERVED, "messages": messages}, timeout=60).json()["count"])
 
     messages = [{"role": "system", "content": _system(0)}, {"role": "user", "content": _opening(0, 0, random.Random(0))}]
-    first = tokens(messages)
+    prompts = [tokens(messages)]
     for turn in range(turns - 1):
         messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": "and then 123456?"}]
-    return {"shared_tokens": tokens(messages[:1]), "first_turn_tokens": first, "conversation_tokens": tokens(messages) + 16}
+        prompts.append(tokens(messages))
+    return {"shared_tokens": tokens(messages[:1]), "first_turn_tokens": prompts[0],
+            "conversation_tokens": prompts[-1] + 16, "ceiling": round(ceiling(prompts), 4)}
+
+
+def ceiling(prompts: list[int], block: int = BLOCK_TOKENS) -> float:
+    """The prefix-cache hit rate of a conversation whose turns' prompts are `prompts` tokens long, were every turn to
+    find all of its last turn's whole blocks cached: what the best routing with caches that never evict reaches. A
+    first turn finds nothing, and a turn no more than its last one's whole blocks (the answer it resends is not the
+    one generated, so the blocks past the last prompt's are new)."""
+    return sum(previous // block * block for previous in prompts[:-1]) / sum(prompts)
 
 
 def _row(model: Path, out: Path, blocks: int | None, replicas: int, *, rounds: int, conversations: int, turns: int,
@@ -272,6 +283,13 @@ def markdown(result: dict) -> str:
     lines += ["", f"A conversation's first turn is {first.get('first_turn_tokens', '?')} tokens, "
               f"{first.get('shared_tokens', '?')} of them the system prompt that all share (under one block of "
               f"{BLOCK_TOKENS}: it is cached only together with a document, so it is no hit for either routing).", "",
+              *([f"The most any routing could hit here is {first['ceiling']}: every later turn finding all of its last "
+                 "turn's whole blocks cached, and no first turn anything. A 2x ratio asks affinity for twice least busy's "
+                 "hit rate: " + ", ".join(
+                     f"{2 * row['medians']['least busy']['hit_rate'] / first['ceiling']:.0%} of that ceiling on "
+                     f"{row['replicas']} engines (affinity reached "
+                     f"{row['medians']['affinity']['hit_rate'] / first['ceiling']:.0%})"
+                     for row in judged) + ".", ""] if "ceiling" in first else []),
               "Affinity sends a conversation's next turn to the engine that holds its last one; least busy does so by "
               "chance only, one time in as many as there are engines, and that engine still holds the turn it served "
               "a moment ago (an engine takes in less than its cache between two turns of a conversation, or its own "

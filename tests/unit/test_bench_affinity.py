@@ -1,7 +1,7 @@
 """B10's report on canned figures (the real run is `rtxserve bench affinity`: vLLM engines, two gateways, caches
 ample on two engines, then scarce on two and on three)."""
 
-from bench.affinity import _judged, markdown, plot, scarce_blocks
+from bench.affinity import _judged, ceiling, markdown, plot, scarce_blocks
 
 
 def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_targets_per_scarce_row(tmp_path):
@@ -11,7 +11,7 @@ def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_target
 
     def row(blocks, replicas, affinity, least):
         return {"caches": "scarce" if blocks else "ample", "replicas": replicas, "blocks": blocks,
-                "shared_tokens": 12, "first_turn_tokens": 600, "conversation_tokens": 700, "medians": {"affinity": affinity, "least busy": least},
+                "shared_tokens": 12, "first_turn_tokens": 600, "conversation_tokens": 700, "ceiling": 0.8, "medians": {"affinity": affinity, "least busy": least},
                 "runs": {"affinity": [affinity, affinity], "least busy": [least, least]}}
 
     result = {"model": "tiny", "conversations": 12, "turns": 4, "concurrency": 4, "rounds": 2,
@@ -27,6 +27,9 @@ def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_target
     assert "| ttft_p50_ms <= 0.8x | 0.5x (met) | 0.833x (**missed**) |" in text
     assert "holds its share of the 4 conversations running at once (2 on 2 engines, 2 on 3 engines;" in text
     assert "first turn is 600 tokens, 12 of them the system prompt that all share" in text
+    assert ("The most any routing could hit here is 0.8" in text and "A 2x ratio asks affinity for twice least "
+            "busy's hit rate: 125% of that ceiling on 2 engines (affinity reached 100%), 75% of that ceiling on 3 "
+            "engines (affinity reached 100%)." in text)
     assert "Least busy's hit rate here: 0.5 on 2 engines against affinity's 0.8, 0.3 on 3 engines" in text
     assert plot(result, tmp_path / "b10.png").stat().st_size > 10_000
 
@@ -35,6 +38,13 @@ def test_a_scarce_cache_holds_its_engine_s_share_of_the_live_conversations():
     """Two engines: half of 16 conversations of 1,293 tokens (81 blocks of 128); three: 6, rounded up (61 blocks)."""
     assert scarce_blocks(16, 2, 1293) == 81 and scarce_blocks(16, 3, 1293) == 61
     assert scarce_blocks(16, 3, 1293) * 128 < 6 * 1293 + 128 and scarce_blocks(16, 1, 100) * 128 >= 1600
+
+
+def test_the_ceiling_counts_each_later_turn_s_hit_as_its_last_prompt_s_whole_blocks():
+    """941 tokens then 15 more a turn, blocks of 128: each later turn finds 7 blocks (896 tokens); the first nothing."""
+    prompts = [941 + 15 * turn for turn in range(6)]
+    assert ceiling(prompts) == 5 * 896 / sum(prompts)
+    assert ceiling([100, 300]) == 0.0 and ceiling([256, 300], block=128) == 256 / 556
 
 
 def test_the_routing_choices_are_read_from_the_gateway_s_own_counter(monkeypatch):
