@@ -315,6 +315,13 @@ def plot(result: dict, path: Path) -> Path:
                 ax.bar(i, row["medians"][mode][key], color=("tab:green", "tab:grey")[i], alpha=0.8)
                 ax.scatter([i] * len(row["runs"][mode]), [r[key] for r in row["runs"][mode]], color="black", s=10,
                            zorder=3)
+            if key == "hit_rate" and "ceiling" in row:  # the most any routing could hit (`ceiling`)
+                ax.axhline(row["ceiling"], color="tab:red", linestyle="--", linewidth=1)
+                ax.axhline(row["ceiling"] / 2, color="tab:red", linestyle=":", linewidth=1)
+                for y, text in ((row["ceiling"], "most any routing could hit"),
+                                (row["ceiling"] / 2, "least busy under this, or no 2x")):
+                    ax.annotate(text, (1.45, y), ha="left", va="bottom", fontsize=7, color="tab:red")
+                ax.set_xlim(-0.6, 2.7)  # the lines' words beside the bars
             ax.set_xticks(range(len(MODES)), MODES)
             ax.set_ylabel(label)
             ax.set_title(f"{row['caches']} caches" + (f" ({row['blocks']} blocks)" if row["blocks"] else "")
