@@ -124,7 +124,7 @@ async def _run_mode(url: str, engines: list[str], seed: int, conversations: int,
             "ttft_p99_ms": round(float(np.percentile(later, 99)), 2),
             "first_turn_ttft_p50_ms": round(float(np.percentile([t for turn, t in ttfts if turn == 0], 50)), 2),
             "requests": len(ttfts), "seconds": round(seconds, 2),
-            # of the turns whose prefix an engine held, the share sent elsewhere (its engine over the load cap)
+            # of the turns whose prefix an engine held, the share sent elsewhere (its engine over the load cap, or busier)
             "spilled": round(choices.get("spilled", 0.0) / matched, 4) if matched else None}
 
 
@@ -267,7 +267,8 @@ def markdown(result: dict) -> str:
     judged = [row for row in result["rows"] if "ratios" in row]
     shares = ", ".join(f"{-(-result['concurrency'] // row['replicas'])} on {row['replicas']} engines" for row in judged)
     lines += ["", "Turns spilled: of the turns whose prefix an engine held, the share the gateway sent to another, that "
-              "engine being over its share of the requests in flight (`affinity_load_factor`, the box's default).",
+              "engine being over the load cap (`affinity_load_factor`) or outweighed by its share of the tokens in flight "
+              "(`affinity_load_weight`), at the box's defaults.",
               "", f"Scarce: each engine's cache holds its share of the {result['concurrency']} conversations running at "
               f"once ({shares}; {judged[0]['conversation_tokens']} tokens each at their last turn): together the "
               "engines hold them all.", "",
