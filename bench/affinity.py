@@ -284,13 +284,7 @@ def markdown(result: dict) -> str:
     lines += ["", f"A conversation's first turn is {first.get('first_turn_tokens', '?')} tokens, "
               f"{first.get('shared_tokens', '?')} of them the system prompt that all share (under one block of "
               f"{BLOCK_TOKENS}: it is cached only together with a document, so it is no hit for either routing).", "",
-              *([f"The most any routing could hit here is {first['ceiling']}: every later turn finding all of its last "
-                 "turn's whole blocks cached, and no first turn anything. A 2x ratio asks affinity for twice least busy's "
-                 "hit rate: " + ", ".join(
-                     f"{2 * row['medians']['least busy']['hit_rate'] / first['ceiling']:.0%} of that ceiling on "
-                     f"{row['replicas']} engines (affinity reached "
-                     f"{row['medians']['affinity']['hit_rate'] / first['ceiling']:.0%})"
-                     for row in judged) + ".", ""] if "ceiling" in first else []),
+              *_ceiling_lines(judged),
               "Affinity sends a conversation's next turn to the engine that holds its last one; least busy does so by "
               "chance only, one time in as many as there are engines, and that engine still holds the turn it served "
               "a moment ago (an engine takes in less than its cache between two turns of a conversation, or its own "
@@ -298,6 +292,22 @@ def markdown(result: dict) -> str:
               "the engines of affinity's, and no routing reaches a ratio above the number of engines: on two engines "
               f"the 2x target is that bound itself. Least busy's hit rate here: {hits}."]
     return "\n".join(lines) + "\n"
+
+
+def _ceiling_lines(judged: list[dict]) -> list[str]:
+    """What the workload lets any routing hit (`ceiling`), and how much of it a 2x ratio asks of affinity per row;
+    nothing for a result saved before the ceiling was measured."""
+    if "ceiling" not in judged[0]:
+        return []
+
+    def share(row: dict, hit_rate: float) -> str:
+        return f"{hit_rate / row['ceiling']:.0%}"
+
+    asked = ", ".join(f"{share(row, 2 * row['medians']['least busy']['hit_rate'])} of that ceiling on {row['replicas']} "
+                      f"engines (affinity reached {share(row, row['medians']['affinity']['hit_rate'])})" for row in judged)
+    return [f"The most any routing could hit here is {judged[0]['ceiling']}: every later turn finding all of its last "
+            "turn's whole blocks cached, and no first turn anything. A 2x ratio asks affinity for twice least busy's hit "
+            f"rate: {asked}.", ""]
 
 
 def _name(row: dict) -> str:
