@@ -31,6 +31,7 @@ def test_the_report_puts_both_routings_side_by_side_for_each_row_with_the_target
             "busy's hit rate: 125% of that ceiling on 2 engines (affinity reached 100%), 75% of that ceiling on 3 "
             "engines (affinity reached 100%)." in text)
     assert "Least busy's hit rate here: 0.5 on 2 engines against affinity's 0.8, 0.3 on 3 engines" in text
+    assert "pooled" not in text  # no round kept its turns: each P99 is the median of the rounds'
     assert plot(result, tmp_path / "b10.png").stat().st_size > 10_000
 
 
@@ -62,3 +63,16 @@ def test_the_routing_choices_are_read_from_the_gateway_s_own_counter(monkeypatch
     page = generate_latest(registry).decode()
     monkeypatch.setattr(httpx, "get", lambda url, timeout: httpx.Response(200, text=page))
     assert _routed("http://gateway") == {"preferred": 7.0, "spilled": 2.0}
+
+
+def test_the_later_turns_p99_is_pooled_over_the_rounds_and_the_other_figures_are_their_medians():
+    from bench.affinity import summarised
+
+    slow = [10.0] * 97 + [1000.0] * 3  # one round's three slowest turns: its own P99 is 1000
+    runs = [{"hit_rate": h, "ttft_p99_ms": p99, "later_ttfts_ms": later}
+            for h, p99, later in ((0.5, 1000.0, slow), (0.7, 10.0, [10.0] * 100), (0.6, 10.0, [10.0] * 100))]
+    summary = summarised({"affinity": runs})["affinity"]
+    # 3 slow of 300 pooled: the P99 lies between the last fast turn and the first slow one (numpy's linear rule)
+    assert summary == {"hit_rate": 0.6, "ttft_p99_ms": 19.9}
+    # a result from before the samples were kept: the median of the rounds' P99s, as it was
+    assert summarised({"affinity": [{"ttft_p99_ms": v} for v in (1000.0, 10.0, 20.0)]})["affinity"] == {"ttft_p99_ms": 20.0}
