@@ -181,16 +181,15 @@ def _profile(url: str, pid: int, streams: int, tokens: int, seconds: float, raw:
     """The front end at `pid` under the same closed loop of streams of `tokens`, sampled by py-spy for `seconds` (the
     load started before and ended after the sampling): its parts' shares, and its CPU-us a request over that window."""
     from . import profile
-    from .profile import cpu_seconds
 
     async def measured() -> tuple[int, float]:
         tally = [0, 0, 0]
         task = asyncio.create_task(_load(url, streams, tokens, seconds + 4, tally))
         await asyncio.sleep(2)  # streams under way
-        before, answered = cpu_seconds(pid), tally[1]
+        before, answered = profile.cpu_seconds(pid), tally[1]
         with profile.recording(pid, seconds, raw):
             await asyncio.sleep(seconds)
-        spent, answered = cpu_seconds(pid) - before, tally[1] - answered
+        spent, answered = profile.cpu_seconds(pid) - before, tally[1] - answered
         await task
         return answered, spent
 
