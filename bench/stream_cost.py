@@ -35,7 +35,8 @@ from pathlib import Path
 
 import orjson
 
-from .relay import answer, lifespan, read_body
+from .relay import NAME as RELAY
+from .relay import answer, lifespan, python_relay, read_body
 
 SERVED = "bench-llm"
 TOKENS_ENV, GAP_ENV = "RTXSERVE_BENCH_ENGINE_TOKENS", "RTXSERVE_BENCH_ENGINE_GAP_S"
@@ -114,8 +115,6 @@ def run(out: Path, *, rounds: int = 5, streams: int = 16, tokens: int = 64, shor
 
     from .profile import cpu_seconds, system_calls
     from .proxy import plain_proxy
-    from .relay import NAME as RELAY
-    from .relay import python_relay
 
     (out / "gateway").mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -228,8 +227,6 @@ def markdown(result: dict) -> list[str]:
 def _split_lines(result: dict) -> list[str]:
     """What the fit says of the gateway's excess over the relay at the long length: per request, over a stream's
     tokens, and per token."""
-    from .relay import NAME as RELAY
-
     gateway, relay, tokens = result["split"]["gateway"], result["split"][RELAY], result["tokens"]
     per_request = gateway["per_request_us"] - relay["per_request_us"]
     per_token = gateway["per_token_us"] - relay["per_token_us"]
@@ -256,8 +253,6 @@ def profile_split(short: dict, long: dict) -> dict[str, tuple[float, float]]:
 def _profile_lines(profiled: dict) -> list[str]:
     """The relay's and the gateway's parts, each split into CPU-us a request and a token, side by side, the parts where
     the gateway spends the most more first."""
-    from .relay import NAME as RELAY
-
     (relay_short, relay_long), (short, long) = profiled[RELAY], profiled["gateway"]
     relay, gateway = profile_split(relay_short, relay_long), profile_split(short, long)
     none = (0.0, 0.0)
